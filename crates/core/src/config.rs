@@ -1,0 +1,185 @@
+//! Session configuration, hard limits and their validation.
+
+use crate::wire::ImmLayout;
+use core::fmt;
+use core::time::Duration;
+
+/// A rank: a process's index in the communicator, `0..ranks`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Rank(pub u32);
+
+impl Rank {
+    /// The index as `usize`.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for Rank {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rank {}", self.0)
+    }
+}
+
+/// Hard limits: what a hostile or corrupt input may cost is bounded by these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Most ranks a session accepts.
+    pub max_ranks: u32,
+    /// Most operations in flight at once on one session.
+    pub max_inflight_ops: u32,
+    /// Most chunks one operation may have (further bounded by the immediate's chunk bits).
+    pub max_chunks_per_op: u32,
+    /// Longest control message accepted or sent, in bytes.
+    pub max_control_len: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_ranks: 1 << 16,
+            max_inflight_ops: 64,
+            max_chunks_per_op: 1 << 20,
+            max_control_len: 16 + 8 * 512,
+        }
+    }
+}
+
+/// Configuration of one rank's [`Session`](crate::Session).
+///
+/// The core takes no randomness: given the same inputs at the same times it produces the same
+/// outputs, so no seed is needed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// This rank.
+    pub rank: Rank,
+    /// Number of ranks in the communicator.
+    pub ranks: u32,
+    /// Payload bytes per chunk (the last chunk of a buffer may be shorter).
+    pub chunk_size: u32,
+    /// Split of the 32-bit immediate.
+    pub imm: ImmLayout,
+    /// Number of multicast subgroups (lanes); contiguous blocks of a buffer map to lanes.
+    pub lanes: u16,
+    /// Bandwidth of one link in bytes per second: the cutoff timer is `N / B + alpha`.
+    pub link_bandwidth: u64,
+    /// The `alpha` of the cutoff timer: slack for latency and jitter.
+    pub cutoff_alpha: Duration,
+    /// How long to wait for a peer that owes an answer before failing the operation.
+    pub peer_timeout: Duration,
+    /// Most multicast chunks handed to the transport and not yet reported sent.
+    pub send_window: u32,
+    /// Hard limits.
+    pub limits: Limits,
+}
+
+impl Config {
+    /// A configuration for `rank` of `ranks` with defaults for everything else:
+    /// 4 KiB chunks, one lane, 100 Gbit/s links, 20 us alpha, 1 s peer timeout.
+    pub fn new(rank: u32, ranks: u32) -> Self {
+        Config {
+            rank: Rank(rank),
+            ranks,
+            chunk_size: 4096,
+            imm: ImmLayout::default(),
+            lanes: 1,
+            link_bandwidth: 100_000_000_000 / 8,
+            cutoff_alpha: Duration::from_micros(20),
+            peer_timeout: Duration::from_secs(1),
+            send_window: 64,
+            limits: Limits::default(),
+        }
+    }
+
+    /// Checks every field against the others and the limits.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let l = &self.limits;
+        if self.ranks == 0 || self.ranks > l.max_ranks {
+            return Err(ConfigError::Ranks);
+        }
+        if self.rank.0 >= self.ranks {
+            return Err(ConfigError::RankOutOfRange);
+        }
+        if self.chunk_size == 0 {
+            return Err(ConfigError::ChunkSize);
+        }
+        if self.lanes == 0 {
+            return Err(ConfigError::Lanes);
+        }
+        if self.link_bandwidth == 0 {
+            return Err(ConfigError::Bandwidth);
+        }
+        if self.peer_timeout.is_zero() {
+            return Err(ConfigError::PeerTimeout);
+        }
+        if self.send_window == 0 {
+            return Err(ConfigError::SendWindow);
+        }
+        // In-flight operations must have distinct immediate tags with a wide margin.
+        if l.max_inflight_ops == 0 || u64::from(l.max_inflight_ops) * 4 > self.imm.op_tags() {
+            return Err(ConfigError::InflightOps);
+        }
+        if l.max_chunks_per_op == 0 || u64::from(l.max_chunks_per_op) > self.imm.max_chunks() {
+            return Err(ConfigError::ChunksPerOp);
+        }
+        if l.max_control_len < crate::wire::CONTROL_HEADER_LEN + 8 {
+            return Err(ConfigError::ControlLen);
+        }
+        Ok(())
+    }
+
+    /// Most chunk runs one fetch message may carry under `max_control_len`.
+    pub fn max_fetch_runs(&self) -> usize {
+        ((self.limits.max_control_len - crate::wire::CONTROL_HEADER_LEN) / 8).min(u16::MAX.into())
+    }
+}
+
+/// Why a [`Config`] was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `ranks` is zero or above `limits.max_ranks`.
+    Ranks,
+    /// `rank >= ranks`.
+    RankOutOfRange,
+    /// `chunk_size` is zero.
+    ChunkSize,
+    /// `lanes` is zero.
+    Lanes,
+    /// `link_bandwidth` is zero.
+    Bandwidth,
+    /// `peer_timeout` is zero.
+    PeerTimeout,
+    /// `send_window` is zero.
+    SendWindow,
+    /// `max_inflight_ops` is zero or needs more than a quarter of the op tag space.
+    InflightOps,
+    /// `max_chunks_per_op` is zero or exceeds what the immediate's chunk bits can index.
+    ChunksPerOp,
+    /// `max_control_len` cannot hold a header and one run.
+    ControlLen,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            ConfigError::Ranks => "ranks must be in 1..=limits.max_ranks",
+            ConfigError::RankOutOfRange => "rank must be below ranks",
+            ConfigError::ChunkSize => "chunk_size must be positive",
+            ConfigError::Lanes => "lanes must be positive",
+            ConfigError::Bandwidth => "link_bandwidth must be positive",
+            ConfigError::PeerTimeout => "peer_timeout must be positive",
+            ConfigError::SendWindow => "send_window must be positive",
+            ConfigError::InflightOps => {
+                "max_inflight_ops must be positive and at most a quarter of the op tags"
+            }
+            ConfigError::ChunksPerOp => {
+                "max_chunks_per_op must be positive and fit the immediate's chunk bits"
+            }
+            ConfigError::ControlLen => "max_control_len must hold a header and one run",
+        };
+        f.write_str(s)
+    }
+}
+
+impl core::error::Error for ConfigError {}

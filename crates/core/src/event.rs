@@ -1,0 +1,254 @@
+//! What the session tells its driver: transmits, placements, events, errors.
+
+use crate::config::Rank;
+use crate::wire::ChunkRun;
+use core::fmt;
+
+/// Identifies one collective operation: its sequence number on the session.
+///
+/// Every rank numbers operations in the order it starts them, so the same collective has the
+/// same `OpId` everywhere (collectives must be started in the same order on every rank, as in
+/// MPI).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpId(pub u64);
+
+impl fmt::Display for OpId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "op {}", self.0)
+    }
+}
+
+/// Something the driver must do, returned by [`Session::poll_transmit`](crate::Session::poll_transmit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Transmit {
+    /// Multicast bytes `offset..offset + len` of the operation's buffer on `lane`, carrying
+    /// `imm`. Report completion with [`Session::handle_send_done`](crate::Session::handle_send_done).
+    Multicast {
+        /// Operation.
+        op: OpId,
+        /// Multicast subgroup.
+        lane: u16,
+        /// The 32-bit immediate to carry.
+        imm: u32,
+        /// Chunk index (also encoded in `imm`).
+        chunk: u32,
+        /// Byte offset into the buffer.
+        offset: u64,
+        /// Bytes.
+        len: u32,
+    },
+    /// Send the `len` bytes written to the caller's buffer to rank `to` on the reliable path.
+    Control {
+        /// Destination.
+        to: Rank,
+        /// Bytes written to the buffer.
+        len: usize,
+    },
+    /// Read bytes `offset..offset + len` of `from`'s buffer of this operation into the same
+    /// range of ours. Report with [`Session::handle_read_done`](crate::Session::handle_read_done).
+    Read {
+        /// Operation.
+        op: OpId,
+        /// The peer to read from.
+        from: Rank,
+        /// The chunks covered.
+        run: ChunkRun,
+        /// Byte offset (same in both buffers).
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
+}
+
+/// Where a received chunk's payload goes, or why it is dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Copy the payload (exactly `len` bytes) to `offset` of the operation's buffer.
+    Place {
+        /// Operation.
+        op: OpId,
+        /// Byte offset.
+        offset: u64,
+        /// Bytes expected; a payload of another length must not be copied (see
+        /// [`Session::handle_chunk`](crate::Session::handle_chunk)).
+        len: u32,
+    },
+    /// Do not touch the buffer.
+    Drop(DropReason),
+}
+
+/// Why a chunk was dropped. Each reason has a counter in [`Stats`](crate::Stats).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DropReason {
+    /// Chunk already present.
+    Duplicate,
+    /// The op tag names no operation in flight (an earlier, finished or unknown one).
+    Stale,
+    /// Chunk index beyond the operation's chunks.
+    OutOfRange,
+    /// Sent by a rank that is not the chunk's root.
+    WrongSource,
+    /// Arrived on a lane that does not carry this chunk.
+    WrongLane,
+    /// Our own multicast looped back; the root's own data is never "received".
+    Own,
+    /// The payload length does not match the chunk.
+    BadLength,
+}
+
+/// A fatal condition of one operation, or its completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// The operation finished: the buffer holds exactly the root's bytes and may be released.
+    Completed {
+        /// Operation.
+        op: OpId,
+    },
+    /// The operation failed; the buffer content is unspecified.
+    Failed {
+        /// Operation.
+        op: OpId,
+        /// Why.
+        error: OpError,
+    },
+}
+
+/// Why an operation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OpError {
+    /// This rank waited on `peer` past the deadline.
+    PeerUnresponsive {
+        /// The rank that did not answer.
+        peer: Rank,
+    },
+    /// Another rank found `peer` unresponsive and aborted the operation.
+    PeerFailed {
+        /// The rank that did not answer.
+        peer: Rank,
+        /// The rank that reported it.
+        reported_by: Rank,
+    },
+    /// The transport could not read from `peer`.
+    ReadFailed {
+        /// The peer read from.
+        peer: Rank,
+    },
+}
+
+impl OpError {
+    /// The rank this error blames.
+    pub fn peer(&self) -> Rank {
+        match *self {
+            OpError::PeerUnresponsive { peer }
+            | OpError::PeerFailed { peer, .. }
+            | OpError::ReadFailed { peer } => peer,
+        }
+    }
+}
+
+impl fmt::Display for OpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpError::PeerUnresponsive { peer } => write!(f, "{peer} stopped answering"),
+            OpError::PeerFailed { peer, reported_by } => {
+                write!(f, "{peer} stopped answering (reported by {reported_by})")
+            }
+            OpError::ReadFailed { peer } => write!(f, "read from {peer} failed"),
+        }
+    }
+}
+
+impl core::error::Error for OpError {}
+
+/// Why an operation could not start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The root is not a rank of the communicator.
+    RootOutOfRange,
+    /// `limits.max_inflight_ops` operations are in flight already.
+    TooManyInflight,
+    /// The buffer needs more chunks than the limits or the immediate allow.
+    TooLarge {
+        /// Chunks needed.
+        chunks: u64,
+        /// Most chunks allowed.
+        max: u32,
+    },
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartError::RootOutOfRange => f.write_str("root is not a rank of the communicator"),
+            StartError::TooManyInflight => f.write_str("too many operations in flight"),
+            StartError::TooLarge { chunks, max } => {
+                write!(f, "buffer needs {chunks} chunks, at most {max} allowed")
+            }
+        }
+    }
+}
+
+impl core::error::Error for StartError {}
+
+/// Transport failure reported for a read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadError;
+
+/// Counters of everything dropped, sent and recovered. All saturate, none panic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Chunks placed from the fast path.
+    pub chunks_received: u64,
+    /// Chunks recovered by reads from a ring neighbour.
+    pub chunks_fetched: u64,
+    /// Chunks multicast as root.
+    pub chunks_sent: u64,
+    /// Dropped: already present.
+    pub dropped_duplicate: u64,
+    /// Dropped: no such operation in flight.
+    pub dropped_stale: u64,
+    /// Dropped: index out of range.
+    pub dropped_out_of_range: u64,
+    /// Dropped: wrong source.
+    pub dropped_wrong_source: u64,
+    /// Dropped: wrong lane.
+    pub dropped_wrong_lane: u64,
+    /// Dropped: own loopback.
+    pub dropped_own: u64,
+    /// Dropped: payload length mismatch.
+    pub dropped_bad_length: u64,
+    /// Control messages that failed to parse or named impossible values.
+    pub control_malformed: u64,
+    /// Control messages for operations no longer in flight.
+    pub control_stale: u64,
+    /// Control messages from a rank that had no reason to send them.
+    pub control_unexpected: u64,
+    /// Fetch requests sent to the ring predecessor.
+    pub fetch_requests: u64,
+    /// Fetch requests answered with a NACK (we had to recover first).
+    pub fetch_nacks: u64,
+    /// Reads issued.
+    pub reads: u64,
+    /// Deepest fetch recursion seen (0: the neighbour had everything).
+    pub max_fetch_depth: u32,
+}
+
+impl Stats {
+    pub(crate) fn count_drop(&mut self, r: DropReason) {
+        let c = match r {
+            DropReason::Duplicate => &mut self.dropped_duplicate,
+            DropReason::Stale => &mut self.dropped_stale,
+            DropReason::OutOfRange => &mut self.dropped_out_of_range,
+            DropReason::WrongSource => &mut self.dropped_wrong_source,
+            DropReason::WrongLane => &mut self.dropped_wrong_lane,
+            DropReason::Own => &mut self.dropped_own,
+            DropReason::BadLength => &mut self.dropped_bad_length,
+        };
+        *c = c.saturating_add(1);
+    }
+}

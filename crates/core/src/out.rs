@@ -1,0 +1,94 @@
+//! Internal plumbing shared by the operation state machines: the outbox and the context
+//! handed to every handler.
+
+use crate::config::{Config, Rank};
+use crate::event::{OpError, OpId, Stats};
+use crate::time::Instant;
+use crate::wire::{ChunkRun, ControlKind, ControlRepr, RunList};
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+
+/// A control message waiting to be written into the driver's buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ControlMsg {
+    pub(crate) kind: ControlKind,
+    pub(crate) op: u64,
+    pub(crate) arg: u32,
+    pub(crate) runs: Vec<ChunkRun>,
+}
+
+impl ControlMsg {
+    pub(crate) fn simple(kind: ControlKind, op: u64) -> Self {
+        ControlMsg {
+            kind,
+            op,
+            arg: 0,
+            runs: Vec::new(),
+        }
+    }
+
+    pub(crate) fn repr(&self) -> ControlRepr<'_> {
+        let (op, runs) = (self.op, RunList::Slice(&self.runs));
+        match self.kind {
+            ControlKind::Ready => ControlRepr::Ready { op },
+            ControlKind::Go => ControlRepr::Go { op },
+            ControlKind::Fetch => ControlRepr::Fetch {
+                op,
+                depth: self.arg,
+                runs,
+            },
+            ControlKind::FetchAck => ControlRepr::FetchAck { op, runs },
+            ControlKind::FetchNack => ControlRepr::FetchNack { op },
+            ControlKind::Fin => ControlRepr::Fin { op },
+            ControlKind::Abort => ControlRepr::Abort {
+                op,
+                culprit: self.arg,
+            },
+        }
+    }
+}
+
+/// Output queued by a handler, drained by `poll_transmit`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Outgoing {
+    Control {
+        to: Rank,
+        msg: ControlMsg,
+    },
+    Read {
+        op: OpId,
+        from: Rank,
+        run: ChunkRun,
+        offset: u64,
+        len: u64,
+    },
+}
+
+/// How an operation ended, reported by a handler to the session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Completed,
+    /// Failed; `abort` says whether to tell every other rank.
+    Failed {
+        error: OpError,
+        abort: bool,
+    },
+}
+
+/// Everything a handler may touch besides its own operation.
+pub(crate) struct Ctx<'a> {
+    pub(crate) now: Instant,
+    pub(crate) config: &'a Config,
+    pub(crate) out: &'a mut VecDeque<Outgoing>,
+    pub(crate) stats: &'a mut Stats,
+}
+
+impl Ctx<'_> {
+    pub(crate) fn send(&mut self, to: Rank, msg: ControlMsg) {
+        self.out.push_back(Outgoing::Control { to, msg });
+    }
+}
+
+pub(crate) fn bump(c: &mut u64) {
+    *c = c.saturating_add(1);
+}

@@ -1,0 +1,400 @@
+//! The session: one rank's protocol endpoint. Inputs in, outputs drained.
+
+use crate::bcast::Broadcast;
+use crate::config::{Config, ConfigError, Rank};
+use crate::event::{
+    DropReason, Event, OpError, OpId, Placement, ReadError, StartError, Stats, Transmit,
+};
+use crate::out::{ControlMsg, Ctx, Outcome, Outgoing, bump};
+use crate::time::Instant;
+use crate::wire::{ChunkRun, ControlKind, ControlRepr};
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+use bitvec::prelude::*;
+
+/// Control messages that arrived for an operation this rank has not started yet.
+#[derive(Debug)]
+struct Early {
+    seq: u64,
+    ready: BitVec<u64, Lsb0>,
+    abort: Option<(Rank, u32)>,
+}
+
+/// One rank's protocol endpoint.
+///
+/// Methods come in four groups, as in quinn-proto:
+/// * getters: [`config`](Self::config), [`stats`](Self::stats), [`inflight`](Self::inflight);
+/// * commands: [`start_broadcast`](Self::start_broadcast);
+/// * inputs (`handle_*`): chunks, control messages, read and send completions, timeouts;
+/// * outputs (`poll_*`): after **every** command or input, drain [`poll_transmit`](Self::poll_transmit)
+///   and [`poll_event`](Self::poll_event) until they return `None`, then re-arm the timer from
+///   [`poll_timeout`](Self::poll_timeout).
+///
+/// Time is passed in and must never go backwards. The session never touches payload bytes: it
+/// says where they go.
+#[derive(Debug)]
+pub struct Session {
+    config: Config,
+    next_seq: u64,
+    ops: Vec<Broadcast>,
+    out: VecDeque<Outgoing>,
+    events: VecDeque<Event>,
+    early: Vec<Early>,
+    stats: Stats,
+    /// Multicasts handed out and not yet reported sent, over all operations.
+    sends_in_flight: u32,
+    /// Round-robin position over root operations with chunks to send.
+    send_cursor: usize,
+}
+
+macro_rules! cx {
+    ($s:ident, $now:expr) => {
+        Ctx {
+            now: $now,
+            config: &$s.config,
+            out: &mut $s.out,
+            stats: &mut $s.stats,
+        }
+    };
+}
+
+impl Session {
+    /// A session for `config.rank`, or why the configuration is invalid.
+    pub fn new(config: Config) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Session {
+            config,
+            next_seq: 0,
+            ops: Vec::new(),
+            out: VecDeque::new(),
+            events: VecDeque::new(),
+            early: Vec::new(),
+            stats: Stats::default(),
+            sends_in_flight: 0,
+            send_cursor: 0,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Operations in flight.
+    pub fn inflight(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Starts a Broadcast of `len` bytes from `root`. Every rank must call it, in the same order
+    /// relative to other collectives, with the same `root` and `len`.
+    ///
+    /// The root's buffer must hold the data and every leaf's buffer must be ready to receive
+    /// (its receives posted) before this is called.
+    pub fn start_broadcast(
+        &mut self,
+        now: Instant,
+        root: Rank,
+        len: u64,
+    ) -> Result<OpId, StartError> {
+        if self.ops.len() >= self.config.limits.max_inflight_ops as usize {
+            return Err(StartError::TooManyInflight);
+        }
+        let id = OpId(self.next_seq);
+        let mut cx = cx!(self, now);
+        let mut op = Broadcast::new(&mut cx, id, root, len)?;
+        self.next_seq += 1;
+        if op.chunks == 0 || self.config.ranks == 1 {
+            self.events.push_back(Event::Completed { op: id });
+            return Ok(id);
+        }
+        let early = self
+            .early
+            .iter()
+            .position(|e| e.seq == id.0)
+            .map(|i| self.early.swap_remove(i));
+        let mut outcome = op.on_start(&mut cx);
+        if let Some(e) = early {
+            for r in e.ready.iter_ones() {
+                outcome = outcome.or_else(|| op.on_ready(&mut cx, Rank(r as u32)));
+            }
+            if let Some((from, culprit)) = e.abort {
+                outcome = outcome.or(Some(aborted(from, culprit)));
+            }
+        }
+        self.ops.push(op);
+        if let Some(o) = outcome {
+            self.finish(now, self.ops.len() - 1, o);
+        }
+        Ok(id)
+    }
+
+    /// A chunk arrived on `lane` from `from` (as the transport reports the source) with
+    /// immediate `imm` and `payload_len` payload bytes. Returns where the payload goes; on
+    /// [`Placement::Drop`] the payload must be discarded.
+    #[inline]
+    pub fn handle_chunk(
+        &mut self,
+        now: Instant,
+        lane: u16,
+        from: Rank,
+        imm: u32,
+        payload_len: usize,
+    ) -> Placement {
+        let imm = self.config.imm.decode(imm);
+        let Some(i) = self.ops.iter().position(|o| o.tag == imm.op_tag) else {
+            self.stats.count_drop(DropReason::Stale);
+            return Placement::Drop(DropReason::Stale);
+        };
+        let op = &mut self.ops[i];
+        let p = op.on_chunk(lane, from, imm.chunk, payload_len);
+        match p {
+            Placement::Place { .. } => {
+                bump(&mut self.stats.chunks_received);
+                if op.wants_progress() {
+                    let mut cx = cx!(self, now);
+                    if let Some(o) = self.ops[i].progress(&mut cx) {
+                        self.finish(now, i, o);
+                    }
+                }
+            }
+            Placement::Drop(r) => self.stats.count_drop(r),
+        }
+        p
+    }
+
+    /// A control message arrived from `from` on the reliable path. Malformed, stale or
+    /// unexpected messages are dropped and counted.
+    pub fn handle_control(&mut self, now: Instant, from: Rank, bytes: &[u8]) {
+        if bytes.len() > self.config.limits.max_control_len || from.0 >= self.config.ranks {
+            bump(&mut self.stats.control_malformed);
+            return;
+        }
+        let Ok(msg) = ControlRepr::parse_bytes(bytes) else {
+            bump(&mut self.stats.control_malformed);
+            return;
+        };
+        let seq = msg.op();
+        let Some(i) = self.ops.iter().position(|o| o.id.0 == seq) else {
+            self.control_for_unstarted(from, &msg);
+            return;
+        };
+        let mut cx = cx!(self, now);
+        let op = &mut self.ops[i];
+        op.heard_from(&cx, from);
+        let outcome = match msg {
+            ControlRepr::Ready { .. } => op.on_ready(&mut cx, from),
+            ControlRepr::Go { .. } => op.on_go(&mut cx, from),
+            ControlRepr::Fetch { depth, runs, .. } => op.on_fetch(&mut cx, from, depth, runs),
+            ControlRepr::FetchAck { runs, .. } => op.on_fetch_ack(&mut cx, from, runs),
+            ControlRepr::FetchNack { .. } => op.on_fetch_nack(&mut cx, from),
+            ControlRepr::Fin { .. } => op.on_fin(&mut cx, from),
+            ControlRepr::Abort { culprit, .. } if culprit < self.config.ranks => {
+                Some(aborted(from, culprit))
+            }
+            _ => {
+                bump(&mut cx.stats.control_malformed);
+                None
+            }
+        };
+        if let Some(o) = outcome {
+            self.finish(now, i, o);
+        }
+    }
+
+    fn control_for_unstarted(&mut self, from: Rank, msg: &ControlRepr<'_>) {
+        let seq = msg.op();
+        let window = u64::from(self.config.limits.max_inflight_ops);
+        if seq < self.next_seq {
+            bump(&mut self.stats.control_stale);
+            return;
+        }
+        let keep = match *msg {
+            ControlRepr::Ready { .. } => None,
+            ControlRepr::Abort { culprit, .. } if culprit < self.config.ranks => Some(culprit),
+            _ => {
+                bump(&mut self.stats.control_unexpected);
+                return;
+            }
+        };
+        if seq - self.next_seq >= window {
+            bump(&mut self.stats.control_unexpected);
+            return;
+        }
+        let ranks = self.config.ranks as usize;
+        let e = match self.early.iter().position(|e| e.seq == seq) {
+            Some(i) => &mut self.early[i],
+            None => {
+                self.early.push(Early {
+                    seq,
+                    ready: bitvec![u64, Lsb0; 0; ranks],
+                    abort: None,
+                });
+                self.early.last_mut().expect("just pushed")
+            }
+        };
+        match keep {
+            None => e.ready.set(from.index(), true),
+            Some(culprit) => e.abort = e.abort.or(Some((from, culprit))),
+        }
+    }
+
+    /// A read issued by [`Transmit::Read`] finished (or failed).
+    pub fn handle_read_done(
+        &mut self,
+        now: Instant,
+        op: OpId,
+        run: ChunkRun,
+        result: Result<(), ReadError>,
+    ) {
+        let Some(i) = self.ops.iter().position(|o| o.id == op) else {
+            return;
+        };
+        let mut cx = cx!(self, now);
+        if let Some(o) = self.ops[i].on_read_done(&mut cx, run, result.is_ok()) {
+            self.finish(now, i, o);
+        }
+    }
+
+    /// The transport finished sending `chunks` multicasts of `op` (the buffer range may be
+    /// reused once the operation completes).
+    pub fn handle_send_done(&mut self, now: Instant, op: OpId, chunks: u32) {
+        self.sends_in_flight = self.sends_in_flight.saturating_sub(chunks);
+        let Some(i) = self.ops.iter().position(|o| o.id == op) else {
+            return;
+        };
+        let mut cx = cx!(self, now);
+        if let Some(o) = self.ops[i].on_send_done(&mut cx, chunks) {
+            self.finish(now, i, o);
+        }
+    }
+
+    /// Timers may have expired. A spurious call is harmless.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let mut i = 0;
+        while i < self.ops.len() {
+            let due = self.ops[i].next_timeout().is_some_and(|t| t <= now);
+            if due {
+                let mut cx = cx!(self, now);
+                if let Some(o) = self.ops[i].on_timeout(&mut cx) {
+                    self.finish(now, i, o);
+                    continue; // `finish` removed op `i`
+                }
+            }
+            i += 1;
+        }
+    }
+
+    /// The next thing to transmit. Control messages are written into `buf` (cleared first).
+    pub fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+        if let Some(o) = self.out.pop_front() {
+            return Some(match o {
+                Outgoing::Control { to, msg } => {
+                    buf.clear();
+                    // Our own messages are canonical by construction.
+                    if msg.repr().emit_vec(buf).is_err() {
+                        debug_assert!(false, "emitting {msg:?} failed");
+                        return self.poll_transmit(buf);
+                    }
+                    Transmit::Control { to, len: buf.len() }
+                }
+                Outgoing::Read {
+                    op,
+                    from,
+                    run,
+                    offset,
+                    len,
+                } => Transmit::Read {
+                    op,
+                    from,
+                    run,
+                    offset,
+                    len,
+                },
+            });
+        }
+        self.poll_multicast()
+    }
+
+    fn poll_multicast(&mut self) -> Option<Transmit> {
+        if self.sends_in_flight >= self.config.send_window {
+            return None;
+        }
+        let n = self.ops.len();
+        for k in 0..n {
+            let i = (self.send_cursor + k) % n;
+            if let Some((lane, chunk, imm, offset, len)) = self.ops[i].next_multicast(&self.config)
+            {
+                self.send_cursor = (i + 1) % n;
+                self.sends_in_flight += 1;
+                bump(&mut self.stats.chunks_sent);
+                let op = self.ops[i].id;
+                return Some(Transmit::Multicast {
+                    op,
+                    lane,
+                    imm,
+                    chunk,
+                    offset,
+                    len,
+                });
+            }
+        }
+        None
+    }
+
+    /// Whether multicasts are waiting only for the send window to open.
+    pub fn sends_blocked(&self) -> bool {
+        self.sends_in_flight >= self.config.send_window
+            && self.ops.iter().any(|o| o.sends_pending())
+    }
+
+    /// When to call [`handle_timeout`](Self::handle_timeout) next.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.ops.iter().filter_map(|o| o.next_timeout()).min()
+    }
+
+    /// The next completion or failure.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    fn finish(&mut self, _now: Instant, i: usize, outcome: Outcome) {
+        let op = self.ops.remove(i);
+        self.send_cursor = 0;
+        match outcome {
+            Outcome::Completed => self.events.push_back(Event::Completed { op: op.id }),
+            Outcome::Failed { error, abort } => {
+                if abort {
+                    let culprit = error.peer();
+                    for r in (0..self.config.ranks).map(Rank) {
+                        if r != self.config.rank && r != culprit {
+                            let msg = ControlMsg {
+                                kind: ControlKind::Abort,
+                                op: op.id.0,
+                                arg: culprit.0,
+                                runs: Vec::new(),
+                            };
+                            self.out.push_back(Outgoing::Control { to: r, msg });
+                        }
+                    }
+                }
+                self.events.push_back(Event::Failed { op: op.id, error });
+            }
+        }
+    }
+}
+
+fn aborted(from: Rank, culprit: u32) -> Outcome {
+    Outcome::Failed {
+        error: OpError::PeerFailed {
+            peer: Rank(culprit),
+            reported_by: from,
+        },
+        abort: false,
+    }
+}
