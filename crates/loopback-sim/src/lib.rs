@@ -1,0 +1,1 @@
+//! Deterministic fabric simulator (under construction).

@@ -1,0 +1,1 @@
+//! ringcast (under construction).
