@@ -47,7 +47,6 @@ pub(crate) struct Fetch {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Deferred {
     pub(crate) runs: Vec<ChunkRun>,
-    pub(crate) depth: u32,
     pub(crate) keepalive_at: Instant,
 }
 
@@ -161,6 +160,8 @@ pub(crate) struct Broadcast {
     pub(crate) deferred: Option<Deferred>,
     pub(crate) fin_sent: bool,
     pub(crate) fin_received: bool,
+    /// Longest chain of ring reads behind our recovered data (0: none).
+    pub(crate) hops: u32,
 }
 
 impl Broadcast {
@@ -217,6 +218,7 @@ impl Broadcast {
             deferred: None,
             fin_sent: false,
             fin_received: false,
+            hops: 0,
         };
         Ok(op)
     }
@@ -356,7 +358,7 @@ impl Broadcast {
         if self.cutoff_at.is_some_and(|t| t <= now) && !self.cutoff_fired {
             self.cutoff_fired = true;
             if self.missing > 0 {
-                self.start_fetch(cx, 0, None);
+                self.start_fetch(cx, None);
             }
         }
         let interval = keepalive_interval(cx.config);

@@ -234,7 +234,9 @@ pub struct Stats {
     pub fetch_nacks: u64,
     /// Reads issued.
     pub reads: u64,
-    /// Deepest fetch recursion seen (0: the neighbour had everything).
+    /// Deepest fetch recursion behind any chunk this rank recovered: 0 when the neighbour
+    /// had it from the fast path (or is the root), `k` when it passed through `k` other
+    /// ranks' recovery first.
     pub max_fetch_depth: u32,
 }
 

@@ -32,12 +32,12 @@ impl ControlMsg {
         match self.kind {
             ControlKind::Ready => ControlRepr::Ready { op },
             ControlKind::Go => ControlRepr::Go { op },
-            ControlKind::Fetch => ControlRepr::Fetch {
+            ControlKind::Fetch => ControlRepr::Fetch { op, runs },
+            ControlKind::FetchAck => ControlRepr::FetchAck {
                 op,
-                depth: self.arg,
                 runs,
+                hops: self.arg,
             },
-            ControlKind::FetchAck => ControlRepr::FetchAck { op, runs },
             ControlKind::FetchNack => ControlRepr::FetchNack { op },
             ControlKind::Fin => ControlRepr::Fin { op },
             ControlKind::Abort => ControlRepr::Abort {

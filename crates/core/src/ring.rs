@@ -19,29 +19,23 @@ use crate::event::OpError;
 use crate::out::{ControlMsg, Ctx, Outcome, Outgoing, bump};
 use crate::wire::{ChunkRun, ControlKind, RunList};
 use alloc::vec::Vec;
+use core::time::Duration;
 
 impl Broadcast {
     /// Asks the predecessor for missing chunks, unless a request is outstanding already.
     ///
     /// Before our own cutoff fired only the runs `within` are asked for (the rest may still be
     /// on its way on the fast path); afterwards everything missing.
-    pub(crate) fn start_fetch(
-        &mut self,
-        cx: &mut Ctx<'_>,
-        depth: u32,
-        within: Option<&[ChunkRun]>,
-    ) {
+    pub(crate) fn start_fetch(&mut self, cx: &mut Ctx<'_>, within: Option<&[ChunkRun]>) {
         if self.fetch.is_some() || self.missing == 0 || self.is_root() {
             return;
         }
         let max = cx.config.max_fetch_runs();
         let mut runs = Vec::new();
         match within.filter(|_| !self.cutoff_fired) {
-            Some(asked) => {
-                for r in asked {
-                    self.missing_runs(*r, max, &mut runs);
-                }
-            }
+            Some(asked) => asked
+                .iter()
+                .for_each(|r| self.missing_runs(*r, max, &mut runs)),
             None => self.missing_runs(
                 ChunkRun {
                     start: 0,
@@ -55,11 +49,10 @@ impl Broadcast {
             return;
         }
         bump(&mut cx.stats.fetch_requests);
-        cx.stats.max_fetch_depth = cx.stats.max_fetch_depth.max(depth);
         let msg = ControlMsg {
             kind: ControlKind::Fetch,
             op: self.id.0,
-            arg: depth,
+            arg: 0,
             runs: runs.clone(),
         };
         cx.send(self.pred, msg);
@@ -79,7 +72,6 @@ impl Broadcast {
         &mut self,
         cx: &mut Ctx<'_>,
         from: Rank,
-        depth: u32,
         runs: RunList<'_>,
     ) -> Option<Outcome> {
         if from != self.succ || from == self.me {
@@ -101,12 +93,8 @@ impl Broadcast {
             ControlMsg::simple(ControlKind::FetchNack, self.id.0),
         );
         let keepalive_at = cx.now + keepalive_interval(cx.config);
-        self.start_fetch(cx, depth.saturating_add(1), Some(&runs));
-        self.deferred = Some(Deferred {
-            runs,
-            depth,
-            keepalive_at,
-        });
+        self.start_fetch(cx, Some(&runs));
+        self.deferred = Some(Deferred { runs, keepalive_at });
         None
     }
 
@@ -114,7 +102,7 @@ impl Broadcast {
         let msg = ControlMsg {
             kind: ControlKind::FetchAck,
             op: self.id.0,
-            arg: 0,
+            arg: self.hops,
             runs,
         };
         cx.send(self.succ, msg);
@@ -126,16 +114,16 @@ impl Broadcast {
         cx: &mut Ctx<'_>,
         from: Rank,
         runs: RunList<'_>,
+        hops: u32,
     ) -> Option<Outcome> {
-        let matches = self.fetch.as_ref().is_some_and(|f| {
+        let expected = self.fetch.as_ref().is_some_and(|f| {
             !f.acked && from == self.pred && runs.iter().eq(f.runs.iter().copied())
         });
-        if !matches {
+        if !expected {
             bump(&mut cx.stats.control_unexpected);
             return None;
         }
-        let mut reads = 0u32;
-        let mut bytes = 0u64;
+        let (mut reads, mut bytes) = (0u32, 0u64);
         let mut still = Vec::new();
         for r in runs.iter() {
             still.clear();
@@ -161,9 +149,11 @@ impl Broadcast {
         if reads == 0 {
             return self.fetch_round_done(cx);
         }
+        self.hops = self.hops.max(hops.saturating_add(1));
+        cx.stats.max_fetch_depth = cx.stats.max_fetch_depth.max(hops);
         // The reads are one-sided: allow for moving the bytes before blaming the peer.
         let ns = u128::from(bytes) * 1_000_000_000 / u128::from(cx.config.link_bandwidth);
-        let t = core::time::Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX));
+        let t = Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX));
         self.wait = Some(Wait {
             peer: from,
             deadline: cx.now + cx.config.peer_timeout + t,
@@ -193,10 +183,8 @@ impl Broadcast {
             return None;
         };
         if !ok {
-            return Some(Outcome::Failed {
-                error: OpError::ReadFailed { peer: self.pred },
-                abort: true,
-            });
+            let error = OpError::ReadFailed { peer: self.pred };
+            return Some(Outcome::Failed { error, abort: true });
         }
         f.reads_left -= 1;
         let done = f.reads_left == 0;
@@ -213,10 +201,9 @@ impl Broadcast {
         self.wait = None;
         // More runs than one message held, or a deferred request still unanswered.
         if self.cutoff_fired {
-            self.start_fetch(cx, 0, None);
-        } else if let Some(d) = self.deferred.as_ref() {
-            let (depth, asked) = (d.depth.saturating_add(1), d.runs.clone());
-            self.start_fetch(cx, depth, Some(&asked));
+            self.start_fetch(cx, None);
+        } else if let Some(asked) = self.deferred.as_ref().map(|d| d.runs.clone()) {
+            self.start_fetch(cx, Some(&asked));
         }
         self.progress(cx)
     }

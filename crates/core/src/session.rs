@@ -189,8 +189,8 @@ impl Session {
         let outcome = match msg {
             ControlRepr::Ready { .. } => op.on_ready(&mut cx, from),
             ControlRepr::Go { .. } => op.on_go(&mut cx, from),
-            ControlRepr::Fetch { depth, runs, .. } => op.on_fetch(&mut cx, from, depth, runs),
-            ControlRepr::FetchAck { runs, .. } => op.on_fetch_ack(&mut cx, from, runs),
+            ControlRepr::Fetch { runs, .. } => op.on_fetch(&mut cx, from, runs),
+            ControlRepr::FetchAck { runs, hops, .. } => op.on_fetch_ack(&mut cx, from, runs, hops),
             ControlRepr::FetchNack { .. } => op.on_fetch_nack(&mut cx, from),
             ControlRepr::Fin { .. } => op.on_fin(&mut cx, from),
             ControlRepr::Abort { culprit, .. } if culprit < self.config.ranks => {

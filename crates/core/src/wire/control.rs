@@ -6,7 +6,7 @@
 //!  | kind | version| run count|   arg    |  op sequence   | runs: (start, len) u32 |
 //!  +------+--------+----------+----------+----------------+------------------------+
 //! ```
-//! All integers are big-endian. `arg` is the fetch recursion depth for `Fetch`, the culprit rank
+//! All integers are big-endian. `arg` is the recovery hop count for `FetchAck`, the culprit rank
 //! for `Abort`, and zero otherwise. Runs are sorted, non-empty, disjoint and non-adjacent.
 
 use super::{Error, Result};
@@ -67,7 +67,7 @@ impl ControlKind {
     }
 
     fn has_arg(self) -> bool {
-        matches!(self, ControlKind::Fetch | ControlKind::Abort)
+        matches!(self, ControlKind::FetchAck | ControlKind::Abort)
     }
 }
 
@@ -253,8 +253,6 @@ pub enum ControlRepr<'a> {
     Fetch {
         /// Operation sequence number.
         op: u64,
-        /// How many ranks before the requester already had to recurse (0 for a first request).
-        depth: u32,
         /// Runs asked for.
         runs: RunList<'a>,
     },
@@ -264,6 +262,9 @@ pub enum ControlRepr<'a> {
         op: u64,
         /// Runs the sender vouches for (the runs requested).
         runs: RunList<'a>,
+        /// Longest chain of ring reads behind the sender's data (0: it had everything from
+        /// the fast path or is the root). An upper bound for the runs acknowledged.
+        hops: u32,
     },
     /// See [`ControlKind::FetchNack`].
     FetchNack {
@@ -302,12 +303,12 @@ impl<'a> ControlRepr<'a> {
         Ok(match kind {
             ControlKind::Ready => ControlRepr::Ready { op },
             ControlKind::Go => ControlRepr::Go { op },
-            ControlKind::Fetch => ControlRepr::Fetch {
+            ControlKind::Fetch => ControlRepr::Fetch { op, runs },
+            ControlKind::FetchAck => ControlRepr::FetchAck {
                 op,
-                depth: arg,
                 runs,
+                hops: arg,
             },
-            ControlKind::FetchAck => ControlRepr::FetchAck { op, runs },
             ControlKind::FetchNack => ControlRepr::FetchNack { op },
             ControlKind::Fin => ControlRepr::Fin { op },
             ControlKind::Abort => ControlRepr::Abort { op, culprit: arg },
@@ -373,7 +374,7 @@ impl<'a> ControlRepr<'a> {
             r.validate()?;
         }
         let arg = match *self {
-            ControlRepr::Fetch { depth, .. } => depth,
+            ControlRepr::FetchAck { hops, .. } => hops,
             ControlRepr::Abort { culprit, .. } => culprit,
             _ => 0,
         };
@@ -424,12 +425,12 @@ mod tests {
         round_trip(ControlRepr::Go { op: u64::MAX });
         round_trip(ControlRepr::Fetch {
             op: 9,
-            depth: 2,
             runs: RunList::Slice(&runs),
         });
         round_trip(ControlRepr::FetchAck {
             op: 9,
             runs: RunList::Slice(&runs),
+            hops: 3,
         });
         round_trip(ControlRepr::FetchNack { op: 9 });
         round_trip(ControlRepr::Fin { op: 0 });
@@ -456,7 +457,8 @@ mod tests {
         assert!(
             ControlRepr::FetchAck {
                 op: 1,
-                runs: RunList::Slice(&runs)
+                runs: RunList::Slice(&runs),
+                hops: 0
             }
             .emit_vec(&mut v)
             .is_err()

@@ -1,0 +1,499 @@
+//! A tiny in-process network that drives N real sessions in virtual time, quinn-style: the
+//! loop jumps to the next event or timer and bounds the number of steps.
+//!
+//! Every multicast chunk carries a token (a fingerprint of op and chunk) instead of bytes;
+//! placements and reads copy tokens, so a wrong placement or a read of data the peer does not
+//! hold shows up as a mismatch. Buffers are poisoned when an operation completes, so a read
+//! from a released buffer is caught too.
+#![allow(dead_code, unreachable_pub)]
+
+use ringcast_core::wire::{ChunkRun, ControlRepr};
+use ringcast_core::{
+    Config, Event, Instant, OpError, OpId, Placement, Rank, ReadError, Session, Transmit,
+};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::fmt::Write as _;
+
+pub const POISON: u64 = u64::MAX;
+
+/// splitmix64: deterministic and dependency free.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+pub fn token(op: u64, chunk: u32) -> u64 {
+    (op << 32 | u64::from(chunk)).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1
+}
+
+/// A rule that drops chunk `chunk` of op `op` on its way to rank `to`.
+pub type DropRule = Box<dyn Fn(u64, u32, u32) -> bool>;
+
+pub struct Faults {
+    pub loss: f64,
+    pub dup: f64,
+    /// Extra random delay up to this many ns (reordering).
+    pub jitter_ns: u64,
+    pub rules: Vec<DropRule>,
+    /// (rank, time ns): the rank stops at that time.
+    pub crash: Vec<(u32, u64)>,
+    /// Replays every chunk of an op this many ns later (stale packets).
+    pub replay_after_ns: Option<u64>,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            loss: 0.0,
+            dup: 0.0,
+            jitter_ns: 0,
+            rules: Vec::new(),
+            crash: Vec::new(),
+            replay_after_ns: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Ev {
+    Chunk {
+        to: u32,
+        from: u32,
+        lane: u16,
+        imm: u32,
+        len: u32,
+        token: u64,
+    },
+    Control {
+        to: u32,
+        from: u32,
+        bytes: Vec<u8>,
+    },
+    ReadDone {
+        to: u32,
+        from: u32,
+        op: OpId,
+        run: ChunkRun,
+    },
+    SendDone {
+        to: u32,
+        op: OpId,
+    },
+    Start {
+        rank: u32,
+        root: u32,
+        len: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Pending,
+    Completed(u64),
+    Failed(OpError),
+}
+
+pub struct Net {
+    pub sessions: Vec<Session>,
+    pub now: u64,
+    pub latency_ns: u64,
+    pub byte_ns: f64,
+    pub faults: Faults,
+    pub rng: Rng,
+    queue: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    evs: Vec<Option<Ev>>,
+    seq: u64,
+    pub bufs: Vec<BTreeMap<u64, Vec<u64>>>,
+    pub ops: BTreeMap<u64, (u32, u64)>,
+    pub outcomes: Vec<BTreeMap<u64, Outcome>>,
+    pub trace: Option<String>,
+    pub chunk_size: u32,
+    pub errors: Vec<String>,
+    started: Vec<u64>,
+    root_free_at: Vec<u64>,
+}
+
+impl Net {
+    pub fn new(ranks: u32, tweak: impl Fn(&mut Config)) -> Self {
+        let sessions: Vec<Session> = (0..ranks)
+            .map(|r| {
+                let mut c = Config::new(r, ranks);
+                c.link_bandwidth = 1_000_000_000; // 1 GB/s: 1 ns per byte
+                c.cutoff_alpha = std::time::Duration::from_micros(5);
+                c.peer_timeout = std::time::Duration::from_millis(1);
+                tweak(&mut c);
+                Session::new(c).expect("valid config")
+            })
+            .collect();
+        let chunk_size = sessions[0].config().chunk_size;
+        Net {
+            sessions,
+            now: 0,
+            latency_ns: 1_000,
+            byte_ns: 1.0,
+            faults: Faults::default(),
+            rng: Rng::new(1),
+            queue: BinaryHeap::new(),
+            evs: Vec::new(),
+            seq: 0,
+            bufs: vec![BTreeMap::new(); ranks as usize],
+            ops: BTreeMap::new(),
+            outcomes: vec![BTreeMap::new(); ranks as usize],
+            trace: None,
+            chunk_size,
+            errors: Vec::new(),
+            started: vec![0; ranks as usize],
+            root_free_at: vec![0; ranks as usize],
+        }
+    }
+
+    pub fn ranks(&self) -> u32 {
+        self.sessions.len() as u32
+    }
+
+    fn push(&mut self, at: u64, ev: Ev) {
+        self.seq += 1;
+        self.evs.push(Some(ev));
+        self.queue.push(Reverse((at, self.seq, self.evs.len() - 1)));
+    }
+
+    fn log(&mut self, s: impl FnOnce() -> String) {
+        if let Some(t) = self.trace.as_mut() {
+            let _ = writeln!(t, "{:>9} {}", self.now, s());
+        }
+    }
+
+    fn crash_time(&self, rank: u32) -> u64 {
+        self.faults
+            .crash
+            .iter()
+            .filter(|&&(r, _)| r == rank)
+            .map(|&(_, t)| t)
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    fn crashed(&self, rank: u32) -> bool {
+        self.faults
+            .crash
+            .iter()
+            .any(|&(r, t)| r == rank && self.now >= t)
+    }
+
+    /// Schedules a broadcast on every rank at time `at` (+ `skew_ns * rank`).
+    pub fn broadcast_at(&mut self, at: u64, skew_ns: u64, root: u32, len: u64) {
+        for r in 0..self.ranks() {
+            self.push(
+                at + skew_ns * u64::from(r),
+                Ev::Start { rank: r, root, len },
+            );
+        }
+    }
+
+    /// Runs until nothing is left to do or `max_steps` events; returns the steps taken.
+    pub fn run(&mut self, max_steps: usize) -> usize {
+        for step in 0..max_steps {
+            let next_ev = self.queue.peek().map(|Reverse((t, _, _))| *t);
+            let next_timer = self
+                .sessions
+                .iter()
+                .enumerate()
+                .filter_map(|(r, s)| s.poll_timeout().map(|t| (t.as_nanos(), r)))
+                .filter(|&(t, r)| t < self.crash_time(r as u32))
+                .min();
+            match (next_ev, next_timer) {
+                (None, None) => return step,
+                (Some(te), Some((tt, r))) if tt < te => self.fire_timer(tt, r as u32),
+                (None, Some((tt, r))) => self.fire_timer(tt, r as u32),
+                _ => {
+                    let Reverse((t, _, i)) = self.queue.pop().expect("peeked");
+                    self.now = self.now.max(t);
+                    let ev = self.evs[i].take().expect("event once");
+                    self.deliver(ev);
+                }
+            }
+        }
+        panic!("no quiescence after {max_steps} steps (a hang)");
+    }
+
+    fn fire_timer(&mut self, t: u64, r: u32) {
+        self.now = self.now.max(t);
+        self.log(|| format!("r{r} timeout"));
+        self.sessions[r as usize].handle_timeout(Instant::from_nanos(self.now));
+        self.drain(r);
+    }
+
+    fn deliver(&mut self, ev: Ev) {
+        let now = Instant::from_nanos(self.now);
+        let to = match &ev {
+            Ev::Chunk { to, .. }
+            | Ev::Control { to, .. }
+            | Ev::ReadDone { to, .. }
+            | Ev::SendDone { to, .. } => *to,
+            Ev::Start { rank, .. } => *rank,
+        };
+        if self.crashed(to) {
+            return;
+        }
+        match ev {
+            Ev::Start { rank, root, len } => {
+                let id = self.sessions[rank as usize]
+                    .start_broadcast(now, Rank(root), len)
+                    .expect("start");
+                self.started[rank as usize] += 1;
+                self.ops.insert(id.0, (root, len));
+                let chunks = len.div_ceil(u64::from(self.chunk_size)) as u32;
+                let buf = if rank == root {
+                    (0..chunks).map(|c| token(id.0, c)).collect()
+                } else {
+                    vec![0; chunks as usize]
+                };
+                self.bufs[rank as usize].insert(id.0, buf);
+                self.outcomes[rank as usize].insert(id.0, Outcome::Pending);
+                self.log(|| format!("r{rank} start {id} root r{root} len {len}"));
+            }
+            Ev::Chunk {
+                to,
+                from,
+                lane,
+                imm,
+                len,
+                token,
+            } => {
+                let p = self.sessions[to as usize].handle_chunk(
+                    now,
+                    lane,
+                    Rank(from),
+                    imm,
+                    len as usize,
+                );
+                self.log(|| format!("r{to} <- chunk imm {imm:#x} lane {lane} from r{from}: {p:?}"));
+                if let Placement::Place {
+                    op,
+                    offset,
+                    len: plen,
+                } = p
+                {
+                    assert_eq!(plen, len, "placement length");
+                    let slot = (offset / u64::from(self.chunk_size)) as usize;
+                    match self.bufs[to as usize]
+                        .get_mut(&op.0)
+                        .and_then(|b| b.get_mut(slot))
+                    {
+                        Some(s) => *s = token,
+                        None => self
+                            .errors
+                            .push(format!("r{to}: placement outside buffer {op} slot {slot}")),
+                    }
+                }
+            }
+            Ev::Control { to, from, bytes } => {
+                if self.trace.is_some() {
+                    let m = ControlRepr::parse_bytes(&bytes)
+                        .map(|m| format!("{m:?}"))
+                        .unwrap_or_else(|_| "<malformed>".into());
+                    self.log(|| format!("r{to} <- r{from} {m}"));
+                }
+                self.sessions[to as usize].handle_control(now, Rank(from), &bytes);
+            }
+            Ev::ReadDone { to, from, op, run } => {
+                let ok = !self.crashed(from);
+                if ok {
+                    let src = self.bufs[from as usize].get(&op.0).cloned();
+                    let Some(src) = src else {
+                        self.errors
+                            .push(format!("r{to}: read from r{from} of unknown {op}"));
+                        return;
+                    };
+                    let dst = self.bufs[to as usize].get_mut(&op.0).expect("own buffer");
+                    for c in run.start..run.end() {
+                        let v = src[c as usize];
+                        if v == 0 || v == POISON {
+                            self.errors.push(format!(
+                                "r{to}: read chunk {c} of {op} from r{from} which holds {v:#x}"
+                            ));
+                        }
+                        dst[c as usize] = v;
+                    }
+                }
+                self.log(|| format!("r{to} read done {op} {run} from r{from} ok={ok}"));
+                let res = if ok { Ok(()) } else { Err(ReadError) };
+                self.sessions[to as usize].handle_read_done(now, op, run, res);
+            }
+            Ev::SendDone { to, op } => self.sessions[to as usize].handle_send_done(now, op, 1),
+        }
+        self.drain(to);
+    }
+
+    fn drain(&mut self, r: u32) {
+        let mut buf = Vec::new();
+        let ranks = self.ranks();
+        while let Some(t) = self.sessions[r as usize].poll_transmit(&mut buf) {
+            let now = self.now;
+            match t {
+                Transmit::Control { to, len } => {
+                    let bytes = buf[..len].to_vec();
+                    if self.trace.is_some() {
+                        let m = ControlRepr::parse_bytes(&bytes)
+                            .map(|m| format!("{m:?}"))
+                            .unwrap_or_default();
+                        self.log(|| format!("r{r} -> r{} {m}", to.0));
+                    }
+                    self.push(
+                        now + self.latency_ns,
+                        Ev::Control {
+                            to: to.0,
+                            from: r,
+                            bytes,
+                        },
+                    );
+                }
+                Transmit::Read {
+                    op, from, run, len, ..
+                } => {
+                    self.log(|| format!("r{r} read {op} {run} from r{}", from.0));
+                    let t = now + 2 * self.latency_ns + (len as f64 * self.byte_ns) as u64;
+                    self.push(
+                        t,
+                        Ev::ReadDone {
+                            to: r,
+                            from: from.0,
+                            op,
+                            run,
+                        },
+                    );
+                }
+                Transmit::Multicast {
+                    op,
+                    lane,
+                    imm,
+                    chunk,
+                    len,
+                    ..
+                } => {
+                    let start = self.root_free_at[r as usize].max(now);
+                    let done = start + (f64::from(len) * self.byte_ns) as u64;
+                    self.root_free_at[r as usize] = done;
+                    self.push(done, Ev::SendDone { to: r, op });
+                    let tok = token(op.0, chunk);
+                    for to in (0..ranks).filter(|t| *t != r) {
+                        let ruled = self.faults.rules.iter().any(|f| f(op.0, chunk, to));
+                        if ruled || self.rng.chance(self.faults.loss) {
+                            continue;
+                        }
+                        let copies = if self.rng.chance(self.faults.dup) {
+                            2
+                        } else {
+                            1
+                        };
+                        for _ in 0..copies {
+                            let at =
+                                done + self.latency_ns + self.rng.below(self.faults.jitter_ns + 1);
+                            self.push(
+                                at,
+                                Ev::Chunk {
+                                    to,
+                                    from: r,
+                                    lane,
+                                    imm,
+                                    len,
+                                    token: tok,
+                                },
+                            );
+                        }
+                        if let Some(d) = self.faults.replay_after_ns {
+                            self.push(
+                                done + d,
+                                Ev::Chunk {
+                                    to,
+                                    from: r,
+                                    lane,
+                                    imm,
+                                    len,
+                                    token: tok,
+                                },
+                            );
+                        }
+                    }
+                    // Our own loopback copy: the core must refuse it.
+                    self.push(
+                        done + self.latency_ns,
+                        Ev::Chunk {
+                            to: r,
+                            from: r,
+                            lane,
+                            imm,
+                            len,
+                            token: tok,
+                        },
+                    );
+                }
+                other => panic!("unknown transmit {other:?}"),
+            }
+        }
+        while let Some(e) = self.sessions[r as usize].poll_event() {
+            self.log(|| format!("r{r} event {e:?}"));
+            match e {
+                Event::Completed { op } => {
+                    self.outcomes[r as usize].insert(op.0, Outcome::Completed(self.now));
+                    // Check the buffer now, then poison it: nobody may read it any more.
+                    let b = self.bufs[r as usize].get_mut(&op.0).expect("buffer");
+                    let expect: Vec<u64> = (0..b.len() as u32).map(|c| token(op.0, c)).collect();
+                    if *b != expect {
+                        self.errors
+                            .push(format!("r{r}: {op} completed with a wrong buffer"));
+                    }
+                    b.iter_mut().for_each(|x| *x = POISON);
+                }
+                Event::Failed { op, error } => {
+                    self.outcomes[r as usize].insert(op.0, Outcome::Failed(error));
+                }
+                other => panic!("unknown event {other:?}"),
+            }
+        }
+    }
+
+    /// Every live rank's outcome for `op`.
+    pub fn outcome(&self, rank: u32, op: u64) -> Outcome {
+        self.outcomes[rank as usize]
+            .get(&op)
+            .copied()
+            .unwrap_or(Outcome::Pending)
+    }
+
+    pub fn is_crashed_rank(&self, rank: u32) -> bool {
+        self.faults.crash.iter().any(|&(r, _)| r == rank)
+    }
+
+    /// Asserts no data error and every live rank finished every op (completed or failed as
+    /// allowed).
+    pub fn assert_all_completed(&self) {
+        assert!(self.errors.is_empty(), "{:?}", self.errors);
+        for r in 0..self.ranks() {
+            for &op in self.ops.keys() {
+                assert!(
+                    matches!(self.outcome(r, op), Outcome::Completed(_)),
+                    "r{r} op {op}: {:?}",
+                    self.outcome(r, op)
+                );
+            }
+        }
+    }
+}
