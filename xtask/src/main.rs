@@ -1,1 +1,180 @@
-fn main() {}
+//! `cargo xtask`: the workspace's automation (CI, tests, fuzzing), in Rust so that it runs
+//! wherever cargo does. See `cargo xtask help`.
+
+// A command-line tool: printing to the terminal is its job.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+mod fuzz;
+mod run;
+mod seed;
+
+use run::{Step, StepError};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  ci                          fmt check, clippy, tests, no_std riscv build, fuzz smoke (10 s/target)
+  test                        cargo test --workspace
+  fuzz [--time SECS] [TARGET...]
+                              run each fuzz target (all if none named) for SECS seconds (default 60);
+                              needs a nightly toolchain and cargo-fuzz (installed if missing)
+  fuzz-seed                   rewrite the seed corpora under fuzz/corpus/
+  help                        this message
+";
+
+/// Seconds per target of the fuzz smoke run by `ci`.
+const CI_FUZZ_SECS: u64 = 10;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match dispatch(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(args: &[String]) -> Result<(), StepError> {
+    let root = workspace_root()?;
+    let (cmd, rest) = match args.split_first() {
+        Some((c, rest)) => (c.as_str(), rest),
+        None => ("help", &[][..]),
+    };
+    match cmd {
+        "ci" => {
+            no_args(cmd, rest)?;
+            ci(&root)
+        }
+        "test" => {
+            no_args(cmd, rest)?;
+            test(&root)
+        }
+        "fuzz" => {
+            let (secs, targets) = parse_fuzz_args(rest)?;
+            fuzz::run(&root, secs, &targets, fuzz::Mode::Required)
+        }
+        "fuzz-seed" => {
+            no_args(cmd, rest)?;
+            seed::write_all(&root.join("fuzz").join("corpus"))
+        }
+        "help" | "-h" | "--help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => Err(StepError::Other(format!(
+            "unknown command `{other}`\n\n{USAGE}"
+        ))),
+    }
+}
+
+fn no_args(cmd: &str, rest: &[String]) -> Result<(), StepError> {
+    match rest.first() {
+        None => Ok(()),
+        Some(a) => Err(StepError::Other(format!(
+            "`{cmd}` takes no arguments, got `{a}`\n\n{USAGE}"
+        ))),
+    }
+}
+
+fn parse_fuzz_args(rest: &[String]) -> Result<(u64, Vec<String>), StepError> {
+    let mut secs = 60;
+    let mut targets = Vec::new();
+    let mut it = rest.iter();
+    while let Some(a) = it.next() {
+        let value =
+            if a == "--time" {
+                Some(it.next().ok_or_else(|| {
+                    StepError::Other("`--time` needs a number of seconds".to_owned())
+                })?)
+            } else {
+                a.strip_prefix("--time=").map(|_| a)
+            };
+        if let Some(v) = value {
+            let v = v.strip_prefix("--time=").unwrap_or(v);
+            secs = v.parse().ok().filter(|&s| s > 0).ok_or_else(|| {
+                StepError::Other(format!("`--time` wants a positive integer, got `{v}`"))
+            })?;
+        } else if a.starts_with('-') {
+            return Err(StepError::Other(format!("unknown option `{a}`\n\n{USAGE}")));
+        } else {
+            targets.push(a.clone());
+        }
+    }
+    Ok((secs, targets))
+}
+
+/// The workspace root: xtask's manifest directory's parent.
+fn workspace_root() -> Result<PathBuf, StepError> {
+    let dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    dir.parent()
+        .map(Path::to_path_buf)
+        .ok_or_else(|| StepError::Other(format!("no parent of {}", dir.display())))
+}
+
+/// The cargo that runs us (the toolchain's binary), for stable steps.
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}
+
+fn minutes(m: u64) -> Duration {
+    Duration::from_secs(m * 60)
+}
+
+fn test(root: &Path) -> Result<(), StepError> {
+    Step::new(root, &cargo(), &["test", "--workspace"], minutes(40)).run()
+}
+
+fn ci(root: &Path) -> Result<(), StepError> {
+    let cargo = cargo();
+    let started = std::time::Instant::now();
+    Step::new(root, &cargo, &["fmt", "--all", "--check"], minutes(5)).run()?;
+    Step::new(
+        root,
+        &cargo,
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        minutes(40),
+    )
+    .run()?;
+    test(root)?;
+    riscv_check(root, &cargo)?;
+    fuzz::run(root, CI_FUZZ_SECS, &[], fuzz::Mode::Optional)?;
+    eprintln!(
+        "xtask ci: all steps passed in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+const RISCV: &str = "riscv64gc-unknown-none-elf";
+
+/// The core must build without `std` for a bare-metal target (the DPA offload's target).
+fn riscv_check(root: &Path, cargo: &str) -> Result<(), StepError> {
+    let add = Step::new(root, "rustup", &["target", "add", RISCV], minutes(10));
+    let what = add.what().to_owned();
+    if let Err(e) = add.run() {
+        eprintln!("skipping riscv check: `{what}` did not succeed: {e}");
+        return Ok(());
+    }
+    Step::new(
+        root,
+        cargo,
+        &["build", "-p", "ringcast-core", "--target", RISCV],
+        minutes(20),
+    )
+    .run()
+}

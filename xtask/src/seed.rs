@@ -1,0 +1,221 @@
+//! `cargo xtask fuzz-seed`: the committed seed corpora under `fuzz/corpus/<target>/`.
+//!
+//! Seeds are valid inputs (encoded immediates, control messages of every kind, and session
+//! scripts that run a Broadcast to completion) so that fuzzing starts from deep states instead of
+//! rediscovering the formats. The session scripts follow the format documented at the top of
+//! `fuzz/fuzz_targets/session.rs`.
+
+use crate::run::StepError;
+use ringcast_core::wire::{ChunkRun, ControlRepr, ImmLayout, RunList};
+use std::path::Path;
+
+/// Writes every seed file, replacing the `seed-*` files already there.
+pub(crate) fn write_all(corpus: &Path) -> Result<(), StepError> {
+    let sets = [
+        ("imm", imm_seeds()),
+        ("control", control_seeds()?),
+        ("session", session_seeds()),
+    ];
+    for (target, seeds) in sets {
+        let dir = corpus.join(target);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| StepError::Other(format!("cannot create {}: {e}", dir.display())))?;
+        remove_old_seeds(&dir)?;
+        for (name, bytes) in &seeds {
+            let path = dir.join(format!("seed-{name}"));
+            std::fs::write(&path, bytes)
+                .map_err(|e| StepError::Other(format!("cannot write {}: {e}", path.display())))?;
+        }
+        eprintln!("{}: {} seeds", dir.display(), seeds.len());
+    }
+    Ok(())
+}
+
+fn remove_old_seeds(dir: &Path) -> Result<(), StepError> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| StepError::Other(format!("cannot list {}: {e}", dir.display())))?;
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with("seed-") {
+            std::fs::remove_file(e.path()).map_err(|err| {
+                StepError::Other(format!("cannot remove {}: {err}", e.path().display()))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// `chunk_bits u8, raw u32, op_tag u32, chunk u32`, little-endian.
+fn imm_seeds() -> Vec<(String, Vec<u8>)> {
+    let cases: [(u8, u32, u32, u32); 5] = [
+        (20, 0x0010_0005, 1, 5),
+        (22, u32::MAX, 1023, (1 << 22) - 1),
+        (1, 0x8000_0001, 0, 1),
+        (0, 7, 7, 7),
+        (23, 0xdead_beef, 1 << 10, 1 << 22),
+    ];
+    cases
+        .iter()
+        .map(|&(bits, raw, tag, chunk)| {
+            let mut v = vec![bits];
+            for x in [raw, tag, chunk] {
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+            (format!("bits{bits}"), v)
+        })
+        .collect()
+}
+
+fn emit(repr: ControlRepr<'_>) -> Result<Vec<u8>, StepError> {
+    let mut v = Vec::new();
+    repr.emit_vec(&mut v)
+        .map_err(|_| StepError::Other(format!("core refused to emit seed {repr:?}")))?;
+    Ok(v)
+}
+
+fn control_seeds() -> Result<Vec<(String, Vec<u8>)>, StepError> {
+    let runs = [
+        ChunkRun { start: 0, len: 3 },
+        ChunkRun { start: 10, len: 1 },
+    ];
+    let reprs = [
+        ("ready", ControlRepr::Ready { op: 0 }),
+        ("go", ControlRepr::Go { op: 1 }),
+        (
+            "fetch",
+            ControlRepr::Fetch {
+                op: 2,
+                runs: RunList::Slice(&runs),
+            },
+        ),
+        (
+            "fetch-ack",
+            ControlRepr::FetchAck {
+                op: 2,
+                runs: RunList::Slice(&runs[..1]),
+                hops: 1,
+            },
+        ),
+        ("fetch-nack", ControlRepr::FetchNack { op: 3 }),
+        ("fin", ControlRepr::Fin { op: u64::MAX }),
+        ("abort", ControlRepr::Abort { op: 4, culprit: 1 }),
+    ];
+    reprs
+        .into_iter()
+        .map(|(name, r)| Ok((name.to_owned(), emit(r)?)))
+        .collect()
+}
+
+/// Builds session scripts (see `fuzz/fuzz_targets/session.rs`).
+struct Script(Vec<u8>);
+
+impl Script {
+    /// Header: ranks, rank, lanes, chunk size, 8 in flight, window 64, timeouts 100 us / 10 us.
+    fn new(ranks: u8, rank: u8, lanes: u8, chunk_size: u16) -> Self {
+        let mut v = vec![ranks - 2, rank, lanes - 1];
+        v.extend_from_slice(&(chunk_size - 1).to_le_bytes());
+        v.extend_from_slice(&[7, 63, 99, 10]);
+        Script(v)
+    }
+    fn start(mut self, root: u8, len: u16) -> Self {
+        self.0.push(0);
+        self.0.push(root);
+        self.0.extend_from_slice(&len.to_le_bytes());
+        self
+    }
+    /// A chunk of started op number `op` with the right length.
+    fn chunk(mut self, op: u8, chunk: u16, lane: u8, from: u8) -> Self {
+        self.0.extend_from_slice(&[1, op]);
+        self.0.extend_from_slice(&chunk.to_le_bytes());
+        self.0.extend_from_slice(&[lane, from, 0]);
+        self
+    }
+    /// A control message of `kind` (0 Ready, 1 Go, 2 Fetch, 3 FetchAck, 4 FetchNack, 5 Fin).
+    fn control(mut self, from: u8, kind: u8, op: u8, runs: &[(u16, u16)]) -> Self {
+        self.0.extend_from_slice(&[4, from, kind, op]);
+        self.0.extend_from_slice(&0u32.to_le_bytes());
+        self.0.push(runs.len() as u8);
+        for &(s, l) in runs {
+            self.0.extend_from_slice(&s.to_le_bytes());
+            self.0.extend_from_slice(&l.to_le_bytes());
+        }
+        self
+    }
+    fn read_done(mut self, ok: bool) -> Self {
+        self.0.extend_from_slice(&[5, 0, u8::from(ok)]);
+        self
+    }
+    fn send_done(mut self, chunks: u8) -> Self {
+        self.0.extend_from_slice(&[6, 0, chunks]);
+        self
+    }
+    fn next_timeout(mut self) -> Self {
+        self.0.extend_from_slice(&[7, 1, 0, 0, 0, 0]);
+        self
+    }
+}
+
+fn session_seeds() -> Vec<(String, Vec<u8>)> {
+    // Rank 1 of 3, leaf of a 4-chunk broadcast from rank 0: barrier, Go, every chunk, Fin.
+    let mut leaf = Script::new(3, 1, 1, 1024)
+        .start(0, 4096)
+        .control(0, 1, 0, &[]);
+    for c in 0..4 {
+        leaf = leaf.chunk(0, c, 0, 0);
+    }
+    let leaf = leaf.control(2, 5, 0, &[]);
+
+    // The same leaf misses chunk 2: the cutoff fires, it fetches, the ACK comes, it reads.
+    let lossy = Script::new(3, 1, 1, 1024)
+        .start(0, 4096)
+        .control(0, 1, 0, &[])
+        .chunk(0, 0, 0, 0)
+        .chunk(0, 1, 0, 0)
+        .chunk(0, 3, 0, 0)
+        .next_timeout()
+        .control(0, 3, 0, &[(2, 1)])
+        .read_done(true)
+        .control(2, 5, 0, &[]);
+
+    // Rank 0 of 2 is the root: Ready from the leaf, sends complete, the leaf's Fin.
+    let root = Script::new(2, 0, 2, 512)
+        .start(0, 2048)
+        .control(1, 0, 0, &[])
+        .send_done(4)
+        .control(1, 5, 0, &[]);
+
+    // A successor asks us (rank 1) for chunks we lack: we recurse to our predecessor.
+    let recurse = Script::new(4, 1, 1, 256)
+        .start(0, 1024)
+        .control(0, 1, 0, &[])
+        .chunk(0, 0, 0, 0)
+        .control(2, 2, 0, &[(0, 4)])
+        .next_timeout()
+        .next_timeout();
+
+    // Two operations in flight with two lanes, the second one starting early.
+    let two = Script::new(3, 2, 2, 100)
+        .start(1, 400)
+        .control(1, 0, 1, &[])
+        .start(0, 250)
+        .control(1, 1, 0, &[])
+        .chunk(0, 0, 0, 1)
+        .chunk(0, 3, 1, 1)
+        .next_timeout();
+
+    [
+        ("leaf", leaf),
+        ("lossy-leaf", lossy),
+        ("root", root),
+        ("recurse", recurse),
+        ("two-ops", two),
+    ]
+    .into_iter()
+    .map(|(n, s)| (n.to_owned(), s.0))
+    .chain(
+        // One layout check so the corpus also holds a config at the widest chunk split.
+        ImmLayout::new(ImmLayout::MAX_CHUNK_BITS)
+            .ok()
+            .map(|_| ("empty-steps".to_owned(), Script::new(8, 7, 4, 4096).0)),
+    )
+    .collect()
+}
