@@ -334,7 +334,9 @@ impl Broadcast {
 
     /// Earliest timer of this operation.
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
-        let cutoff = self.cutoff_at.filter(|_| !self.cutoff_fired);
+        let cutoff = self
+            .cutoff_at
+            .filter(|_| !self.cutoff_fired && self.missing > 0);
         let keepalive = self.deferred.as_ref().map(|d| d.keepalive_at);
         [cutoff, keepalive, self.wait.map(|w| w.deadline)]
             .into_iter()
@@ -387,8 +389,10 @@ impl Broadcast {
             .as_ref()
             .is_none_or(|f| !f.acked || f.reads_left == 0);
         if self.missing == 0 && reads_idle {
-            // Anything still outstanding is no longer needed.
-            self.fetch = None;
+            // An outstanding request is no longer needed, nor is its deadline.
+            if self.fetch.take().is_some() && self.wait.is_some_and(|w| w.peer == self.pred) {
+                self.wait = None;
+            }
             if !self.fin_sent && !self.is_root() {
                 self.fin_sent = true;
                 cx.send(self.pred, ControlMsg::simple(ControlKind::Fin, self.id.0));

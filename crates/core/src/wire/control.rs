@@ -173,7 +173,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> ControlPacket<T> {
 }
 
 /// A list of chunk runs: either borrowed from a received message or from the sender's slice.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub enum RunList<'a> {
     /// Validated wire bytes (8 bytes a run).
     Wire(&'a [u8]),
@@ -225,6 +225,20 @@ impl<'a> RunList<'a> {
             prev_end = Some(end);
         }
         Ok(())
+    }
+}
+
+impl fmt::Debug for RunList<'_> {
+    /// Lists the runs (`[3..4, 7..9]`) whichever way they are stored.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, r) in self.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{r}")?;
+        }
+        f.write_str("]")
     }
 }
 

@@ -207,6 +207,11 @@ impl Net {
         }
     }
 
+    /// Delivers a control message from `from` to `to` at time `at`, as if sent.
+    pub fn inject_control(&mut self, at: u64, from: u32, to: u32, bytes: Vec<u8>) {
+        self.push(at, Ev::Control { to, from, bytes });
+    }
+
     /// Runs until nothing is left to do or `max_steps` events; returns the steps taken.
     pub fn run(&mut self, max_steps: usize) -> usize {
         for step in 0..max_steps {

@@ -1,0 +1,209 @@
+//! Property tests: for random communicators, sizes, chunk sizes and fault mixes, every
+//! surviving rank ends with the root's exact buffer, or fails with a typed error naming the
+//! crashed peer. Nothing hangs (the network panics past a bounded number of steps).
+
+mod util;
+
+use proptest::prelude::*;
+use ringcast_core::Rank;
+use ringcast_core::wire::{ChunkRun, ControlRepr, RunList};
+use util::{Net, Outcome, Rng};
+
+#[derive(Debug, Clone)]
+enum Pattern {
+    Random,
+    LeafGetsNothing(u32),
+    SameChunkEverywhere(u32),
+    OverlappingChain,
+}
+
+fn pattern() -> impl Strategy<Value = Pattern> {
+    prop_oneof![
+        3 => Just(Pattern::Random),
+        1 => (0u32..64).prop_map(Pattern::LeafGetsNothing),
+        1 => (0u32..64).prop_map(Pattern::SameChunkEverywhere),
+        1 => Just(Pattern::OverlappingChain),
+    ]
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    ranks: u32,
+    root: u32,
+    len: u64,
+    chunk: u32,
+    lanes: u16,
+    loss: f64,
+    dup: f64,
+    jitter_ns: u64,
+    pattern: Pattern,
+    crash: Option<(u32, u64)>,
+    hostile: bool,
+    seed: u64,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        2u32..64,
+        0u64..40_000,
+        6u32..13,
+        1u16..4,
+        prop_oneof![Just(0.0), 0.0..0.3f64],
+    )
+        .prop_flat_map(|(ranks, len, chunk_log, lanes, loss)| {
+            (
+                Just(ranks),
+                0..ranks,
+                Just(len),
+                Just(1u32 << chunk_log),
+                Just(lanes),
+                Just(loss),
+                prop_oneof![Just(0.0), 0.0..0.2f64],
+                prop_oneof![Just(0u64), 0u64..50_000],
+                pattern(),
+                proptest::option::weighted(0.2, (0..ranks, 0u64..200_000)),
+                proptest::bool::weighted(0.2),
+                any::<u64>(),
+            )
+        })
+        .prop_map(
+            |(
+                ranks,
+                root,
+                len,
+                chunk,
+                lanes,
+                loss,
+                dup,
+                jitter_ns,
+                pattern,
+                crash,
+                hostile,
+                seed,
+            )| {
+                Case {
+                    ranks,
+                    root,
+                    len,
+                    chunk,
+                    lanes,
+                    loss,
+                    dup,
+                    jitter_ns,
+                    pattern,
+                    crash,
+                    hostile,
+                    seed,
+                }
+            },
+        )
+}
+
+fn run_case(c: &Case) -> Result<(), TestCaseError> {
+    let mut net = Net::new(c.ranks, |cfg| {
+        cfg.chunk_size = c.chunk;
+        cfg.lanes = c.lanes;
+    });
+    net.rng = Rng::new(c.seed);
+    net.faults.loss = c.loss;
+    net.faults.dup = c.dup;
+    net.faults.jitter_ns = c.jitter_ns;
+    let p = c.ranks;
+    match c.pattern {
+        Pattern::Random => {}
+        Pattern::LeafGetsNothing(l) => net.faults.rules.push(Box::new(move |_, _, to| to == l % p)),
+        Pattern::SameChunkEverywhere(k) => net.faults.rules.push(Box::new(move |_, ch, _| ch == k)),
+        Pattern::OverlappingChain => {
+            let root = c.root;
+            net.faults.rules.push(Box::new(move |_, ch, to| {
+                let pos = (to + p - root) % p;
+                (1..=4).contains(&pos) && (ch / 3 == pos || ch / 3 == pos + 1)
+            }))
+        }
+    }
+    if let Some(crash) = c.crash {
+        net.faults.crash.push(crash);
+    }
+    net.broadcast_at(0, 50, c.root, c.len);
+    if c.hostile {
+        inject_hostile(&mut net, c.seed, c.root);
+    }
+    net.run(5_000_000);
+    prop_assert!(net.errors.is_empty(), "{:?}", net.errors);
+    let victim = c.crash.map(|(r, _)| r);
+    for r in (0..p).filter(|r| Some(*r) != victim) {
+        match net.outcome(r, 0) {
+            Outcome::Completed(_) => {}
+            Outcome::Failed(e) => {
+                prop_assert!(victim.is_some(), "r{} failed without a crash: {:?}", r, e);
+                prop_assert_eq!(
+                    e.peer(),
+                    Rank(victim.unwrap_or(u32::MAX)),
+                    "r{} blames wrongly",
+                    r
+                );
+            }
+            Outcome::Pending => prop_assert!(false, "r{} hangs", r),
+        }
+    }
+    Ok(())
+}
+
+/// Well-formed but unwarranted control messages from random peers: they must be ignored.
+fn inject_hostile(net: &mut Net, seed: u64, root: u32) {
+    let p = net.ranks();
+    let mut rng = Rng::new(seed ^ 0x5eed);
+    let runs = [ChunkRun { start: 0, len: 2 }, ChunkRun { start: 5, len: 1 }];
+    for _ in 0..20 {
+        let op = rng.below(3);
+        let (from, to) = (
+            rng.below(u64::from(p)) as u32,
+            rng.below(u64::from(p)) as u32,
+        );
+        let (pred, succ) = ((to + p - 1) % p, (to + 1) % p);
+        let msg = match rng.below(5) {
+            0 => ControlRepr::Fin { op },
+            1 => ControlRepr::FetchAck {
+                op,
+                runs: RunList::Slice(&runs),
+                hops: 7,
+            },
+            2 => ControlRepr::Go { op },
+            3 => ControlRepr::FetchNack { op },
+            _ => ControlRepr::Fetch {
+                op,
+                runs: RunList::Slice(&runs),
+            },
+        };
+        // Peers are trusted on the control path: inject only what no correct peer could send
+        // from that position (e.g. a Fin from a rank that is not our successor).
+        let legit = match msg {
+            ControlRepr::Fin { .. } | ControlRepr::Fetch { .. } => from == succ,
+            ControlRepr::FetchAck { .. } | ControlRepr::FetchNack { .. } => from == pred,
+            _ => from == root,
+        };
+        if legit {
+            continue;
+        }
+        let mut bytes = Vec::new();
+        msg.emit_vec(&mut bytes).expect("valid");
+        net.inject_control(rng.below(100_000), from, to, bytes);
+    }
+}
+
+/// 96 cases by default; `PROPTEST_CASES` asks for a longer campaign.
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(96)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_surviving_rank_gets_the_root_buffer(c in case()) {
+        run_case(&c)?;
+    }
+}
