@@ -1,0 +1,121 @@
+//! Everything one simulation run needs.
+
+use crate::faults::Faults;
+use crate::topology::{TopologyError, TopologySpec};
+use crate::workload::Workload;
+use ringcast_core::ConfigError;
+use std::fmt;
+use std::time::Duration;
+
+/// Parameters of a simulation run. Build with [`SimConfig::new`] and adjust the public fields.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimConfig {
+    /// Seed of every random choice (faults, fingerprints): same seed, same report.
+    pub seed: u64,
+    /// The fabric.
+    pub topology: TopologySpec,
+    /// Bandwidth of every link, bytes per second.
+    pub bandwidth: u64,
+    /// Latency of every link (propagation plus switching).
+    pub latency: Duration,
+    /// Extra one-way latency of a control message on top of the links' latency (software).
+    pub control_overhead: Duration,
+    /// Bytes per chunk (one multicast packet's payload).
+    pub chunk_size: u32,
+    /// Multicast subgroups.
+    pub lanes: u16,
+    /// Multicasts a root may have handed to its NIC and not yet seen leave.
+    pub send_window: u32,
+    /// The core's cutoff slack; `None`: derived from the fabric (4 round trips + 10 us).
+    pub cutoff_alpha: Option<Duration>,
+    /// The core's peer timeout.
+    pub peer_timeout: Duration,
+    /// How long a read from a crashed peer takes to fail.
+    pub read_timeout: Duration,
+    /// Faults to inject.
+    pub faults: Faults,
+    /// Operations to run.
+    pub workload: Workload,
+    /// Virtual time after which the run stops (reported as truncated).
+    pub time_limit: Duration,
+}
+
+impl SimConfig {
+    /// A lossless 100 Gbit/s fabric with 500 ns links, 4 KiB chunks, running `workload`.
+    pub fn new(topology: TopologySpec, workload: Workload) -> Self {
+        SimConfig {
+            seed: 0,
+            topology,
+            bandwidth: 100_000_000_000 / 8,
+            latency: Duration::from_nanos(500),
+            control_overhead: Duration::from_micros(1),
+            chunk_size: 4096,
+            lanes: 1,
+            send_window: 64,
+            cutoff_alpha: None,
+            peer_timeout: Duration::from_millis(1),
+            read_timeout: Duration::from_millis(1),
+            faults: Faults::default(),
+            workload,
+            time_limit: Duration::from_secs(60),
+        }
+    }
+
+    /// The cutoff slack the sessions use.
+    pub fn effective_cutoff_alpha(&self) -> Duration {
+        self.cutoff_alpha
+            .unwrap_or(8 * 4 * self.latency + 4 * self.control_overhead + Duration::from_micros(10))
+    }
+}
+
+/// Why a simulation could not be set up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SimError {
+    /// The topology is malformed.
+    Topology(TopologyError),
+    /// The core rejected the session configuration.
+    Core(ConfigError),
+    /// An operation names a rank outside the communicator.
+    BadOp {
+        /// Index of the operation in the workload.
+        index: usize,
+    },
+    /// A crash names a rank outside the communicator.
+    BadCrash {
+        /// The rank named.
+        rank: u32,
+    },
+    /// A parameter is out of range.
+    Invalid(&'static str),
+}
+
+impl fmt::Display for SimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SimError::Topology(e) => write!(f, "topology: {e}"),
+            SimError::Core(e) => write!(f, "core configuration: {e}"),
+            SimError::BadOp { index } => {
+                write!(f, "operation {index} names a rank outside the communicator")
+            }
+            SimError::BadCrash { rank } => {
+                write!(f, "crash of rank {rank}, which is outside the communicator")
+            }
+            SimError::Invalid(what) => f.write_str(what),
+        }
+    }
+}
+
+impl std::error::Error for SimError {}
+
+impl From<TopologyError> for SimError {
+    fn from(e: TopologyError) -> Self {
+        SimError::Topology(e)
+    }
+}
+
+impl From<ConfigError> for SimError {
+    fn from(e: ConfigError) -> Self {
+        SimError::Core(e)
+    }
+}

@@ -1,0 +1,145 @@
+//! Fault injection: what the fabric does wrong, and how often.
+//!
+//! * Loss (Bernoulli and Gilbert-Elliott bursts) applies to every link a packet crosses; a
+//!   packet lost on a link is lost for the whole subtree below it.
+//! * Duplication, reordering and corruption apply on the last hop, the switch port facing the
+//!   receiving host.
+//! * Receiver overrun models the host's posted receives; node crashes stop a rank.
+
+use crate::rng::Prob;
+use serde::Serialize;
+use std::time::Duration;
+
+/// The Gilbert-Elliott burst-loss channel: a link flips between a good state (no burst loss)
+/// and a bad state (every packet lost), per packet.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct GilbertElliott {
+    /// Probability, per packet in the good state, of entering the bad state.
+    pub enter_bad: f64,
+    /// Probability, per packet in the bad state, of going back to the good state.
+    pub exit_bad: f64,
+}
+
+/// Receive-side reordering: a delivery is delayed by a uniform extra time (multipath).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Reorder {
+    /// Probability that a delivery is delayed.
+    pub probability: f64,
+    /// Largest extra delay.
+    pub max_delay: Duration,
+}
+
+/// Which bits of the immediate a corruption may flip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum ImmBits {
+    /// Any of the 32 bits.
+    #[default]
+    Any,
+    /// Only the operation tag (the high bits above the chunk index).
+    OpTag,
+    /// Only the chunk index (the low bits).
+    Chunk,
+}
+
+/// Receiver overrun: each host has `slots` posted receives; a consumed receive is reposted
+/// one per `service` interval. A chunk that finds no posted receive is an RNR drop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct RxSlots {
+    /// Receives posted at start.
+    pub slots: u32,
+    /// Time to repost one receive.
+    pub service: Duration,
+}
+
+/// A node crash: `rank` stops processing and sending at `at` (virtual time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Crash {
+    /// The rank that stops.
+    pub rank: u32,
+    /// When.
+    pub at: Duration,
+}
+
+/// Every fault the simulator can inject. The default injects nothing.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Faults {
+    /// Bernoulli loss probability per packet per link.
+    pub loss: f64,
+    /// Burst loss per link.
+    pub burst: Option<GilbertElliott>,
+    /// Probability that the last hop delivers a packet twice.
+    pub duplicate: f64,
+    /// Reordering on the last hop.
+    pub reorder: Option<Reorder>,
+    /// Probability that a payload bit flips (the receiver's transport checksum drops it).
+    pub corrupt_payload: f64,
+    /// Probability that an immediate bit flips (the packet reaches the core).
+    pub corrupt_imm: f64,
+    /// Which immediate bits may flip.
+    pub corrupt_imm_bits: ImmBits,
+    /// Receiver overrun; `None`: receives never run out.
+    pub rx_slots: Option<RxSlots>,
+    /// Node crashes.
+    pub crashes: Vec<Crash>,
+}
+
+/// Per-link loss probabilities as integer thresholds.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LinkFaults {
+    pub(crate) loss: Prob,
+    pub(crate) enter_bad: Prob,
+    pub(crate) exit_bad: Prob,
+    pub(crate) bursty: bool,
+}
+
+/// Last-hop faults as integer thresholds.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct EdgeFaults {
+    pub(crate) duplicate: Prob,
+    pub(crate) reorder: Prob,
+    pub(crate) reorder_max_ps: u64,
+    pub(crate) corrupt_payload: Prob,
+    pub(crate) corrupt_imm: Prob,
+    pub(crate) imm_bits: ImmBits,
+    pub(crate) any: bool,
+}
+
+impl Faults {
+    pub(crate) fn link(&self) -> LinkFaults {
+        let (enter, exit) = self.burst.map_or((0.0, 1.0), |b| (b.enter_bad, b.exit_bad));
+        let enter_bad = Prob::new(enter);
+        LinkFaults {
+            loss: Prob::new(self.loss),
+            enter_bad,
+            exit_bad: Prob::new(exit),
+            bursty: !enter_bad.is_zero(),
+        }
+    }
+
+    pub(crate) fn edge(&self) -> EdgeFaults {
+        let (reorder, max) = self
+            .reorder
+            .map_or((0.0, Duration::ZERO), |r| (r.probability, r.max_delay));
+        let e = EdgeFaults {
+            duplicate: Prob::new(self.duplicate),
+            reorder: Prob::new(reorder),
+            reorder_max_ps: u64::try_from(max.as_nanos())
+                .unwrap_or(u64::MAX / 1_000_000)
+                .saturating_mul(1_000)
+                .max(1),
+            corrupt_payload: Prob::new(self.corrupt_payload),
+            corrupt_imm: Prob::new(self.corrupt_imm),
+            imm_bits: self.corrupt_imm_bits,
+            any: false,
+        };
+        EdgeFaults {
+            any: !(e.duplicate.is_zero()
+                && e.reorder.is_zero()
+                && e.corrupt_payload.is_zero()
+                && e.corrupt_imm.is_zero()),
+            ..e
+        }
+    }
+}

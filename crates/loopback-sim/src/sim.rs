@@ -1,0 +1,511 @@
+//! The driver: pops events in virtual-time order, feeds them to the real core sessions, and
+//! carries out what the sessions ask for (multicasts, control messages, reads, timers).
+
+use crate::config::{SimConfig, SimError};
+use crate::event::{Delivery, Ev};
+use crate::fabric::{Fabric, Packet};
+use crate::host::Host;
+use crate::queue::{EventQueue, PS_PER_NS, Ps};
+use crate::report::{Failure, Outcome, rejected};
+use crate::rng::splitmix64;
+use crate::store::Store;
+use crate::topology::Topology;
+use crate::workload::OpSpec;
+use ringcast_core::wire::ImmLayout;
+use ringcast_core::{
+    ChunkRun, Config, Event, Instant, OpId, Placement, Rank, ReadError, Session, Transmit,
+};
+use std::time::Duration;
+
+/// A read on its way: request to the peer, data back to the reader.
+#[derive(Clone, Copy, Debug)]
+struct PendingRead {
+    reader: u32,
+    peer: u32,
+    op: OpId,
+    run: ChunkRun,
+    len: u64,
+    issued: Ps,
+    ok: bool,
+}
+
+/// How far a run has got (for progress bars).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    /// Virtual time reached.
+    pub now: Duration,
+    /// Multicast chunks delivered so far.
+    pub deliveries: u64,
+    /// Deliveries a lossless run of the whole workload makes.
+    pub expected_deliveries: u64,
+    /// Events processed.
+    pub events: u64,
+}
+
+/// A simulation in progress. [`Sim::run`] runs it to the end; [`Sim::run_for`] in steps.
+///
+/// ```
+/// use ringcast_loopback_sim::{Sim, SimConfig, TopologySpec, Workload};
+/// use std::time::Duration;
+/// let w = Workload::new().broadcast(Duration::ZERO, 0, 64 << 10);
+/// let report = Sim::new(SimConfig::new(TopologySpec::Star { hosts: 4 }, w))?.run();
+/// assert!(report.verified && report.all_completed());
+/// # Ok::<(), ringcast_loopback_sim::SimError>(())
+/// ```
+#[derive(Debug)]
+pub struct Sim {
+    pub(crate) cfg: SimConfig,
+    pub(crate) ops: Vec<OpSpec>,
+    pub(crate) hosts: Vec<Host>,
+    pub(crate) fabric: Fabric,
+    q: EventQueue<Ev>,
+    msgs: Store<Vec<u8>>,
+    spare: Vec<Vec<u8>>,
+    reads: Store<PendingRead>,
+    buf: Vec<u8>,
+    scratch: Vec<u32>,
+    pub(crate) now: Ps,
+    pub(crate) events: u64,
+    pub(crate) deliveries: u64,
+    pub(crate) mismatches: u64,
+    pub(crate) reads_after_release: u64,
+    pub(crate) truncated: bool,
+    finished: bool,
+    chunk_size: u32,
+    control_overhead: Ps,
+    read_timeout: Ps,
+    time_limit: Ps,
+    expected_deliveries: u64,
+}
+
+fn ps(d: Duration) -> Ps {
+    u64::try_from(d.as_nanos())
+        .unwrap_or(u64::MAX / PS_PER_NS)
+        .saturating_mul(PS_PER_NS)
+        .min(u64::MAX / 4)
+}
+
+/// The token the owner's slot `slot` of workload operation `op` holds: never 0 (empty).
+pub(crate) fn fingerprint(seed: u64, op: u32, slot: u32) -> u32 {
+    let x = splitmix64(seed ^ splitmix64((u64::from(op) << 32) | u64::from(slot)));
+    let v = (x as u32) ^ ((x >> 32) as u32);
+    if v == 0 { 1 } else { v }
+}
+
+impl Sim {
+    /// Builds the fabric and one core session per rank.
+    pub fn new(cfg: SimConfig) -> Result<Self, SimError> {
+        let topo = Topology::build(&cfg.topology)?;
+        let ranks = topo.hosts;
+        if cfg.bandwidth == 0 {
+            return Err(SimError::Invalid("bandwidth must be positive"));
+        }
+        if cfg.chunk_size == 0 {
+            return Err(SimError::Invalid("chunk size must be positive"));
+        }
+        let ops = cfg.workload.sorted();
+        if let Some(index) = cfg.workload.ops().iter().position(|o| !o.kind.check(ranks)) {
+            return Err(SimError::BadOp { index });
+        }
+        if let Some(c) = cfg.faults.crashes.iter().find(|c| c.rank >= ranks) {
+            return Err(SimError::BadCrash { rank: c.rank });
+        }
+        let most_chunks = ops
+            .iter()
+            .map(|o| o.kind.buffer_len().div_ceil(u64::from(cfg.chunk_size)))
+            .max()
+            .unwrap_or(1);
+        // Widen the immediate's chunk index (down to the narrowest allowed op tag) if needed.
+        let bits = (64 - most_chunks.saturating_sub(1).leading_zeros()).clamp(20, 22) as u8;
+        let imm = ImmLayout::new(bits).map_err(|_| SimError::Invalid("immediate layout"))?;
+        let mut hosts = Vec::with_capacity(ranks as usize);
+        for r in 0..ranks {
+            let mut c = Config::new(r, ranks);
+            c.chunk_size = cfg.chunk_size;
+            c.lanes = cfg.lanes;
+            c.link_bandwidth = cfg.bandwidth;
+            c.cutoff_alpha = cfg.effective_cutoff_alpha();
+            c.peer_timeout = cfg.peer_timeout;
+            c.send_window = cfg.send_window;
+            c.imm = imm;
+            c.limits.max_chunks_per_op = 1 << bits;
+            let s = Session::new(c)?;
+            hosts.push(Host::new(s, cfg.faults.rx_slots, ops.len()));
+        }
+        let fabric = Fabric::new(
+            topo,
+            cfg.bandwidth,
+            ps(cfg.latency),
+            cfg.lanes.max(1),
+            &cfg.faults,
+            bits,
+            cfg.seed,
+        );
+        let mut q = EventQueue::new();
+        for (i, o) in ops.iter().enumerate() {
+            q.push(ps(o.start), Ev::Start { op: i as u32 });
+        }
+        for c in &cfg.faults.crashes {
+            q.push(ps(c.at), Ev::Crash { host: c.rank });
+        }
+        let expected_deliveries = ops
+            .iter()
+            .map(|o| o.kind.expected_deliveries(ranks, cfg.chunk_size))
+            .sum();
+        Ok(Sim {
+            chunk_size: cfg.chunk_size,
+            control_overhead: ps(cfg.control_overhead),
+            read_timeout: ps(cfg.read_timeout),
+            time_limit: ps(cfg.time_limit),
+            cfg,
+            ops,
+            hosts,
+            fabric,
+            q,
+            msgs: Store::new(),
+            spare: Vec::new(),
+            reads: Store::new(),
+            buf: Vec::with_capacity(256),
+            scratch: Vec::new(),
+            now: 0,
+            events: 0,
+            deliveries: 0,
+            mismatches: 0,
+            reads_after_release: 0,
+            truncated: false,
+            finished: false,
+            expected_deliveries,
+        })
+    }
+
+    /// Runs to the end (no event left, or the time limit) and reports.
+    pub fn run(mut self) -> crate::Report {
+        while !self.run_for(u64::MAX) {}
+        self.report()
+    }
+
+    /// Processes up to `max_events` events; `true` once the run is over.
+    pub fn run_for(&mut self, max_events: u64) -> bool {
+        for _ in 0..max_events {
+            if self.finished {
+                return true;
+            }
+            let Some((t, ev)) = self.q.pop() else {
+                self.finished = true;
+                return true;
+            };
+            if t > self.time_limit {
+                self.truncated = true;
+                self.finished = true;
+                return true;
+            }
+            self.now = t;
+            self.events += 1;
+            self.handle(ev);
+        }
+        self.finished
+    }
+
+    /// How far the run has got.
+    pub fn progress(&self) -> Progress {
+        Progress {
+            now: Duration::from_nanos(self.now / PS_PER_NS),
+            deliveries: self.deliveries,
+            expected_deliveries: self.expected_deliveries,
+            events: self.events,
+        }
+    }
+
+    #[inline]
+    fn now_ns(&self) -> Instant {
+        Instant::from_nanos(self.now / PS_PER_NS)
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Chunk(d) => self.on_chunk(d),
+            Ev::SendDone { host, op } => {
+                let now = self.now_ns();
+                let h = &mut self.hosts[host as usize];
+                if h.alive {
+                    h.session.handle_send_done(now, OpId(op), 1);
+                    self.drain(host);
+                }
+            }
+            Ev::Control { from, to, msg } => self.on_control(from, to, msg),
+            Ev::ReadAtPeer { read } => self.on_read_at_peer(read),
+            Ev::ReadDone { read } => self.on_read_done(read),
+            Ev::Timer { host } => {
+                let now = self.now_ns();
+                let h = &mut self.hosts[host as usize];
+                if h.alive && h.timer_at == Some(self.now) {
+                    h.timer_at = None;
+                    h.session.handle_timeout(now);
+                    self.drain(host);
+                }
+            }
+            Ev::Start { op } => self.on_start(op),
+            Ev::Crash { host } => {
+                let h = &mut self.hosts[host as usize];
+                h.alive = false;
+                for o in &mut h.ops {
+                    if matches!(o.outcome, Outcome::Pending) {
+                        o.outcome = Outcome::Crashed;
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_start(&mut self, w: u32) {
+        let now = self.now_ns();
+        let kind = self.ops[w as usize].kind;
+        let slots = u32::try_from(kind.buffer_len().div_ceil(u64::from(self.chunk_size)))
+            .unwrap_or(u32::MAX);
+        for r in 0..self.hosts.len() as u32 {
+            let h = &mut self.hosts[r as usize];
+            if !h.alive {
+                continue;
+            }
+            let mut buf = Vec::new();
+            // A buffer the core would refuse is not allocated.
+            if slots <= h.session.config().limits.max_chunks_per_op {
+                buf = vec![0u32; slots as usize];
+                for s in kind.owned_slots(r, slots) {
+                    buf[s as usize] = fingerprint(self.cfg.seed, w, s);
+                }
+            }
+            let op = &mut h.ops[w as usize];
+            match kind.start(&mut h.session, now) {
+                Ok(id) => {
+                    debug_assert_eq!(id.0, h.op_of_seq.len() as u64);
+                    h.op_of_seq.push(w);
+                    op.buf = Some(buf);
+                    op.outcome = Outcome::Pending;
+                }
+                Err(e) => op.outcome = rejected(e),
+            }
+            self.drain(r);
+        }
+    }
+
+    #[inline]
+    fn on_chunk(&mut self, d: Delivery) {
+        self.deliveries += 1;
+        let now = self.now_ns();
+        let h = &mut self.hosts[d.dst as usize];
+        if !h.alive {
+            self.fabric.counters.to_crashed += 1;
+            return;
+        }
+        if let Some(rx) = h.rx.as_mut() {
+            if !rx.take(self.now) {
+                self.fabric.counters.rnr += 1;
+                return;
+            }
+        }
+        if d.corrupt {
+            return; // the transport checksum failed; counted when the fault was injected
+        }
+        let p = h
+            .session
+            .handle_chunk(now, d.lane, Rank(d.src), d.imm, d.len as usize);
+        if let Placement::Place { op, offset, len } = p {
+            h.bytes_received += u64::from(len);
+            let slot = (offset / u64::from(self.chunk_size)) as usize;
+            let w = h.op_index(op.0);
+            if let Some(b) = w.and_then(|w| h.ops[w].buf.as_mut()) {
+                if let Some(x) = b.get_mut(slot) {
+                    *x = d.token;
+                }
+            }
+        }
+        self.drain(d.dst);
+    }
+
+    fn on_control(&mut self, from: u32, to: u32, msg: u32) {
+        let now = self.now_ns();
+        let Some(bytes) = self.msgs.take(msg) else {
+            return;
+        };
+        let h = &mut self.hosts[to as usize];
+        if h.alive {
+            h.session.handle_control(now, Rank(from), &bytes);
+            self.spare.push(bytes);
+            self.drain(to);
+        } else {
+            self.fabric.counters.control_to_crashed += 1;
+            self.spare.push(bytes);
+        }
+    }
+
+    fn on_read_at_peer(&mut self, id: u32) {
+        let Some(r) = self.reads.get_mut(id).copied() else {
+            return;
+        };
+        if !self.hosts[r.reader as usize].alive {
+            self.reads.take(id);
+            return;
+        }
+        let fail_at = (r.issued + self.read_timeout).max(self.now);
+        if !self.hosts[r.peer as usize].alive {
+            self.fabric.counters.reads_failed += 1;
+            self.fail_read(id, fail_at);
+            return;
+        }
+        let w = self.hosts[r.reader as usize].op_index(r.op.0);
+        let range = r.run.start as usize..r.run.end() as usize;
+        let peer = &self.hosts[r.peer as usize];
+        let src = w.and_then(|w| peer.ops[w].buf.as_ref());
+        let Some(src) = src.and_then(|b| b.get(range.clone())) else {
+            // The peer released (or never had) the buffer: the core let us read freed memory.
+            self.reads_after_release += 1;
+            self.fail_read(id, fail_at);
+            return;
+        };
+        self.scratch.clear();
+        self.scratch.extend_from_slice(src);
+        let reader = &mut self.hosts[r.reader as usize];
+        if let Some(dst) = w
+            .and_then(|w| reader.ops[w].buf.as_mut())
+            .and_then(|b| b.get_mut(range))
+        {
+            dst.copy_from_slice(&self.scratch);
+        }
+        self.hosts[r.peer as usize].bytes_served += r.len;
+        let done = self.fabric.transfer(r.peer, r.reader, r.len, self.now);
+        self.q.push(done, Ev::ReadDone { read: id });
+    }
+
+    fn fail_read(&mut self, id: u32, at: Ps) {
+        if let Some(r) = self.reads.get_mut(id) {
+            r.ok = false;
+        }
+        self.q.push(at, Ev::ReadDone { read: id });
+    }
+
+    fn on_read_done(&mut self, id: u32) {
+        let now = self.now_ns();
+        let Some(r) = self.reads.take(id) else {
+            return;
+        };
+        let h = &mut self.hosts[r.reader as usize];
+        if !h.alive {
+            return;
+        }
+        let result = if r.ok {
+            h.bytes_read += r.len;
+            Ok(())
+        } else {
+            Err(ReadError)
+        };
+        h.session.handle_read_done(now, r.op, r.run, result);
+        self.drain(r.reader);
+    }
+
+    /// Drains every output of host `h`'s session after an input, then re-arms its timer.
+    fn drain(&mut self, h: u32) {
+        let now = self.now;
+        while let Some(t) = self.hosts[h as usize].session.poll_transmit(&mut self.buf) {
+            match t {
+                Transmit::Multicast {
+                    op,
+                    lane,
+                    imm,
+                    chunk,
+                    len,
+                    ..
+                } => {
+                    let host = &mut self.hosts[h as usize];
+                    host.bytes_sent += u64::from(len);
+                    let token = host
+                        .op_index(op.0)
+                        .and_then(|w| host.ops[w].buf.as_ref())
+                        .and_then(|b| b.get(chunk as usize).copied())
+                        .unwrap_or(0);
+                    let pkt = Packet {
+                        imm,
+                        token,
+                        len,
+                        lane,
+                    };
+                    let sent = self.fabric.multicast(h, now, pkt, &mut self.q);
+                    self.q.push(sent, Ev::SendDone { host: h, op: op.0 });
+                }
+                Transmit::Control { to, len } => {
+                    let mut v = self.spare.pop().unwrap_or_default();
+                    v.clear();
+                    v.extend_from_slice(&self.buf[..len.min(self.buf.len())]);
+                    let msg = self.msgs.put(v);
+                    let at = now + self.fabric.path_latency(h, to.0) + self.control_overhead;
+                    self.q.push(
+                        at,
+                        Ev::Control {
+                            from: h,
+                            to: to.0,
+                            msg,
+                        },
+                    );
+                }
+                Transmit::Read {
+                    op, from, run, len, ..
+                } => {
+                    let read = self.reads.put(PendingRead {
+                        reader: h,
+                        peer: from.0,
+                        op,
+                        run,
+                        len,
+                        issued: now,
+                        ok: true,
+                    });
+                    let at = now + self.fabric.path_latency(h, from.0);
+                    self.q.push(at, Ev::ReadAtPeer { read });
+                }
+                _ => {}
+            }
+        }
+        while let Some(e) = self.hosts[h as usize].session.poll_event() {
+            self.finish(h, e);
+        }
+        let host = &mut self.hosts[h as usize];
+        if let Some(t) = host.session.poll_timeout() {
+            let t = t.as_nanos().saturating_mul(PS_PER_NS).max(now);
+            if host.timer_at.is_none_or(|cur| t < cur) {
+                host.timer_at = Some(t);
+                self.q.push(t, Ev::Timer { host: h });
+            }
+        }
+    }
+
+    /// An operation ended at host `h`: record it, and check the buffer of a completion.
+    fn finish(&mut self, h: u32, e: Event) {
+        let at_ns = self.now / PS_PER_NS;
+        let seed = self.cfg.seed;
+        let host = &mut self.hosts[h as usize];
+        match e {
+            Event::Completed { op } => {
+                let Some(w) = host.op_index(op.0) else { return };
+                let o = &mut host.ops[w];
+                // The core says the buffer may be released: check it, then free it.
+                let mismatches = o.buf.take().map_or(0, |b| {
+                    b.iter()
+                        .enumerate()
+                        .filter(|(s, t)| **t != fingerprint(seed, w as u32, *s as u32))
+                        .count() as u64
+                });
+                self.mismatches += mismatches;
+                o.outcome = Outcome::Completed { at_ns, mismatches };
+            }
+            Event::Failed { op, error } => {
+                let Some(w) = host.op_index(op.0) else { return };
+                // Peers may still read a failed rank's buffer: keep it.
+                host.ops[w].outcome = Outcome::Failed {
+                    at_ns,
+                    error: Failure::from(error),
+                };
+            }
+            _ => {}
+        }
+    }
+}
