@@ -229,6 +229,12 @@ impl Display for Report {
             .collect();
         if full {
             writeln!(f, "\nranks")?;
+        } else if rows.is_empty() {
+            writeln!(
+                f,
+                "\nranks: all {} completed with the root's data (--json lists each)",
+                self.per_rank.len()
+            )?;
         } else {
             writeln!(
                 f,

@@ -1,1 +1,36 @@
-//! ringcast (under construction).
+//! # ringcast
+//!
+//! Reliable, bandwidth-optimal Broadcast (and, later, Allgather) over multicast.
+//!
+//! This crate is the user-facing entry point. For now it gathers the pieces:
+//!
+//! * [`core`]: the sans-IO protocol core ([`ringcast_core`]), which any transport drives;
+//! * [`sim`] (feature `sim`, on by default): the deterministic fabric simulator
+//!   ([`ringcast_loopback_sim`]), which drives real core sessions over a simulated fabric
+//!   with faults and checks every rank's buffer.
+//!
+//! The `ringcast` binary (feature `cli`) runs the simulator from the command line:
+//!
+//! ```text
+//! ringcast sim bcast --ranks 64 --size 16MiB --chunk 4KiB --topology leaf-spine --loss 1e-4 --seed 7
+//! ```
+//!
+//! ```
+//! # #[cfg(feature = "sim")] {
+//! use ringcast::sim::{Sim, SimConfig, TopologySpec, Workload};
+//! use std::time::Duration;
+//! let w = Workload::new().broadcast(Duration::ZERO, 0, 256 << 10);
+//! let report = Sim::new(SimConfig::new(TopologySpec::Star { hosts: 4 }, w)).unwrap().run();
+//! assert!(report.all_completed());
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+/// The sans-IO protocol core: sessions, configuration, events (re-export of `ringcast-core`).
+pub use ringcast_core as core;
+
+/// The deterministic fabric simulator (re-export of `ringcast-loopback-sim`).
+#[cfg(feature = "sim")]
+pub use ringcast_loopback_sim as sim;

@@ -1,0 +1,162 @@
+//! Command-line arguments (clap derive).
+
+use crate::units;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::time::Duration;
+
+/// ringcast: reliable, bandwidth-optimal multicast Broadcast and Allgather.
+#[derive(Debug, Parser)]
+#[command(name = "ringcast", version, about)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run collectives on the deterministic fabric simulator.
+    #[command(subcommand)]
+    Sim(SimCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum SimCommand {
+    /// Broadcast a buffer from one (or several concurrent) roots and verify every rank's copy.
+    Bcast(BcastArgs),
+}
+
+/// Fabric shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Topology {
+    /// All hosts on one switch.
+    Star,
+    /// Hosts under leaf switches, every leaf cabled to every spine.
+    LeafSpine,
+}
+
+/// Which immediate bits `--corrupt-imm` flips.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ImmBitsArg {
+    /// Any bit.
+    Any,
+    /// Only the operation tag.
+    OpTag,
+    /// Only the chunk index.
+    Chunk,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BcastArgs {
+    /// Number of ranks (hosts).
+    #[arg(long, default_value_t = 16)]
+    pub(crate) ranks: u32,
+    /// Bytes to broadcast (binary suffixes: KiB, MiB, GiB).
+    #[arg(long, default_value = "1MiB", value_parser = units::size)]
+    pub(crate) size: u64,
+    /// Chunk (packet payload) size.
+    #[arg(long, default_value = "4KiB", value_parser = units::size)]
+    pub(crate) chunk: u64,
+    /// Fabric shape.
+    #[arg(long, value_enum, default_value_t = Topology::Star)]
+    pub(crate) topology: Topology,
+    /// Hosts per leaf switch (leaf-spine).
+    #[arg(long, default_value_t = 16)]
+    pub(crate) hosts_per_leaf: u32,
+    /// Spine switches (leaf-spine).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) spines: u32,
+    /// Root rank(s); several roots broadcast concurrently (comma-separated).
+    #[arg(long, default_value = "0", value_delimiter = ',')]
+    pub(crate) root: Vec<u32>,
+    /// Link bandwidth: `100Gbps`, `400Gbps`, `12.5GB/s` (a bare number is Gbit/s).
+    #[arg(long, default_value = "100Gbps", value_parser = units::bandwidth)]
+    pub(crate) bandwidth: u64,
+    /// Latency of every link: `500ns`, `1us`.
+    #[arg(long, default_value = "500ns", value_parser = units::duration)]
+    pub(crate) latency: Duration,
+    /// Multicast subgroups (lanes).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) lanes: u16,
+    /// Multicasts a root may have queued at its NIC.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) window: u32,
+    /// How long the core waits on a silent peer.
+    #[arg(long, default_value = "1ms", value_parser = units::duration)]
+    pub(crate) peer_timeout: Duration,
+    /// Bernoulli loss probability per packet per link.
+    #[arg(long, default_value = "0", value_parser = units::probability)]
+    pub(crate) loss: f64,
+    /// Gilbert-Elliott burst loss per link: `ENTER,EXIT` probabilities per packet.
+    #[arg(long, value_parser = parse_burst)]
+    pub(crate) burst: Option<(f64, f64)>,
+    /// Probability that the last hop duplicates a packet.
+    #[arg(long, default_value = "0", value_parser = units::probability)]
+    pub(crate) dup: f64,
+    /// Reordering on the last hop: `PROBABILITY[,MAX_DELAY]` (default delay 5us).
+    #[arg(long, value_parser = parse_reorder)]
+    pub(crate) reorder: Option<(f64, Duration)>,
+    /// Probability that a payload bit flips (dropped by the transport checksum).
+    #[arg(long, default_value = "0", value_parser = units::probability)]
+    pub(crate) corrupt: f64,
+    /// Probability that an immediate bit flips (handed to the core).
+    #[arg(long, default_value = "0", value_parser = units::probability)]
+    pub(crate) corrupt_imm: f64,
+    /// Which immediate bits `--corrupt-imm` flips.
+    #[arg(long, value_enum, default_value_t = ImmBitsArg::Any)]
+    pub(crate) corrupt_imm_bits: ImmBitsArg,
+    /// Crash a rank: `RANK@TIME`, e.g. `3@50us` (repeatable).
+    #[arg(long, value_parser = parse_crash)]
+    pub(crate) crash: Vec<(u32, Duration)>,
+    /// Receiver overrun: `SLOTS[@SERVICE]` posted receives, one reposted per SERVICE
+    /// (default 400ns).
+    #[arg(long, value_parser = parse_rx_slots)]
+    pub(crate) rx_slots: Option<(u32, Duration)>,
+    /// Seed of every random choice.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Stop the run at this virtual time.
+    #[arg(long, default_value = "60s", value_parser = units::duration)]
+    pub(crate) time_limit: Duration,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+fn pair<'a>(s: &'a str, sep: char, what: &str) -> Result<(&'a str, Option<&'a str>), String> {
+    let mut it = s.splitn(2, sep);
+    let a = it.next().filter(|a| !a.is_empty());
+    let a = a.ok_or_else(|| format!("{what}: `{s}` is empty"))?;
+    Ok((a, it.next()))
+}
+
+fn parse_burst(s: &str) -> Result<(f64, f64), String> {
+    let (a, b) = pair(s, ',', "burst")?;
+    let b = b.ok_or_else(|| format!("burst `{s}`: expected ENTER,EXIT (e.g. 1e-4,0.2)"))?;
+    Ok((units::probability(a)?, units::probability(b)?))
+}
+
+fn parse_reorder(s: &str) -> Result<(f64, Duration), String> {
+    let (a, b) = pair(s, ',', "reorder")?;
+    let d = b.map_or(Ok(Duration::from_micros(5)), units::duration)?;
+    Ok((units::probability(a)?, d))
+}
+
+fn parse_crash(s: &str) -> Result<(u32, Duration), String> {
+    let (a, b) = pair(s, '@', "crash")?;
+    let b = b.ok_or_else(|| format!("crash `{s}`: expected RANK@TIME (e.g. 3@50us)"))?;
+    let rank = a
+        .trim()
+        .parse()
+        .map_err(|_| format!("crash `{s}`: `{a}` is not a rank"))?;
+    Ok((rank, units::duration(b)?))
+}
+
+fn parse_rx_slots(s: &str) -> Result<(u32, Duration), String> {
+    let (a, b) = pair(s, '@', "rx-slots")?;
+    let n = a
+        .trim()
+        .parse()
+        .map_err(|_| format!("rx-slots `{s}`: `{a}` is not a count"))?;
+    let d = b.map_or(Ok(Duration::from_nanos(400)), units::duration)?;
+    Ok((n, d))
+}

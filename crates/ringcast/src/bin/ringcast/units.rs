@@ -1,0 +1,141 @@
+//! Parsers for the units users type: sizes, durations, bandwidths, probabilities.
+
+use std::time::Duration;
+
+/// Splits `"16MiB"` into `("16", "MiB")`.
+fn split_number(s: &str) -> (&str, &str) {
+    let s = s.trim();
+    let end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_' || c == 'e' || c == '-'))
+        .unwrap_or(s.len());
+    // `e` is an exponent only when followed by a digit or sign (`1e-4`), not in `1eB`.
+    (s[..end].trim(), s[end..].trim())
+}
+
+fn number(s: &str, what: &str) -> Result<f64, String> {
+    let n: f64 = s
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("{what}: `{s}` is not a number"))?;
+    if !n.is_finite() || n < 0.0 {
+        return Err(format!("{what}: `{s}` must be a non-negative number"));
+    }
+    Ok(n)
+}
+
+/// A byte count with an optional binary (`KiB`, `MiB`, `GiB`, `TiB`) or decimal (`kB`, `MB`,
+/// `GB`) suffix: `16MiB`, `4KiB`, `1048576`.
+pub(crate) fn size(s: &str) -> Result<u64, String> {
+    let (n, unit) = split_number(s);
+    let mult: u64 = match unit {
+        "" | "B" => 1,
+        "KiB" | "K" | "k" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        "TiB" | "T" => 1 << 40,
+        "kB" | "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "size `{s}`: unknown unit `{other}` (use B, KiB, MiB, GiB, TiB, kB, MB, GB)"
+            ));
+        }
+    };
+    let v = number(n, "size")? * mult as f64;
+    if v > u64::MAX as f64 / 2.0 {
+        return Err(format!("size `{s}` is too large"));
+    }
+    if v.fract() != 0.0 {
+        return Err(format!("size `{s}` is not a whole number of bytes"));
+    }
+    Ok(v as u64)
+}
+
+/// A duration: `500ns`, `1.5us`, `20µs`, `3ms`, `1s`.
+pub(crate) fn duration(s: &str) -> Result<Duration, String> {
+    let (n, unit) = split_number(s);
+    let ns_per: f64 = match unit {
+        "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        "" => return Err(format!("duration `{s}` needs a unit (ns, us, ms, s)")),
+        other => return Err(format!("duration `{s}`: unknown unit `{other}`")),
+    };
+    let ns = number(n, "duration")? * ns_per;
+    if ns > 1e18 {
+        return Err(format!("duration `{s}` is too long"));
+    }
+    Ok(Duration::from_nanos(ns.round() as u64))
+}
+
+/// A bandwidth in bytes per second: `100Gbps` (bits), `12.5GB/s` (bytes); a bare number is
+/// Gbit/s.
+pub(crate) fn bandwidth(s: &str) -> Result<u64, String> {
+    let (n, unit) = split_number(s);
+    let bytes_per: f64 = match unit {
+        "" | "G" | "Gbps" | "Gbit/s" | "Gb/s" => 1e9 / 8.0,
+        "Mbps" | "Mbit/s" | "Mb/s" => 1e6 / 8.0,
+        "Tbps" | "Tbit/s" | "Tb/s" => 1e12 / 8.0,
+        "GB/s" | "GBps" => 1e9,
+        "MB/s" | "MBps" => 1e6,
+        other => {
+            return Err(format!(
+                "bandwidth `{s}`: unknown unit `{other}` (use Gbps, Mbps, Tbps, GB/s, MB/s)"
+            ));
+        }
+    };
+    let v = (number(n, "bandwidth")? * bytes_per).round();
+    if !(1.0..=1e15).contains(&v) {
+        return Err(format!("bandwidth `{s}` is out of range"));
+    }
+    Ok(v as u64)
+}
+
+/// A probability in `[0, 1]`: `1e-4`, `0.01`.
+pub(crate) fn probability(s: &str) -> Result<f64, String> {
+    let p = number(s.trim(), "probability")?;
+    if p > 1.0 {
+        return Err(format!("probability `{s}` must be at most 1"));
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(size("16MiB"), Ok(16 << 20));
+        assert_eq!(size("4KiB"), Ok(4096));
+        assert_eq!(size("1.5 KiB"), Ok(1536));
+        assert_eq!(size("100"), Ok(100));
+        assert_eq!(size("2GiB"), Ok(2 << 30));
+        assert!(size("12XB").is_err());
+        assert!(size("MiB").is_err());
+        assert!(size("-1KiB").is_err());
+        assert!(size("0.3B").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration("500ns"), Ok(Duration::from_nanos(500)));
+        assert_eq!(duration("1.5us"), Ok(Duration::from_nanos(1500)));
+        assert_eq!(duration("3ms"), Ok(Duration::from_millis(3)));
+        assert!(duration("3").is_err());
+        assert!(duration("3h").is_err());
+    }
+
+    #[test]
+    fn bandwidths_and_probabilities() {
+        assert_eq!(bandwidth("100Gbps"), Ok(12_500_000_000));
+        assert_eq!(bandwidth("12.5GB/s"), Ok(12_500_000_000));
+        assert_eq!(bandwidth("400"), Ok(50_000_000_000));
+        assert!(bandwidth("0").is_err());
+        assert_eq!(probability("1e-4"), Ok(1e-4));
+        assert!(probability("2").is_err());
+        assert!(probability("x").is_err());
+    }
+}
