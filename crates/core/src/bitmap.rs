@@ -107,6 +107,17 @@ impl ChunkBitmap {
         }
     }
 
+    /// The present chunks within `within` (clipped to the bitmap) as maximal runs, in order.
+    pub fn present_runs(&self, within: ChunkRun) -> PresentRuns<'_> {
+        let e = (within.end() as usize).min(self.bits.len());
+        let s = (within.start as usize).min(e);
+        PresentRuns {
+            bits: &self.bits[s..e],
+            base: s as u32,
+            pos: 0,
+        }
+    }
+
     /// Every missing run of the whole bitmap.
     pub fn all_missing_runs(&self) -> MissingRuns<'_> {
         self.missing_runs(ChunkRun {
@@ -139,6 +150,31 @@ impl Iterator for MissingRuns<'_> {
         let first = rest.first_zero()?;
         let after = &rest[first..];
         let len = after.first_one().unwrap_or(after.len());
+        let start = self.pos + first;
+        self.pos = start + len;
+        Some(ChunkRun {
+            start: self.base + start as u32,
+            len: len as u32,
+        })
+    }
+}
+
+/// Iterator over maximal runs of present chunks.
+#[derive(Debug)]
+pub struct PresentRuns<'a> {
+    bits: &'a BitSlice<u64, Lsb0>,
+    base: u32,
+    pos: usize,
+}
+
+impl Iterator for PresentRuns<'_> {
+    type Item = ChunkRun;
+
+    fn next(&mut self) -> Option<ChunkRun> {
+        let rest = &self.bits[self.pos..];
+        let first = rest.first_one()?;
+        let after = &rest[first..];
+        let len = after.first_zero().unwrap_or(after.len());
         let start = self.pos + first;
         self.pos = start + len;
         Some(ChunkRun {

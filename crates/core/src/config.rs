@@ -69,13 +69,16 @@ pub struct Config {
     pub peer_timeout: Duration,
     /// Most multicast chunks handed to the transport and not yet reported sent.
     pub send_window: u32,
+    /// Allgather broadcast chains `M`: how many roots multicast at once.
+    pub chains: u32,
     /// Hard limits.
     pub limits: Limits,
 }
 
 impl Config {
     /// A configuration for `rank` of `ranks` with defaults for everything else:
-    /// 4 KiB chunks, one lane, 100 Gbit/s links, 20 us alpha, 1 s peer timeout.
+    /// 4 KiB chunks, one lane, four Allgather chains, 100 Gbit/s links, 20 us alpha, 1 s peer
+    /// timeout.
     pub fn new(rank: u32, ranks: u32) -> Self {
         Config {
             rank: Rank(rank),
@@ -87,6 +90,7 @@ impl Config {
             cutoff_alpha: Duration::from_micros(20),
             peer_timeout: Duration::from_secs(1),
             send_window: 64,
+            chains: 4,
             limits: Limits::default(),
         }
     }
@@ -114,6 +118,9 @@ impl Config {
         }
         if self.send_window == 0 {
             return Err(ConfigError::SendWindow);
+        }
+        if self.chains == 0 {
+            return Err(ConfigError::Chains);
         }
         // In-flight operations must have distinct immediate tags with a wide margin.
         if l.max_inflight_ops == 0 || u64::from(l.max_inflight_ops) * 4 > self.imm.op_tags() {
@@ -152,6 +159,8 @@ pub enum ConfigError {
     PeerTimeout,
     /// `send_window` is zero.
     SendWindow,
+    /// `chains` is zero.
+    Chains,
     /// `max_inflight_ops` is zero or needs more than a quarter of the op tag space.
     InflightOps,
     /// `max_chunks_per_op` is zero or exceeds what the immediate's chunk bits can index.
@@ -170,6 +179,7 @@ impl fmt::Display for ConfigError {
             ConfigError::Bandwidth => "link_bandwidth must be positive",
             ConfigError::PeerTimeout => "peer_timeout must be positive",
             ConfigError::SendWindow => "send_window must be positive",
+            ConfigError::Chains => "chains must be positive",
             ConfigError::InflightOps => {
                 "max_inflight_ops must be positive and at most a quarter of the op tags"
             }

@@ -172,6 +172,13 @@ pub enum StartError {
     RootOutOfRange,
     /// `limits.max_inflight_ops` operations are in flight already.
     TooManyInflight,
+    /// An Allgatherv needs one size per rank.
+    SizesLength {
+        /// Sizes given.
+        got: usize,
+        /// Ranks of the communicator.
+        ranks: u32,
+    },
     /// The buffer needs more chunks than the limits or the immediate allow.
     TooLarge {
         /// Chunks needed.
@@ -186,6 +193,9 @@ impl fmt::Display for StartError {
         match self {
             StartError::RootOutOfRange => f.write_str("root is not a rank of the communicator"),
             StartError::TooManyInflight => f.write_str("too many operations in flight"),
+            StartError::SizesLength { got, ranks } => {
+                write!(f, "{got} block sizes given for {ranks} ranks")
+            }
             StartError::TooLarge { chunks, max } => {
                 write!(f, "buffer needs {chunks} chunks, at most {max} allowed")
             }

@@ -40,12 +40,14 @@ extern crate alloc;
 extern crate std;
 
 mod barrier;
-mod bcast;
 pub mod bitmap;
 mod config;
 mod event;
+mod layout;
+mod op;
 mod out;
 mod ring;
+mod schedule;
 mod session;
 mod time;
 pub mod wire;

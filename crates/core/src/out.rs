@@ -44,6 +44,7 @@ impl ControlMsg {
                 op,
                 culprit: self.arg,
             },
+            ControlKind::Activate => ControlRepr::Activate { op },
         }
     }
 }

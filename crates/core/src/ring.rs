@@ -1,33 +1,34 @@
 //! Ring recovery: a rank fetches the chunks it missed from its ring predecessor.
 //!
-//! * The predecessor answers `FetchAck` when it holds every requested run; the requester then
-//!   reads the runs straight from the predecessor's buffer (RDMA Read, or the transport's
-//!   equivalent), one read per run.
-//! * Otherwise the predecessor answers `FetchNack`, keeps the request, and recovers the runs
-//!   from its own predecessor first (recursion, ending at the root, which holds everything).
-//!   While it recovers it repeats the `FetchNack` every `peer_timeout / 3`, so the requester
-//!   never blames a live rank for a dead one further up the ring.
+//! * The predecessor acknowledges (`FetchAck`) the requested runs it holds; the requester
+//!   reads them straight from the predecessor's buffer (RDMA Read, or the transport's
+//!   equivalent), one read per byte-contiguous piece.
+//! * Runs it does not hold yet it answers with `FetchNack`, keeps them, and recovers them from
+//!   its own predecessor first (recursion, ending at the block's root, which holds it). It
+//!   acknowledges them once it has them, and repeats the `FetchNack` every
+//!   `peer_timeout / 3` meanwhile, so the requester never blames a live rank for a dead one
+//!   further up the ring. Acknowledging partially is what keeps an Allgather from
+//!   deadlocking: every rank holds its own block, so each round moves data one hop further.
 //! * A rank sends `Fin` to its predecessor when it holds everything and no read is in flight:
 //!   from then on the predecessor's buffer is not touched again.
 //!
-//! Only the missing runs travel, merged into maximal runs, at most as many as one control
-//! message holds; a rank with more runs than that asks again after the first batch.
+//! Only missing runs travel, merged into maximal runs across block and lane borders, at most
+//! as many as one control message holds; a rank with more runs asks again after a batch.
 
-use crate::bcast::{Broadcast, Deferred, Fetch, Wait, keepalive_interval};
 use crate::config::Rank;
 use crate::event::OpError;
+use crate::op::{Collective, Deferred, Fetch, Wait, keepalive_interval, transfer_time};
 use crate::out::{ControlMsg, Ctx, Outcome, Outgoing, bump};
 use crate::wire::{ChunkRun, ControlKind, RunList};
 use alloc::vec::Vec;
-use core::time::Duration;
 
-impl Broadcast {
+impl Collective {
     /// Asks the predecessor for missing chunks, unless a request is outstanding already.
     ///
     /// Before our own cutoff fired only the runs `within` are asked for (the rest may still be
     /// on its way on the fast path); afterwards everything missing.
     pub(crate) fn start_fetch(&mut self, cx: &mut Ctx<'_>, within: Option<&[ChunkRun]>) {
-        if self.fetch.is_some() || self.missing == 0 || self.is_root() {
+        if self.fetch.is_some() || self.missing == 0 {
             return;
         }
         let max = cx.config.max_fetch_runs();
@@ -35,15 +36,14 @@ impl Broadcast {
         match within.filter(|_| !self.cutoff_fired) {
             Some(asked) => asked
                 .iter()
-                .for_each(|r| self.missing_runs(*r, max, &mut runs)),
-            None => self.missing_runs(
-                ChunkRun {
+                .for_each(|r| self.runs_within(*r, false, max, &mut runs)),
+            None => {
+                let all = ChunkRun {
                     start: 0,
-                    len: self.chunks,
-                },
-                max,
-                &mut runs,
-            ),
+                    len: self.layout.total(),
+                };
+                self.runs_within(all, false, max, &mut runs)
+            }
         }
         if runs.is_empty() {
             return;
@@ -57,9 +57,8 @@ impl Broadcast {
         };
         cx.send(self.pred, msg);
         self.fetch = Some(Fetch {
-            runs,
+            pending: runs,
             reads_left: 0,
-            acked: false,
         });
         self.wait = Some(Wait {
             peer: self.pred,
@@ -78,13 +77,19 @@ impl Broadcast {
             bump(&mut cx.stats.control_unexpected);
             return None;
         }
-        if runs.iter().any(|r| r.end() > self.chunks) {
+        if runs.iter().any(|r| r.end() > self.layout.total()) {
             bump(&mut cx.stats.control_malformed);
             return None;
         }
-        let runs: Vec<ChunkRun> = runs.iter().collect();
-        if runs.iter().all(|r| self.holds(*r)) {
-            self.send_ack(cx, runs);
+        let (mut held, mut lacking) = (Vec::new(), Vec::new());
+        for r in runs.iter() {
+            self.runs_within(r, true, usize::MAX, &mut held);
+            self.runs_within(r, false, usize::MAX, &mut lacking);
+        }
+        if !held.is_empty() {
+            self.send_ack(cx, held);
+        }
+        if lacking.is_empty() {
             return None;
         }
         bump(&mut cx.stats.fetch_nacks);
@@ -92,23 +97,56 @@ impl Broadcast {
             self.succ,
             ControlMsg::simple(ControlKind::FetchNack, self.id.0),
         );
+        self.start_fetch(cx, Some(&lacking));
         let keepalive_at = cx.now + keepalive_interval(cx.config);
-        self.start_fetch(cx, Some(&runs));
-        self.deferred = Some(Deferred { runs, keepalive_at });
+        self.deferred = Some(Deferred {
+            runs: lacking,
+            keepalive_at,
+        });
         None
     }
 
+    /// Acknowledges `runs`, in as many messages as the control size limit needs.
     pub(crate) fn send_ack(&mut self, cx: &mut Ctx<'_>, runs: Vec<ChunkRun>) {
-        let msg = ControlMsg {
-            kind: ControlKind::FetchAck,
-            op: self.id.0,
-            arg: self.hops,
-            runs,
-        };
-        cx.send(self.succ, msg);
+        for batch in runs.chunks(cx.config.max_fetch_runs()) {
+            let runs = batch.to_vec();
+            let msg = ControlMsg {
+                kind: ControlKind::FetchAck,
+                op: self.id.0,
+                arg: self.hops,
+                runs,
+            };
+            cx.send(self.succ, msg);
+        }
     }
 
-    /// The predecessor holds the runs: read those we still miss.
+    /// Still recovering for our successor: acknowledge what arrived meanwhile, NACK the rest.
+    pub(crate) fn keepalive(&mut self, cx: &mut Ctx<'_>) {
+        let Some(d) = self.deferred.take() else {
+            return;
+        };
+        let (mut held, mut lacking) = (Vec::new(), Vec::new());
+        for r in &d.runs {
+            self.runs_within(*r, true, usize::MAX, &mut held);
+            self.runs_within(*r, false, usize::MAX, &mut lacking);
+        }
+        if !held.is_empty() {
+            self.send_ack(cx, held);
+        }
+        if !lacking.is_empty() {
+            cx.send(
+                self.succ,
+                ControlMsg::simple(ControlKind::FetchNack, self.id.0),
+            );
+            let keepalive_at = cx.now + keepalive_interval(cx.config);
+            self.deferred = Some(Deferred {
+                runs: lacking,
+                keepalive_at,
+            });
+        }
+    }
+
+    /// The predecessor holds these runs: read those we still miss.
     pub(crate) fn on_fetch_ack(
         &mut self,
         cx: &mut Ctx<'_>,
@@ -116,54 +154,59 @@ impl Broadcast {
         runs: RunList<'_>,
         hops: u32,
     ) -> Option<Outcome> {
-        let expected = self.fetch.as_ref().is_some_and(|f| {
-            !f.acked && from == self.pred && runs.iter().eq(f.runs.iter().copied())
-        });
+        let expected = from == self.pred
+            && self
+                .fetch
+                .as_ref()
+                .is_some_and(|f| runs.iter().all(|r| covered(&f.pending, r)));
         if !expected {
             bump(&mut cx.stats.control_unexpected);
             return None;
         }
         let (mut reads, mut bytes) = (0u32, 0u64);
-        let mut still = Vec::new();
+        let (mut still, mut pieces) = (Vec::new(), Vec::new());
         for r in runs.iter() {
-            still.clear();
-            self.missing_runs(r, usize::MAX, &mut still);
-            for m in &still {
-                let (offset, len) = self.byte_range(*m);
-                cx.out.push_back(Outgoing::Read {
-                    op: self.id,
-                    from,
-                    run: *m,
-                    offset,
-                    len,
-                });
-                bump(&mut cx.stats.reads);
-                reads += 1;
-                bytes += len;
-            }
+            self.runs_within(r, false, usize::MAX, &mut still);
         }
-        if let Some(f) = self.fetch.as_mut() {
-            f.acked = true;
-            f.reads_left = reads;
+        for m in &still {
+            self.pieces(*m, &mut pieces);
         }
-        if reads == 0 {
+        for p in &pieces {
+            cx.out.push_back(Outgoing::Read {
+                op: self.id,
+                from,
+                run: p.run,
+                offset: p.offset,
+                len: p.len,
+            });
+            bump(&mut cx.stats.reads);
+            reads += 1;
+            bytes += p.len;
+        }
+        let f = self.fetch.as_mut()?;
+        for r in runs.iter() {
+            subtract(&mut f.pending, r);
+        }
+        f.reads_left += reads;
+        if reads > 0 {
+            self.hops = self.hops.max(hops.saturating_add(1));
+            cx.stats.max_fetch_depth = cx.stats.max_fetch_depth.max(hops);
+        }
+        if f.reads_left == 0 && f.pending.is_empty() {
             return self.fetch_round_done(cx);
         }
-        self.hops = self.hops.max(hops.saturating_add(1));
-        cx.stats.max_fetch_depth = cx.stats.max_fetch_depth.max(hops);
         // The reads are one-sided: allow for moving the bytes before blaming the peer.
-        let ns = u128::from(bytes) * 1_000_000_000 / u128::from(cx.config.link_bandwidth);
-        let t = Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX));
+        let deadline = cx.now + cx.config.peer_timeout + transfer_time(cx.config, bytes);
         self.wait = Some(Wait {
             peer: from,
-            deadline: cx.now + cx.config.peer_timeout + t,
+            deadline,
         });
         None
     }
 
     /// The predecessor is recovering on our behalf and is alive.
     pub(crate) fn on_fetch_nack(&mut self, cx: &mut Ctx<'_>, from: Rank) -> Option<Outcome> {
-        if from != self.pred || self.fetch.as_ref().is_none_or(|f| f.acked) {
+        if from != self.pred || self.fetch.as_ref().is_none_or(|f| f.pending.is_empty()) {
             bump(&mut cx.stats.control_unexpected);
             return None;
         }
@@ -178,7 +221,7 @@ impl Broadcast {
         run: ChunkRun,
         ok: bool,
     ) -> Option<Outcome> {
-        let Some(f) = self.fetch.as_mut().filter(|f| f.acked && f.reads_left > 0) else {
+        let Some(f) = self.fetch.as_mut().filter(|f| f.reads_left > 0) else {
             bump(&mut cx.stats.control_unexpected);
             return None;
         };
@@ -187,7 +230,7 @@ impl Broadcast {
             return Some(Outcome::Failed { error, abort: true });
         }
         f.reads_left -= 1;
-        let done = f.reads_left == 0;
+        let done = f.reads_left == 0 && f.pending.is_empty();
         let new = self.record_fetched(run);
         cx.stats.chunks_fetched = cx.stats.chunks_fetched.saturating_add(u64::from(new));
         if done {
@@ -199,6 +242,10 @@ impl Broadcast {
     fn fetch_round_done(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
         self.fetch = None;
         self.wait = None;
+        // Pass on what we now hold to a waiting successor.
+        if self.deferred.is_some() {
+            self.keepalive(cx);
+        }
         // More runs than one message held, or a deferred request still unanswered.
         if self.cutoff_fired {
             self.start_fetch(cx, None);
@@ -221,4 +268,35 @@ impl Broadcast {
         self.deferred = None;
         self.progress(cx)
     }
+}
+
+/// Whether `run` lies inside one of the sorted, disjoint `runs`.
+fn covered(runs: &[ChunkRun], run: ChunkRun) -> bool {
+    let i = runs.partition_point(|r| r.end() <= run.start);
+    runs.get(i)
+        .is_some_and(|r| r.start <= run.start && run.end() <= r.end())
+}
+
+/// Removes `run` from the sorted, disjoint `runs`.
+fn subtract(runs: &mut Vec<ChunkRun>, run: ChunkRun) {
+    let mut out = Vec::with_capacity(runs.len() + 1);
+    for r in runs.iter() {
+        if r.end() <= run.start || run.end() <= r.start {
+            out.push(*r);
+            continue;
+        }
+        if r.start < run.start {
+            out.push(ChunkRun {
+                start: r.start,
+                len: run.start - r.start,
+            });
+        }
+        if run.end() < r.end() {
+            out.push(ChunkRun {
+                start: run.end(),
+                len: r.end() - run.end(),
+            });
+        }
+    }
+    *runs = out;
 }

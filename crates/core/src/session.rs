@@ -1,10 +1,10 @@
 //! The session: one rank's protocol endpoint. Inputs in, outputs drained.
 
-use crate::bcast::Broadcast;
 use crate::config::{Config, ConfigError, Rank};
 use crate::event::{
     DropReason, Event, OpError, OpId, Placement, ReadError, StartError, Stats, Transmit,
 };
+use crate::op::Collective;
 use crate::out::{ControlMsg, Ctx, Outcome, Outgoing, bump};
 use crate::time::Instant;
 use crate::wire::{ChunkRun, ControlKind, ControlRepr};
@@ -17,14 +17,22 @@ use bitvec::prelude::*;
 struct Early {
     seq: u64,
     ready: BitVec<u64, Lsb0>,
+    activate: BitVec<u64, Lsb0>,
     abort: Option<(Rank, u32)>,
+}
+
+enum EarlyKind {
+    Ready,
+    Activate,
+    Abort(u32),
 }
 
 /// One rank's protocol endpoint.
 ///
 /// Methods come in four groups, as in quinn-proto:
 /// * getters: [`config`](Self::config), [`stats`](Self::stats), [`inflight`](Self::inflight);
-/// * commands: [`start_broadcast`](Self::start_broadcast);
+/// * commands: [`start_broadcast`](Self::start_broadcast),
+///   [`start_allgather`](Self::start_allgather);
 /// * inputs (`handle_*`): chunks, control messages, read and send completions, timeouts;
 /// * outputs (`poll_*`): after **every** command or input, drain [`poll_transmit`](Self::poll_transmit)
 ///   and [`poll_event`](Self::poll_event) until they return `None`, then re-arm the timer from
@@ -36,7 +44,7 @@ struct Early {
 pub struct Session {
     config: Config,
     next_seq: u64,
-    ops: Vec<Broadcast>,
+    ops: Vec<Collective>,
     out: VecDeque<Outgoing>,
     events: VecDeque<Event>,
     early: Vec<Early>,
@@ -93,22 +101,42 @@ impl Session {
     /// Starts a Broadcast of `len` bytes from `root`. Every rank must call it, in the same order
     /// relative to other collectives, with the same `root` and `len`.
     ///
-    /// The root's buffer must hold the data and every leaf's buffer must be ready to receive
-    /// (its receives posted) before this is called.
+    /// The operation's buffer is `len` bytes: the root's holds the data, every leaf's must be
+    /// ready to receive (its receives posted) when this is called.
     pub fn start_broadcast(
         &mut self,
         now: Instant,
         root: Rank,
         len: u64,
     ) -> Result<OpId, StartError> {
+        self.start(now, |cx, id| Collective::broadcast(cx, id, root, len))
+    }
+
+    /// Starts an Allgatherv: rank `r` contributes `sizes[r]` bytes (zero allowed). Every rank
+    /// must call it, in the same order relative to other collectives, with the same `sizes`.
+    ///
+    /// The operation's buffer is the concatenation of all blocks in rank order (block `r` at
+    /// byte `sizes[..r].sum()`). Before calling, the caller places its own block there (the
+    /// local copy of `MPI_Allgather`); it is never sent to itself.
+    pub fn start_allgather(&mut self, now: Instant, sizes: &[u64]) -> Result<OpId, StartError> {
+        self.start(now, |cx, id| Collective::allgather(cx, id, sizes))
+    }
+
+    fn start(
+        &mut self,
+        now: Instant,
+        make: impl FnOnce(&Ctx<'_>, OpId) -> Result<Collective, StartError>,
+    ) -> Result<OpId, StartError> {
         if self.ops.len() >= self.config.limits.max_inflight_ops as usize {
             return Err(StartError::TooManyInflight);
         }
         let id = OpId(self.next_seq);
         let mut cx = cx!(self, now);
-        let mut op = Broadcast::new(&mut cx, id, root, len)?;
+        let mut op = make(&cx, id)?;
         self.next_seq += 1;
-        if op.chunks == 0 || self.config.ranks == 1 {
+        if op.missing == 0 && op.own_chunks() == 0 || self.config.ranks == 1 {
+            // Nothing moves: no bytes at all, or a single rank.
+            self.early.retain(|e| e.seq != id.0);
             self.events.push_back(Event::Completed { op: id });
             return Ok(id);
         }
@@ -121,6 +149,9 @@ impl Session {
         if let Some(e) = early {
             for r in e.ready.iter_ones() {
                 outcome = outcome.or_else(|| op.on_ready(&mut cx, Rank(r as u32)));
+            }
+            for r in e.activate.iter_ones() {
+                outcome = outcome.or_else(|| op.on_activate(&mut cx, Rank(r as u32)));
             }
             if let Some((from, culprit)) = e.abort {
                 outcome = outcome.or(Some(aborted(from, culprit)));
@@ -193,6 +224,7 @@ impl Session {
             ControlRepr::FetchAck { runs, hops, .. } => op.on_fetch_ack(&mut cx, from, runs, hops),
             ControlRepr::FetchNack { .. } => op.on_fetch_nack(&mut cx, from),
             ControlRepr::Fin { .. } => op.on_fin(&mut cx, from),
+            ControlRepr::Activate { .. } => op.on_activate(&mut cx, from),
             ControlRepr::Abort { culprit, .. } if culprit < self.config.ranks => {
                 Some(aborted(from, culprit))
             }
@@ -214,8 +246,11 @@ impl Session {
             return;
         }
         let keep = match *msg {
-            ControlRepr::Ready { .. } => None,
-            ControlRepr::Abort { culprit, .. } if culprit < self.config.ranks => Some(culprit),
+            ControlRepr::Ready { .. } => EarlyKind::Ready,
+            ControlRepr::Activate { .. } => EarlyKind::Activate,
+            ControlRepr::Abort { culprit, .. } if culprit < self.config.ranks => {
+                EarlyKind::Abort(culprit)
+            }
             _ => {
                 bump(&mut self.stats.control_unexpected);
                 return;
@@ -229,17 +264,20 @@ impl Session {
         let e = match self.early.iter().position(|e| e.seq == seq) {
             Some(i) => &mut self.early[i],
             None => {
+                let none = bitvec![u64, Lsb0; 0; ranks];
                 self.early.push(Early {
                     seq,
-                    ready: bitvec![u64, Lsb0; 0; ranks],
+                    ready: none.clone(),
+                    activate: none,
                     abort: None,
                 });
                 self.early.last_mut().expect("just pushed")
             }
         };
         match keep {
-            None => e.ready.set(from.index(), true),
-            Some(culprit) => e.abort = e.abort.or(Some((from, culprit))),
+            EarlyKind::Ready => e.ready.set(from.index(), true),
+            EarlyKind::Activate => e.activate.set(from.index(), true),
+            EarlyKind::Abort(culprit) => e.abort = e.abort.or(Some((from, culprit))),
         }
     }
 

@@ -21,7 +21,7 @@ fn loss_free_broadcast_completes_everywhere() {
 #[test]
 fn one_leaf_receives_nothing() {
     let mut net = Net::new(6, |_| {});
-    net.faults.rules.push(Box::new(|_, _, to| to == 3));
+    net.faults.rules.push(Box::new(|_, _, _, to| to == 3));
     net.broadcast_at(0, 0, 0, 64 * 4096);
     net.run(STEPS);
     net.assert_all_completed();
@@ -31,7 +31,7 @@ fn one_leaf_receives_nothing() {
 #[test]
 fn every_leaf_misses_the_same_chunk() {
     let mut net = Net::new(8, |_| {});
-    net.faults.rules.push(Box::new(|_, chunk, _| chunk == 5));
+    net.faults.rules.push(Box::new(|_, _, chunk, _| chunk == 5));
     net.broadcast_at(0, 0, 3, 16 * 4096);
     net.run(STEPS);
     net.assert_all_completed();
@@ -49,7 +49,7 @@ fn every_leaf_misses_the_same_chunk() {
 fn neighbour_chain_misses_overlapping_ranges() {
     let mut net = Net::new(6, |_| {});
     // r1 misses 0..8, r2 misses 4..12, r3 misses 8..16: each one's gap overlaps the next.
-    net.faults.rules.push(Box::new(|_, c, to| {
+    net.faults.rules.push(Box::new(|_, _, c, to| {
         (1..=3).contains(&to) && (c / 4 == to - 1 || c / 4 == to)
     }));
     net.broadcast_at(0, 0, 0, 20 * 4096);

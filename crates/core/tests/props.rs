@@ -40,6 +40,9 @@ struct Case {
     crash: Option<(u32, u64)>,
     hostile: bool,
     seed: u64,
+    /// `Some(sizes)`: an Allgatherv instead of a Broadcast.
+    allgather: Option<Vec<u64>>,
+    chains: u32,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -51,58 +54,52 @@ fn case() -> impl Strategy<Value = Case> {
         prop_oneof![Just(0.0), 0.0..0.3f64],
     )
         .prop_flat_map(|(ranks, len, chunk_log, lanes, loss)| {
-            (
-                Just(ranks),
-                0..ranks,
-                Just(len),
-                Just(1u32 << chunk_log),
-                Just(lanes),
-                Just(loss),
+            let faults = (
                 prop_oneof![Just(0.0), 0.0..0.2f64],
                 prop_oneof![Just(0u64), 0u64..50_000],
                 pattern(),
                 proptest::option::weighted(0.2, (0..ranks, 0u64..200_000)),
                 proptest::bool::weighted(0.2),
+            );
+            let sizes =
+                proptest::collection::vec(prop_oneof![Just(0u64), 0u64..6_000], ranks as usize);
+            let shape = (
+                0..ranks,
+                proptest::option::weighted(0.4, sizes),
+                1..=ranks,
                 any::<u64>(),
+            );
+            (faults, shape).prop_map(
+                move |(
+                    (dup, jitter_ns, pattern, crash, hostile),
+                    (root, allgather, chains, seed),
+                )| {
+                    Case {
+                        ranks,
+                        root,
+                        len,
+                        chunk: 1 << chunk_log,
+                        lanes,
+                        loss,
+                        dup,
+                        jitter_ns,
+                        pattern,
+                        crash,
+                        hostile,
+                        seed,
+                        allgather,
+                        chains,
+                    }
+                },
             )
         })
-        .prop_map(
-            |(
-                ranks,
-                root,
-                len,
-                chunk,
-                lanes,
-                loss,
-                dup,
-                jitter_ns,
-                pattern,
-                crash,
-                hostile,
-                seed,
-            )| {
-                Case {
-                    ranks,
-                    root,
-                    len,
-                    chunk,
-                    lanes,
-                    loss,
-                    dup,
-                    jitter_ns,
-                    pattern,
-                    crash,
-                    hostile,
-                    seed,
-                }
-            },
-        )
 }
 
 fn run_case(c: &Case) -> Result<(), TestCaseError> {
     let mut net = Net::new(c.ranks, |cfg| {
         cfg.chunk_size = c.chunk;
         cfg.lanes = c.lanes;
+        cfg.chains = c.chains;
     });
     net.rng = Rng::new(c.seed);
     net.faults.loss = c.loss;
@@ -111,11 +108,16 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
     let p = c.ranks;
     match c.pattern {
         Pattern::Random => {}
-        Pattern::LeafGetsNothing(l) => net.faults.rules.push(Box::new(move |_, _, to| to == l % p)),
-        Pattern::SameChunkEverywhere(k) => net.faults.rules.push(Box::new(move |_, ch, _| ch == k)),
+        Pattern::LeafGetsNothing(l) => net
+            .faults
+            .rules
+            .push(Box::new(move |_, _, _, to| to == l % p)),
+        Pattern::SameChunkEverywhere(k) => {
+            net.faults.rules.push(Box::new(move |_, _, ch, _| ch == k))
+        }
         Pattern::OverlappingChain => {
-            let root = c.root;
-            net.faults.rules.push(Box::new(move |_, ch, to| {
+            // Relative to each chunk's own root, so it bites in an Allgather too.
+            net.faults.rules.push(Box::new(move |_, root, ch, to| {
                 let pos = (to + p - root) % p;
                 (1..=4).contains(&pos) && (ch / 3 == pos || ch / 3 == pos + 1)
             }))
@@ -124,7 +126,10 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
     if let Some(crash) = c.crash {
         net.faults.crash.push(crash);
     }
-    net.broadcast_at(0, 50, c.root, c.len);
+    match &c.allgather {
+        Some(sizes) => net.allgather_at(0, 50, sizes.clone()),
+        None => net.broadcast_at(0, 50, c.root, c.len),
+    }
     if c.hostile {
         inject_hostile(&mut net, c.seed, c.root);
     }

@@ -11,7 +11,7 @@ fn four_ranks_eight_chunks_one_drop() {
     // Chunk 3 never reaches rank 2: it recovers it from rank 1 after its cutoff.
     net.faults
         .rules
-        .push(Box::new(|_, chunk, to| chunk == 3 && to == 2));
+        .push(Box::new(|_, _, chunk, to| chunk == 3 && to == 2));
     net.trace = Some(String::new());
     net.broadcast_at(0, 0, 0, 8 * 4096);
     net.run(10_000);

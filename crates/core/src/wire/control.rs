@@ -46,6 +46,8 @@ pub enum ControlKind {
     Fin = 6,
     /// The operation failed; `arg` names the unresponsive rank.
     Abort = 7,
+    /// Allgather chain token: the sender's block is sent, the receiver's turn.
+    Activate = 8,
 }
 
 impl ControlKind {
@@ -58,6 +60,7 @@ impl ControlKind {
             5 => ControlKind::FetchNack,
             6 => ControlKind::Fin,
             7 => ControlKind::Abort,
+            8 => ControlKind::Activate,
             _ => return None,
         })
     }
@@ -290,6 +293,11 @@ pub enum ControlRepr<'a> {
         /// Operation sequence number.
         op: u64,
     },
+    /// See [`ControlKind::Activate`].
+    Activate {
+        /// Operation sequence number.
+        op: u64,
+    },
     /// See [`ControlKind::Abort`].
     Abort {
         /// Operation sequence number.
@@ -326,6 +334,7 @@ impl<'a> ControlRepr<'a> {
             ControlKind::FetchNack => ControlRepr::FetchNack { op },
             ControlKind::Fin => ControlRepr::Fin { op },
             ControlKind::Abort => ControlRepr::Abort { op, culprit: arg },
+            ControlKind::Activate => ControlRepr::Activate { op },
         })
     }
 
@@ -343,6 +352,7 @@ impl<'a> ControlRepr<'a> {
             | ControlRepr::FetchAck { op, .. }
             | ControlRepr::FetchNack { op }
             | ControlRepr::Fin { op }
+            | ControlRepr::Activate { op }
             | ControlRepr::Abort { op, .. } => op,
         }
     }
@@ -357,6 +367,7 @@ impl<'a> ControlRepr<'a> {
             ControlRepr::FetchNack { .. } => ControlKind::FetchNack,
             ControlRepr::Fin { .. } => ControlKind::Fin,
             ControlRepr::Abort { .. } => ControlKind::Abort,
+            ControlRepr::Activate { .. } => ControlKind::Activate,
         }
     }
 
@@ -448,6 +459,7 @@ mod tests {
         });
         round_trip(ControlRepr::FetchNack { op: 9 });
         round_trip(ControlRepr::Fin { op: 0 });
+        round_trip(ControlRepr::Activate { op: 4 });
         round_trip(ControlRepr::Abort { op: 1, culprit: 17 });
     }
 

@@ -1,10 +1,10 @@
 //! A tiny in-process network that drives N real sessions in virtual time, quinn-style: the
 //! loop jumps to the next event or timer and bounds the number of steps.
 //!
-//! Every multicast chunk carries a token (a fingerprint of op and chunk) instead of bytes;
-//! placements and reads copy tokens, so a wrong placement or a read of data the peer does not
-//! hold shows up as a mismatch. Buffers are poisoned when an operation completes, so a read
-//! from a released buffer is caught too.
+//! Every multicast chunk carries a token (a fingerprint of op, root and chunk) instead of
+//! bytes; placements and reads copy tokens, so a wrong placement or a read of data the peer
+//! does not hold shows up as a mismatch. Buffers are poisoned when an operation completes, so
+//! a read from a released buffer is caught too.
 #![allow(dead_code, unreachable_pub)]
 
 use ringcast_core::wire::{ChunkRun, ControlRepr};
@@ -39,13 +39,57 @@ impl Rng {
     }
 }
 
-pub fn token(op: u64, chunk: u32) -> u64 {
-    (op << 32 | u64::from(chunk)).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1
+pub fn token(op: u64, root: u32, chunk: u32) -> u64 {
+    ((op << 48) ^ (u64::from(root) << 28) ^ u64::from(chunk)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        | 1
 }
 
-/// A rule that drops chunk `chunk` of op `op` on its way to rank `to`.
-pub type DropRule = Box<dyn Fn(u64, u32, u32) -> bool>;
+/// What every rank starts.
+#[derive(Debug, Clone)]
+pub enum Start {
+    Broadcast { root: u32, len: u64 },
+    Allgather { sizes: Vec<u64> },
+}
 
+impl Start {
+    /// Block sizes of the operation's buffer.
+    pub fn sizes(&self, ranks: u32) -> Vec<u64> {
+        match self {
+            Start::Broadcast { root, len } => (0..ranks)
+                .map(|r| if r == *root { *len } else { 0 })
+                .collect(),
+            Start::Allgather { sizes } => sizes.clone(),
+        }
+    }
+}
+
+/// Buffer contents: a token per chunk, keyed by the chunk's byte offset.
+pub type Buf = BTreeMap<u64, u64>;
+
+/// The buffer every rank must end with; with `only`, just that rank's own block.
+pub fn expected(op: u64, sizes: &[u64], chunk: u32, only: Option<u32>) -> Buf {
+    let mut b = Buf::new();
+    let mut displ = 0;
+    for (r, &sz) in sizes.iter().enumerate() {
+        let chunks = sz.div_ceil(u64::from(chunk)) as u32;
+        if only.is_none_or(|o| o == r as u32) {
+            for c in 0..chunks {
+                b.insert(
+                    displ + u64::from(c) * u64::from(chunk),
+                    token(op, r as u32, c),
+                );
+            }
+        }
+        displ += sz;
+    }
+    b
+}
+
+/// A rule that drops chunk `chunk` of op `op` from `root` on its way to rank `to`:
+/// `(op, root, chunk, to)`.
+pub type DropRule = Box<dyn Fn(u64, u32, u32, u32) -> bool>;
+
+#[derive(Default)]
 pub struct Faults {
     pub loss: f64,
     pub dup: f64,
@@ -54,21 +98,8 @@ pub struct Faults {
     pub rules: Vec<DropRule>,
     /// (rank, time ns): the rank stops at that time.
     pub crash: Vec<(u32, u64)>,
-    /// Replays every chunk of an op this many ns later (stale packets).
+    /// Replays every chunk this many ns later (stale packets).
     pub replay_after_ns: Option<u64>,
-}
-
-impl Default for Faults {
-    fn default() -> Self {
-        Faults {
-            loss: 0.0,
-            dup: 0.0,
-            jitter_ns: 0,
-            rules: Vec::new(),
-            crash: Vec::new(),
-            replay_after_ns: None,
-        }
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -91,6 +122,8 @@ enum Ev {
         from: u32,
         op: OpId,
         run: ChunkRun,
+        offset: u64,
+        len: u64,
     },
     SendDone {
         to: u32,
@@ -98,9 +131,20 @@ enum Ev {
     },
     Start {
         rank: u32,
-        root: u32,
-        len: u64,
+        what: Start,
     },
+}
+
+impl Ev {
+    fn rank(&self) -> u32 {
+        match self {
+            Ev::Chunk { to, .. }
+            | Ev::Control { to, .. }
+            | Ev::ReadDone { to, .. }
+            | Ev::SendDone { to, .. } => *to,
+            Ev::Start { rank, .. } => *rank,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,14 +164,13 @@ pub struct Net {
     queue: BinaryHeap<Reverse<(u64, u64, usize)>>,
     evs: Vec<Option<Ev>>,
     seq: u64,
-    pub bufs: Vec<BTreeMap<u64, Vec<u64>>>,
-    pub ops: BTreeMap<u64, (u32, u64)>,
+    pub bufs: Vec<BTreeMap<u64, Buf>>,
+    pub ops: BTreeMap<u64, Start>,
     pub outcomes: Vec<BTreeMap<u64, Outcome>>,
     pub trace: Option<String>,
     pub chunk_size: u32,
     pub errors: Vec<String>,
-    started: Vec<u64>,
-    root_free_at: Vec<u64>,
+    nic_free_at: Vec<u64>,
 }
 
 impl Net {
@@ -159,8 +202,7 @@ impl Net {
             trace: None,
             chunk_size,
             errors: Vec::new(),
-            started: vec![0; ranks as usize],
-            root_free_at: vec![0; ranks as usize],
+            nic_free_at: vec![0; ranks as usize],
         }
     }
 
@@ -184,25 +226,34 @@ impl Net {
         self.faults
             .crash
             .iter()
-            .filter(|&&(r, _)| r == rank)
-            .map(|&(_, t)| t)
+            .filter(|c| c.0 == rank)
+            .map(|c| c.1)
             .min()
             .unwrap_or(u64::MAX)
     }
 
     fn crashed(&self, rank: u32) -> bool {
-        self.faults
-            .crash
-            .iter()
-            .any(|&(r, t)| r == rank && self.now >= t)
+        self.now >= self.crash_time(rank)
     }
 
-    /// Schedules a broadcast on every rank at time `at` (+ `skew_ns * rank`).
+    /// Schedules a Broadcast on every rank at time `at` (+ `skew_ns * rank`).
     pub fn broadcast_at(&mut self, at: u64, skew_ns: u64, root: u32, len: u64) {
+        self.start_at(at, skew_ns, Start::Broadcast { root, len });
+    }
+
+    /// Schedules an Allgatherv on every rank at time `at` (+ `skew_ns * rank`).
+    pub fn allgather_at(&mut self, at: u64, skew_ns: u64, sizes: Vec<u64>) {
+        self.start_at(at, skew_ns, Start::Allgather { sizes });
+    }
+
+    fn start_at(&mut self, at: u64, skew_ns: u64, what: Start) {
         for r in 0..self.ranks() {
             self.push(
                 at + skew_ns * u64::from(r),
-                Ev::Start { rank: r, root, len },
+                Ev::Start {
+                    rank: r,
+                    what: what.clone(),
+                },
             );
         }
     }
@@ -212,7 +263,7 @@ impl Net {
         self.push(at, Ev::Control { to, from, bytes });
     }
 
-    /// Runs until nothing is left to do or `max_steps` events; returns the steps taken.
+    /// Runs until nothing is left to do; panics (a hang) past `max_steps` events.
     pub fn run(&mut self, max_steps: usize) -> usize {
         for step in 0..max_steps {
             let next_ev = self.queue.peek().map(|Reverse((t, _, _))| *t);
@@ -220,13 +271,13 @@ impl Net {
                 .sessions
                 .iter()
                 .enumerate()
-                .filter_map(|(r, s)| s.poll_timeout().map(|t| (t.as_nanos(), r)))
-                .filter(|&(t, r)| t < self.crash_time(r as u32))
+                .filter_map(|(r, s)| s.poll_timeout().map(|t| (t.as_nanos(), r as u32)))
+                .filter(|&(t, r)| t < self.crash_time(r))
                 .min();
             match (next_ev, next_timer) {
                 (None, None) => return step,
-                (Some(te), Some((tt, r))) if tt < te => self.fire_timer(tt, r as u32),
-                (None, Some((tt, r))) => self.fire_timer(tt, r as u32),
+                (Some(te), Some((tt, r))) if tt < te => self.fire_timer(tt, r),
+                (None, Some((tt, r))) => self.fire_timer(tt, r),
                 _ => {
                     let Reverse((t, _, i)) = self.queue.pop().expect("peeked");
                     self.now = self.now.max(t);
@@ -247,32 +298,25 @@ impl Net {
 
     fn deliver(&mut self, ev: Ev) {
         let now = Instant::from_nanos(self.now);
-        let to = match &ev {
-            Ev::Chunk { to, .. }
-            | Ev::Control { to, .. }
-            | Ev::ReadDone { to, .. }
-            | Ev::SendDone { to, .. } => *to,
-            Ev::Start { rank, .. } => *rank,
-        };
+        let to = ev.rank();
         if self.crashed(to) {
             return;
         }
         match ev {
-            Ev::Start { rank, root, len } => {
-                let id = self.sessions[rank as usize]
-                    .start_broadcast(now, Rank(root), len)
-                    .expect("start");
-                self.started[rank as usize] += 1;
-                self.ops.insert(id.0, (root, len));
-                let chunks = len.div_ceil(u64::from(self.chunk_size)) as u32;
-                let buf = if rank == root {
-                    (0..chunks).map(|c| token(id.0, c)).collect()
-                } else {
-                    vec![0; chunks as usize]
-                };
-                self.bufs[rank as usize].insert(id.0, buf);
+            Ev::Start { rank, what } => {
+                let s = &mut self.sessions[rank as usize];
+                let id = match &what {
+                    Start::Broadcast { root, len } => s.start_broadcast(now, Rank(*root), *len),
+                    Start::Allgather { sizes } => s.start_allgather(now, sizes),
+                }
+                .expect("start");
+                let sizes = what.sizes(self.ranks());
+                self.log(|| format!("r{rank} start {id} {what:?}"));
+                self.ops.insert(id.0, what);
+                // The caller's own block is in place before the operation starts.
+                let own = expected(id.0, &sizes, self.chunk_size, Some(rank));
+                self.bufs[rank as usize].insert(id.0, own);
                 self.outcomes[rank as usize].insert(id.0, Outcome::Pending);
-                self.log(|| format!("r{rank} start {id} root r{root} len {len}"));
             }
             Ev::Chunk {
                 to,
@@ -297,46 +341,35 @@ impl Net {
                 } = p
                 {
                     assert_eq!(plen, len, "placement length");
-                    let slot = (offset / u64::from(self.chunk_size)) as usize;
-                    match self.bufs[to as usize]
-                        .get_mut(&op.0)
-                        .and_then(|b| b.get_mut(slot))
-                    {
-                        Some(s) => *s = token,
+                    match self.bufs[to as usize].get_mut(&op.0) {
+                        Some(b) => {
+                            b.insert(offset, token);
+                        }
                         None => self
                             .errors
-                            .push(format!("r{to}: placement outside buffer {op} slot {slot}")),
+                            .push(format!("r{to}: placement into unknown {op}")),
                     }
                 }
             }
             Ev::Control { to, from, bytes } => {
                 if self.trace.is_some() {
                     let m = ControlRepr::parse_bytes(&bytes)
-                        .map(|m| format!("{m:?}"))
-                        .unwrap_or_else(|_| "<malformed>".into());
+                        .map_or_else(|_| "<malformed>".into(), |m| format!("{m:?}"));
                     self.log(|| format!("r{to} <- r{from} {m}"));
                 }
                 self.sessions[to as usize].handle_control(now, Rank(from), &bytes);
             }
-            Ev::ReadDone { to, from, op, run } => {
+            Ev::ReadDone {
+                to,
+                from,
+                op,
+                run,
+                offset,
+                len,
+            } => {
                 let ok = !self.crashed(from);
                 if ok {
-                    let src = self.bufs[from as usize].get(&op.0).cloned();
-                    let Some(src) = src else {
-                        self.errors
-                            .push(format!("r{to}: read from r{from} of unknown {op}"));
-                        return;
-                    };
-                    let dst = self.bufs[to as usize].get_mut(&op.0).expect("own buffer");
-                    for c in run.start..run.end() {
-                        let v = src[c as usize];
-                        if v == 0 || v == POISON {
-                            self.errors.push(format!(
-                                "r{to}: read chunk {c} of {op} from r{from} which holds {v:#x}"
-                            ));
-                        }
-                        dst[c as usize] = v;
-                    }
+                    self.copy_read(to, from, op, offset, len);
                 }
                 self.log(|| format!("r{to} read done {op} {run} from r{from} ok={ok}"));
                 let res = if ok { Ok(()) } else { Err(ReadError) };
@@ -345,6 +378,28 @@ impl Net {
             Ev::SendDone { to, op } => self.sessions[to as usize].handle_send_done(now, op, 1),
         }
         self.drain(to);
+    }
+
+    /// A one-sided read: copies the peer's chunks as they are now, and checks that it held
+    /// every one of them in a live buffer.
+    fn copy_read(&mut self, to: u32, from: u32, op: OpId, offset: u64, len: u64) {
+        let Some(src) = self.bufs[from as usize].get(&op.0) else {
+            self.errors
+                .push(format!("r{to}: read from r{from} of unknown {op}"));
+            return;
+        };
+        let got: Vec<(u64, u64)> = src
+            .range(offset..offset + len)
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        let want = len.div_ceil(u64::from(self.chunk_size)) as usize;
+        if got.len() < want || got.iter().any(|(_, v)| *v == POISON) {
+            self.errors.push(format!(
+                "r{to}: read {offset}+{len} of {op} from r{from}: {got:?}"
+            ));
+        }
+        let dst = self.bufs[to as usize].entry(op.0).or_default();
+        dst.extend(got);
     }
 
     fn drain(&mut self, r: u32) {
@@ -371,7 +426,11 @@ impl Net {
                     );
                 }
                 Transmit::Read {
-                    op, from, run, len, ..
+                    op,
+                    from,
+                    run,
+                    offset,
+                    len,
                 } => {
                     self.log(|| format!("r{r} read {op} {run} from r{}", from.0));
                     let t = now + 2 * self.latency_ns + (len as f64 * self.byte_ns) as u64;
@@ -382,6 +441,8 @@ impl Net {
                             from: from.0,
                             op,
                             run,
+                            offset,
+                            len,
                         },
                     );
                 }
@@ -393,13 +454,13 @@ impl Net {
                     len,
                     ..
                 } => {
-                    let start = self.root_free_at[r as usize].max(now);
+                    let start = self.nic_free_at[r as usize].max(now);
                     let done = start + (f64::from(len) * self.byte_ns) as u64;
-                    self.root_free_at[r as usize] = done;
+                    self.nic_free_at[r as usize] = done;
                     self.push(done, Ev::SendDone { to: r, op });
-                    let tok = token(op.0, chunk);
+                    let tok = token(op.0, r, chunk);
                     for to in (0..ranks).filter(|t| *t != r) {
-                        let ruled = self.faults.rules.iter().any(|f| f(op.0, chunk, to));
+                        let ruled = self.faults.rules.iter().any(|f| f(op.0, r, chunk, to));
                         if ruled || self.rng.chance(self.faults.loss) {
                             continue;
                         }
@@ -409,8 +470,8 @@ impl Net {
                             1
                         };
                         for _ in 0..copies {
-                            let at =
-                                done + self.latency_ns + self.rng.below(self.faults.jitter_ns + 1);
+                            let jitter = self.rng.below(self.faults.jitter_ns + 1);
+                            let at = done + self.latency_ns + jitter;
                             self.push(
                                 at,
                                 Ev::Chunk {
@@ -438,8 +499,9 @@ impl Net {
                         }
                     }
                     // Our own loopback copy: the core must refuse it.
+                    let at = done + self.latency_ns;
                     self.push(
-                        done + self.latency_ns,
+                        at,
                         Ev::Chunk {
                             to: r,
                             from: r,
@@ -459,13 +521,14 @@ impl Net {
                 Event::Completed { op } => {
                     self.outcomes[r as usize].insert(op.0, Outcome::Completed(self.now));
                     // Check the buffer now, then poison it: nobody may read it any more.
-                    let b = self.bufs[r as usize].get_mut(&op.0).expect("buffer");
-                    let expect: Vec<u64> = (0..b.len() as u32).map(|c| token(op.0, c)).collect();
-                    if *b != expect {
+                    let sizes = self.ops[&op.0].sizes(ranks);
+                    let want = expected(op.0, &sizes, self.chunk_size, None);
+                    let b = self.bufs[r as usize].entry(op.0).or_default();
+                    if *b != want {
                         self.errors
                             .push(format!("r{r}: {op} completed with a wrong buffer"));
                     }
-                    b.iter_mut().for_each(|x| *x = POISON);
+                    b.values_mut().for_each(|x| *x = POISON);
                 }
                 Event::Failed { op, error } => {
                     self.outcomes[r as usize].insert(op.0, Outcome::Failed(error));
@@ -475,7 +538,7 @@ impl Net {
         }
     }
 
-    /// Every live rank's outcome for `op`.
+    /// A rank's outcome for `op`.
     pub fn outcome(&self, rank: u32, op: u64) -> Outcome {
         self.outcomes[rank as usize]
             .get(&op)
@@ -483,21 +546,13 @@ impl Net {
             .unwrap_or(Outcome::Pending)
     }
 
-    pub fn is_crashed_rank(&self, rank: u32) -> bool {
-        self.faults.crash.iter().any(|&(r, _)| r == rank)
-    }
-
-    /// Asserts no data error and every live rank finished every op (completed or failed as
-    /// allowed).
+    /// Asserts no data error and that every rank completed every operation.
     pub fn assert_all_completed(&self) {
         assert!(self.errors.is_empty(), "{:?}", self.errors);
         for r in 0..self.ranks() {
             for &op in self.ops.keys() {
-                assert!(
-                    matches!(self.outcome(r, op), Outcome::Completed(_)),
-                    "r{r} op {op}: {:?}",
-                    self.outcome(r, op)
-                );
+                let o = self.outcome(r, op);
+                assert!(matches!(o, Outcome::Completed(_)), "r{r} op {op}: {o:?}");
             }
         }
     }

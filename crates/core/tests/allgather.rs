@@ -1,0 +1,114 @@
+//! Multi-rank Allgather(v) scenarios on the in-process network.
+
+mod util;
+
+use ringcast_core::Rank;
+use util::{Net, Outcome};
+
+const STEPS: usize = 5_000_000;
+
+#[test]
+fn loss_free_allgather_needs_no_recovery() {
+    let mut net = Net::new(6, |_| {});
+    net.allgather_at(0, 0, vec![20_000; 6]);
+    net.run(STEPS);
+    net.assert_all_completed();
+    for s in &net.sessions {
+        assert_eq!(s.stats().chunks_fetched, 0);
+        assert_eq!(
+            s.stats().dropped_own,
+            5,
+            "own loopback is dropped, never counted"
+        );
+    }
+}
+
+#[test]
+fn allgatherv_with_empty_and_uneven_blocks() {
+    let mut net = Net::new(7, |c| c.chains = 3);
+    net.faults.loss = 0.1;
+    net.allgather_at(0, 30, vec![0, 9_000, 1, 0, 40_000, 4096, 0]);
+    net.run(STEPS);
+    net.assert_all_completed();
+}
+
+#[test]
+fn uneven_chains_and_lanes_under_loss() {
+    for (ranks, chains, lanes) in [(7, 3, 2), (10, 4, 3), (5, 5, 1), (9, 1, 4)] {
+        let mut net = Net::new(ranks, |c| {
+            c.chains = chains;
+            c.lanes = lanes;
+        });
+        net.faults.loss = 0.15;
+        net.faults.jitter_ns = 10_000;
+        net.allgather_at(0, 0, vec![12_345; ranks as usize]);
+        net.run(STEPS);
+        net.assert_all_completed();
+    }
+}
+
+#[test]
+fn a_rank_missing_every_other_block_recovers_in_one_request() {
+    let mut net = Net::new(6, |_| {});
+    net.faults.rules.push(Box::new(|_, _, _, to| to == 2));
+    net.allgather_at(0, 0, vec![16 * 4096; 6]);
+    net.run(STEPS);
+    net.assert_all_completed();
+    let s = net.sessions[2].stats();
+    assert_eq!(s.chunks_fetched, 5 * 16);
+    assert_eq!(s.fetch_requests, 1, "one request covers every root's runs");
+}
+
+#[test]
+fn every_rank_misses_a_chunk_of_every_other_root() {
+    // The recursion cannot end at one root: each rank must serve its own block while it
+    // waits for the others'. Partial acknowledgements keep the ring from deadlocking.
+    let mut net = Net::new(5, |_| {});
+    net.faults
+        .rules
+        .push(Box::new(|_, root, chunk, to| root != to && chunk == 1));
+    net.allgather_at(0, 0, vec![4 * 4096; 5]);
+    net.run(STEPS);
+    net.assert_all_completed();
+}
+
+#[test]
+fn fsdp_pipeline_of_allgathers_and_broadcasts() {
+    let mut net = Net::new(6, |c| c.lanes = 2);
+    net.faults.loss = 0.05;
+    net.faults.dup = 0.05;
+    net.faults.jitter_ns = 30_000;
+    // Layer i's allgather starts while layer i-1's is still running; a broadcast in between.
+    net.allgather_at(0, 100, vec![30_000; 6]);
+    net.allgather_at(20_000, 100, vec![25_000; 6]);
+    net.broadcast_at(25_000, 50, 4, 50_000);
+    net.allgather_at(40_000, 100, vec![8_000, 0, 8_000, 0, 8_000, 0]);
+    net.run(STEPS);
+    net.assert_all_completed();
+}
+
+#[test]
+fn crash_during_allgather_blames_the_crashed_rank() {
+    for (victim, at) in [(3u32, 0u64), (3, 30_000), (0, 20_000)] {
+        let mut net = Net::new(6, |_| {});
+        net.faults.loss = 0.05;
+        net.faults.crash.push((victim, at));
+        net.allgather_at(0, 0, vec![64 * 1024; 6]);
+        net.run(STEPS);
+        assert!(net.errors.is_empty(), "{:?}", net.errors);
+        // A survivor may still complete (with the exact bytes: `errors` is empty) when it got
+        // everything before the crash mattered to it; otherwise it must blame the victim.
+        let mut failed = 0;
+        for r in (0..6).filter(|r| *r != victim) {
+            match net.outcome(r, 0) {
+                Outcome::Completed(_) => {}
+                Outcome::Failed(e) => {
+                    failed += 1;
+                    assert_eq!(e.peer(), Rank(victim), "r{r}: {e:?}");
+                }
+                Outcome::Pending => panic!("r{r} hangs with rank {victim} crashed at {at}"),
+            }
+        }
+        assert!(failed > 0);
+    }
+}
