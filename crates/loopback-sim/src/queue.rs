@@ -1,10 +1,14 @@
-//! The event queue: a binary min-heap of `(time, seq)` keys with compact payloads.
+//! The event queue: a radix heap over virtual time.
 //!
-//! `seq` breaks ties in insertion order, so events at the same virtual time run first-in
-//! first-out and a run is reproducible. Payloads are small `Copy` values: no allocation per event.
-
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+//! Virtual time never goes backwards (nothing is scheduled before the event being handled),
+//! which a radix heap exploits: an event goes to the bucket named by the highest bit in which
+//! its time differs from the last time popped, so a push is O(1) and an event moves between
+//! buckets at most 64 times over its life (in practice once or twice). Profiling showed a
+//! binary heap spending most of a run in `pop`.
+//!
+//! Events with equal times come out in insertion order (first in, first out): buckets keep
+//! insertion order when redistributed and the lowest bucket is drained from the front. That
+//! keeps a reliable channel's messages in order and a run reproducible.
 
 /// Virtual time in picoseconds (the core's clock is nanoseconds; links need finer steps so
 /// that serialization times do not accumulate rounding error).
@@ -13,68 +17,77 @@ pub(crate) type Ps = u64;
 /// Picoseconds per nanosecond.
 pub(crate) const PS_PER_NS: u64 = 1_000;
 
-#[derive(Clone, Copy, Debug)]
-struct Entry<E> {
-    time: Ps,
-    seq: u64,
-    ev: E,
-}
-
-impl<E> PartialEq for Entry<E> {
-    fn eq(&self, other: &Self) -> bool {
-        (self.time, self.seq) == (other.time, other.seq)
-    }
-}
-impl<E> Eq for Entry<E> {}
-impl<E> PartialOrd for Entry<E> {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl<E> Ord for Entry<E> {
-    /// Reversed: `BinaryHeap` is a max-heap and we want the earliest event first.
-    fn cmp(&self, other: &Self) -> Ordering {
-        (other.time, other.seq).cmp(&(self.time, self.seq))
-    }
-}
-
 /// A time-ordered queue of events.
 #[derive(Debug)]
 pub(crate) struct EventQueue<E> {
-    heap: BinaryHeap<Entry<E>>,
-    seq: u64,
+    /// Bucket `i > 0` holds events whose time first differs from `last` in bit `i - 1`;
+    /// bucket 0 holds events at exactly `last`, drained from `head`.
+    buckets: Vec<Vec<(Ps, E)>>,
+    head: usize,
+    last: Ps,
+    len: usize,
+}
+
+#[inline]
+fn bucket(t: Ps, last: Ps) -> usize {
+    (64 - (t ^ last).leading_zeros()) as usize
 }
 
 impl<E: Copy> EventQueue<E> {
     /// An empty queue.
     pub(crate) fn new() -> Self {
         EventQueue {
-            heap: BinaryHeap::with_capacity(1 << 12),
-            seq: 0,
+            buckets: (0..65).map(|_| Vec::new()).collect(),
+            head: 0,
+            last: 0,
+            len: 0,
         }
     }
 
-    /// Schedules `ev` at `time`.
+    /// Schedules `ev` at `time`; a time before the last one popped is treated as that time.
     #[inline]
     pub(crate) fn push(&mut self, time: Ps, ev: E) {
-        self.seq += 1;
-        self.heap.push(Entry {
-            time,
-            seq: self.seq,
-            ev,
-        });
+        let time = time.max(self.last);
+        self.buckets[bucket(time, self.last)].push((time, ev));
+        self.len += 1;
     }
 
     /// The earliest event, ties in insertion order.
     #[inline]
     pub(crate) fn pop(&mut self) -> Option<(Ps, E)> {
-        self.heap.pop().map(|e| (e.time, e.ev))
+        if self.head == self.buckets[0].len() {
+            self.buckets[0].clear();
+            self.head = 0;
+            if self.len == 0 {
+                return None;
+            }
+            self.refill();
+        }
+        let e = self.buckets[0][self.head];
+        self.head += 1;
+        self.len -= 1;
+        Some(e)
+    }
+
+    /// Moves the lowest non-empty bucket down, making its earliest time the new `last`.
+    #[cold]
+    fn refill(&mut self) {
+        let Some(i) = (1..self.buckets.len()).find(|i| !self.buckets[*i].is_empty()) else {
+            return;
+        };
+        let mut b = std::mem::take(&mut self.buckets[i]);
+        self.last = b.iter().map(|e| e.0).min().unwrap_or(self.last);
+        for e in b.drain(..) {
+            self.buckets[bucket(e.0, self.last)].push(e);
+        }
+        self.buckets[i] = b; // keep the allocation
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rng::Rng;
 
     #[test]
     fn earliest_first_ties_fifo() {
@@ -85,5 +98,32 @@ mod tests {
         q.push(1, 'd');
         let order: Vec<char> = std::iter::from_fn(|| q.pop().map(|(_, e)| e)).collect();
         assert_eq!(order, ['d', 'b', 'a', 'c']);
+    }
+
+    /// Same order as a `(time, insertion)` sort, for a DES-like mix of pushes and pops.
+    #[test]
+    fn matches_sorted_reference() {
+        let mut rng = Rng::new(9, 0);
+        let mut q = EventQueue::new();
+        let mut reference = std::collections::BTreeSet::new();
+        let (mut now, mut seq) = (0u64, 0u32);
+        for _ in 0..20_000 {
+            if rng.below(3) > 0 || reference.is_empty() {
+                let span = if rng.below(2) == 0 { 4 } else { 1 << 20 };
+                let t = now + rng.below(span);
+                seq += 1;
+                q.push(t, seq);
+                reference.insert((t, seq));
+            } else {
+                let want = reference.pop_first();
+                let got = q.pop();
+                assert_eq!(got, want);
+                now = got.map_or(now, |g| g.0);
+            }
+        }
+        while let Some(want) = reference.pop_first() {
+            assert_eq!(q.pop(), Some(want));
+        }
+        assert_eq!(q.pop(), None);
     }
 }
