@@ -63,9 +63,14 @@ impl ChunkBitmap {
     /// already or is out of range.
     #[inline]
     pub fn insert(&mut self, i: u32) -> bool {
-        match self.bits.get_mut(i as usize) {
-            Some(mut b) if !*b => {
-                b.set(true);
+        if i as usize >= self.bits.len() {
+            return false;
+        }
+        // The hot path: one word test-and-set on the bitvec's storage (Lsb0 order).
+        let (w, m) = ((i / 64) as usize, 1u64 << (i % 64));
+        match self.bits.as_raw_mut_slice().get_mut(w) {
+            Some(word) if *word & m == 0 => {
+                *word |= m;
                 self.set += 1;
                 true
             }

@@ -29,16 +29,22 @@ pub(crate) struct Piece {
     pub(crate) len: u64,
 }
 
+/// One rank's block: byte offset in the buffer, byte size, chunks, chunks per lane.
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    displ: u64,
+    size: u64,
+    chunks: u32,
+    per_lane: u32,
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Layout {
     chunk_size: u32,
     ranks: u32,
     lanes: u32,
-    /// Per block: byte size, byte offset in the buffer, chunks, chunks per lane.
-    size: Vec<u64>,
-    displ: Vec<u64>,
-    chunks: Vec<u32>,
-    per_lane: Vec<u32>,
+    /// Per block, together so the fast path touches one cache line.
+    blocks: Vec<Block>,
     /// `base[l * ranks + r]`: number of the first chunk of block `r` on lane `l`.
     base: Vec<u32>,
     /// `lane_start[l]`: first number of lane `l`; `lane_start[lanes]` is the total.
@@ -51,25 +57,26 @@ impl Layout {
         let ranks = sizes.len() as u32;
         let lanes = u32::from(lanes.max(1));
         let cs = u64::from(chunk_size);
-        let mut displ = Vec::with_capacity(sizes.len());
-        let mut chunks = Vec::with_capacity(sizes.len());
-        let mut per_lane = Vec::with_capacity(sizes.len());
+        let mut blocks = Vec::with_capacity(sizes.len());
         let mut at = 0u64;
-        for &s in sizes {
-            displ.push(at);
-            at = at.checked_add(s)?;
-            let c = u32::try_from(s.div_ceil(cs)).ok()?;
-            chunks.push(c);
-            per_lane.push(c.div_ceil(lanes));
+        for &size in sizes {
+            let chunks = u32::try_from(size.div_ceil(cs)).ok()?;
+            blocks.push(Block {
+                displ: at,
+                size,
+                chunks,
+                per_lane: chunks.div_ceil(lanes),
+            });
+            at = at.checked_add(size)?;
         }
         let mut base = Vec::with_capacity((lanes * ranks) as usize);
         let mut lane_start = Vec::with_capacity(lanes as usize + 1);
         let mut n = 0u32;
         for l in 0..lanes {
             lane_start.push(n);
-            for r in 0..ranks as usize {
+            for b in &blocks {
                 base.push(n);
-                n = n.checked_add(lane_count(chunks[r], per_lane[r], l))?;
+                n = n.checked_add(lane_count(b.chunks, b.per_lane, l))?;
             }
         }
         lane_start.push(n);
@@ -77,10 +84,7 @@ impl Layout {
             chunk_size,
             ranks,
             lanes,
-            size: sizes.to_vec(),
-            displ,
-            chunks,
-            per_lane,
+            blocks,
             base,
             lane_start,
         })
@@ -94,6 +98,11 @@ impl Layout {
         self.lanes
     }
 
+    /// Ranks (blocks).
+    pub(crate) fn ranks(&self) -> u32 {
+        self.ranks
+    }
+
     /// Chunks on lane `l`.
     pub(crate) fn lane_len(&self, l: u32) -> u32 {
         self.lane_start[l as usize + 1] - self.lane_start[l as usize]
@@ -103,27 +112,19 @@ impl Layout {
         self.lane_start[l as usize]
     }
 
-    /// Chunks of block `r`.
+    /// Chunks of block `r` (zero for a rank out of range).
     pub(crate) fn block_chunks(&self, r: u32) -> u32 {
-        self.chunks.get(r as usize).copied().unwrap_or(0)
-    }
-
-    /// Bytes of the whole buffer.
-    pub(crate) fn bytes(&self) -> u64 {
-        self.displ
-            .last()
-            .zip(self.size.last())
-            .map_or(0, |(d, s)| d + s)
-    }
-
-    /// Ranks (blocks).
-    pub(crate) fn ranks(&self) -> u32 {
-        self.ranks
+        self.blocks.get(r as usize).map_or(0, |b| b.chunks)
     }
 
     /// Chunks of block `r` per lane (the last lanes may hold fewer).
     pub(crate) fn per_lane(&self, r: u32) -> u32 {
-        self.per_lane[r as usize]
+        self.blocks[r as usize].per_lane
+    }
+
+    /// Bytes of the whole buffer.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.blocks.last().map_or(0, |b| b.displ + b.size)
     }
 
     /// Lane-relative index of block `r`'s first chunk on lane `l`.
@@ -133,19 +134,25 @@ impl Layout {
 
     /// Chunks of block `r` on lane `l`.
     pub(crate) fn lane_count(&self, r: u32, l: u32) -> u32 {
-        lane_count(self.chunks[r as usize], self.per_lane[r as usize], l)
+        let b = &self.blocks[r as usize];
+        lane_count(b.chunks, b.per_lane, l)
     }
 
     /// The lane and lane-relative index of chunk `local` of block `r`, or `None` when out
     /// of range.
     #[inline]
     pub(crate) fn slot(&self, r: u32, local: u32) -> Option<Slot> {
-        let (c, p) = (*self.chunks.get(r as usize)?, self.per_lane[r as usize]);
-        if local >= c {
+        let b = self.blocks.get(r as usize)?;
+        if local >= b.chunks {
             return None;
         }
-        let lane = local / p;
-        let g = self.base[(lane * self.ranks + r) as usize] + (local - lane * p);
+        // One lane is the common case; skip the division on the hot path.
+        let lane = if self.lanes == 1 {
+            0
+        } else {
+            local / b.per_lane
+        };
+        let g = self.base[(lane * self.ranks + r) as usize] + (local - lane * b.per_lane);
         Some(Slot {
             lane,
             index: g - self.lane_start[lane as usize],
@@ -155,11 +162,11 @@ impl Layout {
     /// Bytes of chunk `local` of block `r` (which must be in range).
     #[inline]
     pub(crate) fn chunk_bytes(&self, r: u32, local: u32) -> (u64, u64) {
+        let b = &self.blocks[r as usize];
         let start = u64::from(local) * u64::from(self.chunk_size);
-        let size = self.size[r as usize];
         (
-            self.displ[r as usize] + start,
-            (size - start.min(size)).min(u64::from(self.chunk_size)),
+            b.displ + start,
+            (b.size - start.min(b.size)).min(u64::from(self.chunk_size)),
         )
     }
 
@@ -170,10 +177,11 @@ impl Layout {
         while g < end {
             let l = self.lane_start.partition_point(|&s| s <= g) - 1;
             let bases = &self.base[l * self.ranks as usize..(l + 1) * self.ranks as usize];
+            // The last block starting at or before `g`: empty blocks share the next one's base.
             let r = bases.partition_point(|&b| b <= g) - 1;
             let next = bases.get(r + 1).copied().unwrap_or(self.lane_start[l + 1]);
             let stop = end.min(next);
-            let local = l as u32 * self.per_lane[r] + (g - bases[r]);
+            let local = l as u32 * self.blocks[r].per_lane + (g - bases[r]);
             let (offset, _) = self.chunk_bytes(r as u32, local);
             let (last_off, last_len) = self.chunk_bytes(r as u32, local + (stop - g) - 1);
             out.push(Piece {
