@@ -167,6 +167,12 @@ impl Session {
     /// A chunk arrived on `lane` from `from` (as the transport reports the source) with
     /// immediate `imm` and `payload_len` payload bytes. Returns where the payload goes; on
     /// [`Placement::Drop`] the payload must be discarded.
+    ///
+    /// The transport must have checked the packet's integrity first (the RoCEv2 / InfiniBand
+    /// ICRC, or the UDP checksum), because that check is what covers the immediate: the core
+    /// validates every field against the operation (tag, source, range, lane, length,
+    /// duplicate), but a flipped chunk-index bit that still names a valid, missing chunk is
+    /// indistinguishable from that chunk.
     #[inline]
     pub fn handle_chunk(
         &mut self,
