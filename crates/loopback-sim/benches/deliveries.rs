@@ -30,10 +30,7 @@ fn config(topology: TopologySpec, loss: f64) -> SimConfig {
 }
 
 fn bench(b: Bencher<'_, '_>, topology: TopologySpec, loss: f64) {
-    let ranks = u64::from(match topology {
-        TopologySpec::Star { hosts } | TopologySpec::LeafSpine { hosts, .. } => hosts,
-        _ => 0,
-    });
+    let ranks = u64::from(topology.hosts());
     b.counter(ItemsCount::new((ranks - 1) * SIZE / CHUNK))
         .with_inputs(|| Sim::new(config(topology, loss)).expect("valid config"))
         .bench_local_values(|sim| {

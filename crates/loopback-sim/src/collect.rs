@@ -1,7 +1,7 @@
 //! Builds the [`Report`] from the state of a run.
 
 use crate::queue::PS_PER_NS;
-use crate::report::{CoreDrops, LinkReport, OpReport, Outcome, RankReport, Report};
+use crate::report::{CoreDrops, LevelReport, LinkReport, OpReport, Outcome, RankReport, Report};
 use crate::sim::Sim;
 
 impl Sim {
@@ -74,6 +74,29 @@ impl Sim {
             core.add(h.session.stats());
         }
         let topo = &self.fabric.topo;
+        let mut levels: Vec<LevelReport> = (0..topo.levels())
+            .map(|level| LevelReport {
+                level,
+                name: topo.level_name(level).to_owned(),
+                links: 0,
+                up_bytes: 0,
+                down_bytes: 0,
+                busiest: 0,
+                lost: 0,
+            })
+            .collect();
+        for (e, l) in topo.edges.iter().zip(&self.fabric.links) {
+            if let Some(v) = levels.get_mut(usize::from(e.level)) {
+                v.links += 1;
+                if e.up {
+                    v.up_bytes += l.bytes;
+                } else {
+                    v.down_bytes += l.bytes;
+                }
+                v.busiest = v.busiest.max(l.bytes);
+                v.lost += l.lost;
+            }
+        }
         let links = topo
             .edges
             .iter()
@@ -123,6 +146,8 @@ impl Sim {
             per_rank,
             fabric: self.fabric.counters,
             core,
+            link_bytes: levels.iter().map(LevelReport::bytes).sum(),
+            levels,
             links,
         }
     }

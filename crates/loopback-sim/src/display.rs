@@ -190,31 +190,24 @@ impl Display for Report {
             d.bad_length,
             d.control
         )?;
-        writeln!(f, "\nlinks by level")?;
+        writeln!(f, "\nlinks by level: {} in all", bytes(self.link_bytes))?;
         writeln!(
             f,
-            "  {:>5}  {:<4} {:>6} {:>12} {:>12} {:>8}",
-            "level", "dir", "links", "total", "busiest", "lost"
+            "  {:>5}  {:<12} {:>6} {:>12} {:>12} {:>12} {:>8}",
+            "level", "name", "links", "up", "down", "busiest", "lost"
         )?;
-        let levels = self.links.iter().map(|l| l.level).max().unwrap_or(0);
-        for level in 0..=levels {
-            for (dir, up) in [("up", true), ("down", false)] {
-                let ls: Vec<_> = self
-                    .links
-                    .iter()
-                    .filter(|l| l.level == level && l.up == up)
-                    .collect();
-                writeln!(
-                    f,
-                    "  {:>5}  {:<4} {:>6} {:>12} {:>12} {:>8}",
-                    level,
-                    dir,
-                    ls.len(),
-                    bytes(ls.iter().map(|l| l.bytes).sum()),
-                    bytes(ls.iter().map(|l| l.bytes).max().unwrap_or(0)),
-                    ls.iter().map(|l| l.lost).sum::<u64>()
-                )?;
-            }
+        for l in &self.levels {
+            writeln!(
+                f,
+                "  {:>5}  {:<12} {:>6} {:>12} {:>12} {:>12} {:>8}",
+                l.level,
+                l.name,
+                l.links,
+                bytes(l.up_bytes),
+                bytes(l.down_bytes),
+                bytes(l.busiest),
+                l.lost
+            )?;
         }
         let full = self.per_rank.len() <= FULL_RANK_TABLE;
         let rows: Vec<&RankReport> = self

@@ -3,8 +3,10 @@
 //! A seeded, deterministic discrete-event simulator of a multicast fabric that drives **real**
 //! [`ringcast_core`] sessions, one per rank, in virtual time.
 //!
-//! * Topologies ([`TopologySpec`]): a single-switch star or a two-level leaf/spine, built as a
-//!   generic graph of hosts and switches with leveled links and up/down routing.
+//! * Topologies ([`TopologySpec`]): a single-switch star, a two-level leaf/spine (the 188-host
+//!   testbed, [`TopologySpec::testbed`]) or a three-level k-ary fat tree, possibly partly
+//!   filled (radix 32 with 1024 hosts), built as a generic graph of hosts and switches with
+//!   leveled links and up/down routing. Reports give bytes per link and per level.
 //! * Links have bandwidth, latency and byte counters; switches replicate multicast along a
 //!   tree. A multicast packet's walk down its tree is computed analytically when it is
 //!   injected, so only deliveries to hosts are events.
@@ -54,7 +56,8 @@ mod workload;
 pub use config::{SimConfig, SimError};
 pub use faults::{Crash, Faults, GilbertElliott, ImmBits, Reorder, RxSlots};
 pub use report::{
-    CoreDrops, FabricCounters, Failure, LinkReport, OpReport, Outcome, RankReport, Report,
+    CoreDrops, FabricCounters, Failure, LevelReport, LinkReport, OpReport, Outcome, RankReport,
+    Report,
 };
 pub use sim::{Progress, Sim};
 pub use topology::{TopologyError, TopologySpec};

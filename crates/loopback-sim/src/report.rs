@@ -231,6 +231,33 @@ pub struct LinkReport {
     pub lost: u64,
 }
 
+/// Traffic of one cable level (`host-edge`, `edge-agg`, `agg-core`; `host-leaf`,
+/// `leaf-spine`; `host-switch`), both directions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LevelReport {
+    /// Level (0: host-switch).
+    pub level: u8,
+    /// Name of the level.
+    pub name: String,
+    /// Directed links at this level.
+    pub links: u32,
+    /// Bytes transmitted on up-links.
+    pub up_bytes: u64,
+    /// Bytes transmitted on down-links.
+    pub down_bytes: u64,
+    /// Bytes on the busiest directed link.
+    pub busiest: u64,
+    /// Packets lost at this level.
+    pub lost: u64,
+}
+
+impl LevelReport {
+    /// Bytes transmitted at this level, both directions.
+    pub fn bytes(&self) -> u64 {
+        self.up_bytes + self.down_bytes
+    }
+}
+
 /// Everything a run produced.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Report {
@@ -271,6 +298,10 @@ pub struct Report {
     pub fabric: FabricCounters,
     /// Core drops.
     pub core: CoreDrops,
+    /// Bytes transmitted over all directed links (multicast copies and reads).
+    pub link_bytes: u64,
+    /// Traffic per cable level.
+    pub levels: Vec<LevelReport>,
     /// Per directed link.
     pub links: Vec<LinkReport>,
 }
