@@ -41,7 +41,7 @@ impl Sim {
             .map(|(w, o)| {
                 let start_ns = u64::try_from(o.start.as_nanos()).unwrap_or(u64::MAX);
                 let mut r = OpReport {
-                    kind: o.kind,
+                    kind: o.kind.clone(),
                     start_ns,
                     completed: 0,
                     failed: 0,

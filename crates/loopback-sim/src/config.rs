@@ -24,6 +24,9 @@ pub struct SimConfig {
     pub chunk_size: u32,
     /// Multicast subgroups.
     pub lanes: u16,
+    /// Allgather broadcast chains M (roots multicasting at once); see the core's
+    /// `Config::chains`.
+    pub chains: u32,
     /// Multicasts a root may have handed to its NIC and not yet seen leave.
     pub send_window: u32,
     /// The core's cutoff slack; `None`: derived from the fabric (4 round trips + 10 us).
@@ -41,7 +44,8 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
-    /// A lossless 100 Gbit/s fabric with 500 ns links, 4 KiB chunks, running `workload`.
+    /// A lossless 100 Gbit/s fabric with 500 ns links, 4 KiB chunks, one lane, four Allgather
+    /// chains, running `workload`.
     pub fn new(topology: TopologySpec, workload: Workload) -> Self {
         SimConfig {
             seed: 0,
@@ -51,6 +55,7 @@ impl SimConfig {
             control_overhead: Duration::from_micros(1),
             chunk_size: 4096,
             lanes: 1,
+            chains: 4,
             send_window: 64,
             cutoff_alpha: None,
             peer_timeout: Duration::from_millis(1),

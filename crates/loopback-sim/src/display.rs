@@ -1,7 +1,6 @@
 //! The readable table form of a [`Report`].
 
 use crate::report::{Failure, Outcome, RankReport, Report};
-use crate::workload::OpKind;
 use std::fmt::{self, Display, Formatter, Write as _};
 
 /// Ranks listed in full up to this many; beyond, only the ones that did not complete.
@@ -137,15 +136,14 @@ impl Display for Report {
             "time"
         )?;
         for (i, o) in self.ops.iter().enumerate() {
-            let kind = match o.kind {
-                OpKind::Broadcast { .. } => "broadcast",
-            };
             writeln!(
                 f,
                 "  {:>3}  {:<10} {:>5} {:>10} {:>9} {:>6} {:>7} {:>10} {:>9} {:>11}",
                 i,
-                kind,
-                o.kind.root(),
+                o.kind.name(),
+                o.kind
+                    .root()
+                    .map_or_else(|| "all".into(), |r| r.to_string()),
                 bytes(o.kind.buffer_len()),
                 o.completed,
                 o.failed,

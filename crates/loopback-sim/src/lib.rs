@@ -49,6 +49,7 @@ mod queue;
 mod report;
 mod rng;
 mod sim;
+mod slots;
 mod store;
 mod topology;
 mod workload;

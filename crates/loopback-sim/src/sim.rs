@@ -8,6 +8,7 @@ use crate::host::Host;
 use crate::queue::{EventQueue, PS_PER_NS, Ps};
 use crate::report::{Failure, Outcome, rejected};
 use crate::rng::splitmix64;
+use crate::slots::SlotLayout;
 use crate::store::Store;
 use crate::topology::Topology;
 use crate::workload::OpSpec;
@@ -24,6 +25,7 @@ struct PendingRead {
     peer: u32,
     op: OpId,
     run: ChunkRun,
+    offset: u64,
     len: u64,
     issued: Ps,
     ok: bool,
@@ -56,6 +58,8 @@ pub struct Progress {
 pub struct Sim {
     pub(crate) cfg: SimConfig,
     pub(crate) ops: Vec<OpSpec>,
+    /// Token-store layout of each operation.
+    layouts: Vec<SlotLayout>,
     pub(crate) hosts: Vec<Host>,
     pub(crate) fabric: Fabric,
     q: EventQueue<Ev>,
@@ -71,7 +75,6 @@ pub struct Sim {
     pub(crate) reads_after_release: u64,
     pub(crate) truncated: bool,
     finished: bool,
-    chunk_size: u32,
     control_overhead: Ps,
     read_timeout: Ps,
     time_limit: Ps,
@@ -110,11 +113,20 @@ impl Sim {
         if let Some(c) = cfg.faults.crashes.iter().find(|c| c.rank >= ranks) {
             return Err(SimError::BadCrash { rank: c.rank });
         }
-        let most_chunks = ops
+        let layouts = ops
             .iter()
-            .map(|o| o.kind.buffer_len().div_ceil(u64::from(cfg.chunk_size)))
-            .max()
-            .unwrap_or(1);
+            .enumerate()
+            .map(|(w, o)| {
+                SlotLayout::new(
+                    &o.kind.block_sizes(ranks),
+                    cfg.chunk_size,
+                    cfg.seed,
+                    w as u32,
+                )
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or(SimError::Invalid("an operation has more than 2^32 chunks"))?;
+        let most_chunks = layouts.iter().map(|l| l.total() as u64).max().unwrap_or(1);
         // Widen the immediate's chunk index (down to the narrowest allowed op tag) if needed.
         let bits = (64 - most_chunks.saturating_sub(1).leading_zeros()).clamp(20, 22) as u8;
         let imm = ImmLayout::new(bits).map_err(|_| SimError::Invalid("immediate layout"))?;
@@ -127,6 +139,7 @@ impl Sim {
             c.cutoff_alpha = cfg.effective_cutoff_alpha();
             c.peer_timeout = cfg.peer_timeout;
             c.send_window = cfg.send_window;
+            c.chains = cfg.chains;
             c.imm = imm;
             c.limits.max_chunks_per_op = 1 << bits;
             let s = Session::new(c)?;
@@ -153,12 +166,12 @@ impl Sim {
             .map(|o| o.kind.expected_deliveries(ranks, cfg.chunk_size))
             .sum();
         Ok(Sim {
-            chunk_size: cfg.chunk_size,
             control_overhead: ps(cfg.control_overhead),
             read_timeout: ps(cfg.read_timeout),
             time_limit: ps(cfg.time_limit),
             cfg,
             ops,
+            layouts,
             hosts,
             fabric,
             q,
@@ -259,10 +272,11 @@ impl Sim {
 
     fn on_start(&mut self, w: u32) {
         let now = self.now_ns();
-        let kind = self.ops[w as usize].kind;
-        let slots = u32::try_from(kind.buffer_len().div_ceil(u64::from(self.chunk_size)))
-            .unwrap_or(u32::MAX);
+        let kind = self.ops[w as usize].kind.clone();
+        let layout = &self.layouts[w as usize];
+        let slots = u32::try_from(layout.total()).unwrap_or(u32::MAX);
         for r in 0..self.hosts.len() as u32 {
+            let layout = &self.layouts[w as usize];
             let h = &mut self.hosts[r as usize];
             if !h.alive {
                 continue;
@@ -271,9 +285,8 @@ impl Sim {
             // A buffer the core would refuse is not allocated.
             if slots <= h.session.config().limits.max_chunks_per_op {
                 buf = vec![0u32; slots as usize];
-                for s in kind.owned_slots(r, slots) {
-                    buf[s as usize] = fingerprint(self.cfg.seed, w, s);
-                }
+                let own = layout.owned(r);
+                buf[own.clone()].copy_from_slice(&layout.expected()[own]);
             }
             let op = &mut h.ops[w as usize];
             match kind.start(&mut h.session, now) {
@@ -312,10 +325,10 @@ impl Sim {
             .handle_chunk(now, d.lane, Rank(d.src), d.imm, d.len as usize);
         if let Placement::Place { op, offset, len } = p {
             h.bytes_received += u64::from(len);
-            let slot = (offset / u64::from(self.chunk_size)) as usize;
-            let w = h.op_index(op.0);
-            if let Some(b) = w.and_then(|w| h.ops[w].buf.as_mut()) {
-                if let Some(x) = b.get_mut(slot) {
+            if let Some(w) = h.op_index(op.0) {
+                let slot = self.layouts[w].slot(d.src, offset);
+                let b = h.ops[w].buf.as_mut();
+                if let Some(x) = b.zip(slot).and_then(|(b, s)| b.get_mut(s)) {
                     *x = d.token;
                 }
             }
@@ -354,7 +367,7 @@ impl Sim {
             return;
         }
         let w = self.hosts[r.reader as usize].op_index(r.op.0);
-        let range = r.run.start as usize..r.run.end() as usize;
+        let range = w.map_or(0..0, |w| self.layouts[w].slots_of_bytes(r.offset, r.len));
         let peer = &self.hosts[r.peer as usize];
         let src = w.and_then(|w| peer.ops[w].buf.as_ref());
         let Some(src) = src.and_then(|b| b.get(range.clone())) else {
@@ -420,8 +433,10 @@ impl Sim {
                     host.bytes_sent += u64::from(len);
                     let token = host
                         .op_index(op.0)
-                        .and_then(|w| host.ops[w].buf.as_ref())
-                        .and_then(|b| b.get(chunk as usize).copied())
+                        .and_then(|w| {
+                            let s = self.layouts[w].chunk_slot(h, chunk)?;
+                            host.ops[w].buf.as_ref()?.get(s).copied()
+                        })
                         .unwrap_or(0);
                     let pkt = Packet {
                         imm,
@@ -448,13 +463,18 @@ impl Sim {
                     );
                 }
                 Transmit::Read {
-                    op, from, run, len, ..
+                    op,
+                    from,
+                    run,
+                    offset,
+                    len,
                 } => {
                     let read = self.reads.put(PendingRead {
                         reader: h,
                         peer: from.0,
                         op,
                         run,
+                        offset,
                         len,
                         issued: now,
                         ok: true,
@@ -481,18 +501,18 @@ impl Sim {
     /// An operation ended at host `h`: record it, and check the buffer of a completion.
     fn finish(&mut self, h: u32, e: Event) {
         let at_ns = self.now / PS_PER_NS;
-        let seed = self.cfg.seed;
         let host = &mut self.hosts[h as usize];
         match e {
             Event::Completed { op } => {
                 let Some(w) = host.op_index(op.0) else { return };
                 let o = &mut host.ops[w];
                 // The core says the buffer may be released: check it, then free it.
+                let want = self.layouts[w].expected();
                 let mismatches = o.buf.take().map_or(0, |b| {
-                    b.iter()
-                        .enumerate()
-                        .filter(|(s, t)| **t != fingerprint(seed, w as u32, *s as u32))
-                        .count() as u64
+                    if b.len() != want.len() {
+                        return want.len() as u64;
+                    }
+                    b.iter().zip(want).filter(|(t, e)| t != e).count() as u64
                 });
                 self.mismatches += mismatches;
                 o.outcome = Outcome::Completed { at_ns, mismatches };
