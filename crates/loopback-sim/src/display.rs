@@ -161,12 +161,14 @@ impl Display for Report {
         let c = &self.fabric;
         writeln!(
             f,
-            "fabric: lost {}, burst-lost {}, checksum drops {}, imm corrupted {}, rnr {}, \
+            "fabric: lost {}, burst-lost {}, checksum drops {} (payload) + {} (imm), \
+             escaped checksum {}, rnr {}, \
              duplicated {}, reordered {}, to crashed {}, control to crashed {}, reads failed {}",
             c.lost,
             c.burst_lost,
             c.corrupted_payload,
             c.corrupted_imm,
+            c.escaped_checksum,
             c.rnr,
             c.duplicated,
             c.reordered,

@@ -10,7 +10,7 @@ pub(crate) struct Delivery {
     pub(crate) token: u32,
     pub(crate) len: u32,
     pub(crate) lane: u16,
-    /// The payload was corrupted in flight (the transport checksum will fail).
+    /// The packet was corrupted in flight (the transport checksum will fail).
     pub(crate) corrupt: bool,
 }
 

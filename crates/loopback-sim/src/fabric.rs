@@ -7,7 +7,7 @@
 //! way, pruning lost subtrees. Only the arrivals at hosts become events.
 
 use crate::event::{Delivery, Ev};
-use crate::faults::{EdgeFaults, Faults, ImmBits, LinkFaults};
+use crate::faults::{EdgeFaults, Faults, LinkFaults};
 use crate::link::Link;
 use crate::queue::{EventQueue, Ps};
 use crate::report::FabricCounters;
@@ -209,13 +209,16 @@ fn last_hop(
         c.corrupted_payload += 1;
     }
     if rng.chance(f.corrupt_imm) {
-        let (lo, n) = match f.imm_bits {
-            ImmBits::Any => (0, 32),
-            ImmBits::Chunk => (0, u32::from(chunk_bits)),
-            ImmBits::OpTag => (u32::from(chunk_bits), 32 - u32::from(chunk_bits)),
-        };
-        d.imm ^= 1 << (lo + rng.below(u64::from(n.max(1))) as u32);
+        // Any of the 32 bits; the checksum covers the immediate, so which one is moot.
+        d.imm ^= 1 << rng.below(32);
+        d.corrupt = true;
         c.corrupted_imm += 1;
+    }
+    if rng.chance(f.corrupt_escaping) {
+        // Opt-in: an op-tag bit flip that the checksum missed reaches the core.
+        let n = 32 - u32::from(chunk_bits);
+        d.imm ^= 1 << (u32::from(chunk_bits) + rng.below(u64::from(n.max(1))) as u32);
+        c.escaped_checksum += 1;
     }
     if rng.chance(f.reorder) {
         at += rng.below(f.reorder_max_ps);

@@ -4,6 +4,13 @@
 //!   packet lost on a link is lost for the whole subtree below it.
 //! * Duplication, reordering and corruption apply on the last hop, the switch port facing the
 //!   receiving host.
+//! * Corruption models a real transport: its integrity check (the RoCEv2 / InfiniBand ICRC, or
+//!   the UDP checksum) covers payload **and** immediate, so a corrupted packet is dropped by
+//!   the receiving transport and counted, never handed to the core; the chunk is recovered
+//!   like a lost one. The one exception is opt-in ([`Faults::corrupt_escaping`]): a flipped
+//!   bit that escapes the check, restricted to the immediate's operation-tag bits, which the
+//!   core must drop as stale. (A flipped chunk index that stays in range names another valid
+//!   chunk; no receiver can tell, which is why the check must cover the immediate.)
 //! * Receiver overrun models the host's posted receives; node crashes stop a rank.
 
 use crate::rng::Prob;
@@ -27,20 +34,6 @@ pub struct Reorder {
     pub probability: f64,
     /// Largest extra delay.
     pub max_delay: Duration,
-}
-
-/// Which bits of the immediate a corruption may flip.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Default)]
-#[serde(rename_all = "kebab-case")]
-#[non_exhaustive]
-pub enum ImmBits {
-    /// Any of the 32 bits.
-    #[default]
-    Any,
-    /// Only the operation tag (the high bits above the chunk index).
-    OpTag,
-    /// Only the chunk index (the low bits).
-    Chunk,
 }
 
 /// Receiver overrun: each host has `slots` posted receives; a consumed receive is reposted
@@ -75,10 +68,12 @@ pub struct Faults {
     pub reorder: Option<Reorder>,
     /// Probability that a payload bit flips (the receiver's transport checksum drops it).
     pub corrupt_payload: f64,
-    /// Probability that an immediate bit flips (the packet reaches the core).
+    /// Probability that an immediate bit flips (the checksum covers the immediate too: the
+    /// receiver's transport drops it).
     pub corrupt_imm: f64,
-    /// Which immediate bits may flip.
-    pub corrupt_imm_bits: ImmBits,
+    /// Opt-in: probability that an operation-tag bit of the immediate flips **and escapes
+    /// the checksum**, so the packet reaches the core, which must drop it as stale.
+    pub corrupt_escaping: f64,
     /// Receiver overrun; `None`: receives never run out.
     pub rx_slots: Option<RxSlots>,
     /// Node crashes.
@@ -102,7 +97,7 @@ pub(crate) struct EdgeFaults {
     pub(crate) reorder_max_ps: u64,
     pub(crate) corrupt_payload: Prob,
     pub(crate) corrupt_imm: Prob,
-    pub(crate) imm_bits: ImmBits,
+    pub(crate) corrupt_escaping: Prob,
     pub(crate) any: bool,
 }
 
@@ -131,14 +126,15 @@ impl Faults {
                 .max(1),
             corrupt_payload: Prob::new(self.corrupt_payload),
             corrupt_imm: Prob::new(self.corrupt_imm),
-            imm_bits: self.corrupt_imm_bits,
+            corrupt_escaping: Prob::new(self.corrupt_escaping),
             any: false,
         };
         EdgeFaults {
             any: !(e.duplicate.is_zero()
                 && e.reorder.is_zero()
                 && e.corrupt_payload.is_zero()
-                && e.corrupt_imm.is_zero()),
+                && e.corrupt_imm.is_zero()
+                && e.corrupt_escaping.is_zero()),
             ..e
         }
     }

@@ -13,8 +13,9 @@
 //! * Control messages travel reliably with the path's latency; reads move the peer's data
 //!   at the time the request reaches it, and fail after a timeout if the peer crashed.
 //! * Faults ([`Faults`]): Bernoulli and Gilbert-Elliott loss, reordering, duplication,
-//!   corruption of payload (dropped by the transport checksum) or immediate (handed to the
-//!   core), receiver overrun (RNR drops) and node crashes.
+//!   corruption of payload or immediate (both dropped by the receiving transport's checksum,
+//!   as the ICRC / UDP checksum covers the immediate; opt-in: an op-tag flip that escapes it),
+//!   receiver overrun (RNR drops) and node crashes.
 //! * Correctness is checked for real: every chunk slot of every rank's buffer holds a token
 //!   (the root's slot `i` a seeded fingerprint); packets carry tokens, placements and reads
 //!   copy them. A rank that completes must hold exactly the root's tokens ([`Report::verified`]).
@@ -37,6 +38,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod baselines;
 mod collect;
 mod config;
 mod display;
@@ -55,7 +57,7 @@ mod topology;
 mod workload;
 
 pub use config::{SimConfig, SimError};
-pub use faults::{Crash, Faults, GilbertElliott, ImmBits, Reorder, RxSlots};
+pub use faults::{Crash, Faults, GilbertElliott, Reorder, RxSlots};
 pub use report::{
     CoreDrops, FabricCounters, Failure, LevelReport, LinkReport, OpReport, Outcome, RankReport,
     Report,

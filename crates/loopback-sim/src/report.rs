@@ -120,8 +120,11 @@ pub struct FabricCounters {
     pub reordered: u64,
     /// Deliveries with a corrupted payload, dropped by the receiver's transport checksum.
     pub corrupted_payload: u64,
-    /// Deliveries with a corrupted immediate, handed to the core.
+    /// Deliveries with a corrupted immediate, dropped by the receiver's transport checksum.
     pub corrupted_imm: u64,
+    /// Deliveries with a flipped operation-tag bit that escaped the checksum (opt-in fault),
+    /// handed to the core.
+    pub escaped_checksum: u64,
     /// Chunks that found no posted receive (RNR drops).
     pub rnr: u64,
     /// Chunks that arrived at a crashed host.

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use ringcast_loopback_sim::{Faults, GilbertElliott, ImmBits, Reorder, RxSlots};
+use ringcast_loopback_sim::{Faults, GilbertElliott, Reorder, RxSlots};
 use std::time::Duration;
 
 const SEEDS: [u64; 3] = [1, 2, 3];
@@ -92,35 +92,37 @@ fn payload_corruption_is_dropped_by_the_checksum_and_recovered() {
 }
 
 #[test]
-fn op_tag_corruption_is_dropped_by_the_core() {
+fn immediate_corruption_is_dropped_by_the_checksum_and_recovered() {
+    // The transport's integrity check covers the immediate: a flipped chunk index never
+    // reaches the core (which could not tell it from another valid chunk).
     for seed in SEEDS {
         let f = Faults {
             corrupt_imm: 1e-2,
-            corrupt_imm_bits: ImmBits::OpTag,
             ..Faults::default()
         };
         let r = run(star(16), bcast(0, MIB), f, seed);
         assert_all_ok(&r);
-        assert!(r.fabric.corrupted_imm > 0, "{r}");
-        assert_eq!(r.core.stale, r.fabric.corrupted_imm, "{r}");
+        assert!(r.fabric.corrupted_imm > 0 && r.chunks_fetched > 0, "{r}");
+        assert_eq!(
+            r.core.stale + r.core.out_of_range + r.core.wrong_source,
+            0,
+            "{r}"
+        );
     }
 }
 
-/// The immediate carries no integrity check of its own: a flipped chunk-index bit that stays
-/// in range names another chunk, which the core places at the wrong offset. Transports whose
-/// packets carry an ICRC (RoCEv2) never deliver such a packet; UD/UDP paths without one would.
 #[test]
-#[ignore = "core bug: a corrupted chunk index within range is placed at the wrong offset and \
-            the broadcast completes with a wrong buffer (no integrity check on the immediate)"]
-fn chunk_index_corruption_is_dropped_by_the_core() {
-    let f = Faults {
-        corrupt_imm: 1e-2,
-        corrupt_imm_bits: ImmBits::Chunk,
-        ..Faults::default()
-    };
-    let r = run(star(8), bcast(0, MIB), f, 0);
-    assert!(r.fabric.corrupted_imm > 0);
-    assert_all_ok(&r);
+fn op_tag_corruption_escaping_the_checksum_is_dropped_by_the_core() {
+    for seed in SEEDS {
+        let f = Faults {
+            corrupt_escaping: 1e-2,
+            ..Faults::default()
+        };
+        let r = run(star(16), bcast(0, MIB), f, seed);
+        assert_all_ok(&r);
+        assert!(r.fabric.escaped_checksum > 0, "{r}");
+        assert_eq!(r.core.stale, r.fabric.escaped_checksum, "{r}");
+    }
 }
 
 #[test]
@@ -156,7 +158,7 @@ fn everything_at_once() {
             }),
             corrupt_payload: 2e-3,
             corrupt_imm: 2e-3,
-            corrupt_imm_bits: ImmBits::OpTag,
+            corrupt_escaping: 2e-3,
             rx_slots: Some(RxSlots {
                 slots: 128,
                 service: Duration::from_nanos(340),

@@ -1,6 +1,6 @@
 //! # ringcast
 //!
-//! Reliable, bandwidth-optimal Broadcast (and, later, Allgather) over multicast.
+//! Reliable, bandwidth-optimal Broadcast and Allgather over multicast.
 //!
 //! This crate is the user-facing entry point. For now it gathers the pieces:
 //!
@@ -13,6 +13,8 @@
 //!
 //! ```text
 //! ringcast sim bcast --ranks 64 --size 16MiB --chunk 4KiB --topology leaf-spine --loss 1e-4 --seed 7
+//! ringcast sim allgather --ranks 1024 --size 1MiB --topology fat-tree --radix 32 --loss 1e-4
+//! ringcast sim allgather --ranks 4 --sizes 4KiB,0,10000,1 --topology star
 //! ```
 //!
 //! ```

@@ -78,6 +78,20 @@ fn bad_flags_are_errors_not_panics() {
         &["sim", "bcast", "--loss", "2"],
         &["sim", "bcast", "--chunk", "0"],
         &["sim", "bcast", "--ranks", "0"],
+        &["sim", "bcast", "--topology", "fat-tree", "--radix", "5"],
+        &[
+            "sim",
+            "bcast",
+            "--topology",
+            "fat-tree",
+            "--radix",
+            "4",
+            "--ranks",
+            "17",
+        ],
+        &["sim", "allgather", "--ranks", "3", "--sizes", "1KiB,2KiB"],
+        &["sim", "allgather", "--chains", "0"],
+        &["sim", "allgather", "--corrupt-imm-bits", "chunk"],
     ] {
         let out = ringcast(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
@@ -85,4 +99,75 @@ fn bad_flags_are_errors_not_panics() {
         assert!(err.contains("error"), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn sim_allgather_json_on_a_lossy_fat_tree_is_verified() {
+    let out = ringcast(&[
+        "sim",
+        "allgather",
+        "--ranks",
+        "12",
+        "--size",
+        "32KiB",
+        "--topology",
+        "fat-tree",
+        "--radix",
+        "4",
+        "--loss",
+        "5e-3",
+        "--corrupt-imm",
+        "1e-2",
+        "--chains",
+        "5",
+        "--seed",
+        "7",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["ranks"], 12);
+    assert_eq!(v["ops"][0]["kind"]["kind"], "allgather");
+    assert_eq!(v["ops"][0]["completed"], 12);
+    let levels = v["levels"].as_array().expect("levels");
+    let names: Vec<_> = levels.iter().map(|l| l["name"].clone()).collect();
+    assert_eq!(names, ["host-edge", "edge-agg", "agg-core"]);
+    // Each rank injects its 32 KiB block once; host uplinks also carry the reads served.
+    let served: u64 = v["per_rank"]
+        .as_array()
+        .expect("per_rank")
+        .iter()
+        .filter_map(|r| r["bytes_served"].as_u64())
+        .sum();
+    assert_eq!(levels[0]["up_bytes"].as_u64(), Some(12 * 32 * 1024 + served));
+    for r in v["per_rank"].as_array().expect("per_rank") {
+        assert_eq!(r["bytes_sent"], 32 * 1024, "{r}");
+    }
+}
+
+#[test]
+fn sim_allgatherv_table_and_testbed_bcast() {
+    let out = ringcast(&[
+        "sim",
+        "allgather",
+        "--ranks",
+        "4",
+        "--sizes",
+        "4KiB,0,10000,1",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("verified, all completed"), "{text}");
+    assert!(text.contains("allgather"), "{text}");
+
+    let out = ringcast(&["sim", "bcast", "--topology", "testbed", "--size", "64KiB"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("188 ranks"), "{text}");
+    assert!(text.contains("leaf-spine"), "{text}");
 }

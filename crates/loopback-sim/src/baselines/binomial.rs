@@ -59,7 +59,11 @@ mod tests {
                 }
             }
             for (r, n) in parents.iter().enumerate() {
-                assert_eq!(*n, u32::from(r as u32 != root), "p {p} root {root} k {k} rank {r}");
+                assert_eq!(
+                    *n,
+                    u32::from(r as u32 != root),
+                    "p {p} root {root} k {k} rank {r}"
+                );
             }
         }
     }

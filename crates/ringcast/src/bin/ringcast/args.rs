@@ -23,6 +23,9 @@ pub(crate) enum Command {
 pub(crate) enum SimCommand {
     /// Broadcast a buffer from one (or several concurrent) roots and verify every rank's copy.
     Bcast(BcastArgs),
+    /// Allgather(v): every rank contributes a block, every rank ends with all of them
+    /// (a composition of broadcasts in `--chains` chains); verify every rank's buffer.
+    Allgather(AllgatherArgs),
 }
 
 /// Fabric shape.
@@ -30,29 +33,48 @@ pub(crate) enum SimCommand {
 pub(crate) enum Topology {
     /// All hosts on one switch.
     Star,
-    /// Hosts under leaf switches, every leaf cabled to every spine.
+    /// Hosts under leaf switches, every leaf cabled to every spine (`--hosts-per-leaf`,
+    /// `--spines`).
     LeafSpine,
+    /// Three-level k-ary fat tree of `--radix`-port switches, filled in host order.
+    FatTree,
+    /// The 188-host testbed: 12 leaves of 16 hosts (the last of 12) and 6 spines.
+    Testbed,
 }
 
-/// Which immediate bits `--corrupt-imm` flips.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub(crate) enum ImmBitsArg {
-    /// Any bit.
-    Any,
-    /// Only the operation tag.
-    OpTag,
-    /// Only the chunk index.
-    Chunk,
-}
-
+/// `ringcast sim bcast`.
 #[derive(Debug, Args)]
 pub(crate) struct BcastArgs {
-    /// Number of ranks (hosts).
-    #[arg(long, default_value_t = 16)]
-    pub(crate) ranks: u32,
     /// Bytes to broadcast (binary suffixes: KiB, MiB, GiB).
     #[arg(long, default_value = "1MiB", value_parser = units::size)]
     pub(crate) size: u64,
+    /// Root rank(s); several roots broadcast concurrently (comma-separated).
+    #[arg(long, default_value = "0", value_delimiter = ',')]
+    pub(crate) root: Vec<u32>,
+    #[command(flatten)]
+    pub(crate) sim: SimArgs,
+}
+
+/// `ringcast sim allgather`.
+#[derive(Debug, Args)]
+pub(crate) struct AllgatherArgs {
+    /// Bytes each rank contributes (binary suffixes: KiB, MiB, GiB).
+    #[arg(long, default_value = "1MiB", value_parser = units::size)]
+    pub(crate) size: u64,
+    /// Allgatherv: bytes per rank, comma-separated, one per rank (overrides `--size`;
+    /// zeros allowed).
+    #[arg(long, value_delimiter = ',', value_parser = units::size)]
+    pub(crate) sizes: Option<Vec<u64>>,
+    #[command(flatten)]
+    pub(crate) sim: SimArgs,
+}
+
+/// Flags every `ringcast sim` command shares: fabric, protocol, faults, output.
+#[derive(Debug, Args)]
+pub(crate) struct SimArgs {
+    /// Number of ranks (hosts); `--topology testbed` is always 188.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) ranks: u32,
     /// Chunk (packet payload) size.
     #[arg(long, default_value = "4KiB", value_parser = units::size)]
     pub(crate) chunk: u64,
@@ -65,9 +87,9 @@ pub(crate) struct BcastArgs {
     /// Spine switches (leaf-spine).
     #[arg(long, default_value_t = 4)]
     pub(crate) spines: u32,
-    /// Root rank(s); several roots broadcast concurrently (comma-separated).
-    #[arg(long, default_value = "0", value_delimiter = ',')]
-    pub(crate) root: Vec<u32>,
+    /// Switch ports k (fat-tree): k/2 hosts per edge switch, k pods, up to k^3/4 hosts.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) radix: u32,
     /// Link bandwidth: `100Gbps`, `400Gbps`, `12.5GB/s` (a bare number is Gbit/s).
     #[arg(long, default_value = "100Gbps", value_parser = units::bandwidth)]
     pub(crate) bandwidth: u64,
@@ -77,6 +99,9 @@ pub(crate) struct BcastArgs {
     /// Multicast subgroups (lanes).
     #[arg(long, default_value_t = 1)]
     pub(crate) lanes: u16,
+    /// Allgather broadcast chains M: roots multicasting at once.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) chains: u32,
     /// Multicasts a root may have queued at its NIC.
     #[arg(long, default_value_t = 64)]
     pub(crate) window: u32,
@@ -95,15 +120,17 @@ pub(crate) struct BcastArgs {
     /// Reordering on the last hop: `PROBABILITY[,MAX_DELAY]` (default delay 5us).
     #[arg(long, value_parser = parse_reorder)]
     pub(crate) reorder: Option<(f64, Duration)>,
-    /// Probability that a payload bit flips (dropped by the transport checksum).
+    /// Probability that a payload bit flips (dropped by the receiver's transport checksum).
     #[arg(long, default_value = "0", value_parser = units::probability)]
     pub(crate) corrupt: f64,
-    /// Probability that an immediate bit flips (handed to the core).
+    /// Probability that an immediate bit flips (the checksum covers the immediate too:
+    /// dropped by the receiver's transport).
     #[arg(long, default_value = "0", value_parser = units::probability)]
     pub(crate) corrupt_imm: f64,
-    /// Which immediate bits `--corrupt-imm` flips.
-    #[arg(long, value_enum, default_value_t = ImmBitsArg::Any)]
-    pub(crate) corrupt_imm_bits: ImmBitsArg,
+    /// Opt-in: probability that an op-tag bit flips and escapes the checksum (the core
+    /// must drop the chunk as stale).
+    #[arg(long, default_value = "0", value_parser = units::probability)]
+    pub(crate) corrupt_escaping: f64,
     /// Crash a rank: `RANK@TIME`, e.g. `3@50us` (repeatable).
     #[arg(long, value_parser = parse_crash)]
     pub(crate) crash: Vec<(u32, Duration)>,

@@ -13,6 +13,7 @@ fn main() -> ExitCode {
     let cli = args::Cli::parse();
     let result = match cli.command {
         args::Command::Sim(args::SimCommand::Bcast(a)) => sim_cmd::bcast(&a),
+        args::Command::Sim(args::SimCommand::Allgather(a)) => sim_cmd::allgather(&a),
     };
     match result {
         Ok(code) => code,

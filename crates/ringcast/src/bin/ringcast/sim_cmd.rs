@@ -1,10 +1,10 @@
-//! `ringcast sim bcast`: build a simulation from the flags, run it with a progress bar, print.
+//! `ringcast sim bcast|allgather`: build a simulation from the flags, run it with a progress
+//! bar, print the report.
 
-use crate::args::{BcastArgs, ImmBitsArg, Topology};
+use crate::args::{AllgatherArgs, BcastArgs, SimArgs, Topology};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ringcast::sim::{
-    Crash, Faults, GilbertElliott, ImmBits, Reorder, RxSlots, Sim, SimConfig, TopologySpec,
-    Workload,
+    Crash, Faults, GilbertElliott, Reorder, RxSlots, Sim, SimConfig, TopologySpec, Workload,
 };
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -13,56 +13,80 @@ use std::time::Duration;
 /// Events between progress-bar updates.
 const STEP: u64 = 1 << 18;
 
-/// The simulation the flags describe, or what is wrong with them.
-fn config(a: &BcastArgs) -> Result<SimConfig, String> {
-    if a.ranks == 0 {
+/// The fabric the flags describe.
+fn topology(a: &SimArgs) -> Result<TopologySpec, String> {
+    Ok(match a.topology {
+        Topology::Star => TopologySpec::Star { hosts: a.ranks },
+        Topology::LeafSpine => {
+            if a.hosts_per_leaf == 0 || a.spines == 0 {
+                return Err("--hosts-per-leaf and --spines must be at least 1".into());
+            }
+            TopologySpec::LeafSpine {
+                hosts: a.ranks,
+                hosts_per_leaf: a.hosts_per_leaf,
+                spines: a.spines,
+            }
+        }
+        Topology::FatTree => {
+            let cap = u64::from(a.radix).pow(3) / 4;
+            if a.radix < 2 || a.radix % 2 != 0 || u64::from(a.ranks) > cap {
+                return Err(format!(
+                    "--radix {} must be even and at least 2, with --ranks at most radix^3/4 ({cap})",
+                    a.radix
+                ));
+            }
+            TopologySpec::FatTree {
+                radix: a.radix,
+                hosts: a.ranks,
+            }
+        }
+        Topology::Testbed => TopologySpec::testbed(),
+    })
+}
+
+/// The ranks the flags describe (the testbed fixes them).
+pub(crate) fn ranks(a: &SimArgs) -> u32 {
+    match a.topology {
+        Topology::Testbed => TopologySpec::testbed().hosts(),
+        _ => a.ranks,
+    }
+}
+
+/// The simulation the common flags describe, running `workload`, or what is wrong with them.
+/// `buffer` is the largest operation buffer in bytes.
+fn config(a: &SimArgs, workload: Workload, buffer: u64) -> Result<SimConfig, String> {
+    let ranks = ranks(a);
+    if ranks == 0 {
         return Err("--ranks must be at least 1".into());
     }
     let chunk = u32::try_from(a.chunk)
         .ok()
         .filter(|c| *c > 0)
         .ok_or("--chunk must be between 1 B and 4 GiB")?;
-    if a.size.div_ceil(a.chunk) > 1 << 22 {
+    if buffer.div_ceil(a.chunk) > 1 << 22 {
         return Err(format!(
-            "--size {} in --chunk {} is more than 4Mi chunks; use a larger --chunk",
-            a.size, a.chunk
+            "a buffer of {buffer} B in --chunk {} is more than 4Mi chunks; use a larger --chunk",
+            a.chunk
         ));
     }
-    if let Some(r) = a.root.iter().find(|r| **r >= a.ranks) {
-        return Err(format!("--root {r} is not below --ranks {}", a.ranks));
-    }
-    if let Some((r, _)) = a.crash.iter().find(|(r, _)| *r >= a.ranks) {
+    if let Some((r, _)) = a.crash.iter().find(|(r, _)| *r >= ranks) {
         return Err(format!(
-            "--crash {r}@...: rank {r} is not below --ranks {}",
-            a.ranks
+            "--crash {r}@...: rank {r} is not below --ranks {ranks}"
         ));
     }
-    if a.lanes == 0 || a.window == 0 {
-        return Err("--lanes and --window must be at least 1".into());
-    }
-    if a.topology == Topology::LeafSpine && (a.hosts_per_leaf == 0 || a.spines == 0) {
-        return Err("--hosts-per-leaf and --spines must be at least 1".into());
+    if a.lanes == 0 || a.window == 0 || a.chains == 0 {
+        return Err("--lanes, --window and --chains must be at least 1".into());
     }
     if a.rx_slots.is_some_and(|(_, d)| d.is_zero()) {
         return Err("--rx-slots service time must be positive".into());
     }
-    let topology = match a.topology {
-        Topology::Star => TopologySpec::Star { hosts: a.ranks },
-        Topology::LeafSpine => TopologySpec::LeafSpine {
-            hosts: a.ranks,
-            hosts_per_leaf: a.hosts_per_leaf,
-            spines: a.spines,
-        },
-    };
-    let workload = a.root.iter().fold(Workload::new(), |w, root| {
-        w.broadcast(Duration::ZERO, *root, a.size)
-    });
-    let mut cfg = SimConfig::new(topology, workload);
+    let mut cfg = SimConfig::new(topology(a)?, workload);
     cfg.seed = a.seed;
     cfg.bandwidth = a.bandwidth;
     cfg.latency = a.latency;
     cfg.chunk_size = chunk;
     cfg.lanes = a.lanes;
+    cfg.chains = a.chains;
     cfg.send_window = a.window;
     cfg.peer_timeout = a.peer_timeout;
     cfg.read_timeout = a.peer_timeout;
@@ -80,11 +104,7 @@ fn config(a: &BcastArgs) -> Result<SimConfig, String> {
         }),
         corrupt_payload: a.corrupt,
         corrupt_imm: a.corrupt_imm,
-        corrupt_imm_bits: match a.corrupt_imm_bits {
-            ImmBitsArg::Any => ImmBits::Any,
-            ImmBitsArg::OpTag => ImmBits::OpTag,
-            ImmBitsArg::Chunk => ImmBits::Chunk,
-        },
+        corrupt_escaping: a.corrupt_escaping,
         rx_slots: a
             .rx_slots
             .map(|(slots, service)| RxSlots { slots, service }),
@@ -95,6 +115,39 @@ fn config(a: &BcastArgs) -> Result<SimConfig, String> {
             .collect(),
     };
     Ok(cfg)
+}
+
+/// Runs `ringcast sim bcast`.
+pub(crate) fn bcast(a: &BcastArgs) -> Result<ExitCode, String> {
+    let ranks = ranks(&a.sim);
+    if let Some(r) = a.root.iter().find(|r| **r >= ranks) {
+        return Err(format!("--root {r} is not below --ranks {ranks}"));
+    }
+    let workload = a.root.iter().fold(Workload::new(), |w, root| {
+        w.broadcast(Duration::ZERO, *root, a.size)
+    });
+    run(&a.sim, config(&a.sim, workload, a.size)?)
+}
+
+/// Runs `ringcast sim allgather`.
+pub(crate) fn allgather(a: &AllgatherArgs) -> Result<ExitCode, String> {
+    let ranks = ranks(&a.sim);
+    let sizes = match &a.sizes {
+        Some(s) if s.len() != ranks as usize => {
+            return Err(format!(
+                "--sizes has {} entries; expected one per rank ({ranks})",
+                s.len()
+            ));
+        }
+        Some(s) => s.clone(),
+        None => vec![a.size; ranks as usize],
+    };
+    let total = sizes
+        .iter()
+        .try_fold(0u64, |t, s| t.checked_add(*s))
+        .ok_or("--sizes add up to more than 2^64 bytes")?;
+    let workload = Workload::new().allgather(Duration::ZERO, &sizes);
+    run(&a.sim, config(&a.sim, workload, total)?)
 }
 
 fn progress_bar(hidden: bool, total: u64) -> ProgressBar {
@@ -112,10 +165,9 @@ fn progress_bar(hidden: bool, total: u64) -> ProgressBar {
     bar
 }
 
-/// Runs the broadcast simulation. Exit status 0: verified and every rank completed; 1: the
-/// run finished but some rank failed, hung or holds wrong data.
-pub(crate) fn bcast(a: &BcastArgs) -> Result<ExitCode, String> {
-    let cfg = config(a)?;
+/// Runs a simulation with a progress bar and prints its report. Exit status 0: verified and
+/// every rank completed; 1: the run finished but some rank failed, hung or holds wrong data.
+fn run(a: &SimArgs, cfg: SimConfig) -> Result<ExitCode, String> {
     let mut sim = Sim::new(cfg).map_err(|e| e.to_string())?;
     let bar = progress_bar(a.json, sim.progress().expected_deliveries);
     while !sim.run_for(STEP) {

@@ -1,0 +1,1 @@
+//! The traffic/time study behind `cargo xtask figures`.
