@@ -148,6 +148,15 @@ impl Script {
         self.0.extend_from_slice(&[6, 0, chunks]);
         self
     }
+    /// An Allgatherv with one size per rank (`ranks` must match the header).
+    fn allgather(mut self, sizes: &[u16]) -> Self {
+        // `n` is read as `ranks - 1 + x % 3`: x = 1 gives exactly one size per rank.
+        self.0.extend_from_slice(&[8, 1]);
+        for s in sizes {
+            self.0.extend_from_slice(&s.to_le_bytes());
+        }
+        self
+    }
     fn next_timeout(mut self) -> Self {
         self.0.extend_from_slice(&[7, 1, 0, 0, 0, 0]);
         self
@@ -202,8 +211,22 @@ fn session_seeds() -> Vec<(String, Vec<u8>)> {
         .chunk(0, 3, 1, 1)
         .next_timeout();
 
+    // Rank 1 of 3 in an Allgatherv: the others' chunks arrive, some late, timers run.
+    let allgather = Script::new(3, 1, 2, 512)
+        .allgather(&[1024, 700, 1536])
+        .control(0, 0, 0, &[])
+        .control(2, 0, 0, &[])
+        .control(0, 1, 0, &[])
+        .chunk(0, 0, 0, 0)
+        .chunk(0, 1, 1, 0)
+        .chunk(0, 0, 0, 2)
+        .next_timeout()
+        .chunk(0, 2, 1, 2)
+        .next_timeout();
+
     [
         ("leaf", leaf),
+        ("allgather", allgather),
         ("lossy-leaf", lossy),
         ("root", root),
         ("recurse", recurse),
