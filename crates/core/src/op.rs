@@ -67,7 +67,6 @@ pub(crate) struct Collective {
     pub(crate) layout: Layout,
     /// One bitmap per lane, indexed lane-relative.
     pub(crate) lanes: Vec<ChunkBitmap>,
-    pub(crate) missing: u32,
     pub(crate) phase: Phase,
     /// Hub only: which ranks said `Ready`.
     pub(crate) ready: BitVec<u64, Lsb0>,
@@ -155,7 +154,6 @@ impl Collective {
                 b
             })
             .collect();
-        let own = layout.block_chunks(me.0);
         let wire = transfer_time(c, layout.bytes());
         Ok(Collective {
             id,
@@ -164,7 +162,6 @@ impl Collective {
             pred: Rank((me.0 + p - 1) % p),
             succ: Rank((me.0 + 1) % p),
             hub,
-            missing: layout.total() - own,
             layout,
             lanes,
             phase: Phase::Barrier,
@@ -256,10 +253,10 @@ impl Collective {
         if payload as u64 != len {
             return Placement::Drop(DropReason::BadLength);
         }
+        // The only mutable state a chunk touches is its own lane's bitmap.
         if !self.lanes[slot.lane as usize].insert(slot.index) {
             return Placement::Drop(DropReason::Duplicate);
         }
-        self.missing -= 1;
         Placement::Place {
             op: self.id,
             offset,
@@ -267,10 +264,19 @@ impl Collective {
         }
     }
 
-    /// Whether work may remain after a new chunk (the session calls `progress` if so).
+    /// Whether work may remain after a new chunk on `lane` (the session calls `progress` if
+    /// so): the lane just filled up, or a deferred request may now be answerable.
     #[inline]
-    pub(crate) fn wants_progress(&self) -> bool {
-        self.missing == 0 || self.deferred.is_some()
+    pub(crate) fn wants_progress(&self, lane: u16) -> bool {
+        self.lanes
+            .get(usize::from(lane))
+            .is_some_and(|b| b.is_full())
+            || self.deferred.is_some()
+    }
+
+    /// Chunks still missing, over all lanes (slow path only: it reads every lane).
+    pub(crate) fn missing(&self) -> u32 {
+        self.lanes.iter().map(|b| b.missing()).sum()
     }
 
     pub(crate) fn on_send_done(&mut self, cx: &mut Ctx<'_>, n: u32) -> Option<Outcome> {
@@ -282,7 +288,7 @@ impl Collective {
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
         let cutoff = self
             .cutoff_at
-            .filter(|_| !self.cutoff_fired && self.missing > 0);
+            .filter(|_| !self.cutoff_fired && self.missing() > 0);
         let keepalive = self.deferred.as_ref().map(|d| d.keepalive_at);
         [cutoff, keepalive, self.wait.map(|w| w.deadline)]
             .into_iter()
@@ -336,7 +342,7 @@ impl Collective {
             }
         }
         let reads_idle = self.fetch.as_ref().is_none_or(|f| f.reads_left == 0);
-        if self.missing == 0 && reads_idle && self.phase == Phase::Data {
+        if reads_idle && self.phase == Phase::Data && self.missing() == 0 {
             // An outstanding request is no longer needed, nor is its deadline.
             if self.fetch.take().is_some() && self.wait.is_some_and(|w| w.peer == self.pred) {
                 self.wait = None;
@@ -401,7 +407,6 @@ impl Collective {
         for (l, r) in parts {
             new += self.lanes[l as usize].insert_run(r);
         }
-        self.missing -= new;
         new
     }
 

@@ -28,7 +28,7 @@ impl Collective {
     /// Before our own cutoff fired only the runs `within` are asked for (the rest may still be
     /// on its way on the fast path); afterwards everything missing.
     pub(crate) fn start_fetch(&mut self, cx: &mut Ctx<'_>, within: Option<&[ChunkRun]>) {
-        if self.fetch.is_some() || self.missing == 0 {
+        if self.fetch.is_some() || self.missing() == 0 {
             return;
         }
         let max = cx.config.max_fetch_runs();

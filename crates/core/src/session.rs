@@ -134,7 +134,7 @@ impl Session {
         let mut cx = cx!(self, now);
         let mut op = make(&cx, id)?;
         self.next_seq += 1;
-        if op.missing == 0 && op.own_chunks() == 0 || self.config.ranks == 1 {
+        if op.missing() == 0 && op.own_chunks() == 0 || self.config.ranks == 1 {
             // Nothing moves: no bytes at all, or a single rank.
             self.early.retain(|e| e.seq != id.0);
             self.events.push_back(Event::Completed { op: id });
@@ -192,7 +192,7 @@ impl Session {
         match p {
             Placement::Place { .. } => {
                 bump(&mut self.stats.chunks_received);
-                if op.wants_progress() {
+                if op.wants_progress(lane) {
                     let mut cx = cx!(self, now);
                     if let Some(o) = self.ops[i].progress(&mut cx) {
                         self.finish(now, i, o);
