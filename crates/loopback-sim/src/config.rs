@@ -35,6 +35,11 @@ pub struct SimConfig {
     pub peer_timeout: Duration,
     /// How long a read from a crashed peer takes to fail.
     pub read_timeout: Duration,
+    /// Bytes a switch egress port queues before it pauses the senders (a lossless fabric's
+    /// PFC backpressure, modeled end to end: a root's send completes only once every port on
+    /// its tree has drained below this); `u64::MAX`: unbounded buffers. It bounds the
+    /// simulator's memory when several roots converge on one link (Allgather chains).
+    pub switch_buffer: u64,
     /// Faults to inject.
     pub faults: Faults,
     /// Operations to run.
@@ -60,6 +65,7 @@ impl SimConfig {
             cutoff_alpha: None,
             peer_timeout: Duration::from_millis(1),
             read_timeout: Duration::from_millis(1),
+            switch_buffer: 1 << 20,
             faults: Faults::default(),
             workload,
             time_limit: Duration::from_secs(60),

@@ -41,6 +41,9 @@ pub(crate) struct Fabric {
     /// Arrival times per tree depth during a walk.
     depth_time: Vec<Ps>,
     path: Vec<LinkId>,
+    /// Queueing delay a switch egress port absorbs before it pauses the senders upstream
+    /// (the switch buffer in time); `Ps::MAX`: unbounded buffers.
+    pub(crate) pause_after: Ps,
     pub(crate) counters: FabricCounters,
 }
 
@@ -71,6 +74,7 @@ impl Fabric {
             rng: Rng::new(seed, 0xFAB),
             depth_time: vec![0; topo.nodes as usize + 1],
             path: Vec::new(),
+            pause_after: Ps::MAX,
             counters: FabricCounters::default(),
             topo,
         }
@@ -86,7 +90,9 @@ impl Fabric {
     }
 
     /// Multicasts `pkt` from host `root` at `now`; schedules the deliveries and returns when
-    /// the packet has left the root's NIC.
+    /// the root's NIC may count the packet as sent: when it left, or later if a switch port
+    /// on its tree queued it longer than its buffer holds (lossless-fabric backpressure, as
+    /// PFC pauses the sender until the port drains).
     pub(crate) fn multicast(
         &mut self,
         root: u32,
@@ -104,6 +110,7 @@ impl Fabric {
             depth_time,
             counters,
             chunk_bits,
+            pause_after,
             ..
         } = self;
         let Some(steps) = trees[ti].as_deref() else {
@@ -112,14 +119,18 @@ impl Fabric {
         let bytes = u64::from(pkt.len);
         let lossy = !link_faults.loss.is_zero() || link_faults.bursty;
         let mut sent = now;
+        let mut worst_wait = 0;
         depth_time[0] = now;
         let mut i = 0;
         while i < steps.len() {
             let s = steps[i];
             let link = &mut links[s.link as usize];
-            let left = link.transmit(depth_time[usize::from(s.depth)], bytes);
+            let ready = depth_time[usize::from(s.depth)];
+            let left = link.transmit(ready, bytes);
             if s.depth == 0 {
                 sent = left;
+            } else {
+                worst_wait = worst_wait.max(left.saturating_sub(ready));
             }
             if lossy {
                 if let Some(burst) = link.lose(link_faults, rng) {
@@ -153,6 +164,10 @@ impl Fabric {
                 }
             }
             i += 1;
+        }
+        if worst_wait > *pause_after {
+            counters.paused_ps += worst_wait - *pause_after;
+            sent += worst_wait - *pause_after;
         }
         sent
     }

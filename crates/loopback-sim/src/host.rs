@@ -1,7 +1,8 @@
-//! A simulated host: one rank's real core session, its buffers as chunk tokens, its posted
+//! A simulated host: one rank's real core session, its buffers as held-chunk bits, its posted
 //! receives, its timer, and its counters.
 
 use crate::faults::RxSlots;
+use crate::held::Held;
 use crate::queue::Ps;
 use crate::report::Outcome;
 use ringcast_core::Session;
@@ -52,8 +53,8 @@ impl RxQueue {
 /// Per-operation state at one host.
 #[derive(Debug)]
 pub(crate) struct HostOp {
-    /// Chunk tokens (0: nothing there yet); dropped once verified.
-    pub(crate) buf: Option<Vec<u32>>,
+    /// Which chunk slots hold their owner's data; dropped once verified.
+    pub(crate) buf: Option<Held>,
     pub(crate) outcome: Outcome,
 }
 

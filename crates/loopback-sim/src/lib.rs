@@ -45,6 +45,7 @@ mod display;
 mod event;
 mod fabric;
 mod faults;
+mod held;
 mod host;
 mod link;
 mod queue;

@@ -133,6 +133,9 @@ pub struct FabricCounters {
     pub control_to_crashed: u64,
     /// Reads that failed because the peer had crashed.
     pub reads_failed: u64,
+    /// Picoseconds roots were paused because a switch port's queue exceeded its buffer
+    /// (summed over packets).
+    pub paused_ps: u64,
 }
 
 /// Drops counted by the cores (summed over ranks).

@@ -4,7 +4,9 @@
 use crate::config::{SimConfig, SimError};
 use crate::event::{Delivery, Ev};
 use crate::fabric::{Fabric, Packet};
+use crate::held::Held;
 use crate::host::Host;
+use crate::link::Link;
 use crate::queue::{EventQueue, PS_PER_NS, Ps};
 use crate::report::{Failure, Outcome, rejected};
 use crate::rng::splitmix64;
@@ -145,7 +147,7 @@ impl Sim {
             let s = Session::new(c)?;
             hosts.push(Host::new(s, cfg.faults.rx_slots, ops.len()));
         }
-        let fabric = Fabric::new(
+        let mut fabric = Fabric::new(
             topo,
             cfg.bandwidth,
             ps(cfg.latency),
@@ -154,6 +156,9 @@ impl Sim {
             bits,
             cfg.seed,
         );
+        fabric.pause_after = Link::new(cfg.bandwidth, 0)
+            .serialize(cfg.switch_buffer.min(u64::MAX >> 24))
+            .saturating_add(ps(cfg.latency));
         let mut q = EventQueue::new();
         for (i, o) in ops.iter().enumerate() {
             q.push(ps(o.start), Ev::Start { op: i as u32 });
@@ -281,12 +286,13 @@ impl Sim {
             if !h.alive {
                 continue;
             }
-            let mut buf = Vec::new();
+            let mut buf = Held::new(0);
             // A buffer the core would refuse is not allocated.
             if slots <= h.session.config().limits.max_chunks_per_op {
-                buf = vec![0u32; slots as usize];
-                let own = layout.owned(r);
-                buf[own.clone()].copy_from_slice(&layout.expected()[own]);
+                buf = Held::new(slots as usize);
+                for s in layout.owned(r) {
+                    buf.set(s, true);
+                }
             }
             let op = &mut h.ops[w as usize];
             match kind.start(&mut h.session, now) {
@@ -326,10 +332,9 @@ impl Sim {
         if let Placement::Place { op, offset, len } = p {
             h.bytes_received += u64::from(len);
             if let Some(w) = h.op_index(op.0) {
-                let slot = self.layouts[w].slot(d.src, offset);
-                let b = h.ops[w].buf.as_mut();
-                if let Some(x) = b.zip(slot).and_then(|(b, s)| b.get_mut(s)) {
-                    *x = d.token;
+                let layout = &self.layouts[w];
+                if let Some((b, s)) = h.ops[w].buf.as_mut().zip(layout.slot(d.src, offset)) {
+                    b.set(s, layout.expected().get(s) == Some(&d.token));
                 }
             }
         }
@@ -370,20 +375,20 @@ impl Sim {
         let range = w.map_or(0..0, |w| self.layouts[w].slots_of_bytes(r.offset, r.len));
         let peer = &self.hosts[r.peer as usize];
         let src = w.and_then(|w| peer.ops[w].buf.as_ref());
-        let Some(src) = src.and_then(|b| b.get(range.clone())) else {
+        let Some(src) = src.filter(|b| range.end <= b.len()) else {
             // The peer released (or never had) the buffer: the core let us read freed memory.
             self.reads_after_release += 1;
             self.fail_read(id, fail_at);
             return;
         };
         self.scratch.clear();
-        self.scratch.extend_from_slice(src);
+        self.scratch
+            .extend(range.clone().map(|s| u32::from(src.get(s) == Some(true))));
         let reader = &mut self.hosts[r.reader as usize];
-        if let Some(dst) = w
-            .and_then(|w| reader.ops[w].buf.as_mut())
-            .and_then(|b| b.get_mut(range))
-        {
-            dst.copy_from_slice(&self.scratch);
+        if let Some(dst) = w.and_then(|w| reader.ops[w].buf.as_mut()) {
+            for (s, held) in range.zip(&self.scratch) {
+                dst.set(s, *held == 1);
+            }
         }
         self.hosts[r.peer as usize].bytes_served += r.len;
         let done = self.fabric.transfer(r.peer, r.reader, r.len, self.now);
@@ -434,8 +439,11 @@ impl Sim {
                     let token = host
                         .op_index(op.0)
                         .and_then(|w| {
-                            let s = self.layouts[w].chunk_slot(h, chunk)?;
-                            host.ops[w].buf.as_ref()?.get(s).copied()
+                            let layout = &self.layouts[w];
+                            let s = layout.chunk_slot(h, chunk)?;
+                            let held = host.ops[w].buf.as_ref()?.get(s)?;
+                            // Data it does not hold goes out as garbage (token 0).
+                            held.then(|| layout.expected()[s])
                         })
                         .unwrap_or(0);
                     let pkt = Packet {
@@ -507,12 +515,12 @@ impl Sim {
                 let Some(w) = host.op_index(op.0) else { return };
                 let o = &mut host.ops[w];
                 // The core says the buffer may be released: check it, then free it.
-                let want = self.layouts[w].expected();
+                let want = self.layouts[w].total();
                 let mismatches = o.buf.take().map_or(0, |b| {
-                    if b.len() != want.len() {
-                        return want.len() as u64;
+                    if b.len() != want {
+                        return want as u64;
                     }
-                    b.iter().zip(want).filter(|(t, e)| t != e).count() as u64
+                    b.wrong()
                 });
                 self.mismatches += mismatches;
                 o.outcome = Outcome::Completed { at_ns, mismatches };

@@ -144,7 +144,10 @@ fn sim_allgather_json_on_a_lossy_fat_tree_is_verified() {
         .iter()
         .filter_map(|r| r["bytes_served"].as_u64())
         .sum();
-    assert_eq!(levels[0]["up_bytes"].as_u64(), Some(12 * 32 * 1024 + served));
+    assert_eq!(
+        levels[0]["up_bytes"].as_u64(),
+        Some(12 * 32 * 1024 + served)
+    );
     for r in v["per_rank"].as_array().expect("per_rank") {
         assert_eq!(r["bytes_sent"], 32 * 1024, "{r}");
     }
