@@ -4,6 +4,7 @@
 // A command-line tool: printing to the terminal is its job.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod figures;
 mod fuzz;
 mod run;
 mod seed;
@@ -23,6 +24,7 @@ commands:
                               run each fuzz target (all if none named) for SECS seconds (default 60);
                               needs a nightly toolchain and cargo-fuzz (installed if missing)
   fuzz-seed                   rewrite the seed corpora under fuzz/corpus/
+  figures [--quick|--full]    regenerate the study's tables and plots in docs/figures/ (quick default)
   help                        this message
 ";
 
@@ -63,6 +65,14 @@ fn dispatch(args: &[String]) -> Result<(), StepError> {
             no_args(cmd, rest)?;
             seed::write_all(&root.join("fuzz").join("corpus"))
         }
+        "figures" => match rest {
+            [] => figures::run(&root, figures::Mode::Quick),
+            [a] if a == "--quick" => figures::run(&root, figures::Mode::Quick),
+            [a] if a == "--full" => figures::run(&root, figures::Mode::Full),
+            _ => Err(StepError::Other(format!(
+                "usage: figures [--quick|--full]\n\n{USAGE}"
+            ))),
+        },
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())
