@@ -1,7 +1,7 @@
 //! Simulator throughput: multicast chunk deliveries per second of wall time.
 //!
-//! Each benchmark runs one whole simulated 16 MiB broadcast (4 KiB chunks) and counts the
-//! chunk deliveries a lossless run makes. The lossless run of the same shape is the baseline
+//! Each benchmark runs one whole simulated 16 MiB broadcast (or a 128-rank Allgather of 1 MiB
+//! per rank; 4 KiB chunks) and counts the chunk deliveries a lossless run makes. The lossless run of the same shape is the baseline
 //! for the lossy one (recovery adds control traffic, timers and reads).
 //!
 //! `cargo bench -p ringcast-loopback-sim`
@@ -55,4 +55,26 @@ fn leaf_spine_256_ranks_16_mib(b: Bencher<'_, '_>, loss: f64) {
         spines: 4,
     };
     bench(b, t, loss);
+}
+
+/// Allgather, 128 ranks x 1 MiB (4 KiB chunks, 4 chains) on a radix-32 fat tree (one pod of
+/// 8 edges): ~4.2 M deliveries. The 1024-rank run of the issue is the same shape, 64x bigger.
+#[divan::bench(args = [0.0, 1e-4], sample_count = 3, sample_size = 1)]
+fn allgather_fat_tree_128_ranks_1_mib(b: Bencher<'_, '_>, loss: f64) {
+    const RANKS: u32 = 128;
+    const BLOCK: u64 = 1 << 20;
+    let topology = TopologySpec::FatTree {
+        radix: 32,
+        hosts: RANKS,
+    };
+    let mut cfg = config(topology, loss);
+    cfg.workload = Workload::new().allgather_uniform(Duration::ZERO, RANKS, BLOCK);
+    let deliveries = u64::from(RANKS) * u64::from(RANKS - 1) * BLOCK / CHUNK;
+    b.counter(ItemsCount::new(deliveries))
+        .with_inputs(|| Sim::new(cfg.clone()).expect("valid config"))
+        .bench_local_values(|sim| {
+            let r = sim.run();
+            assert!(r.all_completed());
+            black_box(r.deliveries)
+        });
 }

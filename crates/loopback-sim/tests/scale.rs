@@ -18,3 +18,24 @@ fn leaf_spine_256_ranks_16_mib_with_loss() {
     // Every byte crosses each tree link once: the root's uplink carries exactly 16 MiB.
     assert_eq!(r.per_rank[0].bytes_sent, 16 * MIB);
 }
+
+/// The size: a 1024-rank, 1 MiB-per-rank Allgather on the radix-32 fat tree
+/// (268 M deliveries; ~47 s in release on 2 cores, see BENCHMARKS.md).
+#[test]
+#[ignore = "long: run with cargo test --release -p ringcast-loopback-sim --test scale -- --ignored"]
+fn fat_tree_1024_ranks_allgather_1_mib_each() {
+    let t = ringcast_loopback_sim::TopologySpec::FatTree {
+        radix: 32,
+        hosts: 1024,
+    };
+    let w = ringcast_loopback_sim::Workload::new().allgather_uniform(
+        std::time::Duration::ZERO,
+        1024,
+        MIB,
+    );
+    let r = run(t, w, Faults::default(), 0);
+    assert_all_ok(&r);
+    // Multicast: every host uplink carries its own block once, every downlink 1023 blocks.
+    assert_eq!(r.levels[0].up_bytes, 1024 * MIB);
+    assert_eq!(r.levels[0].down_bytes, 1024 * 1023 * MIB);
+}
