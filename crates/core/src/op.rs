@@ -43,8 +43,8 @@ pub(crate) struct Wait {
 pub(crate) struct Fetch {
     /// Requested runs not acknowledged yet.
     pub(crate) pending: Vec<ChunkRun>,
-    /// Reads issued after acknowledgements that have not completed yet.
-    pub(crate) reads_left: u32,
+    /// Reads in flight, each with the recovery depth its data will have.
+    pub(crate) reads: Vec<(ChunkRun, u32)>,
 }
 
 /// Runs our successor asked for that we did not hold yet.
@@ -87,8 +87,8 @@ pub(crate) struct Collective {
     pub(crate) deferred: Option<Deferred>,
     pub(crate) fin_sent: bool,
     pub(crate) fin_received: bool,
-    /// Longest chain of ring reads behind our recovered data (0: none).
-    pub(crate) hops: u32,
+    /// What we recovered by reads, with the length of the chain of reads behind each piece.
+    pub(crate) recovered: Vec<(ChunkRun, u32)>,
 }
 
 impl Collective {
@@ -186,7 +186,7 @@ impl Collective {
             deferred: None,
             fin_sent: false,
             fin_received: false,
-            hops: 0,
+            recovered: Vec::new(),
         })
     }
 
@@ -341,7 +341,7 @@ impl Collective {
                 cx.send(next, ControlMsg::simple(ControlKind::Activate, self.id.0));
             }
         }
-        let reads_idle = self.fetch.as_ref().is_none_or(|f| f.reads_left == 0);
+        let reads_idle = self.fetch.as_ref().is_none_or(|f| f.reads.is_empty());
         if reads_idle && self.phase == Phase::Data && self.missing() == 0 {
             // An outstanding request is no longer needed, nor is its deadline.
             if self.fetch.take().is_some() && self.wait.is_some_and(|w| w.peer == self.pred) {

@@ -5,10 +5,11 @@
 //!   equivalent), one read per byte-contiguous piece.
 //! * Runs it does not hold yet it answers with `FetchNack`, keeps them, and recovers them from
 //!   its own predecessor first (recursion, ending at the block's root, which holds it). It
-//!   acknowledges them once it has them, and repeats the `FetchNack` every
-//!   `peer_timeout / 3` meanwhile, so the requester never blames a live rank for a dead one
-//!   further up the ring. Acknowledging partially is what keeps an Allgather from
-//!   deadlocking: every rank holds its own block, so each round moves data one hop further.
+//!   acknowledges each piece as soon as its read lands, and repeats the `FetchNack` every
+//!   `peer_timeout / 3` while anything is still owed, so the requester never blames a live
+//!   rank for a dead one further up the ring. Acknowledging partially is what keeps an
+//!   Allgather from deadlocking (every rank holds its own block, so data always moves one hop
+//!   further) and from waiting on the slowest chain before passing anything on.
 //! * A rank sends `Fin` to its predecessor when it holds everything and no read is in flight:
 //!   from then on the predecessor's buffer is not touched again.
 //!
@@ -58,7 +59,7 @@ impl Collective {
         cx.send(self.pred, msg);
         self.fetch = Some(Fetch {
             pending: runs,
-            reads_left: 0,
+            reads: Vec::new(),
         });
         self.wait = Some(Wait {
             peer: self.pred,
@@ -81,49 +82,27 @@ impl Collective {
             bump(&mut cx.stats.control_malformed);
             return None;
         }
-        let (mut held, mut lacking) = (Vec::new(), Vec::new());
-        for r in runs.iter() {
-            self.runs_within(r, true, usize::MAX, &mut held);
-            self.runs_within(r, false, usize::MAX, &mut lacking);
-        }
-        if !held.is_empty() {
-            self.send_ack(cx, held);
-        }
-        if lacking.is_empty() {
-            return None;
-        }
-        bump(&mut cx.stats.fetch_nacks);
-        cx.send(
-            self.succ,
-            ControlMsg::simple(ControlKind::FetchNack, self.id.0),
-        );
-        self.start_fetch(cx, Some(&lacking));
         let keepalive_at = cx.now + keepalive_interval(cx.config);
         self.deferred = Some(Deferred {
-            runs: lacking,
+            runs: runs.iter().collect(),
             keepalive_at,
         });
+        let lacking = self.answer_deferred(cx);
+        if !lacking.is_empty() {
+            bump(&mut cx.stats.fetch_nacks);
+            cx.send(
+                self.succ,
+                ControlMsg::simple(ControlKind::FetchNack, self.id.0),
+            );
+            self.start_fetch(cx, Some(&lacking));
+        }
         None
     }
 
-    /// Acknowledges `runs`, in as many messages as the control size limit needs.
-    pub(crate) fn send_ack(&mut self, cx: &mut Ctx<'_>, runs: Vec<ChunkRun>) {
-        for batch in runs.chunks(cx.config.max_fetch_runs()) {
-            let runs = batch.to_vec();
-            let msg = ControlMsg {
-                kind: ControlKind::FetchAck,
-                op: self.id.0,
-                arg: self.hops,
-                runs,
-            };
-            cx.send(self.succ, msg);
-        }
-    }
-
-    /// Still recovering for our successor: acknowledge what arrived meanwhile, NACK the rest.
-    pub(crate) fn keepalive(&mut self, cx: &mut Ctx<'_>) {
+    /// Acknowledges every deferred run we hold now; keeps (and returns) the rest.
+    fn answer_deferred(&mut self, cx: &mut Ctx<'_>) -> Vec<ChunkRun> {
         let Some(d) = self.deferred.take() else {
-            return;
+            return Vec::new();
         };
         let (mut held, mut lacking) = (Vec::new(), Vec::new());
         for r in &d.runs {
@@ -134,15 +113,46 @@ impl Collective {
             self.send_ack(cx, held);
         }
         if !lacking.is_empty() {
+            self.deferred = Some(Deferred {
+                runs: lacking.clone(),
+                keepalive_at: d.keepalive_at,
+            });
+        }
+        lacking
+    }
+
+    /// Acknowledges `runs`, in as many messages as the control size limit needs. Each message
+    /// carries the longest recovery chain behind the chunks it names.
+    pub(crate) fn send_ack(&mut self, cx: &mut Ctx<'_>, runs: Vec<ChunkRun>) {
+        for batch in runs.chunks(cx.config.max_fetch_runs()) {
+            let hops = self
+                .recovered
+                .iter()
+                .filter(|(rec, _)| batch.iter().any(|r| overlaps(*rec, *r)))
+                .map(|(_, h)| *h)
+                .max()
+                .unwrap_or(0);
+            let runs = batch.to_vec();
+            let msg = ControlMsg {
+                kind: ControlKind::FetchAck,
+                op: self.id.0,
+                arg: hops,
+                runs,
+            };
+            cx.send(self.succ, msg);
+        }
+    }
+
+    /// Still recovering for our successor: acknowledge what arrived meanwhile, NACK the rest.
+    pub(crate) fn keepalive(&mut self, cx: &mut Ctx<'_>) {
+        if !self.answer_deferred(cx).is_empty() {
             cx.send(
                 self.succ,
                 ControlMsg::simple(ControlKind::FetchNack, self.id.0),
             );
-            let keepalive_at = cx.now + keepalive_interval(cx.config);
-            self.deferred = Some(Deferred {
-                runs: lacking,
-                keepalive_at,
-            });
+            if let Some(d) = self.deferred.as_mut() {
+                d.keepalive_at = cx.now + keepalive_interval(cx.config);
+            }
         }
     }
 
@@ -163,7 +173,6 @@ impl Collective {
             bump(&mut cx.stats.control_unexpected);
             return None;
         }
-        let (mut reads, mut bytes) = (0u32, 0u64);
         let (mut still, mut pieces) = (Vec::new(), Vec::new());
         for r in runs.iter() {
             self.runs_within(r, false, usize::MAX, &mut still);
@@ -171,28 +180,28 @@ impl Collective {
         for m in &still {
             self.pieces(*m, &mut pieces);
         }
+        let bytes: u64 = pieces.iter().map(|p| p.len).sum();
         for p in &pieces {
+            let (op, run, offset, len) = (self.id, p.run, p.offset, p.len);
             cx.out.push_back(Outgoing::Read {
-                op: self.id,
+                op,
                 from,
-                run: p.run,
-                offset: p.offset,
-                len: p.len,
+                run,
+                offset,
+                len,
             });
             bump(&mut cx.stats.reads);
-            reads += 1;
-            bytes += p.len;
+        }
+        if !pieces.is_empty() {
+            cx.stats.max_fetch_depth = cx.stats.max_fetch_depth.max(hops);
         }
         let f = self.fetch.as_mut()?;
         for r in runs.iter() {
             subtract(&mut f.pending, r);
         }
-        f.reads_left += reads;
-        if reads > 0 {
-            self.hops = self.hops.max(hops.saturating_add(1));
-            cx.stats.max_fetch_depth = cx.stats.max_fetch_depth.max(hops);
-        }
-        if f.reads_left == 0 && f.pending.is_empty() {
+        let depth = hops.saturating_add(1);
+        f.reads.extend(pieces.iter().map(|p| (p.run, depth)));
+        if f.reads.is_empty() && f.pending.is_empty() {
             return self.fetch_round_done(cx);
         }
         // The reads are one-sided: allow for moving the bytes before blaming the peer.
@@ -214,14 +223,18 @@ impl Collective {
         None
     }
 
-    /// A read finished.
+    /// A read we issued finished.
     pub(crate) fn on_read_done(
         &mut self,
         cx: &mut Ctx<'_>,
         run: ChunkRun,
         ok: bool,
     ) -> Option<Outcome> {
-        let Some(f) = self.fetch.as_mut().filter(|f| f.reads_left > 0) else {
+        let issued = self.fetch.as_mut().and_then(|f| {
+            let i = f.reads.iter().position(|(r, _)| *r == run)?;
+            Some(f.reads.swap_remove(i).1)
+        });
+        let Some(hops) = issued else {
             bump(&mut cx.stats.control_unexpected);
             return None;
         };
@@ -229,11 +242,16 @@ impl Collective {
             let error = OpError::ReadFailed { peer: self.pred };
             return Some(Outcome::Failed { error, abort: true });
         }
-        f.reads_left -= 1;
-        let done = f.reads_left == 0 && f.pending.is_empty();
         let new = self.record_fetched(run);
+        self.recovered.push((run, hops));
         cx.stats.chunks_fetched = cx.stats.chunks_fetched.saturating_add(u64::from(new));
-        if done {
+        // Pass it on at once: our successor may be waiting for exactly this piece.
+        self.answer_deferred(cx);
+        if self
+            .fetch
+            .as_ref()
+            .is_some_and(|f| f.reads.is_empty() && f.pending.is_empty())
+        {
             return self.fetch_round_done(cx);
         }
         self.progress(cx)
@@ -242,10 +260,6 @@ impl Collective {
     fn fetch_round_done(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
         self.fetch = None;
         self.wait = None;
-        // Pass on what we now hold to a waiting successor.
-        if self.deferred.is_some() {
-            self.keepalive(cx);
-        }
         // More runs than one message held, or a deferred request still unanswered.
         if self.cutoff_fired {
             self.start_fetch(cx, None);
@@ -268,6 +282,10 @@ impl Collective {
         self.deferred = None;
         self.progress(cx)
     }
+}
+
+fn overlaps(a: ChunkRun, b: ChunkRun) -> bool {
+    a.start < b.end() && b.start < a.end()
 }
 
 /// Whether `run` lies inside one of the sorted, disjoint `runs`.
