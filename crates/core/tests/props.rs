@@ -15,6 +15,8 @@ enum Pattern {
     LeafGetsNothing(u32),
     SameChunkEverywhere(u32),
     OverlappingChain,
+    /// Every chunk of the first operation arrives again, late, while a second one runs.
+    StaleReplay,
 }
 
 fn pattern() -> impl Strategy<Value = Pattern> {
@@ -23,6 +25,7 @@ fn pattern() -> impl Strategy<Value = Pattern> {
         1 => (0u32..64).prop_map(Pattern::LeafGetsNothing),
         1 => (0u32..64).prop_map(Pattern::SameChunkEverywhere),
         1 => Just(Pattern::OverlappingChain),
+        1 => Just(Pattern::StaleReplay),
     ]
 }
 
@@ -107,7 +110,7 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
     net.faults.jitter_ns = c.jitter_ns;
     let p = c.ranks;
     match c.pattern {
-        Pattern::Random => {}
+        Pattern::Random | Pattern::StaleReplay => {}
         Pattern::LeafGetsNothing(l) => net
             .faults
             .rules
@@ -130,14 +133,22 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
         Some(sizes) => net.allgather_at(0, 50, sizes.clone()),
         None => net.broadcast_at(0, 50, c.root, c.len),
     }
+    if matches!(c.pattern, Pattern::StaleReplay) {
+        net.faults.replay_after_ns = Some(60_000);
+        net.broadcast_at(40_000, 10, (c.root + 1) % p, c.len.max(1));
+    }
     if c.hostile {
         inject_hostile(&mut net, c.seed, c.root);
     }
     net.run(5_000_000);
     prop_assert!(net.errors.is_empty(), "{:?}", net.errors);
     let victim = c.crash.map(|(r, _)| r);
-    for r in (0..p).filter(|r| Some(*r) != victim) {
-        match net.outcome(r, 0) {
+    let ops: Vec<u64> = net.ops.keys().copied().collect();
+    for (r, op) in (0..p)
+        .filter(|r| Some(*r) != victim)
+        .flat_map(|r| ops.iter().map(move |o| (r, *o)))
+    {
+        match net.outcome(r, op) {
             Outcome::Completed(_) => {}
             Outcome::Failed(e) => {
                 prop_assert!(victim.is_some(), "r{} failed without a crash: {:?}", r, e);
@@ -148,8 +159,17 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
                     r
                 );
             }
-            Outcome::Pending => prop_assert!(false, "r{} hangs", r),
+            Outcome::Pending => prop_assert!(false, "r{} hangs in op {}", r, op),
         }
+    }
+    if matches!(c.pattern, Pattern::StaleReplay) && c.crash.is_none() {
+        let replayed: u64 = net
+            .sessions
+            .iter()
+            .map(|s| s.stats().dropped_stale + s.stats().dropped_duplicate)
+            .sum();
+        let sent: u64 = net.sessions.iter().map(|s| s.stats().chunks_sent).sum();
+        prop_assert!(sent == 0 || replayed > 0, "replays of op 0 were never seen");
     }
     Ok(())
 }
