@@ -90,34 +90,41 @@ impl Layout {
         })
     }
 
+    #[inline]
     pub(crate) fn total(&self) -> u32 {
         self.lane_start[self.lanes as usize]
     }
 
+    #[inline]
     pub(crate) fn lanes(&self) -> u32 {
         self.lanes
     }
 
     /// Ranks (blocks).
+    #[inline]
     pub(crate) fn ranks(&self) -> u32 {
         self.ranks
     }
 
     /// Chunks on lane `l`.
+    #[inline]
     pub(crate) fn lane_len(&self, l: u32) -> u32 {
         self.lane_start[l as usize + 1] - self.lane_start[l as usize]
     }
 
+    #[inline]
     pub(crate) fn lane_start(&self, l: u32) -> u32 {
         self.lane_start[l as usize]
     }
 
     /// Chunks of block `r` (zero for a rank out of range).
+    #[inline]
     pub(crate) fn block_chunks(&self, r: u32) -> u32 {
         self.blocks.get(r as usize).map_or(0, |b| b.chunks)
     }
 
     /// Chunks of block `r` per lane (the last lanes may hold fewer).
+    #[inline]
     pub(crate) fn per_lane(&self, r: u32) -> u32 {
         self.blocks[r as usize].per_lane
     }
@@ -128,11 +135,13 @@ impl Layout {
     }
 
     /// Lane-relative index of block `r`'s first chunk on lane `l`.
+    #[inline]
     pub(crate) fn lane_index(&self, r: u32, l: u32) -> u32 {
         self.base[(l * self.ranks + r) as usize] - self.lane_start[l as usize]
     }
 
     /// Chunks of block `r` on lane `l`.
+    #[inline]
     pub(crate) fn lane_count(&self, r: u32, l: u32) -> u32 {
         let b = &self.blocks[r as usize];
         lane_count(b.chunks, b.per_lane, l)
