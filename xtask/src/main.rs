@@ -20,6 +20,9 @@ usage: cargo xtask <command> [options]
 commands:
   ci                          fmt check, clippy, tests, no_std riscv build, fuzz smoke (10 s/target)
   test                        cargo test --workspace
+  long [--cases N]            long campaigns, not in `ci`: the core's property tests with N cases
+                              (default 20000) and every #[ignore]d long test (e.g. the 1024-rank
+                              Allgather), in release mode
   fuzz [--time SECS] [TARGET...]
                               run each fuzz target (all if none named) for SECS seconds (default 60);
                               needs a nightly toolchain and cargo-fuzz (installed if missing)
@@ -56,6 +59,22 @@ fn dispatch(args: &[String]) -> Result<(), StepError> {
         "test" => {
             no_args(cmd, rest)?;
             test(&root)
+        }
+        "long" => {
+            let cases = match rest {
+                [] => 20_000,
+                [flag, n] if flag == "--cases" => {
+                    n.parse().ok().filter(|&c: &u64| c > 0).ok_or_else(|| {
+                        StepError::Other(format!("`--cases` wants a positive integer, got `{n}`"))
+                    })?
+                }
+                _ => {
+                    return Err(StepError::Other(format!(
+                        "usage: long [--cases N]\n\n{USAGE}"
+                    )));
+                }
+            };
+            long(&root, cases)
         }
         "fuzz" => {
             let (secs, targets) = parse_fuzz_args(rest)?;
@@ -140,6 +159,24 @@ fn minutes(m: u64) -> Duration {
 
 fn test(root: &Path) -> Result<(), StepError> {
     Step::new(root, &cargo(), &["test", "--workspace"], minutes(40)).run()
+}
+
+/// Campaigns too long for CI's default run.
+fn long(root: &Path, cases: u64) -> Result<(), StepError> {
+    let cargo = cargo();
+    let props = [
+        "test",
+        "--release",
+        "-p",
+        "ringcast-core",
+        "--test",
+        "props",
+    ];
+    Step::new(root, &cargo, &props, minutes(120))
+        .env("PROPTEST_CASES", &cases.to_string())
+        .run()?;
+    let ignored = ["test", "--release", "--workspace", "--", "--ignored"];
+    Step::new(root, &cargo, &ignored, minutes(60)).run()
 }
 
 fn ci(root: &Path) -> Result<(), StepError> {

@@ -135,6 +135,13 @@ impl Step {
         Step { cmd, what, limit }
     }
 
+    /// Sets an environment variable for the child (shown in messages).
+    pub(crate) fn env(mut self, key: &str, value: &str) -> Self {
+        self.cmd.env(key, value);
+        self.what = format!("{key}={value} {}", self.what);
+        self
+    }
+
     /// The command line, for messages.
     pub(crate) fn what(&self) -> &str {
         &self.what

@@ -22,7 +22,7 @@ fn leaf_spine_256_ranks_16_mib_with_loss() {
 /// The size: a 1024-rank, 1 MiB-per-rank Allgather on the radix-32 fat tree
 /// (268 M deliveries; ~47 s in release on 2 cores, see BENCHMARKS.md).
 #[test]
-#[ignore = "long: run with cargo test --release -p ringcast-loopback-sim --test scale -- --ignored"]
+#[ignore = "long (about a minute in release): run with cargo xtask long"]
 fn fat_tree_1024_ranks_allgather_1_mib_each() {
     let t = ringcast_loopback_sim::TopologySpec::FatTree {
         radix: 32,
