@@ -102,29 +102,29 @@ impl ChunkBitmap {
     }
 
     /// The missing chunks within `within` (clipped to the bitmap) as maximal runs, in order.
-    pub fn missing_runs(&self, within: ChunkRun) -> MissingRuns<'_> {
-        let e = (within.end() as usize).min(self.bits.len());
-        let s = (within.start as usize).min(e);
-        MissingRuns {
-            bits: &self.bits[s..e],
-            base: s as u32,
-            pos: 0,
-        }
+    pub fn missing_runs(&self, within: ChunkRun) -> Runs<'_> {
+        self.runs(within, false)
     }
 
     /// The present chunks within `within` (clipped to the bitmap) as maximal runs, in order.
-    pub fn present_runs(&self, within: ChunkRun) -> PresentRuns<'_> {
+    pub fn present_runs(&self, within: ChunkRun) -> Runs<'_> {
+        self.runs(within, true)
+    }
+
+    /// Present (`present`) or missing chunks within `within` as maximal runs, in order.
+    pub fn runs(&self, within: ChunkRun, present: bool) -> Runs<'_> {
         let e = (within.end() as usize).min(self.bits.len());
         let s = (within.start as usize).min(e);
-        PresentRuns {
+        Runs {
             bits: &self.bits[s..e],
             base: s as u32,
             pos: 0,
+            present,
         }
     }
 
     /// Every missing run of the whole bitmap.
-    pub fn all_missing_runs(&self) -> MissingRuns<'_> {
+    pub fn all_missing_runs(&self) -> Runs<'_> {
         self.missing_runs(ChunkRun {
             start: 0,
             len: self.len(),
@@ -139,47 +139,32 @@ impl ChunkBitmap {
     }
 }
 
-/// Iterator over maximal runs of missing chunks.
+/// Iterator over maximal runs of missing (or present) chunks, in order.
 #[derive(Debug)]
-pub struct MissingRuns<'a> {
+pub struct Runs<'a> {
     bits: &'a BitSlice<u64, Lsb0>,
     base: u32,
     pos: usize,
+    present: bool,
 }
 
-impl Iterator for MissingRuns<'_> {
+impl Iterator for Runs<'_> {
     type Item = ChunkRun;
 
     fn next(&mut self) -> Option<ChunkRun> {
         let rest = &self.bits[self.pos..];
-        let first = rest.first_zero()?;
+        let first = if self.present {
+            rest.first_one()
+        } else {
+            rest.first_zero()
+        }?;
         let after = &rest[first..];
-        let len = after.first_one().unwrap_or(after.len());
-        let start = self.pos + first;
-        self.pos = start + len;
-        Some(ChunkRun {
-            start: self.base + start as u32,
-            len: len as u32,
-        })
-    }
-}
-
-/// Iterator over maximal runs of present chunks.
-#[derive(Debug)]
-pub struct PresentRuns<'a> {
-    bits: &'a BitSlice<u64, Lsb0>,
-    base: u32,
-    pos: usize,
-}
-
-impl Iterator for PresentRuns<'_> {
-    type Item = ChunkRun;
-
-    fn next(&mut self) -> Option<ChunkRun> {
-        let rest = &self.bits[self.pos..];
-        let first = rest.first_one()?;
-        let after = &rest[first..];
-        let len = after.first_zero().unwrap_or(after.len());
+        let end = if self.present {
+            after.first_zero()
+        } else {
+            after.first_one()
+        };
+        let len = end.unwrap_or(after.len());
         let start = self.pos + first;
         self.pos = start + len;
         Some(ChunkRun {

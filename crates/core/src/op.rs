@@ -430,12 +430,7 @@ impl Collective {
         for (l, r) in self.split(within) {
             let base = self.layout.lane_start(l);
             let map = &self.lanes[l as usize];
-            let it: &mut dyn Iterator<Item = ChunkRun> = if present {
-                &mut map.present_runs(r)
-            } else {
-                &mut map.missing_runs(r)
-            };
-            for m in it {
+            for m in map.runs(r, present) {
                 let g = ChunkRun {
                     start: m.start + base,
                     len: m.len,

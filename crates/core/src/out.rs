@@ -2,7 +2,7 @@
 //! handed to every handler.
 
 use crate::config::{Config, Rank};
-use crate::event::{OpError, OpId, Stats};
+use crate::event::{OpError, Stats, Transmit};
 use crate::time::Instant;
 use crate::wire::{ChunkRun, ControlKind, ControlRepr, RunList};
 use alloc::collections::VecDeque;
@@ -56,13 +56,8 @@ pub(crate) enum Outgoing {
         to: Rank,
         msg: ControlMsg,
     },
-    Read {
-        op: OpId,
-        from: Rank,
-        run: ChunkRun,
-        offset: u64,
-        len: u64,
-    },
+    /// A transmit ready as it is (a read).
+    Ready(Transmit),
 }
 
 /// How an operation ended, reported by a handler to the session.

@@ -18,6 +18,7 @@
 
 use crate::config::Rank;
 use crate::event::OpError;
+use crate::event::Transmit;
 use crate::op::{Collective, Deferred, Fetch, Wait, keepalive_interval, transfer_time};
 use crate::out::{ControlMsg, Ctx, Outcome, Outgoing, bump};
 use crate::wire::{ChunkRun, ControlKind, RunList};
@@ -183,13 +184,13 @@ impl Collective {
         let bytes: u64 = pieces.iter().map(|p| p.len).sum();
         for p in &pieces {
             let (op, run, offset, len) = (self.id, p.run, p.offset, p.len);
-            cx.out.push_back(Outgoing::Read {
+            cx.out.push_back(Outgoing::Ready(Transmit::Read {
                 op,
                 from,
                 run,
                 offset,
                 len,
-            });
+            }));
             bump(&mut cx.stats.reads);
         }
         if !pieces.is_empty() {

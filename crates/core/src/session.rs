@@ -346,19 +346,7 @@ impl Session {
                     }
                     Transmit::Control { to, len: buf.len() }
                 }
-                Outgoing::Read {
-                    op,
-                    from,
-                    run,
-                    offset,
-                    len,
-                } => Transmit::Read {
-                    op,
-                    from,
-                    run,
-                    offset,
-                    len,
-                },
+                Outgoing::Ready(t) => t,
             });
         }
         self.poll_multicast()
