@@ -18,8 +18,10 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [options]
 
 commands:
-  ci                          fmt check, clippy, tests, no_std riscv build, fuzz smoke (10 s/target)
+  ci                          fmt check, clippy, core dependency check, tests, no_std riscv build,
+                              fuzz smoke (10 s/target)
   test                        cargo test --workspace
+  core-deps                   check that ringcast-core depends on nothing but bitvec (no I/O, no runtime)
   long [--cases N]            long campaigns, not in `ci`: the core's property tests with N cases
                               (default 20000) and every #[ignore]d long test (e.g. the 1024-rank
                               Allgather), in release mode
@@ -55,6 +57,10 @@ fn dispatch(args: &[String]) -> Result<(), StepError> {
         "ci" => {
             no_args(cmd, rest)?;
             ci(&root)
+        }
+        "core-deps" => {
+            no_args(cmd, rest)?;
+            core_deps_check(&root, &cargo())
         }
         "test" => {
             no_args(cmd, rest)?;
@@ -197,6 +203,7 @@ fn ci(root: &Path) -> Result<(), StepError> {
         minutes(40),
     )
     .run()?;
+    core_deps_check(root, &cargo)?;
     test(root)?;
     riscv_check(root, &cargo)?;
     fuzz::run(root, CI_FUZZ_SECS, &[], fuzz::Mode::Optional)?;
@@ -205,6 +212,43 @@ fn ci(root: &Path) -> Result<(), StepError> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Everything `ringcast-core` may depend on: bitvec and its own dependencies. No I/O, no
+/// runtime, no other workspace crate.
+const CORE_DEPS: &[&str] = &["ringcast-core", "bitvec", "funty", "radium", "tap", "wyz"];
+
+/// The core stays pure: `cargo tree` of its normal dependencies holds only `CORE_DEPS`.
+fn core_deps_check(root: &Path, cargo: &str) -> Result<(), StepError> {
+    let args = [
+        "tree",
+        "-p",
+        "ringcast-core",
+        "-e",
+        "normal",
+        "--prefix",
+        "none",
+        "--format",
+        "{p}",
+    ];
+    let out_dir = root.join("target");
+    std::fs::create_dir_all(&out_dir).map_err(|e| StepError::Other(format!("target/: {e}")))?;
+    let tree =
+        Step::new(root, cargo, &args, minutes(5)).capture(&out_dir.join("xtask-core-deps.txt"))?;
+    let extra: Vec<&str> = tree
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| !CORE_DEPS.contains(name))
+        .collect();
+    if extra.is_empty() {
+        eprintln!("core dependencies: only {}", CORE_DEPS[1..].join(", "));
+        Ok(())
+    } else {
+        Err(StepError::Other(format!(
+            "ringcast-core must not depend on {}",
+            extra.join(", ")
+        )))
+    }
 }
 
 const RISCV: &str = "riscv64gc-unknown-none-elf";

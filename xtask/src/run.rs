@@ -163,6 +163,20 @@ impl Step {
         }
     }
 
+    /// Runs with stdout captured into `file` (then read back); errors like [`Step::run`].
+    pub(crate) fn capture(mut self, file: &Path) -> Result<String, StepError> {
+        let io = |e: std::io::Error| StepError::Other(format!("{}: {e}", file.display()));
+        self.cmd.stdout(std::fs::File::create(file).map_err(io)?);
+        let status = wait_deadline(&mut self.cmd, &self.what, self.limit)?;
+        if !status.success() {
+            return Err(StepError::Failed {
+                what: self.what,
+                status,
+            });
+        }
+        std::fs::read_to_string(file).map_err(io)
+    }
+
     /// Runs silently; true if it started and exited successfully in time. For probes.
     pub(crate) fn probe(mut self) -> bool {
         self.cmd.stdout(Stdio::null()).stderr(Stdio::null());
