@@ -107,7 +107,9 @@ pub enum Event {
         /// Operation.
         op: OpId,
     },
-    /// The operation failed; the buffer content is unspecified.
+    /// The operation failed; the buffer content is unspecified. Multicasts and reads the
+    /// transport still has in flight for it may yet touch the buffer: the driver lets them
+    /// finish (or cancels them) before handing the buffer back to its user.
     Failed {
         /// Operation.
         op: OpId,

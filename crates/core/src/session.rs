@@ -159,7 +159,7 @@ impl Session {
         }
         self.ops.push(op);
         if let Some(o) = outcome {
-            self.finish(now, self.ops.len() - 1, o);
+            self.finish(self.ops.len() - 1, o);
         }
         Ok(id)
     }
@@ -195,7 +195,7 @@ impl Session {
                 if op.wants_progress(lane) {
                     let mut cx = cx!(self, now);
                     if let Some(o) = self.ops[i].progress(&mut cx) {
-                        self.finish(now, i, o);
+                        self.finish(i, o);
                     }
                 }
             }
@@ -240,7 +240,7 @@ impl Session {
             }
         };
         if let Some(o) = outcome {
-            self.finish(now, i, o);
+            self.finish(i, o);
         }
     }
 
@@ -300,7 +300,7 @@ impl Session {
         };
         let mut cx = cx!(self, now);
         if let Some(o) = self.ops[i].on_read_done(&mut cx, run, result.is_ok()) {
-            self.finish(now, i, o);
+            self.finish(i, o);
         }
     }
 
@@ -313,7 +313,7 @@ impl Session {
         };
         let mut cx = cx!(self, now);
         if let Some(o) = self.ops[i].on_send_done(&mut cx, chunks) {
-            self.finish(now, i, o);
+            self.finish(i, o);
         }
     }
 
@@ -325,7 +325,7 @@ impl Session {
             if due {
                 let mut cx = cx!(self, now);
                 if let Some(o) = self.ops[i].on_timeout(&mut cx) {
-                    self.finish(now, i, o);
+                    self.finish(i, o);
                     continue; // `finish` removed op `i`
                 }
             }
@@ -395,7 +395,7 @@ impl Session {
         self.events.pop_front()
     }
 
-    fn finish(&mut self, _now: Instant, i: usize, outcome: Outcome) {
+    fn finish(&mut self, i: usize, outcome: Outcome) {
         let op = self.ops.remove(i);
         self.send_cursor = 0;
         match outcome {
