@@ -9,9 +9,20 @@ fn ringcast(args: &[&str]) -> std::process::Output {
         .expect("the binary runs")
 }
 
+/// Runs a command that must succeed and print a JSON report; returns the report.
+fn ringcast_json(args: &[&str]) -> serde_json::Value {
+    let out = ringcast(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON report")
+}
+
 #[test]
 fn sim_bcast_json_is_verified_and_completed() {
-    let out = ringcast(&[
+    let v = ringcast_json(&[
         "sim",
         "bcast",
         "--ranks",
@@ -34,12 +45,6 @@ fn sim_bcast_json_is_verified_and_completed() {
         "7",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
     assert_eq!(v["verified"], true);
     assert_eq!(v["all_finished"], true);
     assert_eq!(v["ranks"], 8);
@@ -103,7 +108,7 @@ fn bad_flags_are_errors_not_panics() {
 
 #[test]
 fn sim_allgather_json_on_a_lossy_fat_tree_is_verified() {
-    let out = ringcast(&[
+    let v = ringcast_json(&[
         "sim",
         "allgather",
         "--ranks",
@@ -124,12 +129,6 @@ fn sim_allgather_json_on_a_lossy_fat_tree_is_verified() {
         "7",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
     assert_eq!(v["verified"], true);
     assert_eq!(v["ranks"], 12);
     assert_eq!(v["ops"][0]["kind"]["kind"], "allgather");

@@ -469,33 +469,20 @@ impl Net {
                         } else {
                             1
                         };
+                        let ev = Ev::Chunk {
+                            to,
+                            from: r,
+                            lane,
+                            imm,
+                            len,
+                            token: tok,
+                        };
                         for _ in 0..copies {
                             let jitter = self.rng.below(self.faults.jitter_ns + 1);
-                            let at = done + self.latency_ns + jitter;
-                            self.push(
-                                at,
-                                Ev::Chunk {
-                                    to,
-                                    from: r,
-                                    lane,
-                                    imm,
-                                    len,
-                                    token: tok,
-                                },
-                            );
+                            self.push(done + self.latency_ns + jitter, ev.clone());
                         }
                         if let Some(d) = self.faults.replay_after_ns {
-                            self.push(
-                                done + d,
-                                Ev::Chunk {
-                                    to,
-                                    from: r,
-                                    lane,
-                                    imm,
-                                    len,
-                                    token: tok,
-                                },
-                            );
+                            self.push(done + d, ev);
                         }
                     }
                     // Our own loopback copy: the core must refuse it.
