@@ -3,6 +3,9 @@
 //! Every test uses its own nonce (so its own groups) and an ephemeral port, so tests running
 //! in parallel never see each other's packets; every receive loop has a deadline.
 
+// Counters are printed for `--nocapture` runs and failed tests.
+#![allow(clippy::print_stderr)]
+
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
