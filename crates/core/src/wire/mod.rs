@@ -4,11 +4,14 @@
 //! panics. `Repr` types are the validated, owned-or-borrowed meaning of a packet and `emit`
 //! writes them back byte for byte.
 //!
-//! Parsing fails with the unit [`Error`] (the bytes are not a valid packet). Emitting fails
-//! with [`EmitError`], which gives the buffer size needed when the caller's buffer is too small.
+//! Parsing fails with the unit [`Error`] (the bytes are not a valid packet), except the RoCEv2
+//! UD receive check, which says why with [`RoceDrop`] so that transports can count drops by
+//! reason. Emitting fails with [`EmitError`], which gives the buffer size needed when the
+//! caller's buffer is too small.
 
 mod control;
 mod imm;
+mod roce;
 mod run;
 
 pub use control::{
@@ -16,6 +19,13 @@ pub use control::{
     VERSION as CONTROL_VERSION,
 };
 pub use imm::{Imm, ImmLayout};
+pub use roce::{
+    AETH_LEN, AethPacket, AethRepr, BTH_LEN, BthPacket, BthRepr, DEFAULT_P_KEY, DETH_LEN,
+    DethPacket, DethRepr, ICRC_LEN, ICRC_PREFIX_LEN, ICRC_SEED, IMMDT_LEN, ImmDtPacket,
+    MULTICAST_QPN, Opcode, RETH_LEN, ROCEV2_UDP_PORT, RethPacket, RethRepr, RoceDrop, RoceFlow,
+    UD_SEND_IMM_HEADER_LEN, UD_SEND_IMM_OVERHEAD, UdKeys, UdSendImmPacket, UdSendImmRepr,
+    icrc_mask_ipv4, icrc_rest,
+};
 pub use run::ChunkRun;
 
 use core::fmt;
