@@ -18,10 +18,10 @@
 //! would break the ICRC computed before sending.
 
 use std::io;
-use std::mem::MaybeUninit;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
@@ -119,12 +119,19 @@ fn bind(sock: &Socket, addr: SocketAddrV4) -> Result<(), SocketError> {
 /// The receive socket of one lane, joined to its group.
 #[derive(Debug)]
 pub struct RxSocket {
-    sock: Socket,
+    /// std's type for its one-syscall `set_nonblocking` (`FIONBIO`) and `peek`.
+    sock: UdpSocket,
     state: UdpSocketState,
     group: SocketAddrV4,
     granted_recv_buffer: usize,
     inode: Option<u64>,
+    /// `SO_RCVTIMEO` as last set, in nanoseconds (0: never), to skip setting it again.
+    read_timeout_ns: AtomicU64,
 }
+
+/// Longest single wait in [`RxSocket::wait_readable`]: longer timeouts wait in slices of this,
+/// so that `SO_RCVTIMEO` rarely changes.
+const WAIT_SLICE: Duration = Duration::from_millis(10);
 
 impl RxSocket {
     /// Binds `group` (address and port) with `SO_REUSEADDR`/`SO_REUSEPORT`, so that several
@@ -159,11 +166,12 @@ impl RxSocket {
             .map(|m| m.ino());
         tracing::debug!(%group, granted_recv_buffer, gro = state.gro_segments(), "rx socket");
         Ok(RxSocket {
-            sock,
+            sock: sock.into(),
             state,
             group,
             granted_recv_buffer,
             inode,
+            read_timeout_ns: AtomicU64::new(0),
         })
     }
 
@@ -200,15 +208,21 @@ impl RxSocket {
         self.state.recv((&self.sock).into(), bufs, meta)
     }
 
-    /// Waits up to `timeout` for a datagram to be queued, without consuming it.
+    /// Waits up to `timeout` (at most a 10 ms slice) for a datagram to be queued, without
+    /// consuming it; `Ok(false)` if none came.
     ///
     /// std and socket2 have no `poll`; a blocking `MSG_PEEK` with `SO_RCVTIMEO` waits as well,
-    /// at the cost of toggling `O_NONBLOCK` around it (only when the queue was empty).
+    /// at the cost of toggling `O_NONBLOCK` around it (two `ioctl`s, only when the queue was
+    /// empty).
     pub(crate) fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
-        self.sock
-            .set_read_timeout(Some(timeout.max(Duration::from_micros(1))))?;
+        let t = timeout.clamp(Duration::from_micros(1), WAIT_SLICE);
+        let t_ns = t.as_nanos() as u64;
+        if self.read_timeout_ns.load(Ordering::Relaxed) != t_ns {
+            self.sock.set_read_timeout(Some(t))?;
+            self.read_timeout_ns.store(t_ns, Ordering::Relaxed);
+        }
         self.sock.set_nonblocking(false)?;
-        let mut one = [MaybeUninit::<u8>::uninit(); 1];
+        let mut one = [0u8; 1];
         let peeked = self.sock.peek(&mut one);
         self.sock.set_nonblocking(true)?;
         match peeked {
