@@ -473,7 +473,7 @@ fn joiners_retry_until_rank_0_listens() {
 
 #[test]
 fn a_missing_rank_times_out_naming_it() {
-    let (root, joined) = meet(6, &[(1, 6), (2, 6), (4, 6)], Duration::from_millis(600));
+    let (root, joined) = meet(6, &[(1, 6), (2, 6), (4, 6)], Duration::from_secs(1));
     let e = root.expect_err("ranks 3 and 5 never come");
     match &e {
         RendezvousError::Timeout { missing, .. } => assert_eq!(missing, &[3, 5]),
@@ -606,4 +606,36 @@ fn rendezvous_that_is_not_ours_is_named() {
         "{text}"
     );
     server.join().expect("no panic");
+}
+
+#[test]
+fn interface_defaults() {
+    // One node: every task is local, and a host name for this host keeps loopback.
+    let one = ok(&with(SLURM, &[("SLURM_STEP_NODELIST", "localhost")]));
+    assert!(one.single_host());
+    assert_eq!(one.interface().expect("loopback").addr, Ipv4Addr::LOCALHOST);
+    // Several nodes, but this host's name resolves to loopback (Debian's 127.0.1.1 trap): the
+    // interface routed toward multicast instead, where there is one.
+    let many = ok(&with(SLURM, &[("SLURM_STEP_NODELIST", "localhost,node2")]));
+    assert!(!many.single_host());
+    let iface = many.interface().expect("an interface");
+    let by_group = ringcast::bootstrap::select_interface(
+        None,
+        Some(std::net::IpAddr::V4(Ipv4Addr::new(239, 255, 0, 1))),
+    );
+    if let Ok(routed) = by_group {
+        assert_eq!(iface, routed);
+    }
+    // An IP literal is taken at its word.
+    let literal = ok(&with(SLURM, &[("RINGCAST_BOOTSTRAP", "127.0.0.1:5000")]));
+    assert_eq!(
+        literal.interface().expect("loopback").addr,
+        Ipv4Addr::LOCALHOST
+    );
+    // RINGCAST_IFNAME decides.
+    let named = ok(&with(SLURM, &[("RINGCAST_IFNAME", "=lo")]));
+    assert_eq!(named.interface().expect("lo").name, "lo");
+    let none = ok(&with(SLURM, &[("RINGCAST_IFNAME", "=no-such-if0")]));
+    let text = none.interface().expect_err("no such interface").to_string();
+    assert!(text.contains("set RINGCAST_IFNAME"), "{text}");
 }

@@ -26,9 +26,11 @@
 //!    on a timeout).
 
 mod env;
+mod env_error;
 mod hostlist;
 mod iface;
 mod rendezvous;
+mod server;
 mod wire;
 
 pub use env::{
@@ -43,7 +45,11 @@ pub use iface::{
 pub use rendezvous::{Peer, PeerTable, Rendezvous, RendezvousError, single_rank_table};
 pub use wire::MAX_CONTROL_LEN;
 
-use std::net::{IpAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
+
+/// An administratively scoped group address, only routed to learn which interface the host
+/// sends multicast from.
+const MULTICAST_PROBE: Ipv4Addr = Ipv4Addr::new(239, 255, 0, 1);
 
 /// Any bootstrap failure, for callers that run every step.
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +84,29 @@ impl JobEnv {
                 }
             },
         };
-        select_interface(self.ifname.as_ref(), toward)
+        let chosen = select_interface(self.ifname.as_ref(), toward)?;
+        // Debian's /etc/hosts maps a host's own name to 127.0.1.1: rank 0 of a multi-host job
+        // would then pick loopback, where no other host hears it.
+        let named_host = self
+            .rendezvous
+            .as_ref()
+            .is_some_and(|r| r.host.parse::<IpAddr>().is_err());
+        if self.ifname.is_none() && chosen.addr.is_loopback() && named_host && !self.single_host() {
+            let by_group = select_interface(None, Some(IpAddr::V4(MULTICAST_PROBE)))
+                .ok()
+                .filter(|i| !i.addr.is_loopback());
+            if let Some(other) = by_group {
+                tracing::warn!(
+                    loopback = %chosen.addr,
+                    using = %other.name,
+                    "the rendezvous host name resolves to loopback here, but the job spans \
+                     hosts; using the interface routed toward multicast (set RINGCAST_IFNAME \
+                     to choose)"
+                );
+                return Ok(other);
+            }
+        }
+        Ok(chosen)
     }
 
     /// Runs the rendezvous (or, for a single-rank job, builds the one-entry table) and returns
