@@ -23,115 +23,101 @@
 use std::net::SocketAddrV4;
 
 use crc32fast::Hasher;
+use ringcast_core::wire::{ICRC_LEN, ICRC_SEED, RoceFlow, icrc_mask_ipv4, icrc_rest};
 
-/// IPv4 header length without options (IHL 5).
-pub const IPV4_HEADER_LEN: usize = 20;
 /// UDP header length.
-pub const UDP_HEADER_LEN: usize = 8;
-/// The BTH bytes the ICRC's per-flow header state covers (byte 4 is masked among them).
-const BTH_FIXED: usize = 8;
-/// 8 bytes of `0xFF` (the masked LRH stand-in) + IPv4 + UDP + the first 8 BTH bytes.
-const HEADERS_LEN: usize = 8 + IPV4_HEADER_LEN + UDP_HEADER_LEN + BTH_FIXED;
+const UDP_HEADER_LEN: usize = 8;
+/// BTH length.
+const BTH_LEN: usize = 12;
 /// IP IDs a receiver tries when checking an ICRC: one per possible GSO segment (64 in Linux).
 pub const MAX_IP_IDS: usize = 64;
 
-/// Why [`icrc_ipv4`] could not compute an ICRC.
+/// Why an ICRC could not be computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum IcrcError {
     /// Not an IPv4 header, or one too short for its IHL, a UDP header and a BTH.
     #[error("not an IPv4/UDP packet carrying at least a BTH")]
     NotIpv4Udp,
+    /// A UDP payload shorter than a BTH and an ICRC, or too long for IPv4.
+    #[error("UDP payload of {0} bytes cannot carry a RoCEv2 packet")]
+    BadLength(usize),
 }
 
 /// ICRC of an IPv4 packet given from its IP header up to the end of the pad (without the ICRC
-/// itself), as the `u32` whose little-endian bytes go on the wire.
+/// itself), as the `u32` whose little-endian bytes go on the wire. The general recipe (core's
+/// `icrc_mask_ipv4`), for captures and tests; the send path uses [`FlowIcrc`].
 pub fn icrc_ipv4(packet: &[u8]) -> Result<u32, IcrcError> {
     let ihl = usize::from(packet.first().ok_or(IcrcError::NotIpv4Udp)? & 0x0F) * 4;
-    let fixed = ihl + UDP_HEADER_LEN + BTH_FIXED;
-    if packet[0] >> 4 != 4 || ihl < IPV4_HEADER_LEN || packet.len() < fixed + 4 {
-        return Err(IcrcError::NotIpv4Udp);
-    }
-    // At most 60 + 8 + 8 bytes of headers, masked on the stack.
-    let mut head = [0u8; 76];
-    let head = &mut head[..fixed];
-    head.copy_from_slice(&packet[..fixed]);
-    head[1] = 0xFF; // TOS
-    head[8] = 0xFF; // TTL
-    head[10..12].fill(0xFF); // header checksum
-    head[ihl + 6..ihl + 8].fill(0xFF); // UDP checksum
-    head[ihl + UDP_HEADER_LEN + 4] = 0xFF; // BTH byte 4
+    let head_len = (ihl + UDP_HEADER_LEN + BTH_LEN).min(packet.len());
+    // Only the headers are masked: copy them (at most 60 + 8 + 12 bytes) to the stack.
+    let mut head = [0u8; 80];
+    let head = &mut head[..head_len];
+    head.copy_from_slice(&packet[..head_len]);
+    icrc_mask_ipv4(head).map_err(|_| IcrcError::NotIpv4Udp)?;
     let mut h = Hasher::new();
-    h.update(&[0xFF; 8]);
+    h.update(&ICRC_SEED);
     h.update(head);
-    h.update(&packet[fixed..]);
+    h.update(&packet[head_len..]);
     Ok(h.finalize())
 }
 
 /// The ICRC of one flow (sender `IP:port` to group `IP:port`), the IP and UDP headers rebuilt
-/// as the kernel sends them.
+/// (core's `RoceFlow`) as the kernel sends them: DF set, no options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlowIcrc {
-    src: SocketAddrV4,
-    dst: SocketAddrV4,
+    flow: RoceFlow,
 }
 
 impl FlowIcrc {
     /// The flow from `src` (the sending socket's bound address) to `dst` (group and port).
     pub const fn new(src: SocketAddrV4, dst: SocketAddrV4) -> Self {
-        FlowIcrc { src, dst }
+        FlowIcrc {
+            flow: RoceFlow {
+                src_addr: src.ip().octets(),
+                dst_addr: dst.ip().octets(),
+                src_port: src.port(),
+                dst_port: dst.port(),
+                dont_fragment: true,
+            },
+        }
     }
 
-    /// ICRC of the RoCE packet `roce` (BTH through pad, without the ICRC) sent with `ip_id`.
-    ///
-    /// `roce` shorter than 12 bytes (a BTH) is hashed as given; senders never build one.
-    pub fn compute(&self, ip_id: u16, roce: &[u8]) -> u32 {
-        let fixed = roce.len().min(BTH_FIXED);
-        let state = self.header_state(ip_id, roce.len() + 4, &roce[..fixed]);
-        let mut h = Hasher::new_with_initial(state);
-        h.update(&roce[fixed..]);
-        h.finalize()
+    /// ICRC of the datagram whose whole UDP payload is `udp_payload` (BTH to ICRC; the ICRC
+    /// bytes themselves are not read) sent with `ip_id`.
+    pub fn compute(&self, ip_id: u16, udp_payload: &[u8]) -> Result<u32, IcrcError> {
+        let state = self.prefix_state(ip_id, udp_payload)?;
+        Ok(resume(state, udp_payload))
     }
 
-    /// The CRC state after the masked headers of a datagram whose UDP payload (ICRC
-    /// included) is `udp_payload_len` bytes and whose first BTH bytes are `bth`.
-    fn header_state(&self, ip_id: u16, udp_payload_len: usize, bth: &[u8]) -> u32 {
-        let udp_len = (UDP_HEADER_LEN + udp_payload_len) as u16;
-        let total_len = (IPV4_HEADER_LEN + UDP_HEADER_LEN + udp_payload_len) as u16;
-        let mut b = [0xFFu8; HEADERS_LEN];
-        let ip = &mut b[8..8 + IPV4_HEADER_LEN];
-        ip[0] = 0x45;
-        // ip[1] TOS masked.
-        ip[2..4].copy_from_slice(&total_len.to_be_bytes());
-        ip[4..6].copy_from_slice(&ip_id.to_be_bytes());
-        ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes()); // DF, offset 0
-        // ip[8] TTL masked.
-        ip[9] = 17; // UDP
-        // ip[10..12] checksum masked.
-        ip[12..16].copy_from_slice(&self.src.ip().octets());
-        ip[16..20].copy_from_slice(&self.dst.ip().octets());
-        let udp = &mut b[8 + IPV4_HEADER_LEN..8 + IPV4_HEADER_LEN + UDP_HEADER_LEN];
-        udp[0..2].copy_from_slice(&self.src.port().to_be_bytes());
-        udp[2..4].copy_from_slice(&self.dst.port().to_be_bytes());
-        udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
-        // udp[6..8] checksum masked.
-        let at = 8 + IPV4_HEADER_LEN + UDP_HEADER_LEN;
-        b[at..at + bth.len()].copy_from_slice(bth);
-        b[at + 4] = 0xFF; // BTH byte 4 masked
+    /// CRC state after the masked prefix (seed, IPv4, UDP, BTH bytes 0-7).
+    fn prefix_state(&self, ip_id: u16, udp_payload: &[u8]) -> Result<u32, IcrcError> {
+        let prefix = self
+            .flow
+            .icrc_prefix(ip_id, udp_payload)
+            .map_err(|_| IcrcError::BadLength(udp_payload.len()))?;
         let mut h = Hasher::new();
-        h.update(&b[..at + bth.len()]);
-        h.finalize()
+        h.update(&prefix);
+        Ok(h.finalize())
     }
 }
 
+/// Continues from a prefix state over the rest (BTH byte 8 to the end of the pad).
+fn resume(state: u32, udp_payload: &[u8]) -> u32 {
+    let mut h = Hasher::new_with_initial(state);
+    // The caller's prefix already checked the length.
+    h.update(icrc_rest(udp_payload).unwrap_or_default());
+    h.finalize()
+}
+
 /// A sender lane's ICRC with the constant prefix precomputed: for full-size segments of one
-/// length, the CRC state after the headers is kept per IP ID (one per GSO segment index), so a
+/// length, the CRC state after the prefix is kept per IP ID (one per GSO segment index), so a
 /// packet costs only its PSN, DETH, ImmDt and payload bytes.
 #[derive(Clone, Debug)]
 pub(crate) struct LaneIcrc {
     flow: FlowIcrc,
-    /// `(roce_len, first 8 BTH bytes)` the cached states are valid for.
-    key: Option<(usize, [u8; BTH_FIXED])>,
+    /// `(udp_payload length, first 8 BTH bytes)` the cached states are valid for.
+    key: Option<(usize, [u8; 8])>,
     states: Vec<u32>,
 }
 
@@ -144,36 +130,41 @@ impl LaneIcrc {
         }
     }
 
-    /// Same value as [`FlowIcrc::compute`]; `roce` is at least a BTH long.
-    pub(crate) fn compute(&mut self, ip_id: u16, roce: &[u8]) -> u32 {
-        if roce.len() < BTH_FIXED {
-            return self.flow.compute(ip_id, roce);
-        }
-        let mut bth = [0u8; BTH_FIXED];
-        bth.copy_from_slice(&roce[..BTH_FIXED]);
-        let key = (roce.len(), bth);
-        let id = usize::from(ip_id);
+    /// Same value as [`FlowIcrc::compute`] for a datagram the sender built (at least a BTH
+    /// and an ICRC long); 0 for anything shorter, which the sender never builds.
+    pub(crate) fn compute(&mut self, ip_id: u16, udp_payload: &[u8]) -> u32 {
+        let Some(bth) = udp_payload
+            .get(..8)
+            .filter(|_| udp_payload.len() >= BTH_LEN + ICRC_LEN)
+        else {
+            return 0;
+        };
+        let mut fixed = [0u8; 8];
+        fixed.copy_from_slice(bth);
+        let key = (udp_payload.len(), fixed);
         if self.key != Some(key) {
             // A batch's first segment sets the length the cache serves; a shorter tail
             // segment (ID > 0) is computed without evicting it.
             if ip_id != 0 {
-                return self.flow.compute(ip_id, roce);
+                return self.flow.compute(ip_id, udp_payload).unwrap_or(0);
             }
             self.key = Some(key);
             self.states.clear();
         }
-        let state = if let Some(&s) = self.states.get(id) {
-            s
-        } else if id == self.states.len() && id < self.states.capacity() {
-            let s = self.flow.header_state(ip_id, roce.len() + 4, &bth);
-            self.states.push(s);
-            s
-        } else {
-            self.flow.header_state(ip_id, roce.len() + 4, &bth)
+        let id = usize::from(ip_id);
+        let state = match self.states.get(id) {
+            Some(&s) => s,
+            None => {
+                let Ok(s) = self.flow.prefix_state(ip_id, udp_payload) else {
+                    return 0;
+                };
+                if id == self.states.len() && id < self.states.capacity() {
+                    self.states.push(s);
+                }
+                s
+            }
         };
-        let mut h = Hasher::new_with_initial(state);
-        h.update(&roce[BTH_FIXED..]);
-        h.finalize()
+        resume(state, udp_payload)
     }
 }
 
@@ -184,7 +175,7 @@ impl LaneIcrc {
 /// length. Accepting 64 IDs instead of one leaves a 2^-26 chance for a random ICRC to pass.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct IcrcChecker {
-    /// `(roce_len, delta per IP ID)` for the most recent lengths, newest first.
+    /// `(udp_payload length, delta per IP ID)` for the most recent lengths, newest first.
     cache: Vec<(usize, [u32; MAX_IP_IDS])>,
 }
 
@@ -192,41 +183,42 @@ pub(crate) struct IcrcChecker {
 const CHECKER_LENGTHS: usize = 4;
 
 impl IcrcChecker {
-    /// Whether `icrc` is the ICRC of `roce` on `flow` for some IP ID below [`MAX_IP_IDS`].
-    pub(crate) fn check(&mut self, flow: &FlowIcrc, roce: &[u8], icrc: u32) -> bool {
-        let diff = flow.compute(0, roce) ^ icrc;
-        if diff == 0 {
-            return true;
-        }
-        let deltas = self.deltas(roce.len());
-        deltas.contains(&diff)
+    /// Whether `icrc` is the ICRC of the datagram `udp_payload` on `flow` for some IP ID below
+    /// [`MAX_IP_IDS`].
+    pub(crate) fn check(&mut self, flow: &FlowIcrc, udp_payload: &[u8], icrc: u32) -> bool {
+        let Ok(at_zero) = flow.compute(0, udp_payload) else {
+            return false;
+        };
+        let diff = at_zero ^ icrc;
+        diff == 0 || self.deltas(udp_payload.len()).contains(&diff)
     }
 
-    fn deltas(&mut self, roce_len: usize) -> &[u32; MAX_IP_IDS] {
-        if let Some(i) = self.cache.iter().position(|(len, _)| *len == roce_len) {
+    fn deltas(&mut self, len: usize) -> &[u32; MAX_IP_IDS] {
+        if let Some(i) = self.cache.iter().position(|(l, _)| *l == len) {
             self.cache[..=i].rotate_right(1);
         } else {
-            let deltas = id_deltas(roce_len);
+            let deltas = id_deltas(len);
             if self.cache.len() == CHECKER_LENGTHS {
                 self.cache.pop();
             }
-            self.cache.insert(0, (roce_len, deltas));
+            self.cache.insert(0, (len, deltas));
         }
         &self.cache[0].1
     }
 }
 
 /// `delta[id] = crc(m with IP ID id) ^ crc(m with IP ID 0)` for any `m` of this length.
-fn id_deltas(roce_len: usize) -> [u32; MAX_IP_IDS] {
-    // Zero addresses and ports: the delta does not depend on them. Each bit's contribution is
-    // computed once (6 bits cover 64 IDs) and the table filled by linearity.
+fn id_deltas(len: usize) -> [u32; MAX_IP_IDS] {
+    // Zero addresses, ports and bytes: the delta does not depend on them. Each bit's
+    // contribution is computed once (6 bits cover 64 IDs) and the table filled by linearity.
     let zero = SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0);
     let flow = FlowIcrc::new(zero, zero);
-    let zeros = vec![0u8; roce_len];
-    let base = flow.compute(0, &zeros);
+    let zeros = vec![0u8; len];
+    let crc = |id: u16| flow.compute(id, &zeros).unwrap_or(0);
+    let base = crc(0);
     let mut bit = [0u32; MAX_IP_IDS.trailing_zeros() as usize];
     for (j, b) in bit.iter_mut().enumerate() {
-        *b = flow.compute(1 << j, &zeros) ^ base;
+        *b = crc(1 << j) ^ base;
     }
     let mut deltas = [0u32; MAX_IP_IDS];
     for (id, d) in deltas.iter_mut().enumerate() {
@@ -274,11 +266,15 @@ mod tests {
             SocketAddrV4::new(Ipv4Addr::new(10, 0, 17, 1), 0),
             SocketAddrV4::new(Ipv4Addr::new(10, 0, 18, 1), 4791),
         );
-        assert_eq!(flow.compute(0x718c, &p[28..]), 0x2a00_fd82);
+        // The UDP payload with room for the ICRC.
+        let mut udp = p[28..].to_vec();
+        udp.extend([0u8; 4]);
+        assert_eq!(flow.compute(0x718c, &udp), Ok(0x2a00_fd82));
         let mut lane = LaneIcrc::new(flow, 4);
         for _ in 0..3 {
-            assert_eq!(lane.compute(0x718c, &p[28..]), 0x2a00_fd82);
+            assert_eq!(lane.compute(0x718c, &udp), 0x2a00_fd82);
         }
+        assert_eq!(flow.compute(0, &udp[..15]), Err(IcrcError::BadLength(15)));
     }
 
     #[test]
@@ -309,12 +305,13 @@ mod tests {
             SocketAddrV4::new(Ipv4Addr::new(239, 1, 2, 3), 4791),
         );
         let mut lane = LaneIcrc::new(flow, 8);
-        for len in [12, 40, 40, 64, 40] {
-            let roce: Vec<u8> = (0..len).map(|i| i as u8).collect();
+        for len in [16, 44, 44, 68, 44] {
+            let udp: Vec<u8> = (0..len).map(|i| i as u8).collect();
             for id in [0u16, 1, 7, 8, 63, 0] {
-                assert_eq!(lane.compute(id, &roce), flow.compute(id, &roce));
+                assert_eq!(lane.compute(id, &udp), flow.compute(id, &udp).unwrap());
             }
         }
+        assert_eq!(lane.compute(0, &[0u8; 15]), 0);
     }
 
     #[test]
@@ -324,16 +321,18 @@ mod tests {
             SocketAddrV4::new(Ipv4Addr::new(239, 1, 2, 3), 4791),
         );
         let mut c = IcrcChecker::default();
-        for len in [24, 100, 1024 + 24, 100, 28, 36, 44, 52] {
-            let roce: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+        for len in [28, 104, 1024 + 28, 104, 32, 40, 48, 56] {
+            let udp: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let icrc = |id| flow.compute(id, &udp).unwrap();
             for id in 0..MAX_IP_IDS as u16 {
-                assert!(c.check(&flow, &roce, flow.compute(id, &roce)));
+                assert!(c.check(&flow, &udp, icrc(id)));
             }
             for id in [64u16, 65, 1000, 0xFFFF] {
-                assert!(!c.check(&flow, &roce, flow.compute(id, &roce)));
+                assert!(!c.check(&flow, &udp, icrc(id)));
             }
-            assert!(!c.check(&flow, &roce, flow.compute(0, &roce) ^ 1));
+            assert!(!c.check(&flow, &udp, icrc(0) ^ 1));
         }
+        assert!(!c.check(&flow, &[0u8; 15], 0));
         assert!(c.cache.len() <= CHECKER_LENGTHS);
     }
 }

@@ -1,8 +1,8 @@
-//! Interim RoCEv2 UD `SEND_ONLY_WITH_IMMEDIATE` build and parse for this transport.
+//! RoCEv2 UD `SEND_ONLY_WITH_IMMEDIATE` build and parse, on core's `wire` codecs.
 //!
-//! Core's `wire::roce` will own these codecs (BTH/DETH/ImmDt views with a typed drop reason);
-//! until it lands this private module holds the same wire layout, behind two functions
-//! ([`emit_headers`], [`parse`]) so that swapping it for core's codecs touches nothing else.
+//! A thin adapter: the layout, the checks and their order are core's
+//! ([`ringcast_core::wire::UdSendImmRepr`]); this module adds the receiver's own size limit
+//! and names the few calls the send and receive paths make.
 //!
 //! ```text
 //! BTH   0 opcode | 1 SE M PadCnt(2) TVer(4) | 2-3 P_Key | 4 reserved (FECN/BECN) | 5-7 DestQP
@@ -12,21 +12,21 @@
 //! payload, 0-3 pad bytes (PadCnt), ICRC 4 bytes (least-significant byte first)
 //! ```
 
-/// BTH opcode of a UD `SEND_ONLY_WITH_IMMEDIATE`.
-pub(crate) const OPCODE_UD_SEND_ONLY_IMM: u8 = 0x65;
-/// DestQP of every multicast packet (IBA: the multicast QPN).
-pub(crate) const MULTICAST_QPN: u32 = 0x00FF_FFFF;
+use ringcast_core::wire::{
+    MULTICAST_QPN, RoceDrop, UD_SEND_IMM_HEADER_LEN, UD_SEND_IMM_OVERHEAD, UdKeys, UdSendImmPacket,
+    UdSendImmRepr,
+};
+
 /// BTH + DETH + ImmDt.
-pub(crate) const HEADER_LEN: usize = 24;
+pub(crate) const HEADER_LEN: usize = UD_SEND_IMM_HEADER_LEN;
 /// Invariant CRC trailer.
-pub(crate) const ICRC_LEN: usize = 4;
+pub(crate) const ICRC_LEN: usize = ringcast_core::wire::ICRC_LEN;
 /// Bytes around the payload in every datagram.
-pub(crate) const OVERHEAD: usize = HEADER_LEN + ICRC_LEN;
+pub(crate) const OVERHEAD: usize = UD_SEND_IMM_OVERHEAD;
 /// A 24-bit field's mask (PSN, QPNs).
 pub(crate) const MASK_24: u32 = 0x00FF_FFFF;
-
-/// Byte offset of the ImmDt, which is the last header field.
-const IMM_AT: usize = 20;
+/// The payload starts right after the headers.
+pub(crate) const PAYLOAD_AT: usize = HEADER_LEN;
 
 /// Pad bytes that round `payload_len` up to a multiple of 4 (IBA PadCnt).
 pub(crate) const fn pad_len(payload_len: usize) -> usize {
@@ -43,12 +43,23 @@ pub(crate) const fn datagram_len(payload_len: usize) -> usize {
 pub(crate) struct HeaderFields {
     pub(crate) pkey: u16,
     pub(crate) qkey: u32,
+    /// Below 2^24 (the sender checks it once).
     pub(crate) src_qp: u32,
 }
 
-/// Writes BTH, DETH and ImmDt into `out[..HEADER_LEN]` for a payload of `payload_len` bytes.
-///
-/// `out` must be at least [`HEADER_LEN`] long (the caller sized its staging buffer).
+impl HeaderFields {
+    fn keys(self) -> UdKeys {
+        UdKeys {
+            p_key: self.pkey,
+            dest_qp: MULTICAST_QPN,
+            q_key: self.qkey,
+        }
+    }
+}
+
+/// Writes BTH, DETH, ImmDt and the zero pad of a chunk of `payload_len` bytes into `out`,
+/// which is exactly [`datagram_len`]`(payload_len)` long; payload and ICRC are left to the
+/// caller.
 pub(crate) fn emit_headers(
     out: &mut [u8],
     fields: HeaderFields,
@@ -56,89 +67,59 @@ pub(crate) fn emit_headers(
     imm: u32,
     payload_len: usize,
 ) {
-    let h = &mut out[..HEADER_LEN];
-    h[0] = OPCODE_UD_SEND_ONLY_IMM;
-    // SE = 0, MigReq = 0, PadCnt in bits 5:4, TVer = 0.
-    h[1] = (pad_len(payload_len) as u8) << 4;
-    h[2..4].copy_from_slice(&fields.pkey.to_be_bytes());
-    h[4] = 0;
-    h[5..8].copy_from_slice(&MULTICAST_QPN.to_be_bytes()[1..]);
-    // AckReq = 0: UD never acknowledges.
-    h[8..12].copy_from_slice(&(psn & MASK_24).to_be_bytes());
-    h[12..16].copy_from_slice(&fields.qkey.to_be_bytes());
-    h[16..20].copy_from_slice(&(fields.src_qp & MASK_24).to_be_bytes());
-    h[IMM_AT..HEADER_LEN].copy_from_slice(&imm.to_be_bytes());
+    let repr = UdSendImmRepr::new(
+        &fields.keys(),
+        fields.src_qp,
+        psn & MASK_24,
+        imm,
+        payload_len,
+    );
+    // Cannot fail: PSN masked, SrcQP checked by the sender, `out` sized by `datagram_len`.
+    repr.emit(out)
+        .expect("UD SEND_ONLY_WITH_IMMEDIATE headers fit their staging slot");
 }
 
 /// Why a datagram was dropped, in the order the receiver checks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Reject {
-    /// Shorter than the headers and ICRC, or the pad count exceeds the bytes present.
-    Truncated,
+    /// One of core's header checks (length, opcode, P_Key, DestQP, Q_Key, version, reserved).
+    Header(RoceDrop),
     /// Payload longer than the receiver's maximum.
     Oversize,
-    /// Not `SEND_ONLY_WITH_IMMEDIATE`, or a transport header version other than 0.
-    Opcode,
-    /// P_Key differs from the job's.
-    Pkey,
-    /// Q_Key differs from the job's.
-    Qkey,
-    /// DestQP is not the multicast QPN.
-    DestQp,
 }
 
-/// A datagram that passed the header checks; `payload` excludes pad and ICRC.
+/// A datagram that passed the header checks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Parsed {
     pub(crate) psn: u32,
     pub(crate) src_qp: u32,
     pub(crate) imm: u32,
-    /// Payload byte range within the datagram.
+    /// Payload bytes from [`PAYLOAD_AT`] on, pad and ICRC excluded.
     pub(crate) payload_len: usize,
     /// The ICRC as transmitted, read least-significant byte first.
     pub(crate) icrc: u32,
 }
 
-/// The payload starts right after the headers.
-pub(crate) const PAYLOAD_AT: usize = HEADER_LEN;
-
-/// Checks length, opcode, P_Key, Q_Key and DestQP of one UDP payload, in that order.
+/// Checks one UDP payload with core's parser (length, opcode, P_Key, DestQP, Q_Key, then
+/// version and reserved bits), then against the receiver's `max_payload`.
 pub(crate) fn parse(d: &[u8], pkey: u16, qkey: u32, max_payload: usize) -> Result<Parsed, Reject> {
-    if d.len() < OVERHEAD {
-        return Err(Reject::Truncated);
-    }
-    let pad = usize::from((d[1] >> 4) & 0x3);
-    let Some(payload_len) = (d.len() - OVERHEAD).checked_sub(pad) else {
-        return Err(Reject::Truncated);
+    let keys = UdKeys {
+        p_key: pkey,
+        dest_qp: MULTICAST_QPN,
+        q_key: qkey,
     };
-    if payload_len > max_payload {
+    let packet = UdSendImmPacket::new_unchecked(d);
+    let repr = UdSendImmRepr::parse(&packet, &keys).map_err(Reject::Header)?;
+    if repr.payload_len > max_payload {
         return Err(Reject::Oversize);
     }
-    if d[0] != OPCODE_UD_SEND_ONLY_IMM || d[1] & 0x0F != 0 {
-        return Err(Reject::Opcode);
-    }
-    if u16::from_be_bytes([d[2], d[3]]) != pkey {
-        return Err(Reject::Pkey);
-    }
-    if be32(d, 12) != qkey {
-        return Err(Reject::Qkey);
-    }
-    if be32(d, 4) & MASK_24 != MULTICAST_QPN {
-        return Err(Reject::DestQp);
-    }
-    let n = d.len();
     Ok(Parsed {
-        psn: be32(d, 8) & MASK_24,
-        src_qp: be32(d, 16) & MASK_24,
-        imm: be32(d, IMM_AT),
-        payload_len,
-        icrc: u32::from_le_bytes([d[n - 4], d[n - 3], d[n - 2], d[n - 1]]),
+        psn: repr.bth.psn,
+        src_qp: repr.deth.src_qp,
+        imm: repr.imm,
+        payload_len: repr.payload_len,
+        icrc: packet.icrc(),
     })
-}
-
-/// Big-endian u32 at `at`; callers checked `d.len() >= OVERHEAD > at + 4`.
-fn be32(d: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([d[at], d[at + 1], d[at + 2], d[at + 3]])
 }
 
 #[cfg(test)]
@@ -170,9 +151,10 @@ mod tests {
 
     #[test]
     fn emit_matches_fixed_vector() {
-        let mut out = [0u8; HEADER_LEN];
+        let mut out = [0u8; 36];
         emit_headers(&mut out, FIELDS, 0x0100_0102, 0xAABB_CCDD, 6);
-        assert_eq!(out[..], PACKET[..HEADER_LEN]);
+        assert_eq!(out[..HEADER_LEN], PACKET[..HEADER_LEN]);
+        assert_eq!(out[30..32], [0, 0]); // pad
         assert_eq!(datagram_len(6), 36);
     }
 
@@ -200,22 +182,24 @@ mod tests {
             p
         };
         let parse = |d: &[u8]| parse(d, 0xFFFF, 0x1234_5678, 6);
-        assert_eq!(parse(&good[..27]), Err(Reject::Truncated));
-        // PadCnt 3 with 6 payload bytes present is fine; 31 bytes with PadCnt 3 is not.
-        assert_eq!(parse(&with(1, 0x30)[..30]), Err(Reject::Truncated));
+        let drop = |r| Err(Reject::Header(r));
+        assert_eq!(parse(&good[..27]), drop(RoceDrop::Truncated));
+        // 30 bytes with PadCnt 3: fewer than the pad announced.
+        assert_eq!(parse(&with(1, 0x30)[..30]), drop(RoceDrop::Truncated));
         assert_eq!(
             super::parse(&good, 0xFFFF, 0x1234_5678, 5),
             Err(Reject::Oversize)
         );
-        assert_eq!(parse(&with(0, 0x64)), Err(Reject::Opcode));
-        assert_eq!(parse(&with(1, 0x21)), Err(Reject::Opcode));
-        assert_eq!(parse(&with(3, 0xFE)), Err(Reject::Pkey));
-        assert_eq!(parse(&with(15, 0x79)), Err(Reject::Qkey));
-        assert_eq!(parse(&with(7, 0xFE)), Err(Reject::DestQp));
+        assert_eq!(parse(&with(0, 0x64)), drop(RoceDrop::Opcode));
+        assert_eq!(parse(&with(1, 0x21)), drop(RoceDrop::Version));
+        assert_eq!(parse(&with(3, 0xFE)), drop(RoceDrop::PKey));
+        assert_eq!(parse(&with(15, 0x79)), drop(RoceDrop::QKey));
+        assert_eq!(parse(&with(7, 0xFE)), drop(RoceDrop::DestQp));
+        assert_eq!(parse(&with(31, 0x01)), drop(RoceDrop::Malformed)); // pad byte set
         // A wrong opcode is reported before a wrong Q_Key: the first failing check wins.
         let mut both = with(0, 0x64);
         both[15] = 0;
-        assert_eq!(parse(&both), Err(Reject::Opcode));
+        assert_eq!(parse(&both), drop(RoceDrop::Opcode));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! [`quinn_udp::BATCH_SIZE`] messages). Each message may be a GRO super-packet, split here by
 //! its `stride`. Each datagram is checked in this order, and a failing one is dropped and
 //! counted in [`RxStats`] by its reason:
-//! 1. length (truncated, oversize), opcode, P_Key, Q_Key, DestQP: before anything else;
+//! 1. core's header checks before anything else: length, opcode, P_Key, DestQP, Q_Key, then
+//!    header version and reserved bits; then the receiver's size limit (oversize);
 //! 2. the source, when the receiver knows its senders ([`RxConfig::sources`]);
 //! 3. the ICRC, if [`RxConfig::verify_icrc`].
 //!
@@ -23,6 +24,7 @@ use std::net::{SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 use quinn_udp::{BATCH_SIZE, RecvMeta};
+use ringcast_core::wire::RoceDrop;
 
 use crate::icrc::{FlowIcrc, IcrcChecker};
 use crate::packet::{self, Reject};
@@ -80,7 +82,7 @@ pub struct RxStats {
     pub truncated: u64,
     /// Payload longer than `RxConfig::max_payload`.
     pub oversize: u64,
-    /// Not a UD `SEND_ONLY_WITH_IMMEDIATE` (or a transport header version other than 0).
+    /// Not a UD `SEND_ONLY_WITH_IMMEDIATE`.
     pub opcode: u64,
     /// Wrong P_Key.
     pub pkey: u64,
@@ -88,6 +90,10 @@ pub struct RxStats {
     pub qkey: u64,
     /// DestQP other than the multicast QPN 0xFFFFFF.
     pub destqp: u64,
+    /// BTH transport header version other than 0.
+    pub version: u64,
+    /// A reserved bit or pad byte set, or a pad count that does not round the payload to 4.
+    pub malformed: u64,
     /// Source address not among the known senders, or SrcQP not its rank.
     pub unknown_source: u64,
     /// ICRC mismatch (only when checked).
@@ -103,18 +109,23 @@ impl RxStats {
             + self.pkey
             + self.qkey
             + self.destqp
+            + self.version
+            + self.malformed
             + self.unknown_source
             + self.bad_icrc
     }
 
     fn count(&mut self, r: Reject) {
         let c = match r {
-            Reject::Truncated => &mut self.truncated,
             Reject::Oversize => &mut self.oversize,
-            Reject::Opcode => &mut self.opcode,
-            Reject::Pkey => &mut self.pkey,
-            Reject::Qkey => &mut self.qkey,
-            Reject::DestQp => &mut self.destqp,
+            Reject::Header(RoceDrop::Truncated) => &mut self.truncated,
+            Reject::Header(RoceDrop::Opcode) => &mut self.opcode,
+            Reject::Header(RoceDrop::PKey) => &mut self.pkey,
+            Reject::Header(RoceDrop::DestQp) => &mut self.destqp,
+            Reject::Header(RoceDrop::QKey) => &mut self.qkey,
+            Reject::Header(RoceDrop::Version) => &mut self.version,
+            // Malformed, and any reason core adds later.
+            Reject::Header(_) => &mut self.malformed,
         };
         *c += 1;
     }
@@ -292,8 +303,7 @@ impl LaneReceiver {
                 _ => *group.ip(),
             };
             let flow = FlowIcrc::new(source, SocketAddrV4::new(dst, group.port()));
-            let roce = &d[..d.len() - packet::ICRC_LEN];
-            if !self.checker.check(&flow, roce, p.icrc) {
+            if !self.checker.check(&flow, d, p.icrc) {
                 tracing::trace!(lane = self.cfg.lane, src = %source, "drop: bad ICRC");
                 self.stats.bad_icrc += 1;
                 return;

@@ -241,10 +241,8 @@ impl LaneSender {
         let d = &mut self.staging[index * seg..index * seg + len];
         let psn = self.psn.wrapping_add(index as u32);
         packet::emit_headers(d, self.fields, psn, c.imm, plen);
-        let body = packet::HEADER_LEN + plen;
-        d[packet::HEADER_LEN..body].copy_from_slice(c.payload);
-        d[body..len - packet::ICRC_LEN].fill(0);
-        let icrc = self.icrc.compute(ip_id, &d[..len - packet::ICRC_LEN]);
+        d[packet::PAYLOAD_AT..packet::PAYLOAD_AT + plen].copy_from_slice(c.payload);
+        let icrc = self.icrc.compute(ip_id, d);
         d[len - packet::ICRC_LEN..].copy_from_slice(&icrc.to_le_bytes());
     }
 

@@ -215,8 +215,10 @@ impl Raw {
         p.extend(self.src_qp.to_be_bytes());
         p.extend(0xABCD_0001u32.to_be_bytes());
         p.extend((0..self.payload_len).map(|i| i as u8));
-        let icrc = flow.compute(0, &p);
-        p.extend(icrc.to_le_bytes());
+        p.extend([0u8; 4]);
+        let icrc = flow.compute(0, &p).unwrap();
+        let n = p.len();
+        p[n - 4..].copy_from_slice(&icrc.to_le_bytes());
         p
     }
 }
