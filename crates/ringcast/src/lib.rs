@@ -5,6 +5,8 @@
 //! This crate is the user-facing entry point. For now it gathers the pieces:
 //!
 //! * [`core`]: the sans-IO protocol core ([`ringcast_core`]), which any transport drives;
+//! * [`bootstrap`]: rank, world size and rendezvous from mpirun / srun / torchrun variables,
+//!   and the TCP rendezvous that hands every rank the peer table and the job nonce;
 //! * [`sim`] (feature `sim`, on by default): the deterministic fabric simulator
 //!   ([`ringcast_loopback_sim`]), which drives real core sessions over a simulated fabric
 //!   with faults and checks every rank's buffer.
@@ -29,6 +31,8 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+pub mod bootstrap;
 
 /// The sans-IO protocol core: sessions, configuration, events (re-export of `ringcast-core`).
 pub use ringcast_core as core;

@@ -173,3 +173,41 @@ fn sim_allgatherv_table_and_testbed_bcast() {
     assert!(text.contains("188 ranks"), "{text}");
     assert!(text.contains("leaf-spine"), "{text}");
 }
+
+/// `ringcast ... | head -1`: the reader goes away; the CLI exits 0 without a word.
+#[test]
+fn closed_output_pipe_is_a_quiet_exit() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    // The testbed's JSON report (~150 KB) overfills the pipe, so the writer is still writing
+    // when the reader leaves.
+    let args = [
+        "sim",
+        "bcast",
+        "--topology",
+        "testbed",
+        "--size",
+        "64KiB",
+        "--json",
+    ];
+    for read_first_line in [true, false] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ringcast"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary runs");
+        let stdout = child.stdout.take().expect("piped stdout");
+        if read_first_line {
+            let mut line = String::new();
+            BufReader::new(stdout).read_line(&mut line).expect("a line");
+            assert_eq!(line.trim(), "{");
+        } else {
+            drop(stdout);
+        }
+        let out = child.wait_with_output().expect("exit");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{:?}: {err}", out.status);
+        assert!(err.is_empty(), "{err}");
+    }
+}

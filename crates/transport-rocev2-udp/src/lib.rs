@@ -3,3 +3,64 @@
 //! The default ringcast transport: every data datagram's UDP payload is a wire-exact RoCEv2 UD
 //! `SEND_ONLY_WITH_IMMEDIATE` packet sent to one IPv4 multicast group per lane; the control path
 //! and the fetch reads run over TCP between ranks.
+//!
+//! This crate's multicast data path, one piece per module:
+//! * [`addr`]: groups and Q_Key from the job nonce;
+//! * [`socket`]: socket2 setup of the per-lane receive and send sockets;
+//! * [`tx`]: [`LaneSender`], RoCE packets in a staging buffer, one GSO send per batch;
+//! * [`rx`]: [`LaneReceiver`], `recvmmsg` + GRO, checks and drop counters, zero-copy chunks;
+//! * [`pace`]: the token bucket and the single-rate AIMD controller (pure logic);
+//! * [`icrc`]: the RoCEv2 invariant CRC.
+//!
+//! ## Threads
+//! A [`LaneSender`] and a [`LaneReceiver`] each own their socket and buffers and take `&mut
+//! self`: the engine gives each lane a send worker and a receive worker thread. The sender's
+//! socket blocks when its buffer is full; the receiver waits with a timeout
+//! ([`LaneReceiver::recv`]).
+//!
+//! ## One lane on loopback
+//! ```
+//! use std::time::Duration;
+//! use ringcast_transport_rocev2_udp::{
+//!     addr::{AddrConfig, JobAddrs}, LaneReceiver, LaneSender, OutChunk, RxConfig, RxSocket,
+//!     SocketConfig, TxConfig, TxSocket,
+//! };
+//! let cfg = AddrConfig { port: 47_913, ..AddrConfig::default() };
+//! let job = JobAddrs::derive(0xC0FFEE, 1, &cfg)?;
+//! let group = job.group(0).unwrap();
+//! let net = SocketConfig::loopback();
+//! let mut rx = LaneReceiver::new(RxSocket::open(&net, group)?,
+//!                                RxConfig::new(0, 0xFFFF, job.qkey(), 4096));
+//! let mut tx = LaneSender::new(TxSocket::open(&net)?, TxConfig {
+//!     lane: 0, group, pkey: 0xFFFF, qkey: job.qkey(), rank: 3, max_payload: 4096,
+//!     gso: true, initial_psn: 0,
+//! })?;
+//! tx.send_batch(&[OutChunk { imm: 7, payload: b"hello" }])?;
+//! let batch = rx.recv(Duration::from_secs(5))?;
+//! let chunk = batch.iter().next().unwrap();
+//! assert_eq!((chunk.rank, chunk.imm, chunk.payload), (3, 7, &b"hello"[..]));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod addr;
+pub mod icrc;
+pub mod pace;
+mod packet;
+pub mod rx;
+pub mod socket;
+pub mod tx;
+
+pub use rx::{Chunk, LaneReceiver, RxBatch, RxConfig, RxError, RxStats};
+pub use socket::{RxSocket, SocketConfig, SocketError, TxSocket};
+pub use tx::{LaneSender, OutChunk, Sent, TxConfig, TxError, TxStats};
+
+/// Bytes each datagram carries besides the chunk payload (BTH 12, DETH 8, ImmDt 4, ICRC 4),
+/// pad excluded.
+pub const DATAGRAM_OVERHEAD: usize = packet::OVERHEAD;
+
+/// UDP payload length of a datagram carrying `payload_len` bytes (pad and ICRC included).
+pub const fn datagram_len(payload_len: usize) -> usize {
+    packet::datagram_len(payload_len)
+}

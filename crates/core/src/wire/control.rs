@@ -9,7 +9,7 @@
 //! All integers are big-endian. `arg` is the recovery hop count for `FetchAck`, the culprit rank
 //! for `Abort`, and zero otherwise. Runs are sorted, non-empty, disjoint and non-adjacent.
 
-use super::{Error, Result};
+use super::{ChunkRun, EmitError, Error, Result, emit_buf};
 use core::fmt;
 
 mod field {
@@ -71,28 +71,6 @@ impl ControlKind {
 
     fn has_arg(self) -> bool {
         matches!(self, ControlKind::FetchAck | ControlKind::Abort)
-    }
-}
-
-/// A run of consecutive chunk indices `[start, start + len)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ChunkRun {
-    /// First chunk.
-    pub start: u32,
-    /// Number of chunks, at least one in any valid message.
-    pub len: u32,
-}
-
-impl ChunkRun {
-    /// One past the last chunk (saturating).
-    pub fn end(self) -> u32 {
-        self.start.saturating_add(self.len)
-    }
-}
-
-impl fmt::Display for ChunkRun {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}..{}", self.start, self.end())
     }
 }
 
@@ -383,21 +361,24 @@ impl<'a> ControlRepr<'a> {
         HEADER_LEN + self.runs().map_or(0, |r| r.len()) * field::RUN_LEN
     }
 
-    /// Writes the message into `buf`, which must be exactly [`Self::buffer_len`] bytes.
+    /// Writes the message into the first [`Self::buffer_len`] bytes of `buf` and returns that
+    /// length; bytes after it are left alone.
     ///
-    /// Fails if the run list has more than `u16::MAX` runs or is not canonical.
-    pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
-        if buf.len() != self.buffer_len() {
-            return Err(Error);
-        }
+    /// Fails with [`EmitError::NotCanonical`] if the run list is empty where runs are required,
+    /// has more than `u16::MAX` runs, or is not sorted, disjoint and non-adjacent; otherwise
+    /// with [`EmitError::BufferTooSmall`] if `buf` is shorter than the message.
+    pub fn emit(&self, buf: &mut [u8]) -> core::result::Result<usize, EmitError> {
+        // Canonical form first: a bigger buffer would not help.
         let runs = self.runs();
-        let count = u16::try_from(runs.map_or(0, |r| r.len())).map_err(|_| Error)?;
-        if let Some(r) = runs {
-            if r.is_empty() {
-                return Err(Error);
-            }
-            r.validate()?;
+        let count =
+            u16::try_from(runs.map_or(0, |r| r.len())).map_err(|_| EmitError::NotCanonical)?;
+        if let Some(r) = runs
+            && (r.is_empty() || r.validate().is_err())
+        {
+            return Err(EmitError::NotCanonical);
         }
+        let len = self.buffer_len();
+        let buf = emit_buf(buf, len)?;
         let arg = match *self {
             ControlRepr::FetchAck { hops, .. } => hops,
             ControlRepr::Abort { culprit, .. } => culprit,
@@ -413,18 +394,18 @@ impl<'a> ControlRepr<'a> {
                 dst[4..].copy_from_slice(&run.len.to_be_bytes());
             }
         }
-        Ok(())
+        Ok(len)
     }
 
-    /// Appends the message to `out`.
-    pub fn emit_vec(&self, out: &mut alloc::vec::Vec<u8>) -> Result<()> {
+    /// Appends the message to `out`; on error `out` is left as it was.
+    pub fn emit_vec(&self, out: &mut alloc::vec::Vec<u8>) -> core::result::Result<(), EmitError> {
         let start = out.len();
         out.resize(start + self.buffer_len(), 0);
         let r = self.emit(&mut out[start..]);
         if r.is_err() {
             out.truncate(start);
         }
-        r
+        r.map(|_| ())
     }
 }
 
@@ -433,67 +414,351 @@ mod tests {
     use super::*;
     use alloc::vec::Vec;
 
-    fn round_trip(repr: ControlRepr<'_>) {
-        let mut v = Vec::new();
-        repr.emit_vec(&mut v).unwrap();
-        let back = ControlRepr::parse_bytes(&v).unwrap();
-        assert_eq!(back, repr);
-        let mut again = Vec::new();
-        back.emit_vec(&mut again).unwrap();
-        assert_eq!(again, v);
+    // Fixed vectors (smoltcp style): parse and emit are each checked against bytes written by
+    // hand, so a bug made symmetrically in both (a swapped field, the wrong endianness) shows.
+    // Operation numbers use distinct bytes so a misplaced or byte-swapped field cannot match.
+
+    const READY: [u8; 16] = [
+        0x01, 0x01, 0x00, 0x00, // kind Ready, version 1, no runs
+        0x00, 0x00, 0x00, 0x00, // arg
+        0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, // op
+    ];
+    const GO: [u8; 16] = [
+        0x02, 0x01, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, //
+        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+    ];
+    const FETCH: [u8; 32] = [
+        0x03, 0x01, 0x00, 0x02, // kind Fetch, two runs
+        0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x09, //
+        0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, // 1..3
+        0x00, 0x01, 0x00, 0x07, 0x00, 0x00, 0x01, 0x00, // 65543..65799
+    ];
+    const FETCH_ACK: [u8; 24] = [
+        0x04, 0x01, 0x00, 0x01, // kind FetchAck, one run
+        0x00, 0x00, 0x01, 0x03, // hops 259
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0a, //
+        0xfe, 0xdc, 0xba, 0x98, 0x00, 0x00, 0x00, 0x04, // 0xfedcba98..+4
+    ];
+    const FETCH_NACK: [u8; 16] = [
+        0x05, 0x01, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0b,
+    ];
+    const FIN: [u8; 16] = [
+        0x06, 0x01, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+    ];
+    const ABORT: [u8; 16] = [
+        0x07, 0x01, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x11, // culprit 17
+        0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01,
+    ];
+    const ACTIVATE: [u8; 16] = [
+        0x08, 0x01, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x04,
+    ];
+
+    const FETCH_RUNS: [ChunkRun; 2] = [
+        ChunkRun { start: 1, len: 2 },
+        ChunkRun {
+            start: 65543,
+            len: 256,
+        },
+    ];
+    const ACK_RUNS: [ChunkRun; 1] = [ChunkRun {
+        start: 0xfedc_ba98,
+        len: 4,
+    }];
+
+    /// Every kind once, with the bytes it must have.
+    fn vectors() -> [(&'static [u8], ControlRepr<'static>); 8] {
+        [
+            (
+                &READY,
+                ControlRepr::Ready {
+                    op: 0x0102_0304_0506_0708,
+                },
+            ),
+            (&GO, ControlRepr::Go { op: u64::MAX }),
+            (
+                &FETCH,
+                ControlRepr::Fetch {
+                    op: 9,
+                    runs: RunList::Slice(&FETCH_RUNS),
+                },
+            ),
+            (
+                &FETCH_ACK,
+                ControlRepr::FetchAck {
+                    op: 10,
+                    runs: RunList::Slice(&ACK_RUNS),
+                    hops: 259,
+                },
+            ),
+            (&FETCH_NACK, ControlRepr::FetchNack { op: 11 }),
+            (&FIN, ControlRepr::Fin { op: 0 }),
+            (
+                &ABORT,
+                ControlRepr::Abort {
+                    op: 0x8000_0000_0000_0001,
+                    culprit: 17,
+                },
+            ),
+            (&ACTIVATE, ControlRepr::Activate { op: 4 }),
+        ]
     }
 
     #[test]
-    fn every_kind_round_trips() {
-        let runs = [ChunkRun { start: 1, len: 2 }, ChunkRun { start: 7, len: 1 }];
-        round_trip(ControlRepr::Ready { op: 3 });
-        round_trip(ControlRepr::Go { op: u64::MAX });
-        round_trip(ControlRepr::Fetch {
-            op: 9,
-            runs: RunList::Slice(&runs),
-        });
-        round_trip(ControlRepr::FetchAck {
-            op: 9,
-            runs: RunList::Slice(&runs),
-            hops: 3,
-        });
-        round_trip(ControlRepr::FetchNack { op: 9 });
-        round_trip(ControlRepr::Fin { op: 0 });
-        round_trip(ControlRepr::Activate { op: 4 });
-        round_trip(ControlRepr::Abort { op: 1, culprit: 17 });
+    fn every_kind_parses_from_fixed_bytes() {
+        for (bytes, want) in vectors() {
+            let got = ControlRepr::parse_bytes(bytes).unwrap();
+            assert_eq!(got, want, "{bytes:02x?}");
+            assert_eq!(got.kind(), want.kind());
+            assert_eq!(got.buffer_len(), bytes.len());
+            // The header accessors agree with the bytes too.
+            let p = ControlPacket::new_checked(bytes).unwrap();
+            assert_eq!(p.kind_raw(), want.kind() as u8);
+            assert_eq!(p.version(), VERSION);
+            assert_eq!(p.op(), want.op());
+        }
     }
 
     #[test]
-    fn rejects_non_canonical() {
-        let mut v = Vec::new();
-        ControlRepr::Fin { op: 5 }.emit_vec(&mut v).unwrap();
-        assert!(ControlRepr::parse_bytes(&v[..15]).is_err());
-        let mut bad = v.clone();
-        bad[4] = 1; // arg on a Fin
-        assert!(ControlRepr::parse_bytes(&bad).is_err());
-        let mut bad = v.clone();
-        bad[1] = 2; // version
-        assert!(ControlRepr::parse_bytes(&bad).is_err());
-        let mut bad = v.clone();
-        bad[0] = 0; // kind
-        assert!(ControlRepr::parse_bytes(&bad).is_err());
-        // overlapping runs
-        let runs = [ChunkRun { start: 1, len: 2 }, ChunkRun { start: 2, len: 1 }];
-        let mut v = Vec::new();
-        assert!(
-            ControlRepr::FetchAck {
-                op: 1,
-                runs: RunList::Slice(&runs),
-                hops: 0
+    fn every_kind_emits_fixed_bytes() {
+        for (bytes, repr) in vectors() {
+            assert_eq!(repr.buffer_len(), bytes.len());
+            let mut v = Vec::new();
+            repr.emit_vec(&mut v).unwrap();
+            assert_eq!(v, bytes, "{repr:?}");
+            // Into a larger buffer: only the message's bytes are written.
+            let mut big = [0xaau8; 40];
+            assert_eq!(repr.emit(&mut big), Ok(bytes.len()));
+            assert_eq!(&big[..bytes.len()], bytes);
+            assert!(big[bytes.len()..].iter().all(|&b| b == 0xaa));
+        }
+    }
+
+    #[test]
+    fn every_kind_is_covered() {
+        let kinds: Vec<u8> = vectors().iter().map(|(_, r)| r.kind() as u8).collect();
+        assert_eq!(kinds, [1, 2, 3, 4, 5, 6, 7, 8]);
+        for k in 0..=u8::MAX {
+            assert_eq!(ControlKind::from_u8(k).is_some(), (1..=8).contains(&k));
+        }
+    }
+
+    #[test]
+    fn short_buffer_reports_the_size_needed() {
+        for (bytes, repr) in vectors() {
+            let mut buf = [0u8; 40];
+            for short in [0, HEADER_LEN - 1, bytes.len() - 1] {
+                assert_eq!(
+                    repr.emit(&mut buf[..short]),
+                    Err(EmitError::BufferTooSmall {
+                        required: bytes.len()
+                    })
+                );
             }
-            .emit_vec(&mut v)
-            .is_err()
-        );
-        assert!(v.is_empty());
-        // Fetch without runs
-        let mut v = Vec::new();
-        ControlRepr::Fin { op: 5 }.emit_vec(&mut v).unwrap();
-        v[0] = ControlKind::Fetch as u8;
-        assert!(ControlRepr::parse_bytes(&v).is_err());
+            assert!(buf.iter().all(|&b| b == 0), "a failed emit wrote bytes");
+        }
+    }
+
+    // Negative vectors: each is a valid message with one thing wrong.
+
+    /// Fin with version 2.
+    const BAD_VERSION: [u8; 16] = [
+        0x06, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
+    ];
+    /// Kind 0 and kind 9 do not exist.
+    const BAD_KIND_0: [u8; 16] = [
+        0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
+    ];
+    const BAD_KIND_9: [u8; 16] = [
+        0x09, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
+    ];
+    /// Fin with an argument.
+    const ARG_ON_FIN: [u8; 16] = [
+        0x06, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
+    ];
+    /// Fetch with an argument (only FetchAck and Abort have one).
+    const ARG_ON_FETCH: [u8; 24] = [
+        0x03, 0x01, 0x00, 0x01, 0x01, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, //
+        0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01,
+    ];
+    /// Go carrying a run.
+    const RUNS_ON_GO: [u8; 24] = [
+        0x02, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, //
+        0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01,
+    ];
+    /// Abort (has an argument, no runs) carrying a run.
+    const RUNS_ON_ABORT: [u8; 24] = [
+        0x07, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, //
+        0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01,
+    ];
+    /// Fetch without runs.
+    const FETCH_NO_RUNS: [u8; 16] = [
+        0x03, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
+    ];
+    /// FetchAck without runs.
+    const FETCH_ACK_NO_RUNS: [u8; 16] = [
+        0x04, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
+    ];
+    /// Runs 5..7 then 1..2.
+    const UNSORTED: [u8; 32] = [
+        0x03, 0x01, 0x00, 0x02, 0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, //
+        0x00, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00, 0x02, //
+        0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01,
+    ];
+    /// Runs 1..3 then 2..3.
+    const OVERLAPPING: [u8; 32] = [
+        0x03, 0x01, 0x00, 0x02, 0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, //
+        0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, //
+        0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x01,
+    ];
+    /// Runs 1..3 then 3..4: should have been one run.
+    const ADJACENT: [u8; 32] = [
+        0x03, 0x01, 0x00, 0x02, 0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, //
+        0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, //
+        0x00, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00, 0x01,
+    ];
+    /// The same run twice.
+    const DUPLICATE: [u8; 32] = [
+        0x03, 0x01, 0x00, 0x02, 0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, //
+        0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, //
+        0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02,
+    ];
+    /// A run of zero chunks.
+    const EMPTY_RUN: [u8; 24] = [
+        0x03, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, //
+        0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00,
+    ];
+    /// start + len overflows u32.
+    const OVERFLOW: [u8; 24] = [
+        0x04, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, //
+        0xff, 0xff, 0xff, 0xff, 0x00, 0x00, 0x00, 0x01,
+    ];
+    /// Announces two runs, carries one.
+    const COUNT_TOO_BIG: [u8; 24] = [
+        0x03, 0x01, 0x00, 0x02, 0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, //
+        0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01,
+    ];
+    /// Announces one run, carries one and a half.
+    const TRAILING: [u8; 28] = [
+        0x03, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, //
+        0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, //
+        0x00, 0x00, 0x00, 0x00,
+    ];
+
+    #[test]
+    fn rejects_fixed_negative_vectors() {
+        let cases: [(&str, &[u8]); 17] = [
+            ("bad version", &BAD_VERSION),
+            ("kind 0", &BAD_KIND_0),
+            ("kind 9", &BAD_KIND_9),
+            ("arg on Fin", &ARG_ON_FIN),
+            ("arg on Fetch", &ARG_ON_FETCH),
+            ("runs on Go", &RUNS_ON_GO),
+            ("runs on Abort", &RUNS_ON_ABORT),
+            ("Fetch without runs", &FETCH_NO_RUNS),
+            ("FetchAck without runs", &FETCH_ACK_NO_RUNS),
+            ("unsorted runs", &UNSORTED),
+            ("overlapping runs", &OVERLAPPING),
+            ("adjacent runs", &ADJACENT),
+            ("duplicate runs", &DUPLICATE),
+            ("empty run", &EMPTY_RUN),
+            ("start + len overflows", &OVERFLOW),
+            ("count beyond the bytes", &COUNT_TOO_BIG),
+            ("bytes beyond the count", &TRAILING),
+        ];
+        for (why, bytes) in cases {
+            assert_eq!(ControlRepr::parse_bytes(bytes), Err(Error), "{why}");
+        }
+    }
+
+    #[test]
+    fn rejects_wrong_lengths() {
+        for (bytes, _) in vectors() {
+            for cut in 0..bytes.len() {
+                assert_eq!(ControlRepr::parse_bytes(&bytes[..cut]), Err(Error));
+            }
+            let mut long = bytes.to_vec();
+            long.push(0);
+            assert_eq!(ControlRepr::parse_bytes(&long), Err(Error));
+        }
+    }
+
+    #[test]
+    fn refuses_to_emit_non_canonical_runs() {
+        let r = |start, len| ChunkRun { start, len };
+        let bad: [&[ChunkRun]; 6] = [
+            &[],
+            &[r(5, 2), r(1, 1)],
+            &[r(1, 2), r(2, 1)],
+            &[r(1, 2), r(3, 1)],
+            &[r(1, 0)],
+            &[r(u32::MAX, 1)],
+        ];
+        for runs in bad {
+            for repr in [
+                ControlRepr::Fetch {
+                    op: 1,
+                    runs: RunList::Slice(runs),
+                },
+                ControlRepr::FetchAck {
+                    op: 1,
+                    runs: RunList::Slice(runs),
+                    hops: 0,
+                },
+            ] {
+                let mut v = alloc::vec![7u8];
+                assert_eq!(
+                    repr.emit_vec(&mut v),
+                    Err(EmitError::NotCanonical),
+                    "{runs:?}"
+                );
+                assert_eq!(v, [7], "a failed emit_vec must leave the vector as it was");
+            }
+        }
+        // More runs than the 16-bit count can announce.
+        let many: Vec<ChunkRun> = (0..=u32::from(u16::MAX)).map(|i| r(2 * i, 1)).collect();
+        let repr = ControlRepr::Fetch {
+            op: 1,
+            runs: RunList::Slice(&many),
+        };
+        let mut buf = alloc::vec![0u8; repr.buffer_len()];
+        assert_eq!(repr.emit(&mut buf), Err(EmitError::NotCanonical));
+    }
+
+    #[test]
+    fn wire_runs_iterate_like_slices() {
+        let p = ControlRepr::parse_bytes(&FETCH).unwrap();
+        let ControlRepr::Fetch { runs, .. } = p else {
+            panic!("{p:?}")
+        };
+        assert!(matches!(runs, RunList::Wire(_)));
+        assert_eq!(runs, RunList::Slice(&FETCH_RUNS));
+        assert_eq!(runs.chunks(), 258);
+        assert_eq!(alloc::format!("{runs:?}"), "[1..3, 65543..65799]");
     }
 }

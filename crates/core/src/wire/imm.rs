@@ -1,4 +1,5 @@
-//! The 32-bit immediate carried with every chunk: an operation tag and a chunk index.
+//! The 32-bit immediate carried with every chunk: an operation tag and the chunk's index within
+//! the sender's block (see `layout.rs`).
 
 use super::{Error, Result};
 
@@ -20,8 +21,8 @@ pub struct ImmLayout {
 pub struct Imm {
     /// Low `op_bits` of the operation's sequence number.
     pub op_tag: u32,
-    /// Index of the chunk within the operation's chunk space (lane-relative numbering is not
-    /// used: the index is global to the operation).
+    /// Index of the chunk within the sender's block (not within the whole operation, and not
+    /// lane-relative); the block is known from the sender the transport reports.
     pub chunk: u32,
 }
 
@@ -133,5 +134,34 @@ mod tests {
             None
         );
         assert_eq!(l.tag_of(1024 + 5), 5);
+    }
+
+    /// Fixed vectors: the tag sits in the high bits, the index in the low bits, big end first
+    /// when the transport writes the 32-bit value in network order.
+    #[test]
+    fn fixed_vectors() {
+        let cases: [(u8, u32, u32, u32); 6] = [
+            // (chunk_bits, op_tag, chunk, raw)
+            (20, 0xabc, 0x1_2345, 0xabc1_2345),
+            (20, 0, 0, 0),
+            (20, 0xfff, 0xf_ffff, 0xffff_ffff),
+            (22, 1, 0, 0x0040_0000),
+            (22, 0x3ff, 0x3f_ffff, 0xffff_ffff),
+            (1, 0x7fff_ffff, 0, 0xffff_fffe),
+        ];
+        for (bits, op_tag, chunk, raw) in cases {
+            let l = ImmLayout::new(bits).unwrap();
+            let imm = Imm { op_tag, chunk };
+            assert_eq!(l.encode(imm), Some(raw), "{bits} bits, {imm:?}");
+            assert_eq!(l.decode(raw), imm, "{bits} bits, {raw:#010x}");
+        }
+        assert_eq!(ImmLayout::default().chunk_bits(), 20);
+        assert_eq!(
+            ImmLayout::default().decode(0x0010_0005),
+            Imm {
+                op_tag: 1,
+                chunk: 5
+            }
+        );
     }
 }

@@ -13,10 +13,22 @@ pub(crate) struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[expect(clippy::large_enum_variant, reason = "parsed once per run")]
 pub(crate) enum Command {
     /// Run collectives on the deterministic fabric simulator.
     #[command(subcommand)]
     Sim(SimCommand),
+    /// Bootstrap from the launcher's variables (mpirun, srun, torchrun or RINGCAST_*), meet the
+    /// other ranks over TCP and print the peer table: checks a launch before a real run.
+    Bootstrap(BootstrapArgs),
+}
+
+/// `ringcast bootstrap`.
+#[derive(Debug, Args)]
+pub(crate) struct BootstrapArgs {
+    /// Print JSON instead of a line of text.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Subcommand)]

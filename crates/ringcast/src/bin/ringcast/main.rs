@@ -3,26 +3,49 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod bootstrap_cmd;
 mod sim_cmd;
 mod units;
 
 use clap::Parser;
+use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
+
+/// Why a command stopped early.
+pub(crate) enum CmdError {
+    /// Bad flags or a failed run: printed, exit status 2.
+    Msg(String),
+    /// Writing the output failed (a closed pipe is a quiet, successful exit).
+    Output(std::io::Error),
+}
+
+impl From<String> for CmdError {
+    fn from(s: String) -> Self {
+        CmdError::Msg(s)
+    }
+}
+
+impl From<&str> for CmdError {
+    fn from(s: &str) -> Self {
+        CmdError::Msg(s.to_owned())
+    }
+}
 
 fn main() -> ExitCode {
     let cli = args::Cli::parse();
     let result = match cli.command {
         args::Command::Sim(args::SimCommand::Bcast(a)) => sim_cmd::bcast(&a),
         args::Command::Sim(args::SimCommand::Allgather(a)) => sim_cmd::allgather(&a),
+        args::Command::Bootstrap(a) => bootstrap_cmd::run(&a),
     };
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            #[allow(clippy::print_stderr)]
-            {
-                eprintln!("ringcast: error: {e}");
-            }
-            ExitCode::from(2)
-        }
-    }
+    let message = match result {
+        Ok(code) => return code,
+        // `ringcast ... | head`: the reader has all it wanted.
+        Err(CmdError::Output(e)) if e.kind() == ErrorKind::BrokenPipe => return ExitCode::SUCCESS,
+        Err(CmdError::Output(e)) => format!("writing the output: {e}"),
+        Err(CmdError::Msg(m)) => m,
+    };
+    // Not eprintln!: it panics when stderr is closed too.
+    let _ = writeln!(std::io::stderr(), "ringcast: error: {message}");
+    ExitCode::from(2)
 }

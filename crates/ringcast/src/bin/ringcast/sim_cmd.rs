@@ -1,12 +1,13 @@
 //! `ringcast sim bcast|allgather`: build a simulation from the flags, run it with a progress
 //! bar, print the report.
 
+use crate::CmdError;
 use crate::args::{AllgatherArgs, BcastArgs, SimArgs, Topology};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ringcast::sim::{
     Crash, Faults, GilbertElliott, Reorder, RxSlots, Sim, SimConfig, TopologySpec, Workload,
 };
-use std::io::{IsTerminal, Write};
+use std::io::{BufWriter, IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ fn topology(a: &SimArgs) -> Result<TopologySpec, String> {
         }
         Topology::FatTree => {
             let cap = u64::from(a.radix).pow(3) / 4;
-            if a.radix < 2 || a.radix % 2 != 0 || u64::from(a.ranks) > cap {
+            if a.radix < 2 || !a.radix.is_multiple_of(2) || u64::from(a.ranks) > cap {
                 return Err(format!(
                     "--radix {} must be even and at least 2, with --ranks at most radix^3/4 ({cap})",
                     a.radix
@@ -118,10 +119,10 @@ fn config(a: &SimArgs, workload: Workload, buffer: u64) -> Result<SimConfig, Str
 }
 
 /// Runs `ringcast sim bcast`.
-pub(crate) fn bcast(a: &BcastArgs) -> Result<ExitCode, String> {
+pub(crate) fn bcast(a: &BcastArgs) -> Result<ExitCode, CmdError> {
     let ranks = ranks(&a.sim);
     if let Some(r) = a.root.iter().find(|r| **r >= ranks) {
-        return Err(format!("--root {r} is not below --ranks {ranks}"));
+        return Err(format!("--root {r} is not below --ranks {ranks}").into());
     }
     let workload = a.root.iter().fold(Workload::new(), |w, root| {
         w.broadcast(Duration::ZERO, *root, a.size)
@@ -130,14 +131,15 @@ pub(crate) fn bcast(a: &BcastArgs) -> Result<ExitCode, String> {
 }
 
 /// Runs `ringcast sim allgather`.
-pub(crate) fn allgather(a: &AllgatherArgs) -> Result<ExitCode, String> {
+pub(crate) fn allgather(a: &AllgatherArgs) -> Result<ExitCode, CmdError> {
     let ranks = ranks(&a.sim);
     let sizes = match &a.sizes {
         Some(s) if s.len() != ranks as usize => {
             return Err(format!(
                 "--sizes has {} entries; expected one per rank ({ranks})",
                 s.len()
-            ));
+            )
+            .into());
         }
         Some(s) => s.clone(),
         None => vec![a.size; ranks as usize],
@@ -167,7 +169,7 @@ fn progress_bar(hidden: bool, total: u64) -> ProgressBar {
 
 /// Runs a simulation with a progress bar and prints its report. Exit status 0: verified and
 /// every rank completed; 1: the run finished but some rank failed, hung or holds wrong data.
-fn run(a: &SimArgs, cfg: SimConfig) -> Result<ExitCode, String> {
+fn run(a: &SimArgs, cfg: SimConfig) -> Result<ExitCode, CmdError> {
     let mut sim = Sim::new(cfg).map_err(|e| e.to_string())?;
     let bar = progress_bar(a.json, sim.progress().expected_deliveries);
     while !sim.run_for(STEP) {
@@ -177,15 +179,18 @@ fn run(a: &SimArgs, cfg: SimConfig) -> Result<ExitCode, String> {
     }
     bar.finish_and_clear();
     let report = sim.report();
-    let mut out = std::io::stdout().lock();
+    let mut out = BufWriter::new(std::io::stdout().lock());
     let written = if a.json {
+        // serde_json hands an I/O error back unchanged, so a closed pipe stays one.
         serde_json::to_writer_pretty(&mut out, &report)
-            .map_err(|e| e.to_string())
-            .and_then(|()| writeln!(out).map_err(|e| e.to_string()))
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(out))
     } else {
-        write!(out, "{report}").map_err(|e| e.to_string())
+        write!(out, "{report}")
     };
-    written.map_err(|e| format!("writing the report: {e}"))?;
+    written
+        .and_then(|()| out.flush())
+        .map_err(CmdError::Output)?;
     Ok(if report.all_completed() {
         ExitCode::SUCCESS
     } else {

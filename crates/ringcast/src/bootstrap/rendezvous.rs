@@ -1,0 +1,417 @@
+//! The TCP rendezvous: rank 0 listens, every other rank connects and sends its rank, world size
+//! and control addresses (an opaque blob); rank 0 checks them and answers everyone with the
+//! whole table and a random 64-bit job nonce.
+
+use super::env::{DEFAULT_TIMEOUT, JobEnv, RendezvousAddr};
+use super::wire::{self, Hello, MAX_CONTROL_LEN, Reply, WireError};
+use std::io::{self, ErrorKind};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// A joining rank waits this much past its deadline for rank 0's answer, so that rank 0's own
+/// timeout report (which names the missing ranks) arrives first.
+const REPLY_GRACE: Duration = Duration::from_secs(2);
+/// Backoff between connection attempts: from the first to the last.
+const CONNECT_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_millis(500));
+
+/// One rank's entry in the table everyone receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// The rank.
+    pub rank: u32,
+    /// Its local rank, when its launcher said.
+    pub local_rank: Option<u32>,
+    /// The control addresses it sent (opaque to the rendezvous).
+    pub control: Vec<u8>,
+}
+
+/// What every rank holds after the rendezvous: the same table and nonce everywhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerTable {
+    /// Random per-job value from rank 0 (group addresses and the Q_Key derive from it).
+    pub nonce: u64,
+    /// One entry per rank, in rank order.
+    pub peers: Vec<Peer>,
+}
+
+/// A failed rendezvous. Messages name the address and the variables behind it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RendezvousError {
+    /// Rank 0 could not listen.
+    #[error(
+        "rank 0 could not listen on port {port} (from {origin}): {source}; set RINGCAST_BOOTSTRAP \
+         to host:port with a free port"
+    )]
+    Bind {
+        /// The port.
+        port: u16,
+        /// The variables it came from.
+        origin: &'static str,
+        /// What the kernel said.
+        #[source]
+        source: io::Error,
+    },
+    /// Rank 0 gave up waiting for some ranks.
+    #[error(
+        "waited {} s for ranks {} at {addr}; are they started with the same {origin}?{}",
+        waited.as_secs_f64(), RankList(missing), Rejected(rejected)
+    )]
+    Timeout {
+        /// The rendezvous address.
+        addr: String,
+        /// How long rank 0 waited.
+        waited: Duration,
+        /// The ranks that never joined.
+        missing: Vec<u32>,
+        /// The variables the address came from.
+        origin: &'static str,
+        /// Connections refused meanwhile, and why.
+        rejected: Vec<String>,
+    },
+    /// Two processes claim one rank.
+    #[error(
+        "rank {rank} joined twice (from {first} and {second}): every process needs its own rank; \
+         check RINGCAST_RANK / the launcher's rank variable"
+    )]
+    DuplicateRank {
+        /// The rank.
+        rank: u32,
+        /// The first claimant.
+        first: String,
+        /// The second.
+        second: SocketAddr,
+    },
+    /// A rank disagrees with rank 0 about the world size, or sent a rank outside it.
+    #[error(
+        "rank {rank} (from {peer}) says the world has {theirs} ranks, rank 0 says {ours}: start \
+         every rank with the same world size (RINGCAST_WORLD_SIZE / the launcher's size variable)"
+    )]
+    WorldSizeMismatch {
+        /// The offender's rank.
+        rank: u32,
+        /// Its address.
+        peer: SocketAddr,
+        /// Its world size.
+        theirs: u32,
+        /// Rank 0's.
+        ours: u32,
+    },
+    /// A joining rank never reached rank 0.
+    #[error(
+        "could not connect to the rendezvous at {addr} for {} s (last error: {last_error}); is \
+         rank 0 running, with the same {origin}?",
+        waited.as_secs_f64()
+    )]
+    Unreachable {
+        /// The rendezvous address.
+        addr: String,
+        /// How long it tried.
+        waited: Duration,
+        /// The last connection error.
+        last_error: String,
+        /// The variables the address came from.
+        origin: &'static str,
+    },
+    /// Rank 0 accepted but never answered.
+    #[error(
+        "rank 0 at {addr} did not answer within {} s; see its log (RINGCAST_BOOTSTRAP_TIMEOUT \
+         sets the wait)",
+        waited.as_secs_f64()
+    )]
+    NoReply {
+        /// The rendezvous address.
+        addr: String,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// Rank 0 refused this rank or gave up on the job; its text says why.
+    #[error("the rendezvous at {addr} failed: {message}")]
+    Refused {
+        /// The rendezvous address.
+        addr: String,
+        /// Rank 0's explanation.
+        message: String,
+    },
+    /// Something other than a ringcast rendezvous answered, or it broke the protocol.
+    #[error(
+        "{addr} does not speak ringcast's rendezvous ({detail}); does {origin} point at another \
+         service, such as torch's store on MASTER_PORT?"
+    )]
+    Protocol {
+        /// The rendezvous address.
+        addr: String,
+        /// What was wrong.
+        detail: String,
+        /// The variables the address came from.
+        origin: &'static str,
+    },
+    /// The control blob is over [`MAX_CONTROL_LEN`].
+    #[error("control addresses of {0} bytes are over the limit of {MAX_CONTROL_LEN}")]
+    ControlTooLong(usize),
+    /// A socket error not covered above.
+    #[error("rendezvous at {addr}: {source}")]
+    Io {
+        /// The rendezvous address.
+        addr: String,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// `[3, 5, 7-9]`, at most 32 items.
+struct RankList<'a>(&'a [u32]);
+
+impl std::fmt::Display for RankList<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut runs: Vec<(u32, u32)> = Vec::new();
+        for &r in self.0 {
+            match runs.last_mut() {
+                Some((_, hi)) if hi.checked_add(1) == Some(r) => *hi = r,
+                _ => runs.push((r, r)),
+            }
+        }
+        f.write_str("[")?;
+        for (i, (lo, hi)) in runs.iter().enumerate() {
+            if i == 32 {
+                write!(f, ", ... ({} ranks in all)", self.0.len())?;
+                break;
+            }
+            let sep = if i == 0 { "" } else { ", " };
+            match hi - lo {
+                0 => write!(f, "{sep}{lo}")?,
+                1 => write!(f, "{sep}{lo}, {hi}")?,
+                _ => write!(f, "{sep}{lo}-{hi}")?,
+            }
+        }
+        f.write_str("]")
+    }
+}
+
+struct Rejected<'a>(&'a [String]);
+
+impl std::fmt::Display for Rejected<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.0.is_empty() {
+            write!(f, " Refused meanwhile: {}", self.0.join("; "))?;
+        }
+        Ok(())
+    }
+}
+
+/// One rank's side of the rendezvous.
+///
+/// ```no_run
+/// use ringcast::bootstrap::{Rendezvous, RendezvousAddr};
+/// let addr = RendezvousAddr { host: "10.0.0.1".into(), port: 29500, origin: "RINGCAST_BOOTSTRAP" };
+/// let table = Rendezvous::new(1, 4, addr).run(b"10.0.0.2:40000")?;
+/// assert_eq!(table.peers.len(), 4);
+/// # Ok::<(), ringcast::bootstrap::RendezvousError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendezvous {
+    /// This rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub world_size: u32,
+    /// This rank's local rank, passed on in the table.
+    pub local_rank: Option<u32>,
+    /// Where rank 0 listens.
+    pub addr: RendezvousAddr,
+    /// [`JobEnv::job_key`]; 0 when unknown. Ranks with different non-zero keys refuse each other.
+    pub job_key: u64,
+    /// How long to wait for everyone.
+    pub timeout: Duration,
+}
+
+impl Rendezvous {
+    /// A rendezvous for `rank` of `world_size` at `addr`, with no job key and the default timeout.
+    pub fn new(rank: u32, world_size: u32, addr: RendezvousAddr) -> Self {
+        Rendezvous {
+            rank,
+            world_size,
+            local_rank: None,
+            addr,
+            job_key: 0,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// The rendezvous a job's environment describes; `None` for a single-rank job.
+    pub fn for_job(job: &JobEnv) -> Option<Self> {
+        job.rendezvous.as_ref().map(|addr| Rendezvous {
+            rank: job.rank,
+            world_size: job.world_size,
+            local_rank: job.local_rank,
+            addr: addr.clone(),
+            job_key: job.job_key(),
+            timeout: job.timeout,
+        })
+    }
+
+    /// Runs this rank's side: rank 0 listens on the address's port (all local addresses) and
+    /// serves; the others join.
+    pub fn run(&self, control: &[u8]) -> Result<PeerTable, RendezvousError> {
+        if self.rank != 0 {
+            return self.join(control);
+        }
+        let any = match self.addr.host.parse::<IpAddr>() {
+            Ok(IpAddr::V6(_)) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        };
+        let listener =
+            TcpListener::bind((any, self.addr.port)).map_err(|source| RendezvousError::Bind {
+                port: self.addr.port,
+                origin: self.addr.origin,
+                source,
+            })?;
+        self.serve(listener, control)
+    }
+
+    /// Rank 0's side on a listener it already holds (for tests and for callers that bind
+    /// port 0 first and hand the port to the ranks they start).
+    pub fn serve(
+        &self,
+        listener: TcpListener,
+        control: &[u8],
+    ) -> Result<PeerTable, RendezvousError> {
+        check_control(control)?;
+        super::server::Server::new(self, listener)?.run(control)
+    }
+
+    /// A non-zero rank's side: connects (retrying until the deadline), sends its hello and
+    /// waits for the table.
+    pub fn join(&self, control: &[u8]) -> Result<PeerTable, RendezvousError> {
+        check_control(control)?;
+        let started = Instant::now();
+        let deadline = started + self.timeout;
+        let addr = self.addr.to_string();
+        let mut stream = self.connect(&addr, started, deadline)?;
+        let io_err = |source| RendezvousError::Io {
+            addr: addr.clone(),
+            source,
+        };
+        stream.set_nodelay(true).map_err(io_err)?;
+        let hello = Hello {
+            version: wire::VERSION,
+            rank: self.rank,
+            world_size: self.world_size,
+            local_rank: self.local_rank,
+            job_key: self.job_key,
+            control: control.to_vec(),
+        };
+        wire::send(&mut stream, &hello.encode()).map_err(io_err)?;
+        let wait = deadline.saturating_duration_since(Instant::now()) + REPLY_GRACE;
+        stream.set_read_timeout(Some(wait)).map_err(io_err)?;
+        match Reply::read(&mut stream, self.world_size) {
+            Ok(Reply::Table { nonce, entries }) => {
+                tracing::debug!(rank = self.rank, %addr, nonce, "rendezvous: joined");
+                Ok(table(nonce, entries))
+            }
+            Ok(Reply::Refused(message)) => Err(RendezvousError::Refused { addr, message }),
+            Err(WireError::Io(e))
+                if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+            {
+                Err(RendezvousError::NoReply {
+                    addr,
+                    waited: started.elapsed(),
+                })
+            }
+            Err(WireError::Io(e))
+                if matches!(
+                    e.kind(),
+                    ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset
+                ) =>
+            {
+                Err(RendezvousError::Refused {
+                    addr,
+                    message: "rank 0 closed the connection without an answer; see its log".into(),
+                })
+            }
+            Err(e) => Err(RendezvousError::Protocol {
+                addr,
+                detail: e.to_string(),
+                origin: self.addr.origin,
+            }),
+        }
+    }
+
+    /// Connects to rank 0, retrying with backoff (it may not listen yet) until `deadline`.
+    fn connect(
+        &self,
+        addr: &str,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<TcpStream, RendezvousError> {
+        let mut backoff = CONNECT_BACKOFF.0;
+        loop {
+            let last_error = match (self.addr.host.as_str(), self.addr.port).to_socket_addrs() {
+                Ok(addrs) => {
+                    let mut last = io::Error::new(ErrorKind::NotFound, "the host has no address");
+                    for a in addrs {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        let attempt = left.clamp(Duration::from_millis(1), Duration::from_secs(2));
+                        match TcpStream::connect_timeout(&a, attempt) {
+                            Ok(s) => return Ok(s),
+                            Err(e) => last = e,
+                        }
+                    }
+                    last
+                }
+                Err(e) => e,
+            };
+            if Instant::now() + backoff >= deadline {
+                return Err(RendezvousError::Unreachable {
+                    addr: addr.to_owned(),
+                    waited: started.elapsed(),
+                    last_error: last_error.to_string(),
+                    origin: self.addr.origin,
+                });
+            }
+            tracing::trace!(%addr, error = %last_error, "rendezvous: retrying");
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(CONNECT_BACKOFF.1);
+        }
+    }
+}
+
+fn check_control(control: &[u8]) -> Result<(), RendezvousError> {
+    if control.len() > MAX_CONTROL_LEN {
+        return Err(RendezvousError::ControlTooLong(control.len()));
+    }
+    Ok(())
+}
+
+pub(super) fn table(nonce: u64, entries: Vec<(Option<u32>, Vec<u8>)>) -> PeerTable {
+    let peers = (0u32..)
+        .zip(entries)
+        .map(|(rank, (local_rank, control))| Peer {
+            rank,
+            local_rank,
+            control,
+        })
+        .collect();
+    PeerTable { nonce, peers }
+}
+
+/// The table of a single-rank job, which needs no network.
+pub fn single_rank_table(local_rank: Option<u32>, control: &[u8], job_key: u64) -> PeerTable {
+    table(job_nonce(job_key), vec![(local_rank, control.to_vec())])
+}
+
+/// A random 64-bit nonce, mixed with the job key.
+pub(super) fn job_nonce(job_key: u64) -> u64 {
+    let random = getrandom::u64().unwrap_or_else(|e| {
+        // No OS randomness (very unusual): fall back to std's randomly keyed hasher over the
+        // time and pid.
+        tracing::warn!(error = %e, "rendezvous: getrandom failed; using a hashed time and pid");
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        std::time::SystemTime::now().hash(&mut h);
+        std::process::id().hash(&mut h);
+        h.finish()
+    });
+    random ^ job_key
+}

@@ -1,0 +1,224 @@
+//! Rank 0's side of the rendezvous: accept ranks until all have joined (or the deadline
+//! passes), check each hello, then send everyone the table.
+
+use super::rendezvous::{PeerTable, Rendezvous, RendezvousError, job_nonce, table};
+use super::wire::{self, Hello, Reply, WireError};
+use std::io::ErrorKind;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+/// How long rank 0 waits for one connection's hello before dropping it.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often rank 0 polls its listener.
+const ACCEPT_POLL: Duration = Duration::from_millis(5);
+
+/// A joined rank, waiting for the table.
+struct Joined {
+    peer: SocketAddr,
+    stream: TcpStream,
+    local_rank: Option<u32>,
+    control: Vec<u8>,
+}
+
+/// Rank 0's state while ranks join.
+pub(super) struct Server<'a> {
+    cfg: &'a Rendezvous,
+    listener: TcpListener,
+    addr: String,
+    started: Instant,
+    deadline: Instant,
+    joined: Vec<Option<Joined>>,
+    rejected: Vec<String>,
+}
+
+impl<'a> Server<'a> {
+    pub(super) fn new(cfg: &'a Rendezvous, listener: TcpListener) -> Result<Self, RendezvousError> {
+        let addr = cfg.addr.to_string();
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| RendezvousError::Io {
+                addr: addr.clone(),
+                source,
+            })?;
+        let started = Instant::now();
+        Ok(Server {
+            cfg,
+            listener,
+            addr,
+            started,
+            deadline: started + cfg.timeout,
+            joined: (0..cfg.world_size).map(|_| None).collect(),
+            rejected: Vec::new(),
+        })
+    }
+
+    pub(super) fn run(mut self, control: &[u8]) -> Result<PeerTable, RendezvousError> {
+        let mut waiting = self.cfg.world_size.saturating_sub(1);
+        while waiting > 0 {
+            match self.listener.accept() {
+                Ok((stream, peer)) => {
+                    if self.admit(stream, peer)? {
+                        waiting -= 1;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if Instant::now() >= self.deadline {
+                        return Err(self.fail(self.timeout_error()));
+                    }
+                    std::thread::sleep(ACCEPT_POLL);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::Interrupted | ErrorKind::ConnectionAborted
+                    ) => {}
+                Err(source) => {
+                    let addr = self.addr.clone();
+                    return Err(self.fail(RendezvousError::Io { addr, source }));
+                }
+            }
+        }
+        let nonce = job_nonce(self.cfg.job_key);
+        let mut entries = Vec::with_capacity(self.joined.len());
+        let mut streams = Vec::with_capacity(self.joined.len());
+        for (rank, slot) in (0u32..).zip(self.joined) {
+            match slot {
+                Some(j) => {
+                    entries.push((j.local_rank, j.control));
+                    streams.push((j.peer, j.stream));
+                }
+                None if rank == self.cfg.rank => {
+                    entries.push((self.cfg.local_rank, control.to_vec()));
+                }
+                None => {
+                    // Unreachable: `waiting` counted every other slot filled.
+                    entries.push((None, Vec::new()));
+                }
+            }
+        }
+        let reply = Reply::Table {
+            nonce,
+            entries: entries.clone(),
+        }
+        .encode();
+        for (peer, mut stream) in streams {
+            if let Err(e) = wire::send(&mut stream, &reply) {
+                tracing::warn!(%peer, error = %e, "rendezvous: a rank left before getting the table");
+            }
+        }
+        tracing::info!(addr = %self.addr, ranks = self.cfg.world_size, nonce, "rendezvous: complete");
+        Ok(table(nonce, entries))
+    }
+
+    /// Reads one connection's hello; `Ok(true)` when it is a new rank of this job.
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr) -> Result<bool, RendezvousError> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        let setup = stream
+            .set_nonblocking(false)
+            .and_then(|()| {
+                stream.set_read_timeout(Some(left.clamp(Duration::from_millis(100), HELLO_TIMEOUT)))
+            })
+            .and_then(|()| stream.set_nodelay(true));
+        if let Err(e) = setup {
+            tracing::debug!(%peer, error = %e, "rendezvous: dropping a connection");
+            return Ok(false);
+        }
+        let hello = match Hello::read(&mut stream) {
+            Ok(h) => h,
+            Err(e) => {
+                if let WireError::Version(_) = e {
+                    refuse(
+                        &mut stream,
+                        &format!("{e}; run the same ringcast build on every rank"),
+                    );
+                }
+                tracing::debug!(%peer, error = %e, "rendezvous: dropping a connection");
+                self.rejected.push(format!("{peer} ({e})"));
+                return Ok(false);
+            }
+        };
+        let ours = self.cfg.job_key;
+        if hello.job_key != 0 && ours != 0 && hello.job_key != ours {
+            let why = format!(
+                "rank {} from {peer} belongs to another job (job key {:016x}, rank 0's is {ours:016x})",
+                hello.rank, hello.job_key
+            );
+            refuse(
+                &mut stream,
+                &format!("{why}; give each job its own RINGCAST_BOOTSTRAP port"),
+            );
+            tracing::warn!("rendezvous: {why}");
+            self.rejected.push(why);
+            return Ok(false);
+        }
+        if hello.world_size != self.cfg.world_size || hello.rank >= self.cfg.world_size {
+            let e = RendezvousError::WorldSizeMismatch {
+                rank: hello.rank,
+                peer,
+                theirs: hello.world_size,
+                ours: self.cfg.world_size,
+            };
+            refuse(&mut stream, &e.to_string());
+            return Err(self.fail(e));
+        }
+        let slot = hello.rank as usize;
+        let first = if hello.rank == self.cfg.rank {
+            Some("rank 0 itself".to_owned())
+        } else {
+            self.joined
+                .get(slot)
+                .and_then(|j| j.as_ref().map(|j| j.peer.to_string()))
+        };
+        if let Some(first) = first {
+            let e = RendezvousError::DuplicateRank {
+                rank: hello.rank,
+                first,
+                second: peer,
+            };
+            refuse(&mut stream, &e.to_string());
+            return Err(self.fail(e));
+        }
+        tracing::debug!(rank = hello.rank, %peer, "rendezvous: rank joined");
+        if let Some(s) = self.joined.get_mut(slot) {
+            *s = Some(Joined {
+                peer,
+                stream,
+                local_rank: hello.local_rank,
+                control: hello.control,
+            });
+        }
+        Ok(true)
+    }
+
+    fn timeout_error(&self) -> RendezvousError {
+        let missing = (0u32..)
+            .zip(&self.joined)
+            .filter(|(r, j)| j.is_none() && *r != self.cfg.rank)
+            .map(|(r, _)| r)
+            .collect();
+        RendezvousError::Timeout {
+            addr: self.addr.clone(),
+            waited: self.started.elapsed(),
+            missing,
+            origin: self.cfg.addr.origin,
+            rejected: self.rejected.clone(),
+        }
+    }
+
+    /// Tells every joined rank why the job failed, and returns the error.
+    fn fail(&mut self, e: RendezvousError) -> RendezvousError {
+        let text = format!("rank 0: {e}");
+        for j in self.joined.iter_mut().flatten() {
+            refuse(&mut j.stream, &text);
+        }
+        tracing::error!("rendezvous: {e}");
+        e
+    }
+}
+
+/// Best effort: the peer may already be gone.
+fn refuse(stream: &mut TcpStream, text: &str) {
+    if let Err(e) = wire::send(stream, &Reply::Refused(text.to_owned()).encode()) {
+        tracing::debug!(error = %e, "rendezvous: could not deliver a refusal");
+    }
+}

@@ -1,0 +1,641 @@
+//! Bootstrap: every launcher's variables, precedence, bad settings, and real rendezvous of
+//! ranks as threads on 127.0.0.1.
+
+use ringcast::bootstrap::{
+    DERIVED_PORT_BASE, DERIVED_PORT_SPAN, EnvError, JobEnv, Launcher, PeerTable, Rendezvous,
+    RendezvousAddr, RendezvousError,
+};
+use std::net::{Ipv4Addr, TcpListener};
+use std::time::Duration;
+
+fn job(vars: &[(&str, &str)]) -> Result<JobEnv, EnvError> {
+    JobEnv::from_lookup(|k| {
+        vars.iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| (*v).to_owned())
+    })
+}
+
+fn ok(vars: &[(&str, &str)]) -> JobEnv {
+    job(vars).unwrap_or_else(|e| panic!("{vars:?}: {e}"))
+}
+
+/// (launcher, rank, size, local rank, rendezvous `host:port`).
+fn summary(j: &JobEnv) -> (Launcher, u32, u32, Option<u32>, Option<String>) {
+    (
+        j.launcher,
+        j.rank,
+        j.world_size,
+        j.local_rank,
+        j.rendezvous.as_ref().map(ToString::to_string),
+    )
+}
+
+const TORCHRUN: &[(&str, &str)] = &[
+    ("RANK", "5"),
+    ("WORLD_SIZE", "8"),
+    ("LOCAL_RANK", "1"),
+    ("LOCAL_WORLD_SIZE", "4"),
+    ("MASTER_ADDR", "node7"),
+    ("MASTER_PORT", "29500"),
+    ("TORCHELASTIC_RUN_ID", "abc"),
+];
+
+/// Open MPI 4.1 (Debian's openmpi-bin), one host, as `mpirun -np 2 env` prints them.
+const OPEN_MPI: &[(&str, &str)] = &[
+    ("OMPI_COMM_WORLD_RANK", "1"),
+    ("OMPI_COMM_WORLD_SIZE", "2"),
+    ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+    ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+    ("OMPI_MCA_ess_base_jobid", "1913913345"),
+    ("OMPI_MCA_orte_num_nodes", "1"),
+    ("PMIX_NAMESPACE", "1913913345"),
+    ("PMIX_RANK", "1"),
+];
+
+const MPICH: &[(&str, &str)] = &[
+    ("PMI_RANK", "3"),
+    ("PMI_SIZE", "4"),
+    ("MPI_LOCALRANKID", "1"),
+    ("MPI_LOCALNRANKS", "2"),
+    ("PMI_FD", "9"),
+];
+
+const MVAPICH: &[(&str, &str)] = &[
+    ("MV2_COMM_WORLD_RANK", "2"),
+    ("MV2_COMM_WORLD_SIZE", "3"),
+    ("MV2_COMM_WORLD_LOCAL_RANK", "0"),
+];
+
+const SLURM: &[(&str, &str)] = &[
+    ("SLURM_PROCID", "6"),
+    ("SLURM_NTASKS", "8"),
+    ("SLURM_NPROCS", "8"),
+    ("SLURM_STEP_NUM_TASKS", "8"),
+    ("SLURM_LOCALID", "2"),
+    ("SLURM_STEP_NODELIST", "gpu[007-010],cpu1"),
+    ("SLURM_JOB_ID", "4242"),
+    ("SLURM_STEP_ID", "1"),
+];
+
+fn with(
+    base: &[(&'static str, &'static str)],
+    more: &[(&'static str, &'static str)],
+) -> Vec<(&'static str, &'static str)> {
+    let mut v: Vec<_> = base
+        .iter()
+        .filter(|(k, _)| !more.iter().any(|(m, _)| m == k))
+        .copied()
+        .collect();
+    v.extend_from_slice(more);
+    v
+}
+
+#[test]
+fn each_launcher_parses() {
+    let explicit = ok(&[
+        ("RINGCAST_RANK", "2"),
+        ("RINGCAST_WORLD_SIZE", "4"),
+        ("RINGCAST_LOCAL_RANK", "0"),
+        ("RINGCAST_BOOTSTRAP", "10.0.0.1:29600"),
+    ]);
+    assert_eq!(
+        summary(&explicit),
+        (
+            Launcher::Explicit,
+            2,
+            4,
+            Some(0),
+            Some("10.0.0.1:29600".into())
+        )
+    );
+
+    // torchrun: MASTER_PORT is torch's store; ringcast takes the next port.
+    let t = ok(TORCHRUN);
+    assert_eq!(
+        summary(&t),
+        (
+            Launcher::Torchrun,
+            5,
+            8,
+            Some(1),
+            Some("node7:29501".into())
+        )
+    );
+    assert_eq!(t.local_size, Some(4));
+    assert_eq!(t.job_id.as_deref(), Some("abc#0"));
+
+    // Open MPI on one host: loopback and a port from the job id.
+    let o = ok(OPEN_MPI);
+    let r = o.rendezvous.clone().expect("rendezvous");
+    assert_eq!(
+        (o.launcher, o.rank, o.world_size, o.local_rank),
+        (Launcher::OpenMpi, 1, 2, Some(1))
+    );
+    assert_eq!(r.host, "127.0.0.1");
+    assert!((DERIVED_PORT_BASE..DERIVED_PORT_BASE + DERIVED_PORT_SPAN).contains(&r.port));
+    assert_eq!(o.job_id.as_deref(), Some("1913913345"));
+    // Every rank of the job derives the same port; another job another one.
+    let other_rank = ok(&with(
+        OPEN_MPI,
+        &[
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+        ],
+    ));
+    assert_eq!(other_rank.rendezvous, o.rendezvous);
+    let other_job = ok(&with(
+        OPEN_MPI,
+        &[("OMPI_MCA_ess_base_jobid", "1913913346")],
+    ));
+    assert_ne!(other_job.rendezvous, o.rendezvous);
+    assert_ne!(other_job.job_key(), o.job_key());
+
+    // MPICH and MVAPICH2 give no rendezvous address: RINGCAST_BOOTSTRAP.
+    let m = ok(&with(MPICH, &[("RINGCAST_BOOTSTRAP", "head:7000")]));
+    assert_eq!(
+        summary(&m),
+        (Launcher::Mpich, 3, 4, Some(1), Some("head:7000".into()))
+    );
+    let v = ok(&with(MVAPICH, &[("RINGCAST_BOOTSTRAP", "[fd00::1]:7000")]));
+    assert_eq!(
+        summary(&v),
+        (
+            Launcher::Mvapich,
+            2,
+            3,
+            Some(0),
+            Some("[fd00::1]:7000".into())
+        )
+    );
+
+    // Slurm: first host of the step, a port from job and step ids.
+    let s = ok(SLURM);
+    let port = DERIVED_PORT_BASE
+        + u16::try_from((4242 * 64 + 1) % u32::from(DERIVED_PORT_SPAN)).expect("port");
+    assert_eq!(
+        summary(&s),
+        (
+            Launcher::Slurm,
+            6,
+            8,
+            Some(2),
+            Some(format!("gpu007:{port}"))
+        )
+    );
+    assert_eq!(s.job_id.as_deref(), Some("4242.1"));
+    assert_eq!(s.timeout, Duration::from_secs(30));
+}
+
+#[test]
+fn precedence() {
+    // RINGCAST_ over torchrun over Open MPI over MPICH over MVAPICH2 over Slurm.
+    let explicit = [("RINGCAST_RANK", "0"), ("RINGCAST_WORLD_SIZE", "1")];
+    let layers: [&[(&str, &str)]; 6] = [&explicit, TORCHRUN, OPEN_MPI, MPICH, MVAPICH, SLURM];
+    let expected = [
+        Launcher::Explicit,
+        Launcher::Torchrun,
+        Launcher::OpenMpi,
+        Launcher::Mpich,
+        Launcher::Mvapich,
+        Launcher::Slurm,
+    ];
+    for (i, want) in expected.iter().enumerate() {
+        let vars: Vec<_> = layers[i..].iter().flat_map(|l| l.iter().copied()).collect();
+        let vars = with(&vars, &[("RINGCAST_BOOTSTRAP", "h:1")]);
+        assert_eq!(ok(&vars).launcher, *want, "layers from {i}");
+    }
+}
+
+#[test]
+fn mpirun_inside_a_slurm_allocation_is_open_mpi() {
+    // Every rank inherits the allocation's SLURM_PROCID=0; the Open MPI rank wins.
+    let vars = with(
+        OPEN_MPI,
+        &[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_JOB_ID", "77"),
+        ],
+    );
+    let j = ok(&vars);
+    assert_eq!((j.launcher, j.rank), (Launcher::OpenMpi, 1));
+    assert_eq!(j.rendezvous.expect("loopback").host, "127.0.0.1");
+}
+
+#[test]
+fn bootstrap_variable_overrides_any_launcher() {
+    for base in [TORCHRUN, OPEN_MPI, SLURM] {
+        let j = ok(&with(base, &[("RINGCAST_BOOTSTRAP", "10.1.2.3:4000")]));
+        let r = j.rendezvous.expect("rendezvous");
+        assert_eq!(
+            (r.host.as_str(), r.port, r.origin),
+            ("10.1.2.3", 4000, "RINGCAST_BOOTSTRAP")
+        );
+    }
+}
+
+#[test]
+fn single_rank_needs_no_rendezvous() {
+    let j = ok(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1")]);
+    assert_eq!(j.rendezvous, None);
+    let table = j.exchange(b"me").expect("table");
+    assert_eq!(table.peers.len(), 1);
+    assert_eq!(table.peers[0].control, b"me");
+    assert_eq!(j.interface().expect("loopback").addr, Ipv4Addr::LOCALHOST);
+}
+
+#[test]
+fn other_settings() {
+    let j = ok(&with(
+        TORCHRUN,
+        &[
+            ("RINGCAST_IFNAME", "^docker,lo"),
+            ("RINGCAST_BOOTSTRAP_TIMEOUT", "2.5"),
+        ],
+    ));
+    let f = j.ifname.expect("filter");
+    assert!(f.matches("eth0") && !f.matches("lo"));
+    assert_eq!(j.timeout, Duration::from_millis(2500));
+    // Empty values count as unset.
+    let j = ok(&with(
+        TORCHRUN,
+        &[("RINGCAST_IFNAME", ""), ("RINGCAST_RANK", " ")],
+    ));
+    assert_eq!((j.launcher, j.ifname), (Launcher::Torchrun, None));
+}
+
+/// Every bad setting is an error whose message names the variable to set.
+#[test]
+fn bad_settings_name_the_variable() {
+    let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
+        (vec![], "RINGCAST_RANK"),
+        (vec![("PATH", "/bin")], "RINGCAST_RANK"),
+        (vec![("RINGCAST_RANK", "0")], "RINGCAST_WORLD_SIZE"),
+        (vec![("RINGCAST_WORLD_SIZE", "2")], "RINGCAST_RANK"),
+        (
+            vec![("RINGCAST_RANK", "x"), ("RINGCAST_WORLD_SIZE", "2")],
+            "RINGCAST_RANK",
+        ),
+        (
+            vec![("RINGCAST_RANK", "-1"), ("RINGCAST_WORLD_SIZE", "2")],
+            "RINGCAST_RANK",
+        ),
+        (
+            vec![("RINGCAST_RANK", "2"), ("RINGCAST_WORLD_SIZE", "2")],
+            "RINGCAST_RANK",
+        ),
+        (
+            vec![("RINGCAST_RANK", "0"), ("RINGCAST_WORLD_SIZE", "0")],
+            "RINGCAST_WORLD_SIZE",
+        ),
+        (
+            vec![("RINGCAST_RANK", "0"), ("RINGCAST_WORLD_SIZE", "2")],
+            "RINGCAST_BOOTSTRAP",
+        ),
+        (
+            vec![
+                ("RINGCAST_RANK", "0"),
+                ("RINGCAST_WORLD_SIZE", "2"),
+                ("RINGCAST_BOOTSTRAP", "nohost"),
+            ],
+            "RINGCAST_BOOTSTRAP",
+        ),
+        (
+            vec![
+                ("RINGCAST_RANK", "0"),
+                ("RINGCAST_WORLD_SIZE", "2"),
+                ("RINGCAST_BOOTSTRAP", "h:99999"),
+            ],
+            "RINGCAST_BOOTSTRAP",
+        ),
+        (with(TORCHRUN, &[("WORLD_SIZE", "")]), "WORLD_SIZE"),
+        (with(TORCHRUN, &[("RANK", "8")]), "RANK"),
+        (with(TORCHRUN, &[("LOCAL_RANK", "4")]), "LOCAL_RANK"),
+        (
+            with(TORCHRUN, &[("LOCAL_WORLD_SIZE", "9")]),
+            "LOCAL_WORLD_SIZE",
+        ),
+        (with(TORCHRUN, &[("MASTER_ADDR", "")]), "MASTER_ADDR"),
+        (with(TORCHRUN, &[("MASTER_PORT", "")]), "MASTER_PORT"),
+        (with(TORCHRUN, &[("MASTER_PORT", "http")]), "MASTER_PORT"),
+        (
+            with(TORCHRUN, &[("MASTER_PORT", "65535")]),
+            "RINGCAST_BOOTSTRAP",
+        ),
+        (
+            with(TORCHRUN, &[("RINGCAST_IFNAME", "^")]),
+            "RINGCAST_IFNAME",
+        ),
+        (
+            with(TORCHRUN, &[("RINGCAST_BOOTSTRAP_TIMEOUT", "soon")]),
+            "RINGCAST_BOOTSTRAP_TIMEOUT",
+        ),
+        (
+            with(TORCHRUN, &[("RINGCAST_BOOTSTRAP_TIMEOUT", "-1")]),
+            "RINGCAST_BOOTSTRAP_TIMEOUT",
+        ),
+        (
+            with(OPEN_MPI, &[("OMPI_COMM_WORLD_SIZE", "")]),
+            "OMPI_COMM_WORLD_SIZE",
+        ),
+        (
+            with(OPEN_MPI, &[("OMPI_COMM_WORLD_LOCAL_SIZE", "3")]),
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+        ),
+        // Several hosts: no address to derive.
+        (
+            with(
+                OPEN_MPI,
+                &[
+                    ("OMPI_COMM_WORLD_SIZE", "4"),
+                    ("OMPI_MCA_orte_num_nodes", "2"),
+                ],
+            ),
+            "RINGCAST_BOOTSTRAP",
+        ),
+        (MPICH.to_vec(), "RINGCAST_BOOTSTRAP"),
+        (with(MPICH, &[("PMI_SIZE", "four")]), "PMI_SIZE"),
+        (MVAPICH.to_vec(), "RINGCAST_BOOTSTRAP"),
+        (with(SLURM, &[("SLURM_NTASKS", "")]), "SLURM_NTASKS"),
+        (
+            with(SLURM, &[("SLURM_STEP_NUM_TASKS", "4")]),
+            "SLURM_NTASKS",
+        ),
+        (with(SLURM, &[("SLURM_LOCALID", "x")]), "SLURM_LOCALID"),
+        (
+            with(SLURM, &[("SLURM_STEP_NODELIST", "")]),
+            "RINGCAST_BOOTSTRAP",
+        ),
+        (
+            with(SLURM, &[("SLURM_STEP_NODELIST", "gpu[1-")]),
+            "RINGCAST_BOOTSTRAP",
+        ),
+        (with(SLURM, &[("SLURM_JOB_ID", "")]), "RINGCAST_BOOTSTRAP"),
+    ];
+    for (vars, var) in cases {
+        let e = match job(&vars) {
+            Ok(j) => panic!("{vars:?}: accepted as {j:?}"),
+            Err(e) => e,
+        };
+        assert_eq!(e.variable(), var, "{vars:?}: {e}");
+        let text = e.to_string();
+        assert!(text.contains(&format!("set {var}")), "{vars:?}: {text}");
+    }
+}
+
+fn addr(port: u16) -> RendezvousAddr {
+    RendezvousAddr {
+        host: "127.0.0.1".into(),
+        port,
+        origin: "RINGCAST_BOOTSTRAP",
+    }
+}
+
+/// Rank 0 serves on a listener bound to port 0; ranks `1..n` (listed in `joiners`, world size
+/// `sizes[i]`) join as threads. Returns rank 0's result and every joiner's.
+fn meet(
+    n: u32,
+    joiners: &[(u32, u32)],
+    timeout: Duration,
+) -> (
+    Result<PeerTable, RendezvousError>,
+    Vec<Result<PeerTable, RendezvousError>>,
+) {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = joiners
+            .iter()
+            .map(|&(rank, size)| {
+                s.spawn(move || {
+                    let mut r = Rendezvous::new(rank, size, addr(port));
+                    r.local_rank = Some(rank % 2);
+                    r.timeout = timeout;
+                    r.run(format!("control of {rank}").as_bytes())
+                })
+            })
+            .collect();
+        let mut root = Rendezvous::new(0, n, addr(port));
+        root.timeout = timeout;
+        let table = root.serve(listener, b"control of 0");
+        let joined = handles
+            .into_iter()
+            .map(|h| h.join().expect("no panic"))
+            .collect();
+        (table, joined)
+    })
+}
+
+#[test]
+fn four_ranks_meet_and_agree_on_one_nonce() {
+    let (root, joined) = meet(4, &[(3, 4), (1, 4), (2, 4)], Duration::from_secs(20));
+    let root = root.expect("rank 0");
+    assert_eq!(root.peers.len(), 4);
+    for (rank, p) in (0u32..).zip(&root.peers) {
+        assert_eq!(p.rank, rank);
+        assert_eq!(p.control, format!("control of {rank}").as_bytes());
+    }
+    assert_eq!(root.peers[3].local_rank, Some(1));
+    assert_eq!(root.peers[0].local_rank, None);
+    for j in joined {
+        assert_eq!(j.expect("joined"), root);
+    }
+}
+
+#[test]
+fn joiners_retry_until_rank_0_listens() {
+    // Reserve a port, free it, start the joiners, then rank 0.
+    let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let tables: Vec<PeerTable> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..3u32)
+            .map(|rank| {
+                s.spawn(move || {
+                    if rank == 0 {
+                        std::thread::sleep(Duration::from_millis(300));
+                    }
+                    let mut r = Rendezvous::new(rank, 3, addr(port));
+                    r.timeout = Duration::from_secs(20);
+                    r.run(&[rank as u8])
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("no panic").expect("met"))
+            .collect()
+    });
+    assert!(tables.windows(2).all(|w| w[0] == w[1]));
+}
+
+#[test]
+fn a_missing_rank_times_out_naming_it() {
+    let (root, joined) = meet(6, &[(1, 6), (2, 6), (4, 6)], Duration::from_secs(1));
+    let e = root.expect_err("ranks 3 and 5 never come");
+    match &e {
+        RendezvousError::Timeout { missing, .. } => assert_eq!(missing, &[3, 5]),
+        other => panic!("{other}"),
+    }
+    let text = e.to_string();
+    assert!(text.contains("for ranks [3, 5] at 127.0.0.1:"), "{text}");
+    assert!(text.contains("same RINGCAST_BOOTSTRAP?"), "{text}");
+    // The ranks that came hear why, rather than waiting for their own deadline.
+    for j in joined {
+        let text = j.expect_err("failed job").to_string();
+        assert!(text.contains("ranks [3, 5]"), "{text}");
+    }
+}
+
+#[test]
+fn nobody_listening_is_a_clear_error() {
+    let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let mut r = Rendezvous::new(1, 2, addr(port));
+    r.timeout = Duration::from_millis(300);
+    let text = r.run(b"").expect_err("no rank 0").to_string();
+    assert!(
+        text.contains("could not connect to the rendezvous at 127.0.0.1:"),
+        "{text}"
+    );
+    assert!(text.contains("RINGCAST_BOOTSTRAP"), "{text}");
+}
+
+#[test]
+fn duplicate_rank_fails_the_offender_and_rank_0() {
+    let (root, joined) = meet(3, &[(1, 3), (1, 3)], Duration::from_secs(20));
+    let e = root.expect_err("duplicate");
+    assert!(
+        matches!(e, RendezvousError::DuplicateRank { rank: 1, .. }),
+        "{e}"
+    );
+    for j in joined {
+        let text = j.expect_err("duplicate").to_string();
+        assert!(text.contains("rank 1 joined twice"), "{text}");
+    }
+}
+
+#[test]
+fn world_size_mismatch_fails_the_offender_and_rank_0() {
+    // Only the offender joins: a rank that arrives after rank 0 gave up would wait for its own
+    // deadline instead.
+    let (root, joined) = meet(3, &[(2, 5)], Duration::from_secs(20));
+    let e = root.expect_err("mismatch");
+    assert!(
+        matches!(
+            e,
+            RendezvousError::WorldSizeMismatch {
+                rank: 2,
+                theirs: 5,
+                ours: 3,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    for j in joined {
+        let text = j.expect_err("mismatch").to_string();
+        assert!(
+            text.contains("says the world has 5 ranks, rank 0 says 3"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn another_jobs_rank_is_refused_and_the_job_goes_on() {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::scope(|s| {
+        let root = s.spawn(move || {
+            let mut root = Rendezvous::new(0, 2, addr(port));
+            root.job_key = 9;
+            root.serve(listener, b"root")
+        });
+        let mut stranger = Rendezvous::new(1, 2, addr(port));
+        stranger.job_key = 7;
+        let text = stranger.run(b"stranger").expect_err("refused").to_string();
+        assert!(text.contains("belongs to another job"), "{text}");
+        let mut member = Rendezvous::new(1, 2, addr(port));
+        member.job_key = 9;
+        let table = member.run(b"member").expect("met");
+        assert_eq!(root.join().expect("no panic").expect("met"), table);
+        assert_eq!(table.peers[1].control, b"member");
+    });
+}
+
+#[test]
+fn a_stray_client_does_not_break_the_rendezvous() {
+    use std::io::Write;
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let mut stray = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect");
+    stray.write_all(b"GET / HTTP/1.0\r\n\r\n").expect("write");
+    std::thread::scope(|s| {
+        let member = s.spawn(move || Rendezvous::new(1, 2, addr(port)).run(b"m"));
+        let table = Rendezvous::new(0, 2, addr(port))
+            .serve(listener, b"r")
+            .expect("met");
+        assert_eq!(member.join().expect("no panic").expect("met"), table);
+    });
+}
+
+#[test]
+fn rendezvous_that_is_not_ours_is_named() {
+    // Something else (torch's store, say) listens where RINGCAST_BOOTSTRAP points.
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let server = std::thread::spawn(move || {
+        if let Ok((mut s, _)) = listener.accept() {
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.0 400 Bad Request\r\n\r\n");
+        }
+    });
+    let text = Rendezvous::new(1, 2, addr(port))
+        .run(b"x")
+        .expect_err("not ours")
+        .to_string();
+    assert!(
+        text.contains("does not speak ringcast's rendezvous"),
+        "{text}"
+    );
+    server.join().expect("no panic");
+}
+
+#[test]
+fn interface_defaults() {
+    // One node: every task is local, and a host name for this host keeps loopback.
+    let one = ok(&with(SLURM, &[("SLURM_STEP_NODELIST", "localhost")]));
+    assert!(one.single_host());
+    assert_eq!(one.interface().expect("loopback").addr, Ipv4Addr::LOCALHOST);
+    // Several nodes, but this host's name resolves to loopback (Debian's 127.0.1.1 trap): the
+    // interface routed toward multicast instead, where there is one.
+    let many = ok(&with(SLURM, &[("SLURM_STEP_NODELIST", "localhost,node2")]));
+    assert!(!many.single_host());
+    let iface = many.interface().expect("an interface");
+    let by_group = ringcast::bootstrap::select_interface(
+        None,
+        Some(std::net::IpAddr::V4(Ipv4Addr::new(239, 255, 0, 1))),
+    );
+    if let Ok(routed) = by_group {
+        assert_eq!(iface, routed);
+    }
+    // An IP literal is taken at its word.
+    let literal = ok(&with(SLURM, &[("RINGCAST_BOOTSTRAP", "127.0.0.1:5000")]));
+    assert_eq!(
+        literal.interface().expect("loopback").addr,
+        Ipv4Addr::LOCALHOST
+    );
+    // RINGCAST_IFNAME decides.
+    let named = ok(&with(SLURM, &[("RINGCAST_IFNAME", "=lo")]));
+    assert_eq!(named.interface().expect("lo").name, "lo");
+    let none = ok(&with(SLURM, &[("RINGCAST_IFNAME", "=no-such-if0")]));
+    let text = none.interface().expect_err("no such interface").to_string();
+    assert!(text.contains("set RINGCAST_IFNAME"), "{text}");
+}

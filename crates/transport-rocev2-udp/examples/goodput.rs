@@ -1,0 +1,379 @@
+//! Raw loopback multicast goodput, one sender to three receivers (threads), of this crate's
+//! data path (GSO send, recvmmsg + GRO receive, all checks) against plain `std::net::UdpSocket`
+//! `send_to` / `recv_from` with the same UDP datagram size.
+//!
+//! ```text
+//! cargo run --release -p ringcast-transport-rocev2-udp --example goodput -- \
+//!     [--payload 4096] [--secs 2] [--rate-mbps 0 (unpaced)] [--mode all|gso|nogso|std]
+//! ```
+//! Prints, per mode, the sender's rate and each receiver's goodput (UDP payload bytes received
+//! per second, from the first send to the receiver's last datagram) and loss.
+
+#![allow(clippy::print_stdout)]
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ringcast_transport_rocev2_udp::addr::{AddrConfig, JobAddrs};
+use ringcast_transport_rocev2_udp::pace::Pacer;
+use ringcast_transport_rocev2_udp::{
+    LaneReceiver, LaneSender, OutChunk, RxConfig, RxSocket, SocketConfig, TxConfig, TxSocket,
+    datagram_len,
+};
+use socket2::{Domain, InterfaceIndexOrAddress, Protocol, Socket, Type};
+
+const RECEIVERS: usize = 3;
+const QUIET: Duration = Duration::from_millis(200);
+
+struct Args {
+    payload: usize,
+    secs: f64,
+    rate_mbps: f64,
+    mode: String,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        payload: 4096,
+        secs: 2.0,
+        rate_mbps: 0.0,
+        mode: "all".into(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let v = it.next().unwrap_or_default();
+        match k.as_str() {
+            "--payload" => a.payload = v.parse().expect("--payload bytes"),
+            "--secs" => a.secs = v.parse().expect("--secs seconds"),
+            "--rate-mbps" => a.rate_mbps = v.parse().expect("--rate-mbps MB/s"),
+            "--mode" => a.mode = v,
+            _ => panic!("unknown argument {k}"),
+        }
+    }
+    a
+}
+
+struct RxResult {
+    bytes: u64,
+    datagrams: u64,
+    last: Instant,
+    socket_drops: u64,
+}
+
+struct Run {
+    sent_datagrams: u64,
+    sent_bytes: u64,
+    send_secs: f64,
+    start: Instant,
+    rx: Vec<RxResult>,
+}
+
+fn report(name: &str, udp_len: usize, run: &Run) {
+    let gbps = |bytes: u64, secs: f64| bytes as f64 * 8.0 / secs / 1e9;
+    println!(
+        "{name:<22} datagram {udp_len} B: sent {} in {:.2} s = {:.2} Gb/s",
+        run.sent_datagrams,
+        run.send_secs,
+        gbps(run.sent_bytes, run.send_secs)
+    );
+    let mut total = 0.0;
+    for (i, r) in run.rx.iter().enumerate() {
+        let secs = r.last.duration_since(run.start).as_secs_f64().max(1e-9);
+        let g = gbps(r.bytes, secs);
+        total += g;
+        let loss = 100.0 * (1.0 - r.datagrams as f64 / run.sent_datagrams.max(1) as f64);
+        println!(
+            "    receiver {i}: {g:.2} Gb/s goodput, {} datagrams, loss {loss:.1}% (socket drops {})",
+            r.datagrams, r.socket_drops
+        );
+    }
+    println!(
+        "    mean per receiver {:.2} Gb/s",
+        total / run.rx.len() as f64
+    );
+}
+
+fn pacer(a: &Args) -> Option<(Pacer, Instant)> {
+    (a.rate_mbps > 0.0).then(|| {
+        let epoch = Instant::now();
+        let p = Pacer::new(
+            ringcast_core::Instant::ZERO,
+            (a.rate_mbps * 1e6) as u64,
+            256 << 10,
+        );
+        (p, epoch)
+    })
+}
+
+fn core_now(epoch: Instant) -> ringcast_core::Instant {
+    ringcast_core::Instant::from_nanos(epoch.elapsed().as_nanos() as u64)
+}
+
+/// Sleeps until the pacer releases the next batch (yielding on waits too short to sleep: the
+/// bucket's depth absorbs sleep overshoot).
+fn wait_paced(p: &mut Option<(Pacer, Instant)>) {
+    if let Some((pacer, epoch)) = p {
+        while let Some(at) = pacer.poll_release(core_now(*epoch)) {
+            let ns = at.as_nanos().saturating_sub(core_now(*epoch).as_nanos());
+            if ns > 20_000 {
+                thread::sleep(Duration::from_nanos(ns));
+            } else {
+                thread::yield_now();
+            }
+        }
+    }
+}
+
+fn charge(p: &mut Option<(Pacer, Instant)>, bytes: usize) {
+    if let Some((pacer, epoch)) = p {
+        pacer.on_sent(core_now(*epoch), bytes);
+    }
+}
+
+fn run_ringcast(a: &Args, nonce: u64, gso: bool) -> Run {
+    let port = free_port();
+    let job = JobAddrs::derive(
+        nonce,
+        1,
+        &AddrConfig {
+            port,
+            ..AddrConfig::default()
+        },
+    )
+    .expect("groups");
+    let group = job.group(0).expect("lane 0");
+    let net = SocketConfig::loopback();
+    let mut rxs = Vec::new();
+    for _ in 0..RECEIVERS {
+        let sock = RxSocket::open(&net, group).expect("rx socket");
+        rxs.push(LaneReceiver::new(
+            sock,
+            RxConfig::new(0, 0xFFFF, job.qkey(), a.payload),
+        ));
+    }
+    println!(
+        "(receive buffer granted: {} B)",
+        rxs[0].socket().granted_recv_buffer()
+    );
+    let mut tx = LaneSender::new(
+        TxSocket::open(&net).expect("tx socket"),
+        TxConfig {
+            lane: 0,
+            group,
+            pkey: 0xFFFF,
+            qkey: job.qkey(),
+            rank: 0,
+            max_payload: a.payload,
+            gso,
+            initial_psn: 0,
+        },
+    )
+    .expect("sender");
+    let udp_len = datagram_len(a.payload);
+    let done = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let workers: Vec<_> = rxs
+        .into_iter()
+        .map(|mut rx| {
+            let done = done.clone();
+            thread::spawn(move || {
+                let mut last = start;
+                let mut quiet_since = None::<Instant>;
+                loop {
+                    let n = rx.recv(Duration::from_millis(20)).expect("recv").len();
+                    if n > 0 {
+                        last = Instant::now();
+                        quiet_since = None;
+                    } else if done.load(Ordering::Acquire) {
+                        let q = *quiet_since.get_or_insert_with(Instant::now);
+                        if q.elapsed() > QUIET {
+                            break;
+                        }
+                    }
+                }
+                let s = *rx.stats();
+                RxResult {
+                    // Every chunk is full: UDP bytes = chunks x datagram length.
+                    bytes: s.accepted * udp_len as u64,
+                    datagrams: s.accepted,
+                    last,
+                    socket_drops: rx.socket().socket_drops().unwrap_or(0),
+                }
+            })
+        })
+        .collect();
+    let data = vec![0xA5u8; a.payload];
+    let chunks: Vec<OutChunk<'_>> = (0..64)
+        .map(|k| OutChunk {
+            imm: k,
+            payload: &data,
+        })
+        .collect();
+    let mut p = pacer(a);
+    let until = start + Duration::from_secs_f64(a.secs);
+    while Instant::now() < until {
+        wait_paced(&mut p);
+        let sent = tx.send_batch(&chunks).expect("send");
+        charge(&mut p, sent.bytes);
+    }
+    let send_secs = start.elapsed().as_secs_f64();
+    done.store(true, Ordering::Release);
+    let rx = workers
+        .into_iter()
+        .map(|w| w.join().expect("receiver"))
+        .collect();
+    let s = *tx.stats();
+    Run {
+        sent_datagrams: s.datagrams,
+        sent_bytes: s.udp_bytes,
+        send_secs,
+        start,
+        rx,
+    }
+}
+
+fn run_std(a: &Args, nonce: u64) -> Run {
+    let udp_len = datagram_len(a.payload);
+    let port = free_port();
+    let job = JobAddrs::derive(
+        nonce,
+        1,
+        &AddrConfig {
+            port,
+            ..AddrConfig::default()
+        },
+    )
+    .expect("groups");
+    let group = job.group(0).expect("lane 0");
+    let done = Arc::new(AtomicBool::new(false));
+    let rx_socks: Vec<UdpSocket> = (0..RECEIVERS).map(|_| std_rx(group)).collect();
+    let start = Instant::now();
+    let workers: Vec<_> = rx_socks
+        .into_iter()
+        .map(|sock| {
+            let done = done.clone();
+            thread::spawn(move || {
+                sock.set_read_timeout(Some(Duration::from_millis(20)))
+                    .expect("timeout");
+                let mut buf = vec![0u8; 65536];
+                let (mut bytes, mut datagrams, mut last) = (0u64, 0u64, start);
+                let mut quiet_since = None::<Instant>;
+                loop {
+                    match sock.recv_from(&mut buf) {
+                        Ok((n, _)) => {
+                            bytes += n as u64;
+                            datagrams += 1;
+                            last = Instant::now();
+                            quiet_since = None;
+                        }
+                        Err(_) if done.load(Ordering::Acquire) => {
+                            let q = *quiet_since.get_or_insert_with(Instant::now);
+                            if q.elapsed() > QUIET {
+                                break;
+                            }
+                        }
+                        Err(_) => {}
+                    }
+                }
+                RxResult {
+                    bytes,
+                    datagrams,
+                    last,
+                    socket_drops: 0,
+                }
+            })
+        })
+        .collect();
+    let tx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    socket2::SockRef::from(&tx)
+        .set_multicast_if_v4(&Ipv4Addr::LOCALHOST)
+        .expect("IP_MULTICAST_IF");
+    tx.set_multicast_loop_v4(true).expect("loop");
+    let data = vec![0xA5u8; udp_len];
+    let mut p = pacer(a);
+    let until = start + Duration::from_secs_f64(a.secs);
+    let mut sent = 0u64;
+    while Instant::now() < until {
+        wait_paced(&mut p);
+        // Same batch as the ringcast sender (64 KiB), one send_to per datagram.
+        let batch = (65_507 / udp_len).clamp(1, 64);
+        for _ in 0..batch {
+            tx.send_to(&data, group).expect("send_to");
+        }
+        sent += batch as u64;
+        charge(&mut p, batch * udp_len);
+    }
+    let send_secs = start.elapsed().as_secs_f64();
+    done.store(true, Ordering::Release);
+    let rx = workers
+        .into_iter()
+        .map(|w| w.join().expect("receiver"))
+        .collect();
+    Run {
+        sent_datagrams: sent,
+        sent_bytes: sent * udp_len as u64,
+        send_secs,
+        start,
+        rx,
+    }
+}
+
+/// A plain multicast receiver: socket2 only for what std lacks before bind (`SO_REUSEPORT`,
+/// `SO_RCVBUF`), the same buffer the ringcast receivers ask for.
+fn std_rx(group: SocketAddrV4) -> UdpSocket {
+    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).expect("socket");
+    s.set_reuse_address(true).expect("reuseaddr");
+    s.set_reuse_port(true).expect("reuseport");
+    s.set_recv_buffer_size(SocketConfig::loopback().recv_buffer)
+        .expect("rcvbuf");
+    s.bind(&SocketAddr::V4(group).into()).expect("bind group");
+    s.join_multicast_v4_n(
+        group.ip(),
+        &InterfaceIndexOrAddress::Address(Ipv4Addr::LOCALHOST),
+    )
+    .expect("join");
+    s.into()
+}
+
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("ephemeral port")
+        .port()
+}
+
+fn main() {
+    let a = args();
+    let udp_len = datagram_len(a.payload);
+    let all = a.mode == "all";
+    println!(
+        "1 sender -> {RECEIVERS} receivers on loopback, payload {} B, {} s, {}",
+        a.payload,
+        a.secs,
+        if a.rate_mbps > 0.0 {
+            format!("paced at {} MB/s", a.rate_mbps)
+        } else {
+            "unpaced".into()
+        }
+    );
+    if all || a.mode == "gso" {
+        report(
+            "ringcast GSO+GRO",
+            udp_len,
+            &run_ringcast(&a, 0xB0_0001, true),
+        );
+    }
+    if all || a.mode == "nogso" {
+        report(
+            "ringcast no GSO, GRO",
+            udp_len,
+            &run_ringcast(&a, 0xB0_0002, false),
+        );
+    }
+    if all || a.mode == "std" {
+        report("std UdpSocket", udp_len, &run_std(&a, 0xB0_0003));
+    }
+}

@@ -1,0 +1,351 @@
+//! Socket setup: one receive socket per lane, one unconnected send socket per lane.
+//!
+//! **One receive socket per lane**, bound to the lane's group address and port, rather than one
+//! socket serving all lanes through `RecvMeta::dst_ip`:
+//! * the engine runs one receive worker per lane; each owns its socket, so no worker demuxes for
+//!   another and the kernel queues each lane separately (a slow lane cannot overrun a fast one);
+//! * the socket's drop counter is then the lane's drop counter, which the pacing feedback needs;
+//! * binding to the group (not `0.0.0.0`) makes the kernel deliver only that group's packets,
+//!   even where `IP_MULTICAST_ALL` cannot be turned off; we turn it off as well.
+//!
+//! The price is one `recvmmsg` per lane instead of one for all lanes, which the per-lane threads
+//! pay in parallel anyway.
+//!
+//! Setup order (NET-NOTES): socket2 options first, then quinn-udp's `UdpSocketState::new`
+//! (non-blocking, `IP_PKTINFO`, `UDP_GRO`, `IP_PMTUDISC_PROBE` so DF is set), then `bind`, then
+//! the membership. The send socket is bound to the interface address (a known ICRC source
+//! address) and never `connect()`ed: a connected socket numbers IP IDs with a counter, which
+//! would break the ICRC computed before sending.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
+use socket2::{Domain, InterfaceIndexOrAddress, Protocol, Socket, Type};
+
+/// Socket options shared by a rank's lanes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SocketConfig {
+    /// Address of the interface multicast leaves and is joined on (`127.0.0.1` for loopback).
+    /// Also the send socket's bound address, hence the ICRC's source address.
+    pub interface: Ipv4Addr,
+    /// Multicast TTL (1 keeps it on the local subnet).
+    pub ttl: u32,
+    /// Deliver our own multicast to sockets on this host (`IP_MULTICAST_LOOP`): needed when
+    /// several ranks share a host.
+    pub multicast_loop: bool,
+    /// Requested `SO_RCVBUF` per receive socket; the kernel caps it at `net.core.rmem_max`.
+    pub recv_buffer: usize,
+    /// Requested `SO_SNDBUF` per send socket; capped at `net.core.wmem_max`.
+    pub send_buffer: usize,
+}
+
+impl SocketConfig {
+    /// Multicast on the interface with address `interface`, looped back to local ranks.
+    pub const fn on_interface(interface: Ipv4Addr) -> Self {
+        SocketConfig {
+            interface,
+            ttl: 1,
+            multicast_loop: true,
+            recv_buffer: 4 << 20,
+            send_buffer: 1 << 20,
+        }
+    }
+
+    /// Loopback multicast: works without root (`IP_MULTICAST_IF` 127.0.0.1, loop on).
+    pub const fn loopback() -> Self {
+        Self::on_interface(Ipv4Addr::LOCALHOST)
+    }
+}
+
+/// A socket could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SocketError {
+    /// Another socket holds the port without `SO_REUSEPORT`.
+    #[error(
+        "UDP port {port} is already in use (binding {addr}) by a socket without SO_REUSEPORT; \
+         Soft-RoCE (rdma_rxe) holds 4791 when loaded: configure another port \
+         (AddrConfig::port) or unload rdma_rxe"
+    )]
+    PortInUse {
+        /// The address we tried to bind.
+        addr: SocketAddrV4,
+        /// The port in use.
+        port: u16,
+    },
+    /// `SocketConfig::interface` was `0.0.0.0`.
+    #[error("the multicast interface must be a concrete IPv4 address, not 0.0.0.0")]
+    UnspecifiedInterface,
+    /// Any other system call failure.
+    #[error("{what}: {source}")]
+    Io {
+        /// The step that failed.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> SocketError {
+    move |source| SocketError::Io { what, source }
+}
+
+fn new_udp() -> Result<Socket, SocketError> {
+    Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).map_err(io_err("socket"))
+}
+
+fn bind(sock: &Socket, addr: SocketAddrV4) -> Result<(), SocketError> {
+    sock.bind(&SocketAddr::V4(addr).into()).map_err(|e| {
+        if e.kind() == io::ErrorKind::AddrInUse {
+            SocketError::PortInUse {
+                addr,
+                port: addr.port(),
+            }
+        } else {
+            SocketError::Io {
+                what: "bind",
+                source: e,
+            }
+        }
+    })
+}
+
+/// The receive socket of one lane, joined to its group.
+#[derive(Debug)]
+pub struct RxSocket {
+    /// std's type for its one-syscall `set_nonblocking` (`FIONBIO`) and `peek`.
+    sock: UdpSocket,
+    state: UdpSocketState,
+    group: SocketAddrV4,
+    granted_recv_buffer: usize,
+    inode: Option<u64>,
+    /// `SO_RCVTIMEO` as last set, in nanoseconds (0: never), to skip setting it again.
+    read_timeout_ns: AtomicU64,
+}
+
+/// Longest single wait in [`RxSocket::wait_readable`]: longer timeouts wait in slices of this,
+/// so that `SO_RCVTIMEO` rarely changes.
+const WAIT_SLICE: Duration = Duration::from_millis(10);
+
+impl RxSocket {
+    /// Binds `group` (address and port) with `SO_REUSEADDR`/`SO_REUSEPORT`, so that several
+    /// ranks on a host share the port, and joins it on `cfg.interface`.
+    pub fn open(cfg: &SocketConfig, group: SocketAddrV4) -> Result<Self, SocketError> {
+        if cfg.interface.is_unspecified() {
+            return Err(SocketError::UnspecifiedInterface);
+        }
+        let sock = new_udp()?;
+        sock.set_reuse_address(true)
+            .map_err(io_err("SO_REUSEADDR"))?;
+        sock.set_reuse_port(true).map_err(io_err("SO_REUSEPORT"))?;
+        sock.set_multicast_all_v4(false)
+            .map_err(io_err("IP_MULTICAST_ALL"))?;
+        sock.set_recv_buffer_size(cfg.recv_buffer)
+            .map_err(io_err("SO_RCVBUF"))?;
+        let granted_recv_buffer = sock.recv_buffer_size().map_err(io_err("SO_RCVBUF"))?;
+        // Linux reports twice the usable size (bookkeeping overhead included).
+        if granted_recv_buffer < cfg.recv_buffer {
+            tracing::warn!(
+                requested = cfg.recv_buffer,
+                granted = granted_recv_buffer,
+                "receive buffer capped by net.core.rmem_max"
+            );
+        }
+        let state = UdpSocketState::new((&sock).into()).map_err(io_err("quinn-udp setup"))?;
+        bind(&sock, group)?;
+        sock.join_multicast_v4_n(group.ip(), &InterfaceIndexOrAddress::Address(cfg.interface))
+            .map_err(io_err("IP_ADD_MEMBERSHIP"))?;
+        let inode = std::fs::metadata(format!("/proc/self/fd/{}", sock.as_raw_fd()))
+            .ok()
+            .map(|m| m.ino());
+        tracing::debug!(%group, granted_recv_buffer, gro = state.gro_segments(), "rx socket");
+        Ok(RxSocket {
+            sock: sock.into(),
+            state,
+            group,
+            granted_recv_buffer,
+            inode,
+            read_timeout_ns: AtomicU64::new(0),
+        })
+    }
+
+    /// The group and port this socket receives.
+    pub fn group(&self) -> SocketAddrV4 {
+        self.group
+    }
+
+    /// `SO_RCVBUF` as the kernel granted it (Linux doubles the request, then caps it at twice
+    /// `net.core.rmem_max`).
+    pub fn granted_recv_buffer(&self) -> usize {
+        self.granted_recv_buffer
+    }
+
+    /// Datagrams the kernel dropped on this socket (full receive buffer, `sk_drops`), read from
+    /// the `drops` column of `/proc/net/udp`, which needs no privilege and is per socket
+    /// (`UdpRcvbufErrors` in `/proc/net/snmp` is host-wide; quinn-udp does not surface
+    /// `SO_RXQ_OVFL`). Costs a read of the table: call it per report, not per packet.
+    pub fn socket_drops(&self) -> io::Result<u64> {
+        let inode = self
+            .inode
+            .ok_or_else(|| io::Error::other("socket inode unknown (no /proc?)"))?;
+        let table = std::fs::read_to_string("/proc/net/udp")?;
+        udp_drops(&table, inode)
+            .ok_or_else(|| io::Error::other("socket not found in /proc/net/udp"))
+    }
+
+    /// One `recvmmsg` (non-blocking) into `bufs`.
+    pub(crate) fn recv(
+        &self,
+        bufs: &mut [io::IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> io::Result<usize> {
+        self.state.recv((&self.sock).into(), bufs, meta)
+    }
+
+    /// Waits up to `timeout` (at most a 10 ms slice) for a datagram to be queued, without
+    /// consuming it; `Ok(false)` if none came.
+    ///
+    /// std and socket2 have no `poll`; a blocking `MSG_PEEK` with `SO_RCVTIMEO` waits as well,
+    /// at the cost of toggling `O_NONBLOCK` around it (two `ioctl`s, only when the queue was
+    /// empty).
+    pub(crate) fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
+        let t = timeout.clamp(Duration::from_micros(1), WAIT_SLICE);
+        let t_ns = t.as_nanos() as u64;
+        if self.read_timeout_ns.load(Ordering::Relaxed) != t_ns {
+            self.sock.set_read_timeout(Some(t))?;
+            self.read_timeout_ns.store(t_ns, Ordering::Relaxed);
+        }
+        self.sock.set_nonblocking(false)?;
+        let mut one = [0u8; 1];
+        let peeked = self.sock.peek(&mut one);
+        self.sock.set_nonblocking(true)?;
+        match peeked {
+            Ok(_) => Ok(true),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The `drops` column of the `/proc/net/udp` line whose `inode` column is `inode`.
+fn udp_drops(table: &str, inode: u64) -> Option<u64> {
+    table.lines().skip(1).find_map(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ref pointer drops
+        if cols.len() < 13 || cols[9].parse::<u64>().ok()? != inode {
+            return None;
+        }
+        cols[12].parse().ok()
+    })
+}
+
+/// The send socket of one lane: unconnected, bound to `interface:0`, DF set, blocking.
+#[derive(Debug)]
+pub struct TxSocket {
+    sock: Socket,
+    state: UdpSocketState,
+    local: SocketAddrV4,
+    granted_send_buffer: usize,
+}
+
+impl TxSocket {
+    /// Opens a send socket on `cfg.interface` with `IP_MULTICAST_IF`, `IP_MULTICAST_LOOP` and
+    /// TTL set.
+    ///
+    /// It is left blocking: a send worker waits for socket buffer space instead of spinning.
+    pub fn open(cfg: &SocketConfig) -> Result<Self, SocketError> {
+        if cfg.interface.is_unspecified() {
+            return Err(SocketError::UnspecifiedInterface);
+        }
+        let sock = new_udp()?;
+        sock.set_multicast_if_v4(&cfg.interface)
+            .map_err(io_err("IP_MULTICAST_IF"))?;
+        sock.set_multicast_loop_v4(cfg.multicast_loop)
+            .map_err(io_err("IP_MULTICAST_LOOP"))?;
+        sock.set_multicast_ttl_v4(cfg.ttl)
+            .map_err(io_err("IP_MULTICAST_TTL"))?;
+        sock.set_send_buffer_size(cfg.send_buffer)
+            .map_err(io_err("SO_SNDBUF"))?;
+        let granted_send_buffer = sock.send_buffer_size().map_err(io_err("SO_SNDBUF"))?;
+        let state = UdpSocketState::new((&sock).into()).map_err(io_err("quinn-udp setup"))?;
+        bind(&sock, SocketAddrV4::new(cfg.interface, 0))?;
+        sock.set_nonblocking(false).map_err(io_err("O_NONBLOCK"))?;
+        let local = sock
+            .local_addr()
+            .map_err(io_err("getsockname"))?
+            .as_socket_ipv4()
+            .ok_or_else(|| SocketError::Io {
+                what: "getsockname",
+                source: io::Error::other("not an IPv4 address"),
+            })?;
+        tracing::debug!(%local, granted_send_buffer, gso = state.max_gso_segments(), "tx socket");
+        Ok(TxSocket {
+            sock,
+            state,
+            local,
+            granted_send_buffer,
+        })
+    }
+
+    /// The bound source address (the ICRC's IP source and UDP source port).
+    pub fn local_addr(&self) -> SocketAddrV4 {
+        self.local
+    }
+
+    /// `SO_SNDBUF` as granted.
+    pub fn granted_send_buffer(&self) -> usize {
+        self.granted_send_buffer
+    }
+
+    /// Most segments one GSO send may carry (1 without GSO; quinn-udp lowers it to 1 after the
+    /// kernel refuses a GSO send).
+    pub fn max_gso_segments(&self) -> usize {
+        self.state.max_gso_segments()
+    }
+
+    pub(crate) fn send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
+        self.state.try_send((&self.sock).into(), transmit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLE: &str = "   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops
+  123: 0100007F:0035 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 5555 2 0000000000000000 0
+  456: 030201EF:12B7 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 7777 2 0000000000000000 42
+";
+
+    #[test]
+    fn parses_drops_by_inode() {
+        assert_eq!(udp_drops(TABLE, 7777), Some(42));
+        assert_eq!(udp_drops(TABLE, 5555), Some(0));
+        assert_eq!(udp_drops(TABLE, 1), None);
+        assert_eq!(udp_drops("", 1), None);
+    }
+
+    #[test]
+    fn unspecified_interface_is_refused() {
+        let cfg = SocketConfig::on_interface(Ipv4Addr::UNSPECIFIED);
+        assert!(matches!(
+            TxSocket::open(&cfg),
+            Err(SocketError::UnspecifiedInterface)
+        ));
+    }
+}

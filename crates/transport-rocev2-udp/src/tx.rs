@@ -1,0 +1,299 @@
+//! Send path of one lane: RoCEv2 packets laid out in a staging buffer, one GSO send per batch.
+//!
+//! Each segment of the staging buffer is `[BTH | DETH | ImmDt | payload | pad | ICRC]`; the
+//! buffer is allocated once for the largest batch, so sending allocates nothing. With GSO
+//! (`UDP_SEGMENT`), one `sendmsg` carries the whole batch and the kernel numbers the segments'
+//! IP IDs 0, 1, 2...: segment `i`'s ICRC is computed with IP ID `i`. Without GSO (configured off,
+//! unsupported, or switched off by quinn-udp after the kernel refused it) every datagram is its
+//! own `sendmsg` and has IP ID 0.
+//!
+//! The BTH PSN counts datagrams per lane (24 bits, wrapping). The DETH SrcQP carries the
+//! sender's rank (so ranks must be below 2^24); receivers also see the source `IP:port`.
+
+use std::io;
+use std::net::{SocketAddr, SocketAddrV4};
+
+use quinn_udp::Transmit;
+
+use crate::icrc::{FlowIcrc, LaneIcrc};
+use crate::packet::{self, HeaderFields, MASK_24};
+use crate::socket::TxSocket;
+
+/// Largest UDP payload of one IPv4 send, GSO batch included (65535 - 20 - 8).
+pub const MAX_UDP_PAYLOAD: usize = 65_507;
+/// Linux's cap on segments per GSO send (`UDP_MAX_SEGMENTS`).
+pub const MAX_GSO_SEGMENTS: usize = 64;
+
+/// What one lane sends with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxConfig {
+    /// Lane index (for logs).
+    pub lane: u16,
+    /// Destination group and port.
+    pub group: SocketAddrV4,
+    /// BTH P_Key (0xFFFF: the default full-membership partition).
+    pub pkey: u16,
+    /// DETH Q_Key of the job.
+    pub qkey: u32,
+    /// This rank, sent as DETH SrcQP (below 2^24).
+    pub rank: u32,
+    /// Largest chunk payload; every datagram must fit the interface MTU.
+    pub max_payload: usize,
+    /// Use GSO when the socket supports it.
+    pub gso: bool,
+    /// PSN of the first datagram.
+    pub initial_psn: u32,
+}
+
+/// One chunk to send: its immediate and its payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutChunk<'a> {
+    /// ImmDt (operation tag and chunk index, in core's layout).
+    pub imm: u32,
+    /// Payload bytes, at most `TxConfig::max_payload`.
+    pub payload: &'a [u8],
+}
+
+/// What one `send_batch` did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sent {
+    /// Chunks sent (a prefix of those given).
+    pub chunks: usize,
+    /// UDP payload bytes sent (headers, payload, pad, ICRC): what the pacer charges.
+    pub bytes: usize,
+}
+
+/// Counters of one lane's sender.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TxStats {
+    /// Datagrams sent.
+    pub datagrams: u64,
+    /// Chunk payload bytes sent.
+    pub payload_bytes: u64,
+    /// UDP payload bytes sent (RoCE headers and ICRC included).
+    pub udp_bytes: u64,
+    /// `sendmsg` calls.
+    pub sends: u64,
+    /// Batches resent without GSO after the kernel refused GSO.
+    pub gso_fallbacks: u64,
+}
+
+/// Sending failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TxError {
+    /// A chunk is larger than `TxConfig::max_payload`.
+    #[error("chunk payload of {len} bytes exceeds the lane's maximum of {max}")]
+    PayloadTooLarge {
+        /// Payload length given.
+        len: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// `max_payload` does not fit one UDP datagram, or `rank` does not fit 24 bits.
+    #[error("bad sender config: {0}")]
+    BadConfig(&'static str),
+    /// The socket refused a send; `sent` chunks of the batch went out before it.
+    #[error("send failed after {sent} chunks: {source}")]
+    Io {
+        /// Chunks of the batch sent before the error (their PSNs are used).
+        sent: usize,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The send side of one lane.
+#[derive(Debug)]
+pub struct LaneSender {
+    sock: TxSocket,
+    cfg: TxConfig,
+    fields: HeaderFields,
+    psn: u32,
+    batch_cap: usize,
+    staging: Vec<u8>,
+    icrc: LaneIcrc,
+    stats: TxStats,
+}
+
+impl LaneSender {
+    /// A sender on `sock` for the lane `cfg` describes; allocates its staging buffer.
+    pub fn new(sock: TxSocket, cfg: TxConfig) -> Result<Self, TxError> {
+        let seg_max = packet::datagram_len(cfg.max_payload);
+        if seg_max > MAX_UDP_PAYLOAD {
+            return Err(TxError::BadConfig(
+                "max_payload does not fit a UDP datagram",
+            ));
+        }
+        if cfg.rank > MASK_24 {
+            return Err(TxError::BadConfig("rank does not fit the 24-bit SrcQP"));
+        }
+        let batch_cap = (MAX_UDP_PAYLOAD / seg_max).clamp(1, MAX_GSO_SEGMENTS);
+        let flow = FlowIcrc::new(sock.local_addr(), cfg.group);
+        tracing::debug!(lane = cfg.lane, group = %cfg.group, seg_max, batch_cap, "lane sender");
+        Ok(LaneSender {
+            fields: HeaderFields {
+                pkey: cfg.pkey,
+                qkey: cfg.qkey,
+                src_qp: cfg.rank,
+            },
+            psn: cfg.initial_psn & MASK_24,
+            batch_cap,
+            staging: vec![0; batch_cap * seg_max],
+            icrc: LaneIcrc::new(flow, batch_cap),
+            stats: TxStats::default(),
+            sock,
+            cfg,
+        })
+    }
+
+    /// Whether the next batch goes as one GSO send.
+    pub fn gso_active(&self) -> bool {
+        self.cfg.gso && self.sock.max_gso_segments() > 1
+    }
+
+    /// Most chunks one [`send_batch`](Self::send_batch) takes: bounded by the GSO segment
+    /// limit and by one send's 64 KiB, also without GSO so that paced batches stay alike.
+    pub fn max_batch(&self) -> usize {
+        if self.gso_active() {
+            self.batch_cap.min(self.sock.max_gso_segments())
+        } else {
+            self.batch_cap
+        }
+    }
+
+    /// PSN the next datagram gets.
+    pub fn next_psn(&self) -> u32 {
+        self.psn
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &TxStats {
+        &self.stats
+    }
+
+    /// The socket (for its bound address and buffer sizes).
+    pub fn socket(&self) -> &TxSocket {
+        &self.sock
+    }
+
+    /// Sends a prefix of `chunks` as one batch and says how many went.
+    ///
+    /// The batch ends at [`max_batch`](Self::max_batch) chunks, and (GSO needs equal segments,
+    /// the last may be shorter) before a chunk longer than the first or after one shorter.
+    /// Blocks while the socket buffer is full.
+    pub fn send_batch(&mut self, chunks: &[OutChunk<'_>]) -> Result<Sent, TxError> {
+        let Some(first) = chunks.first() else {
+            return Ok(Sent::default());
+        };
+        let seg = packet::datagram_len(first.payload.len());
+        let gso = self.gso_active();
+        let mut n = 0;
+        let mut end = 0;
+        for c in chunks.iter().take(self.max_batch()) {
+            if c.payload.len() > self.cfg.max_payload {
+                if n == 0 {
+                    return Err(TxError::PayloadTooLarge {
+                        len: c.payload.len(),
+                        max: self.cfg.max_payload,
+                    });
+                }
+                break;
+            }
+            let len = packet::datagram_len(c.payload.len());
+            if len > seg {
+                break;
+            }
+            let ip_id = if gso { n as u16 } else { 0 };
+            self.build(n, seg, c, ip_id);
+            end = n * seg + len;
+            n += 1;
+            if len < seg {
+                break;
+            }
+        }
+        let result = if gso && n > 1 {
+            self.send_gso(seg, end, chunks, n)
+        } else {
+            self.send_each(seg, end, n)
+        };
+        let sent = match &result {
+            Ok(k) => *k,
+            Err(TxError::Io { sent, .. }) => *sent,
+            Err(_) => 0,
+        };
+        let bytes = if sent == n { end } else { sent * seg };
+        self.psn = (self.psn + sent as u32) & MASK_24;
+        self.stats.datagrams += sent as u64;
+        self.stats.udp_bytes += bytes as u64;
+        self.stats.payload_bytes += chunks[..sent]
+            .iter()
+            .map(|c| c.payload.len() as u64)
+            .sum::<u64>();
+        result.map(|chunks| Sent { chunks, bytes })
+    }
+
+    /// Writes chunk `c` as datagram `index` of a batch with stride `seg`, PSN `psn + index`.
+    fn build(&mut self, index: usize, seg: usize, c: &OutChunk<'_>, ip_id: u16) {
+        let plen = c.payload.len();
+        let len = packet::datagram_len(plen);
+        let d = &mut self.staging[index * seg..index * seg + len];
+        let psn = self.psn.wrapping_add(index as u32);
+        packet::emit_headers(d, self.fields, psn, c.imm, plen);
+        let body = packet::HEADER_LEN + plen;
+        d[packet::HEADER_LEN..body].copy_from_slice(c.payload);
+        d[body..len - packet::ICRC_LEN].fill(0);
+        let icrc = self.icrc.compute(ip_id, &d[..len - packet::ICRC_LEN]);
+        d[len - packet::ICRC_LEN..].copy_from_slice(&icrc.to_le_bytes());
+    }
+
+    fn send_gso(
+        &mut self,
+        seg: usize,
+        end: usize,
+        chunks: &[OutChunk<'_>],
+        n: usize,
+    ) -> Result<usize, TxError> {
+        let transmit = Transmit {
+            destination: SocketAddr::V4(self.cfg.group),
+            ecn: None,
+            contents: &self.staging[..end],
+            segment_size: Some(seg),
+            src_ip: None,
+        };
+        self.stats.sends += 1;
+        match self.sock.send(&transmit) {
+            Ok(()) => Ok(n),
+            Err(e) if self.sock.max_gso_segments() <= 1 => {
+                // quinn-udp switched GSO off (EIO/EINVAL): the ICRCs assumed IDs 0..n, so
+                // rebuild every segment with ID 0 and send them one by one.
+                tracing::info!(lane = self.cfg.lane, error = %e, "GSO refused; sending without");
+                self.stats.gso_fallbacks += 1;
+                for (i, c) in chunks[..n].iter().enumerate() {
+                    self.build(i, seg, c, 0);
+                }
+                self.send_each(seg, end, n)
+            }
+            Err(source) => Err(TxError::Io { sent: 0, source }),
+        }
+    }
+
+    /// Sends the batch's `n` datagrams one `sendmsg` each.
+    fn send_each(&mut self, seg: usize, end: usize, n: usize) -> Result<usize, TxError> {
+        for i in 0..n {
+            let transmit = Transmit {
+                destination: SocketAddr::V4(self.cfg.group),
+                ecn: None,
+                contents: &self.staging[i * seg..((i + 1) * seg).min(end)],
+                segment_size: None,
+                src_ip: None,
+            };
+            self.stats.sends += 1;
+            if let Err(source) = self.sock.send(&transmit) {
+                return Err(TxError::Io { sent: i, source });
+            }
+        }
+        Ok(n)
+    }
+}

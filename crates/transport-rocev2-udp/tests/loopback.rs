@@ -1,0 +1,418 @@
+//! The data path over real kernel multicast on loopback, without root.
+//!
+//! Every test uses its own nonce (so its own groups) and an ephemeral port, so tests running
+//! in parallel never see each other's packets; every receive loop has a deadline.
+
+// Counters are printed for `--nocapture` runs and failed tests.
+#![allow(clippy::print_stderr)]
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ringcast_transport_rocev2_udp::addr::{AddrConfig, JobAddrs};
+use ringcast_transport_rocev2_udp::icrc::FlowIcrc;
+use ringcast_transport_rocev2_udp::{
+    LaneReceiver, LaneSender, OutChunk, RxConfig, RxSocket, RxStats, SocketConfig, SocketError,
+    TxConfig, TxSocket,
+};
+
+const PKEY: u16 = 0xFFFF;
+const MAX_PAYLOAD: usize = 4096;
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// An unused UDP port (bound and released; the group address keeps tests apart anyway).
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn job(nonce: u64, port: u16) -> (JobAddrs, SocketAddrV4) {
+    let cfg = AddrConfig {
+        port,
+        ..AddrConfig::default()
+    };
+    let job = JobAddrs::derive(nonce, 1, &cfg).unwrap();
+    let group = job.group(0).unwrap();
+    (job, group)
+}
+
+fn sender(job: &JobAddrs, group: SocketAddrV4, rank: u32, gso: bool) -> LaneSender {
+    let sock = TxSocket::open(&SocketConfig::loopback()).unwrap();
+    LaneSender::new(
+        sock,
+        TxConfig {
+            lane: 0,
+            group,
+            pkey: PKEY,
+            qkey: job.qkey(),
+            rank,
+            max_payload: MAX_PAYLOAD,
+            gso,
+            initial_psn: 0xFF_FFF0, // wraps during the test
+        },
+    )
+    .unwrap()
+}
+
+fn receiver(job: &JobAddrs, group: SocketAddrV4, cfg: impl FnOnce(&mut RxConfig)) -> LaneReceiver {
+    let sock = RxSocket::open(&SocketConfig::loopback(), group).unwrap();
+    assert!(sock.granted_recv_buffer() > 0);
+    assert_eq!(sock.socket_drops().unwrap(), 0);
+    let mut rx = RxConfig::new(0, PKEY, job.qkey(), MAX_PAYLOAD);
+    cfg(&mut rx);
+    LaneReceiver::new(sock, rx)
+}
+
+/// Chunk `k`'s payload: full chunks, a few odd lengths (pad), and a short last chunk.
+fn payload(k: usize, n: usize) -> Vec<u8> {
+    let len = match k {
+        _ if k == n - 1 => 1_001,
+        7 => 3,
+        8 => 0,
+        _ => MAX_PAYLOAD,
+    };
+    (0..len).map(|i| (k * 31 + i * 7) as u8).collect()
+}
+
+/// One sender, three receivers in threads; the sender sends windows and waits for every
+/// receiver to hold the window (resending it after a pause, should the kernel drop some), so
+/// the test holds with the default 208 KiB receive buffers. Every byte is checked.
+fn one_to_three(nonce: u64, gso: bool) {
+    const N: usize = 600;
+    const WINDOW: usize = 12;
+    let (job, group) = job(nonce, free_port());
+    let mut tx = sender(&job, group, 5, gso);
+    let src = tx.socket().local_addr();
+    let rxs: Vec<LaneReceiver> = (0..3)
+        .map(|i| {
+            receiver(&job, group, |c| {
+                // Receiver 0 checks ICRCs, receiver 1 knows its sender; all must accept all.
+                c.verify_icrc = i == 0;
+                if i == 1 {
+                    c.sources = vec![(src, 5)];
+                }
+            })
+        })
+        .collect();
+    let payloads: Vec<Vec<u8>> = (0..N).map(|k| payload(k, N)).collect();
+    let payloads = Arc::new(payloads);
+    let held: Arc<Vec<AtomicUsize>> = Arc::new((0..3).map(|_| AtomicUsize::new(0)).collect());
+    let start = Instant::now();
+
+    let workers: Vec<_> = rxs
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut rx)| {
+            let (payloads, held) = (payloads.clone(), held.clone());
+            thread::spawn(move || {
+                let mut seen = vec![false; N];
+                let mut distinct = 0;
+                while distinct < N && start.elapsed() < DEADLINE {
+                    let batch = rx.recv(Duration::from_millis(20)).unwrap();
+                    for c in batch.iter() {
+                        assert_eq!((c.source, c.rank, c.lane), (src, 5, 0));
+                        let k = c.imm as usize;
+                        assert_eq!(c.payload, &payloads[k][..], "receiver {i} chunk {k}");
+                        // PSN k from 0xFFFFF0 on (resends get later PSNs).
+                        if !seen[k] {
+                            seen[k] = true;
+                            distinct += 1;
+                        }
+                    }
+                    // Chunks arrive in order within a window; publish the contiguous prefix.
+                    let prefix = seen.iter().take_while(|s| **s).count();
+                    held[i].store(prefix, Ordering::Release);
+                }
+                (distinct, *rx.stats(), rx.socket().socket_drops().unwrap())
+            })
+        })
+        .collect();
+
+    let mut resends = 0;
+    let mut k = 0;
+    while k < N && start.elapsed() < DEADLINE {
+        let end = (k + WINDOW).min(N);
+        let chunks: Vec<OutChunk<'_>> = (k..end)
+            .map(|j| OutChunk {
+                imm: j as u32,
+                payload: &payloads[j],
+            })
+            .collect();
+        let mut at = 0;
+        while at < chunks.len() {
+            at += tx.send_batch(&chunks[at..]).unwrap().chunks;
+        }
+        let sent_at = Instant::now();
+        while held.iter().any(|h| h.load(Ordering::Acquire) < end) {
+            if sent_at.elapsed() > Duration::from_millis(300) {
+                resends += 1;
+                break;
+            }
+            thread::sleep(Duration::from_micros(200));
+        }
+        if held.iter().all(|h| h.load(Ordering::Acquire) >= end) {
+            k = end;
+        }
+    }
+    let results: Vec<(usize, RxStats, u64)> =
+        workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let tx_stats = *tx.stats();
+    eprintln!("gso={gso} tx={tx_stats:?} resends={resends}");
+    for (i, (distinct, stats, drops)) in results.iter().enumerate() {
+        eprintln!("receiver {i}: {stats:?} socket drops {drops}");
+        assert_eq!(*distinct, N, "receiver {i} got every chunk");
+        assert_eq!(stats.dropped(), 0, "receiver {i}: {stats:?}");
+        assert_eq!(stats.accepted, stats.datagrams);
+    }
+    // PSNs wrapped from 0xFFFFF0 through 0.
+    assert_eq!(
+        tx.next_psn(),
+        (0xFF_FFF0 + tx_stats.datagrams as u32) & 0xFF_FFFF
+    );
+    if gso && tx.gso_active() {
+        assert!(
+            tx_stats.sends < tx_stats.datagrams,
+            "GSO batches: {tx_stats:?}"
+        );
+    } else {
+        assert_eq!(tx_stats.sends, tx_stats.datagrams);
+    }
+}
+
+#[test]
+fn one_sender_three_receivers_gso() {
+    one_to_three(0x5EED_0001, true);
+}
+
+#[test]
+fn one_sender_three_receivers_without_gso() {
+    one_to_three(0x5EED_0002, false);
+}
+
+/// A hand-written packet (not built by the crate): BTH, DETH, ImmDt, payload, ICRC.
+struct Raw {
+    opcode: u8,
+    pkey: u16,
+    dest_qp: u32,
+    qkey: u32,
+    src_qp: u32,
+    payload_len: usize,
+}
+
+impl Raw {
+    fn bytes(&self, flow: &FlowIcrc) -> Vec<u8> {
+        let mut p = vec![self.opcode, 0];
+        p.extend(self.pkey.to_be_bytes());
+        p.extend(self.dest_qp.to_be_bytes()); // byte 4 reserved = 0, then 24 bits
+        p.extend(9u32.to_be_bytes()); // PSN 9
+        p.extend(self.qkey.to_be_bytes());
+        p.extend(self.src_qp.to_be_bytes());
+        p.extend(0xABCD_0001u32.to_be_bytes());
+        p.extend((0..self.payload_len).map(|i| i as u8));
+        let icrc = flow.compute(0, &p);
+        p.extend(icrc.to_le_bytes());
+        p
+    }
+}
+
+#[test]
+fn hostile_sender_is_counted_and_ignored() {
+    let (job, group) = job(0x5EED_0003, free_port());
+    let mut tx = sender(&job, group, 2, true);
+    let src = tx.socket().local_addr();
+    let mut checking = receiver(&job, group, |c| c.verify_icrc = true);
+    let mut known = receiver(&job, group, |c| c.sources = vec![(src, 2)]);
+
+    let hostile = UdpSocket::bind("127.0.0.1:0").unwrap();
+    hostile.set_multicast_loop_v4(true).unwrap();
+    let SocketAddr::V4(hostile_addr) = hostile.local_addr().unwrap() else {
+        unreachable!()
+    };
+    let flow = FlowIcrc::new(hostile_addr, group);
+    let good = Raw {
+        opcode: 0x65,
+        pkey: PKEY,
+        dest_qp: 0xFF_FFFF,
+        qkey: job.qkey(),
+        src_qp: 2,
+        payload_len: 64,
+    };
+    let mut bad_icrc = good.bytes(&flow);
+    let last = bad_icrc.len() - 1;
+    bad_icrc[last] ^= 0x80;
+    let packets = [
+        good.bytes(&flow),
+        Raw {
+            qkey: job.qkey() ^ 1,
+            ..good
+        }
+        .bytes(&flow),
+        Raw {
+            pkey: 0x7FFF,
+            ..good
+        }
+        .bytes(&flow),
+        Raw {
+            opcode: 0x64,
+            ..good
+        }
+        .bytes(&flow),
+        good.bytes(&flow)[..27].to_vec(),
+        Raw {
+            payload_len: MAX_PAYLOAD + 4,
+            ..good
+        }
+        .bytes(&flow),
+        Raw {
+            dest_qp: 0x00_0001,
+            ..good
+        }
+        .bytes(&flow),
+        bad_icrc,
+    ];
+    // Multicast from a plain socket needs the loopback interface chosen.
+    socket2::SockRef::from(&hostile)
+        .set_multicast_if_v4(&Ipv4Addr::LOCALHOST)
+        .unwrap();
+    let payloads: Vec<Vec<u8>> = (0..16).map(|k| vec![k as u8; 100 + k]).collect();
+    for (k, p) in packets.iter().enumerate() {
+        hostile.send_to(p, group).unwrap();
+        let c = [OutChunk {
+            imm: k as u32,
+            payload: &payloads[k],
+        }];
+        tx.send_batch(&c).unwrap();
+    }
+    let rest: Vec<OutChunk<'_>> = (8..16)
+        .map(|k| OutChunk {
+            imm: k as u32,
+            payload: &payloads[k],
+        })
+        .collect();
+    let mut at = 0;
+    while at < rest.len() {
+        at += tx.send_batch(&rest[at..]).unwrap().chunks;
+    }
+
+    let total = (packets.len() + payloads.len()) as u64;
+    for (name, rx) in [("checking", &mut checking), ("known", &mut known)] {
+        let start = Instant::now();
+        let mut got = Vec::new();
+        while rx.stats().datagrams < total && start.elapsed() < DEADLINE {
+            for c in rx.recv(Duration::from_millis(20)).unwrap().iter() {
+                got.push((c.source, c.rank, c.imm, c.payload.to_vec()));
+            }
+        }
+        let s = *rx.stats();
+        eprintln!("{name}: {s:?}");
+        assert_eq!(s.datagrams, total, "{name}");
+        assert_eq!(
+            (s.truncated, s.oversize, s.opcode, s.pkey, s.qkey, s.destqp),
+            (1, 1, 1, 1, 1, 1),
+            "{name}"
+        );
+        let legit: Vec<_> = got.iter().filter(|g| g.0 == src).collect();
+        assert_eq!(legit.len(), 16, "{name}");
+        for (source, rank, imm, payload) in legit {
+            assert_eq!((*source, *rank), (src, 2));
+            assert_eq!(payload, &payloads[*imm as usize]);
+        }
+        let stray: Vec<_> = got.iter().filter(|g| g.0 != src).collect();
+        if name == "checking" {
+            // Accepts the one valid hostile packet (any source), refuses the bad ICRC.
+            assert_eq!((s.bad_icrc, s.unknown_source), (1, 0));
+            assert_eq!(stray.len(), 1);
+            assert_eq!(stray[0].0, hostile_addr);
+            assert_eq!(stray[0].2, 0xABCD_0001);
+            assert_eq!(stray[0].3, (0..64).map(|i| i as u8).collect::<Vec<_>>());
+        } else {
+            // Knows only the legit sender: the valid and the bad-ICRC packet are strangers.
+            assert_eq!((s.bad_icrc, s.unknown_source), (0, 2));
+            assert!(stray.is_empty());
+        }
+        assert_eq!(s.accepted + s.dropped(), s.datagrams);
+    }
+}
+
+#[test]
+fn port_in_use_is_reported_clearly() {
+    let plain = UdpSocket::bind("0.0.0.0:0").unwrap();
+    let port = plain.local_addr().unwrap().port();
+    let (_, group) = job(0x5EED_0004, port);
+    match RxSocket::open(&SocketConfig::loopback(), group) {
+        Err(e @ SocketError::PortInUse { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains(&port.to_string()), "{msg}");
+            assert!(msg.contains("SO_REUSEPORT"), "{msg}");
+            assert!(msg.contains("AddrConfig::port"), "{msg}");
+            let SocketError::PortInUse { port: p, addr } = e else {
+                unreachable!()
+            };
+            assert_eq!((p, addr), (port, group));
+        }
+        other => panic!("expected PortInUse, got {other:?}"),
+    }
+}
+
+#[test]
+fn two_jobs_on_one_port_do_not_mix() {
+    let port = free_port();
+    let (job_a, group_a) = job(0x5EED_0005, port);
+    let (job_b, group_b) = job(0x5EED_0006, port);
+    assert_ne!(group_a, group_b);
+    assert_ne!(job_a.qkey(), job_b.qkey());
+    let mut tx_a = sender(&job_a, group_a, 0, true);
+    let mut rx_a = receiver(&job_a, group_a, |_| {});
+    let mut rx_b = receiver(&job_b, group_b, |_| {});
+    let data = vec![0x5A; 2048];
+    let chunks: Vec<OutChunk<'_>> = (0..8)
+        .map(|k| OutChunk {
+            imm: k,
+            payload: &data,
+        })
+        .collect();
+    assert_eq!(tx_a.send_batch(&chunks).unwrap().chunks, 8);
+    let start = Instant::now();
+    while rx_a.stats().accepted < 8 && start.elapsed() < DEADLINE {
+        rx_a.recv(Duration::from_millis(20)).unwrap();
+    }
+    assert_eq!(rx_a.stats().accepted, 8);
+    // B's socket is bound to B's group with IP_MULTICAST_ALL off: nothing arrives at all.
+    let batch = rx_b.recv(Duration::from_millis(200)).unwrap();
+    assert!(batch.is_empty());
+    assert_eq!(rx_b.stats().datagrams, 0);
+}
+
+#[test]
+fn oversized_chunk_is_refused_before_sending() {
+    let (job, group) = job(0x5EED_0007, free_port());
+    let mut tx = sender(&job, group, 0, true);
+    let big = vec![0u8; MAX_PAYLOAD + 1];
+    let small = vec![0u8; 10];
+    assert!(
+        tx.send_batch(&[OutChunk {
+            imm: 0,
+            payload: &big
+        }])
+        .is_err()
+    );
+    // A batch stops before an oversized chunk and after a short one.
+    let chunks = [
+        OutChunk {
+            imm: 0,
+            payload: &small,
+        },
+        OutChunk {
+            imm: 1,
+            payload: &big,
+        },
+    ];
+    assert_eq!(tx.send_batch(&chunks).unwrap().chunks, 1);
+    assert_eq!(tx.stats().datagrams, 1);
+}
