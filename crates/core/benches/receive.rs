@@ -1,6 +1,7 @@
-//! The receive fast path: `Session::handle_chunk` at a leaf of an active Broadcast, against the
-//! bare cost of tracking the same chunk indices in a `HashSet<u32>`, a `Vec<bool>` and a plain
-//! `u64`-word bitmap.
+//! The receive fast path: `LaneRx::handle_chunk` (+ `commit`) at a leaf of an active Broadcast,
+//! and the same through `Node` (lane dispatch and routing included), against the bare cost of
+//! tracking the same chunk indices in a `HashSet<u32>`, a `Vec<bool>` and a plain `u64`-word
+//! bitmap.
 //!
 //! One operation of 2^20 chunks of 4 KiB (4 GiB), one lane; each timed iteration feeds every
 //! chunk once, in order or in a seeded random order. Creating the session, starting the
@@ -12,7 +13,8 @@
 use divan::counter::ItemsCount;
 use divan::{Bencher, black_box};
 use ringcast_core::wire::{ControlRepr, Imm};
-use ringcast_core::{Config, Instant, Placement, Rank, Session};
+use ringcast_core::lane::{LaneCommand, LaneRx};
+use ringcast_core::{Config, Instant, Node, Placement, Rank, Session};
 use std::collections::HashSet;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -77,8 +79,8 @@ fn imms(name: &str) -> &'static [u32] {
 }
 
 /// Rank 1 of 2, in the data phase of a Broadcast of `CHUNKS` chunks from rank 0.
-fn leaf() -> Session {
-    let mut s = Session::new(config()).expect("valid config");
+fn leaf() -> Node {
+    let mut s = Node::new(config()).expect("valid config");
     let len = u64::from(CHUNKS) * u64::from(CHUNK_SIZE);
     let op = s
         .start_broadcast(Instant::ZERO, Rank(0), len)
@@ -94,8 +96,43 @@ fn leaf() -> Session {
     s
 }
 
+/// Lane 0's receive half of the same leaf, alone: the operation opened as the session asks.
+fn lane() -> LaneRx {
+    let mut s = Session::new(config()).expect("valid config");
+    let len = u64::from(CHUNKS) * u64::from(CHUNK_SIZE);
+    s.start_broadcast(Instant::ZERO, Rank(0), len)
+        .expect("op starts");
+    let mut rx = LaneRx::new(&config(), 0);
+    while let Some(c) = s.poll_lane_command() {
+        if let LaneCommand::Rx { cmd, .. } = c {
+            rx.handle_command(cmd);
+        }
+    }
+    rx
+}
+
 #[divan::bench(args = ORDERS, sample_count = 20, sample_size = 1)]
-fn session_handle_chunk(bencher: Bencher<'_, '_>, order_name: &str) {
+fn lane_rx_handle_chunk(bencher: Bencher<'_, '_>, order_name: &str) {
+    let imms = imms(order_name);
+    bencher
+        .counter(ItemsCount::new(imms.len()))
+        .with_inputs(lane)
+        .bench_local_refs(|rx| {
+            for &imm in imms {
+                let p = rx.handle_chunk(Rank(0), imm, CHUNK_SIZE as usize);
+                if let Placement::Place { op, .. } = black_box(p) {
+                    rx.commit(op);
+                }
+            }
+            debug_assert!(matches!(
+                rx.handle_chunk(Rank(0), imms[0], CHUNK_SIZE as usize),
+                Placement::Drop(_)
+            ));
+        });
+}
+
+#[divan::bench(args = ORDERS, sample_count = 20, sample_size = 1)]
+fn node_handle_chunk(bencher: Bencher<'_, '_>, order_name: &str) {
     let imms = imms(order_name);
     let now = Instant::from_nanos(2);
     bencher
@@ -103,13 +140,11 @@ fn session_handle_chunk(bencher: Bencher<'_, '_>, order_name: &str) {
         .with_inputs(leaf)
         .bench_local_refs(|s| {
             for &imm in imms {
-                let p = s.handle_chunk(now, 0, Rank(0), imm, CHUNK_SIZE as usize);
-                black_box(p);
+                let p = s.handle_chunk(0, Rank(0), imm, CHUNK_SIZE as usize);
+                if let Placement::Place { op, .. } = black_box(p) {
+                    s.commit(now, 0, op);
+                }
             }
-            debug_assert!(matches!(
-                s.handle_chunk(now, 0, Rank(0), imms[0], CHUNK_SIZE as usize),
-                Placement::Drop(_)
-            ));
         });
 }
 

@@ -1,54 +1,107 @@
 //! The RNR barrier that precedes every multicast: no root may send a chunk before every rank
-//! has posted its receives.
+//! has opened the operation on its lanes (posted its receives).
 //!
 //! We gather at a hub (the Broadcast root, or rank 0 for an Allgather): every other rank sends
 //! `Ready`, the hub answers `Go` to all. Compared with a dissemination barrier this costs two
 //! message latencies instead of `2 log P`, and it blames exactly: the hub waits on every rank
 //! directly, so when one never answers the hub names it, and the others (who wait twice as
 //! long for `Go`) hear the verdict through `Abort` before their own deadline.
+//!
+//! A rank queues the lanes' `Open` before it says `Ready` (see [`crate::lane`]), so no chunk
+//! can reach a lane before its operation.
 
 use crate::config::Rank;
-use crate::op::{Collective, Phase, Wait};
+use crate::op::{Collective, Phase};
 use crate::out::{ControlMsg, Ctx, Outcome, bump};
+use crate::timer::Timer;
 use crate::wire::ControlKind;
+use bitvec::prelude::*;
+
+/// The barrier's own state.
+#[derive(Clone, Debug)]
+pub(crate) struct Barrier {
+    hub: Rank,
+    /// Hub only: which ranks said `Ready`.
+    ready: BitVec<u64, Lsb0>,
+    ready_count: u32,
+    me: Rank,
+}
+
+impl Barrier {
+    pub(crate) fn new(hub: Rank, me: Rank, ranks: u32) -> Self {
+        Barrier {
+            hub,
+            ready: if me == hub {
+                bitvec![u64, Lsb0; 0; ranks as usize]
+            } else {
+                BitVec::new()
+            },
+            ready_count: 0,
+            me,
+        }
+    }
+
+    pub(crate) fn hub(&self) -> Rank {
+        self.hub
+    }
+
+    fn is_hub(&self) -> bool {
+        self.me == self.hub
+    }
+
+    /// Records `from`'s `Ready`; false if it was not expected.
+    fn mark(&mut self, from: Rank) -> bool {
+        let fresh = self.is_hub()
+            && from != self.me
+            && self.ready.get(from.index()).is_some_and(|b| !*b);
+        if fresh {
+            self.ready.set(from.index(), true);
+            self.ready_count += 1;
+        }
+        fresh
+    }
+
+    fn all_ready(&self, ranks: u32) -> bool {
+        self.ready_count + 1 >= ranks
+    }
+
+    /// Hub: the lowest rank whose `Ready` is missing.
+    pub(crate) fn first_unready(&self) -> Option<Rank> {
+        self.ready
+            .iter_zeros()
+            .map(|i| Rank(i as u32))
+            .find(|r| *r != self.me)
+    }
+}
 
 impl Collective {
     /// First step after the operation was created.
     pub(crate) fn on_start(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
-        if self.me == self.hub {
-            self.wait = Some(Wait {
-                peer: self.succ,
-                deadline: cx.now + cx.config.peer_timeout,
-            });
+        self.open_lanes(cx);
+        if self.barrier.is_hub() {
+            self.timers
+                .set(Timer::Ready, cx.now + cx.config.peer_timeout);
             self.maybe_go(cx)
         } else {
-            cx.send(self.hub, ControlMsg::simple(ControlKind::Ready, self.id.0));
-            let deadline = cx.now + cx.config.peer_timeout * 2;
-            self.wait = Some(Wait {
-                peer: self.hub,
-                deadline,
-            });
+            let hub = self.barrier.hub();
+            cx.send(hub, ControlMsg::simple(ControlKind::Ready, self.id.0));
+            self.timers
+                .set(Timer::Go, cx.now + cx.config.peer_timeout * 2);
             None
         }
     }
 
     /// Hub: a rank posted its receives.
     pub(crate) fn on_ready(&mut self, cx: &mut Ctx<'_>, from: Rank) -> Option<Outcome> {
-        let fresh = self.me == self.hub
-            && self.phase == Phase::Barrier
-            && from != self.me
-            && self.ready.get(from.index()).is_some_and(|b| !*b);
-        if !fresh {
+        if self.phase != Phase::Barrier || !self.barrier.mark(from) {
             bump(&mut cx.stats.control_unexpected);
             return None;
         }
-        self.ready.set(from.index(), true);
-        self.ready_count += 1;
         self.maybe_go(cx)
     }
 
     fn maybe_go(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
-        if self.ready_count + 1 < cx.config.ranks {
+        if !self.barrier.all_ready(cx.config.ranks) {
             return None;
         }
         for r in (0..cx.config.ranks).map(Rank).filter(|r| *r != self.me) {
@@ -60,19 +113,11 @@ impl Collective {
 
     /// Everyone is ready.
     pub(crate) fn on_go(&mut self, cx: &mut Ctx<'_>, from: Rank) -> Option<Outcome> {
-        if self.me == self.hub || from != self.hub || self.phase != Phase::Barrier {
+        if self.barrier.is_hub() || from != self.barrier.hub() || self.phase != Phase::Barrier {
             bump(&mut cx.stats.control_unexpected);
             return None;
         }
         self.begin_data(cx);
         self.progress(cx)
-    }
-
-    /// Hub: the lowest rank whose `Ready` is missing.
-    pub(crate) fn first_unready(&self) -> Option<Rank> {
-        self.ready
-            .iter_zeros()
-            .map(|i| Rank(i as u32))
-            .find(|r| *r != self.me)
     }
 }

@@ -18,26 +18,17 @@ impl fmt::Display for OpId {
     }
 }
 
-/// Something the driver must do, returned by [`Session::poll_transmit`](crate::Session::poll_transmit).
+/// Identifies one read the session asked for; report it back with
+/// [`Session::handle_read_done`](crate::Session::handle_read_done).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ReadId(pub u64);
+
+/// Something the control path asks the driver to do, returned by
+/// [`Session::poll_transmit`](crate::Session::poll_transmit). Multicasts come from the lanes
+/// instead ([`LaneTx::poll_multicast`](crate::lane::LaneTx::poll_multicast)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Transmit {
-    /// Multicast bytes `offset..offset + len` of the operation's buffer on `lane`, carrying
-    /// `imm`. Report completion with [`Session::handle_send_done`](crate::Session::handle_send_done).
-    Multicast {
-        /// Operation.
-        op: OpId,
-        /// Multicast subgroup.
-        lane: u16,
-        /// The 32-bit immediate to carry.
-        imm: u32,
-        /// Chunk index (also encoded in `imm`).
-        chunk: u32,
-        /// Byte offset into the buffer.
-        offset: u64,
-        /// Bytes.
-        len: u32,
-    },
     /// Send the `len` bytes written to the caller's buffer to rank `to` on the reliable path.
     Control {
         /// Destination.
@@ -48,6 +39,8 @@ pub enum Transmit {
     /// Read bytes `offset..offset + len` of `from`'s buffer of this operation into the same
     /// range of ours. Report with [`Session::handle_read_done`](crate::Session::handle_read_done).
     Read {
+        /// Names this read.
+        id: ReadId,
         /// Operation.
         op: OpId,
         /// The peer to read from.
@@ -70,8 +63,7 @@ pub enum Placement {
         op: OpId,
         /// Byte offset.
         offset: u64,
-        /// Bytes expected; a payload of another length must not be copied (see
-        /// [`Session::handle_chunk`](crate::Session::handle_chunk)).
+        /// Bytes to copy (the payload's length: any other length was dropped).
         len: u32,
     },
     /// Do not touch the buffer.
@@ -253,16 +245,22 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub(crate) fn count_drop(&mut self, r: DropReason) {
-        let c = match r {
-            DropReason::Duplicate => &mut self.dropped_duplicate,
-            DropReason::Stale => &mut self.dropped_stale,
-            DropReason::OutOfRange => &mut self.dropped_out_of_range,
-            DropReason::WrongSource => &mut self.dropped_wrong_source,
-            DropReason::WrongLane => &mut self.dropped_wrong_lane,
-            DropReason::Own => &mut self.dropped_own,
-            DropReason::BadLength => &mut self.dropped_bad_length,
-        };
-        *c = c.saturating_add(1);
+    /// Adds one lane's receive counters (the session's own counters cover the control path;
+    /// a driver that wants one view adds every lane's).
+    pub fn add_rx(&mut self, rx: &crate::lane::RxStats) {
+        let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
+        add(&mut self.chunks_received, rx.chunks_received);
+        add(&mut self.dropped_duplicate, rx.dropped_duplicate);
+        add(&mut self.dropped_stale, rx.dropped_stale);
+        add(&mut self.dropped_out_of_range, rx.dropped_out_of_range);
+        add(&mut self.dropped_wrong_source, rx.dropped_wrong_source);
+        add(&mut self.dropped_wrong_lane, rx.dropped_wrong_lane);
+        add(&mut self.dropped_own, rx.dropped_own);
+        add(&mut self.dropped_bad_length, rx.dropped_bad_length);
+    }
+
+    /// Adds one lane's send counters.
+    pub fn add_tx(&mut self, tx: &crate::lane::TxStats) {
+        self.chunks_sent = self.chunks_sent.saturating_add(tx.chunks_sent);
     }
 }

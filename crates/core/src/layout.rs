@@ -11,15 +11,9 @@
 //! The immediate carries a chunk's index *within its block*; the block is known from the
 //! sender the transport reports.
 
+use crate::lane::LaneBlock;
 use crate::wire::ChunkRun;
 use alloc::vec::Vec;
-
-/// A chunk's home: lane, and index within that lane's bitmap.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Slot {
-    pub(crate) lane: u32,
-    pub(crate) index: u32,
-}
 
 /// A contiguous piece of a run: its numbers and the bytes they cover.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,12 +117,6 @@ impl Layout {
         self.blocks.get(r as usize).map_or(0, |b| b.chunks)
     }
 
-    /// Chunks of block `r` per lane (the last lanes may hold fewer).
-    #[inline]
-    pub(crate) fn per_lane(&self, r: u32) -> u32 {
-        self.blocks[r as usize].per_lane
-    }
-
     /// Bytes of the whole buffer.
     pub(crate) fn bytes(&self) -> u64 {
         self.blocks.last().map_or(0, |b| b.displ + b.size)
@@ -147,27 +135,6 @@ impl Layout {
         lane_count(b.chunks, b.per_lane, l)
     }
 
-    /// The lane and lane-relative index of chunk `local` of block `r`, or `None` when out
-    /// of range.
-    #[inline]
-    pub(crate) fn slot(&self, r: u32, local: u32) -> Option<Slot> {
-        let b = self.blocks.get(r as usize)?;
-        if local >= b.chunks {
-            return None;
-        }
-        // One lane is the common case; skip the division on the hot path.
-        let lane = if self.lanes == 1 {
-            0
-        } else {
-            local / b.per_lane
-        };
-        let g = self.base[(lane * self.ranks + r) as usize] + (local - lane * b.per_lane);
-        Some(Slot {
-            lane,
-            index: g - self.lane_start[lane as usize],
-        })
-    }
-
     /// Bytes of chunk `local` of block `r` (which must be in range).
     #[inline]
     pub(crate) fn chunk_bytes(&self, r: u32, local: u32) -> (u64, u64) {
@@ -177,6 +144,44 @@ impl Layout {
             b.displ + start,
             (b.size - start.min(b.size)).min(u64::from(self.chunk_size)),
         )
+    }
+
+    /// Where block `r`'s chunks sit on lane `l`: the fast path's placement arithmetic.
+    pub(crate) fn lane_block(&self, r: u32, l: u32) -> LaneBlock {
+        let b = &self.blocks[r as usize];
+        let cs = u64::from(self.chunk_size);
+        let last_len = if b.chunks == 0 {
+            0
+        } else {
+            (b.size - u64::from(b.chunks - 1) * cs) as u32
+        };
+        LaneBlock {
+            displ: b.displ,
+            lo: l * b.per_lane,
+            count: self.lane_count(r, l),
+            base: self.lane_index(r, l),
+            chunks: b.chunks,
+            last_len,
+        }
+    }
+
+    /// Splits a global run (clipped to the layout) into lane-relative runs.
+    pub(crate) fn split(&self, run: ChunkRun) -> impl Iterator<Item = (u32, ChunkRun)> + '_ {
+        let end = run.end().min(self.total());
+        (0..self.lanes).filter_map(move |l| {
+            let base = self.lane_start(l);
+            let s = run.start.max(base);
+            let e = end.min(base + self.lane_len(l));
+            (s < e).then(|| {
+                (
+                    l,
+                    ChunkRun {
+                        start: s - base,
+                        len: e - s,
+                    },
+                )
+            })
+        })
     }
 
     /// Splits `run` (clipped to the layout) into pieces that are contiguous in bytes.
@@ -222,11 +227,13 @@ mod tests {
         let l = Layout::new(&[45, 0, 30], 10, 2).unwrap();
         assert_eq!(l.total(), 8);
         assert_eq!(l.lane_len(0), 5);
-        assert_eq!(l.slot(0, 4), Some(Slot { lane: 1, index: 1 }));
-        assert_eq!(l.slot(2, 1), Some(Slot { lane: 0, index: 4 }));
-        assert_eq!(l.slot(2, 2), Some(Slot { lane: 1, index: 2 }));
-        assert_eq!(l.slot(1, 0), None);
-        assert_eq!(l.slot(3, 0), None);
+        // Block 0 on lane 1: chunks 3..5 at lane index 0; block 2 on lane 0: chunks 0..2 at
+        // lane index 3.
+        let b = l.lane_block(0, 1);
+        assert_eq!((b.lo, b.count, b.base, b.chunks, b.last_len, b.displ), (3, 2, 0, 5, 5, 0));
+        let b = l.lane_block(2, 0);
+        assert_eq!((b.lo, b.count, b.base, b.chunks, b.last_len, b.displ), (0, 2, 3, 3, 10, 45));
+        assert_eq!(l.lane_block(1, 0).chunks, 0);
         assert_eq!(l.chunk_bytes(0, 4), (40, 5));
         let mut p = vec![];
         l.pieces(ChunkRun { start: 1, len: 6 }, &mut p);

@@ -43,19 +43,27 @@ mod barrier;
 pub mod bitmap;
 mod config;
 mod event;
+pub mod lane;
 mod layout;
+mod node;
 mod op;
 mod out;
+pub mod port;
 mod ring;
+mod rxview;
 mod schedule;
+mod send;
 mod session;
 mod time;
+mod timer;
 pub mod wire;
 
 pub use config::{Config, ConfigError, Limits, Rank};
 pub use event::{
-    DropReason, Event, OpError, OpId, Placement, ReadError, StartError, Stats, Transmit,
+    DropReason, Event, OpError, OpId, Placement, ReadError, ReadId, StartError, Stats, Transmit,
 };
+pub use lane::Multicast;
+pub use node::Node;
 pub use session::Session;
 pub use time::Instant;
 pub use wire::ChunkRun;

@@ -2,7 +2,8 @@
 //! handed to every handler.
 
 use crate::config::{Config, Rank};
-use crate::event::{OpError, Stats, Transmit};
+use crate::event::{OpError, ReadId, Stats, Transmit};
+use crate::lane::LaneCommand;
 use crate::time::Instant;
 use crate::wire::{ChunkRun, ControlKind, ControlRepr, RunList};
 use alloc::collections::VecDeque;
@@ -77,11 +78,23 @@ pub(crate) struct Ctx<'a> {
     pub(crate) config: &'a Config,
     pub(crate) out: &'a mut VecDeque<Outgoing>,
     pub(crate) stats: &'a mut Stats,
+    pub(crate) lanes: &'a mut VecDeque<LaneCommand>,
+    pub(crate) next_read: &'a mut u64,
 }
 
 impl Ctx<'_> {
     pub(crate) fn send(&mut self, to: Rank, msg: ControlMsg) {
         self.out.push_back(Outgoing::Control { to, msg });
+    }
+
+    pub(crate) fn lane(&mut self, cmd: LaneCommand) {
+        self.lanes.push_back(cmd);
+    }
+
+    /// A fresh read identifier, unique on this session.
+    pub(crate) fn read_id(&mut self) -> ReadId {
+        *self.next_read += 1;
+        ReadId(*self.next_read)
     }
 }
 

@@ -17,20 +17,75 @@
 //! as many as one control message holds; a rank with more runs asks again after a batch.
 
 use crate::config::Rank;
-use crate::event::OpError;
-use crate::event::Transmit;
-use crate::op::{Collective, Deferred, Fetch, Wait, keepalive_interval, transfer_time};
+use crate::event::{OpError, OpId, ReadId, Transmit};
+use crate::op::{Collective, keepalive_interval, transfer_time};
 use crate::out::{ControlMsg, Ctx, Outcome, Outgoing, bump};
+use crate::timer::Timer;
 use crate::wire::{ChunkRun, ControlKind, RunList};
 use alloc::vec::Vec;
 
+/// A fetch request outstanding at our ring predecessor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Fetch {
+    /// Requested runs not acknowledged yet.
+    pending: Vec<ChunkRun>,
+    /// Reads in flight, each with the recovery depth its data will have.
+    reads: Vec<(ReadId, ChunkRun, u32)>,
+}
+
+/// The ring recovery's own state: our request upstream, our successor's request to us, what
+/// we recovered, and the `Fin` handshake.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Recovery {
+    pub(crate) fetch: Option<Fetch>,
+    /// Runs our successor asked for that we did not hold (or could not vouch for) yet.
+    pub(crate) deferred: Option<Vec<ChunkRun>>,
+    /// What we recovered by reads, with the length of the chain of reads behind each piece.
+    recovered: Vec<(ChunkRun, u32)>,
+    fin_sent: bool,
+    pub(crate) fin_received: bool,
+}
+
+impl Recovery {
+    /// No read in flight.
+    pub(crate) fn reads_idle(&self) -> bool {
+        self.fetch.as_ref().is_none_or(|f| f.reads.is_empty())
+    }
+
+    /// Whether read `id` is ours.
+    pub(crate) fn has_read(&self, id: ReadId) -> bool {
+        self.fetch
+            .as_ref()
+            .is_some_and(|f| f.reads.iter().any(|r| r.0 == id))
+    }
+
+    /// Sends `Fin` to the predecessor, once.
+    pub(crate) fn send_fin(&mut self, cx: &mut Ctx<'_>, op: OpId, pred: Rank) {
+        if !self.fin_sent {
+            self.fin_sent = true;
+            cx.send(pred, ControlMsg::simple(ControlKind::Fin, op.0));
+        }
+    }
+
+    /// The longest recovery chain behind any of `runs`.
+    fn hops(&self, runs: &[ChunkRun]) -> u32 {
+        self.recovered
+            .iter()
+            .filter(|(rec, _)| runs.iter().any(|r| overlaps(*rec, *r)))
+            .map(|(_, h)| *h)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 impl Collective {
-    /// Asks the predecessor for missing chunks, unless a request is outstanding already.
+    /// Asks the predecessor for missing chunks, unless a request is outstanding already or
+    /// the lanes have not handed their bitmaps back yet.
     ///
     /// Before our own cutoff fired only the runs `within` are asked for (the rest may still be
     /// on its way on the fast path); afterwards everything missing.
     pub(crate) fn start_fetch(&mut self, cx: &mut Ctx<'_>, within: Option<&[ChunkRun]>) {
-        if self.fetch.is_some() || self.missing() == 0 {
+        if self.ring.fetch.is_some() || !self.rx.known() || self.rx.complete() {
             return;
         }
         let max = cx.config.max_fetch_runs();
@@ -38,13 +93,13 @@ impl Collective {
         match within.filter(|_| !self.cutoff_fired) {
             Some(asked) => asked
                 .iter()
-                .for_each(|r| self.runs_within(*r, false, max, &mut runs)),
+                .for_each(|r| self.rx.runs_within(&self.layout, *r, false, max, &mut runs)),
             None => {
                 let all = ChunkRun {
                     start: 0,
                     len: self.layout.total(),
                 };
-                self.runs_within(all, false, max, &mut runs)
+                self.rx.runs_within(&self.layout, all, false, max, &mut runs)
             }
         }
         if runs.is_empty() {
@@ -58,14 +113,12 @@ impl Collective {
             runs: runs.clone(),
         };
         cx.send(self.pred, msg);
-        self.fetch = Some(Fetch {
+        self.ring.fetch = Some(Fetch {
             pending: runs,
             reads: Vec::new(),
         });
-        self.wait = Some(Wait {
-            peer: self.pred,
-            deadline: cx.now + cx.config.peer_timeout,
-        });
+        self.timers
+            .set(Timer::Fetch, cx.now + cx.config.peer_timeout);
     }
 
     /// Our successor asks for runs.
@@ -83,11 +136,9 @@ impl Collective {
             bump(&mut cx.stats.control_malformed);
             return None;
         }
-        let keepalive_at = cx.now + keepalive_interval(cx.config);
-        self.deferred = Some(Deferred {
-            runs: runs.iter().collect(),
-            keepalive_at,
-        });
+        self.timers
+            .set(Timer::Keepalive, cx.now + keepalive_interval(cx.config));
+        self.ring.deferred = Some(runs.iter().collect());
         let lacking = self.answer_deferred(cx);
         if !lacking.is_empty() {
             bump(&mut cx.stats.fetch_nacks);
@@ -100,24 +151,29 @@ impl Collective {
         None
     }
 
-    /// Acknowledges every deferred run we hold now; keeps (and returns) the rest.
-    fn answer_deferred(&mut self, cx: &mut Ctx<'_>) -> Vec<ChunkRun> {
-        let Some(d) = self.deferred.take() else {
+    /// Acknowledges every deferred run we hold now; keeps (and returns) the rest. Runs on
+    /// lanes whose bitmap is still with the lane count as not held: we answer them once the
+    /// cutoff brought the bitmaps back.
+    pub(crate) fn answer_deferred(&mut self, cx: &mut Ctx<'_>) -> Vec<ChunkRun> {
+        let Some(asked) = self.ring.deferred.take() else {
             return Vec::new();
         };
-        let (mut held, mut lacking) = (Vec::new(), Vec::new());
-        for r in &d.runs {
-            self.runs_within(*r, true, usize::MAX, &mut held);
-            self.runs_within(*r, false, usize::MAX, &mut lacking);
+        let mut held = Vec::new();
+        for r in &asked {
+            self.rx
+                .runs_within(&self.layout, *r, true, usize::MAX, &mut held);
+        }
+        let mut lacking = asked;
+        for h in &held {
+            subtract(&mut lacking, *h);
         }
         if !held.is_empty() {
             self.send_ack(cx, held);
         }
-        if !lacking.is_empty() {
-            self.deferred = Some(Deferred {
-                runs: lacking.clone(),
-                keepalive_at: d.keepalive_at,
-            });
+        if lacking.is_empty() {
+            self.timers.stop(Timer::Keepalive);
+        } else {
+            self.ring.deferred = Some(lacking.clone());
         }
         lacking
     }
@@ -126,19 +182,11 @@ impl Collective {
     /// carries the longest recovery chain behind the chunks it names.
     pub(crate) fn send_ack(&mut self, cx: &mut Ctx<'_>, runs: Vec<ChunkRun>) {
         for batch in runs.chunks(cx.config.max_fetch_runs()) {
-            let hops = self
-                .recovered
-                .iter()
-                .filter(|(rec, _)| batch.iter().any(|r| overlaps(*rec, *r)))
-                .map(|(_, h)| *h)
-                .max()
-                .unwrap_or(0);
-            let runs = batch.to_vec();
             let msg = ControlMsg {
                 kind: ControlKind::FetchAck,
                 op: self.id.0,
-                arg: hops,
-                runs,
+                arg: self.ring.hops(batch),
+                runs: batch.to_vec(),
             };
             cx.send(self.succ, msg);
         }
@@ -146,14 +194,14 @@ impl Collective {
 
     /// Still recovering for our successor: acknowledge what arrived meanwhile, NACK the rest.
     pub(crate) fn keepalive(&mut self, cx: &mut Ctx<'_>) {
+        self.timers.stop(Timer::Keepalive);
         if !self.answer_deferred(cx).is_empty() {
             cx.send(
                 self.succ,
                 ControlMsg::simple(ControlKind::FetchNack, self.id.0),
             );
-            if let Some(d) = self.deferred.as_mut() {
-                d.keepalive_at = cx.now + keepalive_interval(cx.config);
-            }
+            self.timers
+                .set(Timer::Keepalive, cx.now + keepalive_interval(cx.config));
         }
     }
 
@@ -167,6 +215,7 @@ impl Collective {
     ) -> Option<Outcome> {
         let expected = from == self.pred
             && self
+                .ring
                 .fetch
                 .as_ref()
                 .is_some_and(|f| runs.iter().all(|r| covered(&f.pending, r)));
@@ -176,51 +225,62 @@ impl Collective {
         }
         let (mut still, mut pieces) = (Vec::new(), Vec::new());
         for r in runs.iter() {
-            self.runs_within(r, false, usize::MAX, &mut still);
+            self.rx
+                .runs_within(&self.layout, r, false, usize::MAX, &mut still);
         }
         for m in &still {
-            self.pieces(*m, &mut pieces);
-        }
-        let bytes: u64 = pieces.iter().map(|p| p.len).sum();
-        for p in &pieces {
-            let (op, run, offset, len) = (self.id, p.run, p.offset, p.len);
-            cx.out.push_back(Outgoing::Ready(Transmit::Read {
-                op,
-                from,
-                run,
-                offset,
-                len,
-            }));
-            bump(&mut cx.stats.reads);
+            self.layout.pieces(*m, &mut pieces);
         }
         if !pieces.is_empty() {
             cx.stats.max_fetch_depth = cx.stats.max_fetch_depth.max(hops);
         }
-        let f = self.fetch.as_mut()?;
+        let depth = hops.saturating_add(1);
+        let bytes: u64 = pieces.iter().map(|p| p.len).sum();
+        let f = self.ring.fetch.as_mut()?;
+        for p in &pieces {
+            let id = cx.read_id();
+            cx.out.push_back(Outgoing::Ready(Transmit::Read {
+                id,
+                op: self.id,
+                from,
+                run: p.run,
+                offset: p.offset,
+                len: p.len,
+            }));
+            bump(&mut cx.stats.reads);
+            f.reads.push((id, p.run, depth));
+        }
         for r in runs.iter() {
             subtract(&mut f.pending, r);
         }
-        let depth = hops.saturating_add(1);
-        f.reads.extend(pieces.iter().map(|p| (p.run, depth)));
-        if f.reads.is_empty() && f.pending.is_empty() {
+        let (reads_done, pending_done) = (f.reads.is_empty(), f.pending.is_empty());
+        if reads_done && pending_done {
             return self.fetch_round_done(cx);
         }
-        // The reads are one-sided: allow for moving the bytes before blaming the peer.
-        let deadline = cx.now + cx.config.peer_timeout + transfer_time(cx.config, bytes);
-        self.wait = Some(Wait {
-            peer: from,
-            deadline,
-        });
+        if pending_done {
+            self.timers.stop(Timer::Fetch);
+        }
+        if !pieces.is_empty() {
+            // The reads are one-sided: allow for moving the bytes before blaming the peer.
+            let at = cx.now + cx.config.peer_timeout + transfer_time(cx.config, bytes);
+            match self.timers.get(Timer::Reads) {
+                Some(_) => self.timers.extend(Timer::Reads, at),
+                None => self.timers.set(Timer::Reads, at),
+            }
+        }
         None
     }
 
     /// The predecessor is recovering on our behalf and is alive.
     pub(crate) fn on_fetch_nack(&mut self, cx: &mut Ctx<'_>, from: Rank) -> Option<Outcome> {
-        if from != self.pred || self.fetch.as_ref().is_none_or(|f| f.pending.is_empty()) {
+        let pending = self
+            .ring
+            .fetch
+            .as_ref()
+            .is_some_and(|f| !f.pending.is_empty());
+        if from != self.pred || !pending {
             bump(&mut cx.stats.control_unexpected);
-            return None;
         }
-        self.heard_from(cx, from);
         None
     }
 
@@ -228,14 +288,14 @@ impl Collective {
     pub(crate) fn on_read_done(
         &mut self,
         cx: &mut Ctx<'_>,
-        run: ChunkRun,
+        id: ReadId,
         ok: bool,
     ) -> Option<Outcome> {
-        let issued = self.fetch.as_mut().and_then(|f| {
-            let i = f.reads.iter().position(|(r, _)| *r == run)?;
-            Some(f.reads.swap_remove(i).1)
+        let issued = self.ring.fetch.as_mut().and_then(|f| {
+            let i = f.reads.iter().position(|r| r.0 == id)?;
+            Some(f.reads.swap_remove(i))
         });
-        let Some(hops) = issued else {
+        let Some((_, run, hops)) = issued else {
             bump(&mut cx.stats.control_unexpected);
             return None;
         };
@@ -243,28 +303,33 @@ impl Collective {
             let error = OpError::ReadFailed { peer: self.pred };
             return Some(Outcome::Failed { error, abort: true });
         }
-        let new = self.record_fetched(run);
-        self.recovered.push((run, hops));
+        let new = self.rx.record_fetched(&self.layout, run);
+        self.ring.recovered.push((run, hops));
         cx.stats.chunks_fetched = cx.stats.chunks_fetched.saturating_add(u64::from(new));
         // Pass it on at once: our successor may be waiting for exactly this piece.
         self.answer_deferred(cx);
-        if self
+        let (reads_done, pending_done) = self
+            .ring
             .fetch
             .as_ref()
-            .is_some_and(|f| f.reads.is_empty() && f.pending.is_empty())
-        {
-            return self.fetch_round_done(cx);
+            .map_or((true, true), |f| (f.reads.is_empty(), f.pending.is_empty()));
+        if reads_done {
+            self.timers.stop(Timer::Reads);
+            if pending_done {
+                return self.fetch_round_done(cx);
+            }
         }
         self.progress(cx)
     }
 
     fn fetch_round_done(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
-        self.fetch = None;
-        self.wait = None;
+        self.ring.fetch = None;
+        self.timers.stop(Timer::Fetch);
+        self.timers.stop(Timer::Reads);
         // More runs than one message held, or a deferred request still unanswered.
         if self.cutoff_fired {
             self.start_fetch(cx, None);
-        } else if let Some(asked) = self.deferred.as_ref().map(|d| d.runs.clone()) {
+        } else if let Some(asked) = self.ring.deferred.clone() {
             self.start_fetch(cx, Some(&asked));
         }
         self.progress(cx)
@@ -272,15 +337,14 @@ impl Collective {
 
     /// Our successor will not read from us again.
     pub(crate) fn on_fin(&mut self, cx: &mut Ctx<'_>, from: Rank) -> Option<Outcome> {
-        if from != self.succ || self.fin_received {
+        if from != self.succ || self.ring.fin_received {
             bump(&mut cx.stats.control_unexpected);
             return None;
         }
-        self.fin_received = true;
-        if self.wait.is_some_and(|w| w.peer == from) {
-            self.wait = None;
-        }
-        self.deferred = None;
+        self.ring.fin_received = true;
+        self.timers.stop(Timer::Fin);
+        self.ring.deferred = None;
+        self.timers.stop(Timer::Keepalive);
         self.progress(cx)
     }
 }

@@ -1,13 +1,12 @@
 //! The session: one rank's protocol endpoint. Inputs in, outputs drained.
 
 use crate::config::{Config, ConfigError, Rank};
-use crate::event::{
-    DropReason, Event, OpError, OpId, Placement, ReadError, StartError, Stats, Transmit,
-};
+use crate::event::{Event, OpError, OpId, ReadError, ReadId, StartError, Stats, Transmit};
+use crate::lane::{LaneCommand, LaneNote, RxNote, TxNote};
 use crate::op::Collective;
 use crate::out::{ControlMsg, Ctx, Outcome, Outgoing, bump};
 use crate::time::Instant;
-use crate::wire::{ChunkRun, ControlKind, ControlRepr};
+use crate::wire::{ControlKind, ControlRepr};
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use bitvec::prelude::*;
@@ -33,13 +32,18 @@ enum EarlyKind {
 /// * getters: [`config`](Self::config), [`stats`](Self::stats), [`inflight`](Self::inflight);
 /// * commands: [`start_broadcast`](Self::start_broadcast),
 ///   [`start_allgather`](Self::start_allgather);
-/// * inputs (`handle_*`): chunks, control messages, read and send completions, timeouts;
-/// * outputs (`poll_*`): after **every** command or input, drain [`poll_transmit`](Self::poll_transmit)
-///   and [`poll_event`](Self::poll_event) until they return `None`, then re-arm the timer from
+/// * inputs (`handle_*`): control messages, read completions, notes from the lanes, timeouts;
+/// * outputs (`poll_*`): after **every** command or input, drain
+///   [`poll_lane_command`](Self::poll_lane_command), [`poll_transmit`](Self::poll_transmit) and
+///   [`poll_event`](Self::poll_event) until they return `None`, then re-arm the timer from
 ///   [`poll_timeout`](Self::poll_timeout).
 ///
-/// Time is passed in and must never go backwards. The session never touches payload bytes: it
-/// says where they go.
+/// The session is the control path only: chunks are handled by the lanes
+/// ([`LaneRx`](crate::lane::LaneRx), [`LaneTx`](crate::lane::LaneTx)), which it steers with
+/// commands and hears from through notes. [`Node`](crate::Node) bundles the three for a
+/// single-threaded driver.
+///
+/// Time is passed in and must never go backwards. The session never touches payload bytes.
 #[derive(Debug)]
 pub struct Session {
     config: Config,
@@ -49,10 +53,8 @@ pub struct Session {
     events: VecDeque<Event>,
     early: Vec<Early>,
     stats: Stats,
-    /// Multicasts handed out and not yet reported sent, over all operations.
-    sends_in_flight: u32,
-    /// Round-robin position over root operations with chunks to send.
-    send_cursor: usize,
+    lane_out: VecDeque<LaneCommand>,
+    next_read: u64,
 }
 
 macro_rules! cx {
@@ -62,6 +64,8 @@ macro_rules! cx {
             config: &$s.config,
             out: &mut $s.out,
             stats: &mut $s.stats,
+            lanes: &mut $s.lane_out,
+            next_read: &mut $s.next_read,
         }
     };
 }
@@ -78,8 +82,8 @@ impl Session {
             events: VecDeque::new(),
             early: Vec::new(),
             stats: Stats::default(),
-            sends_in_flight: 0,
-            send_cursor: 0,
+            lane_out: VecDeque::new(),
+            next_read: 0,
         })
     }
 
@@ -88,7 +92,8 @@ impl Session {
         &self.config
     }
 
-    /// Counters.
+    /// Counters of the control path (the lanes count chunks: see
+    /// [`Stats::add_rx`] and [`Node::stats`](crate::Node::stats)).
     pub fn stats(&self) -> &Stats {
         &self.stats
     }
@@ -102,7 +107,8 @@ impl Session {
     /// relative to other collectives, with the same `root` and `len`.
     ///
     /// The operation's buffer is `len` bytes: the root's holds the data, every leaf's must be
-    /// ready to receive (its receives posted) when this is called.
+    /// ready to receive when this is called (the lanes' `Open` commands this queues are
+    /// handed to the lanes before anything else).
     pub fn start_broadcast(
         &mut self,
         now: Instant,
@@ -134,7 +140,7 @@ impl Session {
         let mut cx = cx!(self, now);
         let mut op = make(&cx, id)?;
         self.next_seq += 1;
-        if op.missing() == 0 && op.own_chunks() == 0 || self.config.ranks == 1 {
+        if op.is_empty() || self.config.ranks == 1 {
             // Nothing moves: no bytes at all, or a single rank.
             self.early.retain(|e| e.seq != id.0);
             self.events.push_back(Event::Completed { op: id });
@@ -162,46 +168,6 @@ impl Session {
             self.finish(self.ops.len() - 1, o);
         }
         Ok(id)
-    }
-
-    /// A chunk arrived on `lane` from `from` (as the transport reports the source) with
-    /// immediate `imm` and `payload_len` payload bytes. Returns where the payload goes; on
-    /// [`Placement::Drop`] the payload must be discarded.
-    ///
-    /// The transport must have checked the packet's integrity first (the RoCEv2 / InfiniBand
-    /// ICRC, or the UDP checksum), because that check is what covers the immediate: the core
-    /// validates every field against the operation (tag, source, range, lane, length,
-    /// duplicate), but a flipped chunk-index bit that still names a valid, missing chunk is
-    /// indistinguishable from that chunk.
-    #[inline]
-    pub fn handle_chunk(
-        &mut self,
-        now: Instant,
-        lane: u16,
-        from: Rank,
-        imm: u32,
-        payload_len: usize,
-    ) -> Placement {
-        let imm = self.config.imm.decode(imm);
-        let Some(i) = self.ops.iter().position(|o| o.tag == imm.op_tag) else {
-            self.stats.count_drop(DropReason::Stale);
-            return Placement::Drop(DropReason::Stale);
-        };
-        let op = &mut self.ops[i];
-        let p = op.on_chunk(lane, from, imm.chunk, payload_len);
-        match p {
-            Placement::Place { .. } => {
-                bump(&mut self.stats.chunks_received);
-                if op.wants_progress(lane) {
-                    let mut cx = cx!(self, now);
-                    if let Some(o) = self.ops[i].progress(&mut cx) {
-                        self.finish(i, o);
-                    }
-                }
-            }
-            Placement::Drop(r) => self.stats.count_drop(r),
-        }
-        p
     }
 
     /// A control message arrived from `from` on the reliable path. Malformed, stale or
@@ -287,32 +253,42 @@ impl Session {
         }
     }
 
-    /// A read issued by [`Transmit::Read`] finished (or failed).
-    pub fn handle_read_done(
-        &mut self,
-        now: Instant,
-        op: OpId,
-        run: ChunkRun,
-        result: Result<(), ReadError>,
-    ) {
-        let Some(i) = self.ops.iter().position(|o| o.id == op) else {
+    /// A read issued by [`Transmit::Read`] finished (or failed). An unknown `id` (its
+    /// operation ended meanwhile) is ignored.
+    pub fn handle_read_done(&mut self, now: Instant, id: ReadId, result: Result<(), ReadError>) {
+        let Some(i) = self.ops.iter().position(|o| o.ring.has_read(id)) else {
             return;
         };
         let mut cx = cx!(self, now);
-        if let Some(o) = self.ops[i].on_read_done(&mut cx, run, result.is_ok()) {
+        if let Some(o) = self.ops[i].on_read_done(&mut cx, id, result.is_ok()) {
             self.finish(i, o);
         }
     }
 
-    /// The transport finished sending `chunks` multicasts of `op` (the buffer range may be
-    /// reused once the operation completes).
-    pub fn handle_send_done(&mut self, now: Instant, op: OpId, chunks: u32) {
-        self.sends_in_flight = self.sends_in_flight.saturating_sub(chunks);
+    /// A note from a lane (drained from [`LaneRx::poll_note`](crate::lane::LaneRx::poll_note)
+    /// or [`LaneTx::poll_note`](crate::lane::LaneTx::poll_note)). Notes for operations that
+    /// ended are ignored.
+    pub fn handle_lane_note(&mut self, now: Instant, note: LaneNote) {
+        let op = match &note {
+            LaneNote::Rx(RxNote::Full { op, .. } | RxNote::Closed { op, .. })
+            | LaneNote::Tx(TxNote::SendsDone { op, .. }) => *op,
+        };
         let Some(i) = self.ops.iter().position(|o| o.id == op) else {
             return;
         };
         let mut cx = cx!(self, now);
-        if let Some(o) = self.ops[i].on_send_done(&mut cx, chunks) {
+        let c = &mut self.ops[i];
+        let outcome = match note {
+            LaneNote::Rx(RxNote::Full { lane, .. }) => c.on_lane_full(&mut cx, lane),
+            LaneNote::Rx(RxNote::Closed { lane, bitmap, .. }) => {
+                c.on_lane_closed(&mut cx, lane, bitmap.0)
+            }
+            LaneNote::Tx(TxNote::SendsDone { .. }) => {
+                c.send.on_sends_done();
+                c.progress(&mut cx)
+            }
+        };
+        if let Some(o) = outcome {
             self.finish(i, o);
         }
     }
@@ -335,53 +311,26 @@ impl Session {
 
     /// The next thing to transmit. Control messages are written into `buf` (cleared first).
     pub fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
-        if let Some(o) = self.out.pop_front() {
+        while let Some(o) = self.out.pop_front() {
             return Some(match o {
                 Outgoing::Control { to, msg } => {
                     buf.clear();
                     // Our own messages are canonical by construction.
                     if msg.repr().emit_vec(buf).is_err() {
                         debug_assert!(false, "emitting {msg:?} failed");
-                        return self.poll_transmit(buf);
+                        continue;
                     }
                     Transmit::Control { to, len: buf.len() }
                 }
                 Outgoing::Ready(t) => t,
             });
         }
-        self.poll_multicast()
-    }
-
-    fn poll_multicast(&mut self) -> Option<Transmit> {
-        if self.sends_in_flight >= self.config.send_window {
-            return None;
-        }
-        let n = self.ops.len();
-        for k in 0..n {
-            let i = (self.send_cursor + k) % n;
-            if let Some((lane, chunk, imm, offset, len)) = self.ops[i].next_multicast(&self.config)
-            {
-                self.send_cursor = (i + 1) % n;
-                self.sends_in_flight += 1;
-                bump(&mut self.stats.chunks_sent);
-                let op = self.ops[i].id;
-                return Some(Transmit::Multicast {
-                    op,
-                    lane,
-                    imm,
-                    chunk,
-                    offset,
-                    len,
-                });
-            }
-        }
         None
     }
 
-    /// Whether multicasts are waiting only for the send window to open.
-    pub fn sends_blocked(&self) -> bool {
-        self.sends_in_flight >= self.config.send_window
-            && self.ops.iter().any(|o| o.sends_pending())
+    /// The next command for a lane.
+    pub fn poll_lane_command(&mut self) -> Option<LaneCommand> {
+        self.lane_out.pop_front()
     }
 
     /// When to call [`handle_timeout`](Self::handle_timeout) next.
@@ -396,8 +345,9 @@ impl Session {
     }
 
     fn finish(&mut self, i: usize, outcome: Outcome) {
-        let op = self.ops.remove(i);
-        self.send_cursor = 0;
+        let mut op = self.ops.remove(i);
+        let failed = matches!(outcome, Outcome::Failed { .. });
+        op.close_lanes(&mut cx!(self, Instant::ZERO), failed);
         match outcome {
             Outcome::Completed => self.events.push_back(Event::Completed { op: op.id }),
             Outcome::Failed { error, abort } => {

@@ -12,7 +12,7 @@ impl Sim {
             .iter()
             .enumerate()
             .map(|(r, h)| {
-                let s = h.session.stats();
+                let s = h.node.stats();
                 RankReport {
                     rank: r as u32,
                     crashed: !h.alive,
@@ -71,7 +71,7 @@ impl Sim {
             .collect();
         let mut core = CoreDrops::default();
         for h in &self.hosts {
-            core.add(h.session.stats());
+            core.add(&h.node.stats());
         }
         let topo = &self.fabric.topo;
         let mut levels: Vec<LevelReport> = (0..topo.levels())

@@ -21,8 +21,8 @@ pub(crate) enum Ev {
     Start { op: u32 },
     /// A multicast chunk arrives.
     Chunk(Delivery),
-    /// A root's multicast of operation `op` (core sequence number) left its NIC.
-    SendDone { host: u32, op: u64 },
+    /// A root's multicast of operation `op` (core sequence number) on `lane` left its NIC.
+    SendDone { host: u32, lane: u16, op: u64 },
     /// A control message (slot `msg` of the message store) arrives.
     Control { from: u32, to: u32, msg: u32 },
     /// A read request (slot `read` of the read store) reaches the peer that serves it.

@@ -1,11 +1,12 @@
-//! A simulated host: one rank's real core session, its buffers as held-chunk bits, its posted
+//! A simulated host: one rank's real core node (session and lanes) behind a mailbox port, its buffers as held-chunk bits, its posted
 //! receives, its timer, and its counters.
 
 use crate::faults::RxSlots;
 use crate::held::Held;
 use crate::queue::Ps;
 use crate::report::Outcome;
-use ringcast_core::Session;
+use ringcast_core::Node;
+use ringcast_core::port::mailbox::{Mailbox, mailbox};
 
 /// Posted receives, reposted at a service rate.
 #[derive(Clone, Copy, Debug)]
@@ -61,7 +62,9 @@ pub(crate) struct HostOp {
 /// One rank.
 #[derive(Debug)]
 pub(crate) struct Host {
-    pub(crate) session: Session,
+    pub(crate) node: Node,
+    /// The node's port: chunks carry (token, source) as their payload.
+    pub(crate) port: Mailbox<(u32, u32)>,
     pub(crate) alive: bool,
     /// The timer event scheduled, if any.
     pub(crate) timer_at: Option<Ps>,
@@ -77,9 +80,11 @@ pub(crate) struct Host {
 }
 
 impl Host {
-    pub(crate) fn new(session: Session, rx: Option<RxSlots>, ops: usize) -> Self {
+    pub(crate) fn new(node: Node, rx: Option<RxSlots>, ops: usize) -> Self {
+        let port = mailbox(node.config().lanes);
         Host {
-            session,
+            node,
+            port,
             alive: true,
             timer_at: None,
             rx: rx.map(RxQueue::new),

@@ -15,18 +15,18 @@ use crate::store::Store;
 use crate::topology::Topology;
 use crate::workload::OpSpec;
 use ringcast_core::wire::ImmLayout;
-use ringcast_core::{
-    ChunkRun, Config, Event, Instant, OpId, Placement, Rank, ReadError, Session, Transmit,
-};
+use ringcast_core::port::mailbox::MailOut;
+use ringcast_core::port::{RxMeta, pump};
+use ringcast_core::{Config, Event, Instant, Node, OpId, Placement, Rank, ReadError, ReadId};
 use std::time::Duration;
 
 /// A read on its way: request to the peer, data back to the reader.
 #[derive(Clone, Copy, Debug)]
 struct PendingRead {
+    id: ReadId,
     reader: u32,
     peer: u32,
     op: OpId,
-    run: ChunkRun,
     offset: u64,
     len: u64,
     issued: Ps,
@@ -70,6 +70,7 @@ pub struct Sim {
     reads: Store<PendingRead>,
     buf: Vec<u8>,
     scratch: Vec<u32>,
+    events_scratch: Vec<Event>,
     pub(crate) now: Ps,
     pub(crate) events: u64,
     pub(crate) deliveries: u64,
@@ -144,8 +145,8 @@ impl Sim {
             c.chains = cfg.chains;
             c.imm = imm;
             c.limits.max_chunks_per_op = 1 << bits;
-            let s = Session::new(c)?;
-            hosts.push(Host::new(s, cfg.faults.rx_slots, ops.len()));
+            let n = Node::new(c)?;
+            hosts.push(Host::new(n, cfg.faults.rx_slots, ops.len()));
         }
         let mut fabric = Fabric::new(
             topo,
@@ -185,6 +186,7 @@ impl Sim {
             reads: Store::new(),
             buf: Vec::with_capacity(256),
             scratch: Vec::new(),
+            events_scratch: Vec::new(),
             now: 0,
             events: 0,
             deliveries: 0,
@@ -242,11 +244,12 @@ impl Sim {
     fn handle(&mut self, ev: Ev) {
         match ev {
             Ev::Chunk(d) => self.on_chunk(d),
-            Ev::SendDone { host, op } => {
-                let now = self.now_ns();
+            Ev::SendDone { host, lane, op } => {
                 let h = &mut self.hosts[host as usize];
                 if h.alive {
-                    h.session.handle_send_done(now, OpId(op), 1);
+                    if let Some(tx) = h.port.tx.get_mut(usize::from(lane)) {
+                        tx.complete(OpId(op), 1);
+                    }
                     self.drain(host);
                 }
             }
@@ -258,7 +261,7 @@ impl Sim {
                 let h = &mut self.hosts[host as usize];
                 if h.alive && h.timer_at == Some(self.now) {
                     h.timer_at = None;
-                    h.session.handle_timeout(now);
+                    h.node.handle_timeout(now);
                     self.drain(host);
                 }
             }
@@ -288,14 +291,14 @@ impl Sim {
             }
             let mut buf = Held::new(0);
             // A buffer the core would refuse is not allocated.
-            if slots <= h.session.config().limits.max_chunks_per_op {
+            if slots <= h.node.config().limits.max_chunks_per_op {
                 buf = Held::new(slots as usize);
                 for s in layout.owned(r) {
                     buf.set(s, true);
                 }
             }
             let op = &mut h.ops[w as usize];
-            match kind.start(&mut h.session, now) {
+            match kind.start(&mut h.node, now) {
                 Ok(id) => {
                     debug_assert_eq!(id.0, h.op_of_seq.len() as u64);
                     h.op_of_seq.push(w);
@@ -311,7 +314,6 @@ impl Sim {
     #[inline]
     fn on_chunk(&mut self, d: Delivery) {
         self.deliveries += 1;
-        let now = self.now_ns();
         let h = &mut self.hosts[d.dst as usize];
         if !h.alive {
             self.fabric.counters.to_crashed += 1;
@@ -326,29 +328,25 @@ impl Sim {
         if d.corrupt {
             return; // the transport checksum failed; counted when the fault was injected
         }
-        let p = h
-            .session
-            .handle_chunk(now, d.lane, Rank(d.src), d.imm, d.len as usize);
-        if let Placement::Place { op, offset, len } = p {
-            h.bytes_received += u64::from(len);
-            if let Some(w) = h.op_index(op.0) {
-                let layout = &self.layouts[w];
-                if let Some((b, s)) = h.ops[w].buf.as_mut().zip(layout.slot(d.src, offset)) {
-                    b.set(s, layout.expected().get(s) == Some(&d.token));
-                }
-            }
-        }
+        let Some(rx) = h.port.rx.get_mut(usize::from(d.lane)) else {
+            return;
+        };
+        let meta = RxMeta {
+            from: Rank(d.src),
+            imm: d.imm,
+            len: d.len as usize,
+        };
+        rx.push(meta, (d.token, d.src));
         self.drain(d.dst);
     }
 
     fn on_control(&mut self, from: u32, to: u32, msg: u32) {
-        let now = self.now_ns();
         let Some(bytes) = self.msgs.take(msg) else {
             return;
         };
         let h = &mut self.hosts[to as usize];
         if h.alive {
-            h.session.handle_control(now, Rank(from), &bytes);
+            h.port.control.deliver(Rank(from), &bytes);
             self.spare.push(bytes);
             self.drain(to);
         } else {
@@ -403,7 +401,6 @@ impl Sim {
     }
 
     fn on_read_done(&mut self, id: u32) {
-        let now = self.now_ns();
         let Some(r) = self.reads.take(id) else {
             return;
         };
@@ -417,48 +414,48 @@ impl Sim {
         } else {
             Err(ReadError)
         };
-        h.session.handle_read_done(now, r.op, r.run, result);
+        h.port.control.read_done(r.id, result);
         self.drain(r.reader);
     }
 
-    /// Drains every output of host `h`'s session after an input, then re-arms its timer.
+    /// Runs the shared pump for host `h` after an input, carries out what its port collected,
+    /// then re-arms its timer.
     fn drain(&mut self, h: u32) {
         let now = self.now;
-        while let Some(t) = self.hosts[h as usize].session.poll_transmit(&mut self.buf) {
-            match t {
-                Transmit::Multicast {
-                    op,
-                    lane,
-                    imm,
-                    chunk,
-                    len,
-                    ..
-                } => {
-                    let host = &mut self.hosts[h as usize];
-                    host.bytes_sent += u64::from(len);
-                    let token = host
-                        .op_index(op.0)
-                        .and_then(|w| {
-                            let layout = &self.layouts[w];
-                            let s = layout.chunk_slot(h, chunk)?;
-                            let held = host.ops[w].buf.as_ref()?.get(s)?;
-                            // Data it does not hold goes out as garbage (token 0).
-                            held.then(|| layout.expected()[s])
-                        })
-                        .unwrap_or(0);
-                    let pkt = Packet {
-                        imm,
-                        token,
-                        len,
-                        lane,
-                    };
-                    let sent = self.fabric.multicast(h, now, pkt, &mut self.q);
-                    self.q.push(sent, Ev::SendDone { host: h, op: op.0 });
+        let mut events = std::mem::take(&mut self.events_scratch);
+        let host = &mut self.hosts[h as usize];
+        pump(
+            &mut host.node,
+            &mut host.port,
+            Instant::from_nanos(now / PS_PER_NS),
+            usize::MAX,
+            &mut self.buf,
+            |e| events.push(e),
+        );
+        for lane in 0..host.port.rx.len() {
+            let mut consumed = std::mem::take(&mut host.port.rx[lane].consumed);
+            for (p, (token, src)) in consumed.drain(..) {
+                let Placement::Place { op, offset, len } = p else {
+                    continue;
+                };
+                host.bytes_received += u64::from(len);
+                if let Some(w) = host.op_index(op.0) {
+                    let layout = &self.layouts[w];
+                    if let Some((b, s)) = host.ops[w].buf.as_mut().zip(layout.slot(src, offset)) {
+                        b.set(s, layout.expected().get(s) == Some(&token));
+                    }
                 }
-                Transmit::Control { to, len } => {
+            }
+            // Give the (empty) vector back so its capacity is reused.
+            host.port.rx[lane].consumed = consumed;
+        }
+        while let Some(o) = self.hosts[h as usize].port.control.outbox.pop_front() {
+            match o {
+                MailOut::Message { to, bytes } => {
                     let mut v = self.spare.pop().unwrap_or_default();
                     v.clear();
-                    v.extend_from_slice(&self.buf[..len.min(self.buf.len())]);
+                    v.extend_from_slice(&bytes);
+                    self.hosts[h as usize].port.control.recycle(bytes);
                     let msg = self.msgs.put(v);
                     let at = now + self.fabric.path_latency(h, to.0) + self.control_overhead;
                     self.q.push(
@@ -470,34 +467,59 @@ impl Sim {
                         },
                     );
                 }
-                Transmit::Read {
-                    op,
-                    from,
-                    run,
-                    offset,
-                    len,
-                } => {
+                MailOut::Read(q) => {
                     let read = self.reads.put(PendingRead {
+                        id: q.id,
                         reader: h,
-                        peer: from.0,
-                        op,
-                        run,
-                        offset,
-                        len,
+                        peer: q.from.0,
+                        op: q.op,
+                        offset: q.offset,
+                        len: q.len,
                         issued: now,
                         ok: true,
                     });
-                    let at = now + self.fabric.path_latency(h, from.0);
+                    let at = now + self.fabric.path_latency(h, q.from.0);
                     self.q.push(at, Ev::ReadAtPeer { read });
                 }
-                _ => {}
             }
         }
-        while let Some(e) = self.hosts[h as usize].session.poll_event() {
+        for lane in 0..self.hosts[h as usize].port.tx.len() {
+            while let Some(m) = self.hosts[h as usize].port.tx[lane].posted.pop_front() {
+                let host = &mut self.hosts[h as usize];
+                host.bytes_sent += u64::from(m.len);
+                let token = host
+                    .op_index(m.op.0)
+                    .and_then(|w| {
+                        let layout = &self.layouts[w];
+                        let s = layout.chunk_slot(h, m.chunk)?;
+                        let held = host.ops[w].buf.as_ref()?.get(s)?;
+                        // Data it does not hold goes out as garbage (token 0).
+                        held.then(|| layout.expected()[s])
+                    })
+                    .unwrap_or(0);
+                let pkt = Packet {
+                    imm: m.imm,
+                    token,
+                    len: m.len,
+                    lane: m.lane,
+                };
+                let sent = self.fabric.multicast(h, now, pkt, &mut self.q);
+                self.q.push(
+                    sent,
+                    Ev::SendDone {
+                        host: h,
+                        lane: m.lane,
+                        op: m.op.0,
+                    },
+                );
+            }
+        }
+        for e in events.drain(..) {
             self.finish(h, e);
         }
+        self.events_scratch = events;
         let host = &mut self.hosts[h as usize];
-        if let Some(t) = host.session.poll_timeout() {
+        if let Some(t) = host.node.poll_timeout() {
             let t = t.as_nanos().saturating_mul(PS_PER_NS).max(now);
             if host.timer_at.is_none_or(|cur| t < cur) {
                 host.timer_at = Some(t);

@@ -4,7 +4,7 @@
 //! given), so core sequence numbers agree across ranks as MPI-style collectives require. The
 //! driver is generic over [`OpKind`]: a new collective adds a variant and its buffer layout.
 
-use ringcast_core::{Instant, OpId, Rank, Session, StartError};
+use ringcast_core::{Instant, Node, OpId, Rank, StartError};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -83,7 +83,7 @@ impl OpKind {
     }
 
     /// Starts the operation on one rank's session.
-    pub(crate) fn start(&self, s: &mut Session, now: Instant) -> Result<OpId, StartError> {
+    pub(crate) fn start(&self, s: &mut Node, now: Instant) -> Result<OpId, StartError> {
         match self {
             OpKind::Broadcast { root, len } => s.start_broadcast(now, Rank(*root), *len),
             OpKind::Allgather { sizes } => s.start_allgather(now, sizes),

@@ -7,37 +7,18 @@
 //! a read from a released buffer is caught too.
 #![allow(dead_code, unreachable_pub)]
 
+use ringcast_core::port::mailbox::{Mailbox, MailOut, mailbox};
+use ringcast_core::port::{RxMeta, pump};
 use ringcast_core::wire::{ChunkRun, ControlRepr};
-use ringcast_core::{
-    Config, Event, Instant, OpError, OpId, Placement, Rank, ReadError, Session, Transmit,
-};
+use ringcast_core::{Config, Event, Instant, Node, OpError, OpId, Placement, Rank, ReadError, ReadId};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt::Write as _;
 
 pub const POISON: u64 = u64::MAX;
 
-/// splitmix64: deterministic and dependency free.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    pub fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-}
+/// The workspace's one splitmix64.
+pub use ringcast_core::port::SplitMix64 as Rng;
 
 pub fn token(op: u64, root: u32, chunk: u32) -> u64 {
     ((op << 48) ^ (u64::from(root) << 28) ^ u64::from(chunk)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
@@ -120,6 +101,7 @@ enum Ev {
     ReadDone {
         to: u32,
         from: u32,
+        id: ReadId,
         op: OpId,
         run: ChunkRun,
         offset: u64,
@@ -127,6 +109,7 @@ enum Ev {
     },
     SendDone {
         to: u32,
+        lane: u16,
         op: OpId,
     },
     Start {
@@ -155,7 +138,10 @@ pub enum Outcome {
 }
 
 pub struct Net {
-    pub sessions: Vec<Session>,
+    /// One node per rank, driven through its mailbox port by the shared pump.
+    pub sessions: Vec<Node>,
+    /// Chunk payloads are (token, immediate, source), so a trace can name them.
+    ports: Vec<Mailbox<(u64, u32, u32)>>,
     pub now: u64,
     pub latency_ns: u64,
     pub byte_ns: f64,
@@ -175,19 +161,21 @@ pub struct Net {
 
 impl Net {
     pub fn new(ranks: u32, tweak: impl Fn(&mut Config)) -> Self {
-        let sessions: Vec<Session> = (0..ranks)
+        let sessions: Vec<Node> = (0..ranks)
             .map(|r| {
                 let mut c = Config::new(r, ranks);
                 c.link_bandwidth = 1_000_000_000; // 1 GB/s: 1 ns per byte
                 c.cutoff_alpha = std::time::Duration::from_micros(5);
                 c.peer_timeout = std::time::Duration::from_millis(1);
                 tweak(&mut c);
-                Session::new(c).expect("valid config")
+                Node::new(c).expect("valid config")
             })
             .collect();
         let chunk_size = sessions[0].config().chunk_size;
+        let ports = sessions.iter().map(|s| mailbox(s.config().lanes)).collect();
         Net {
             sessions,
+            ports,
             now: 0,
             latency_ns: 1_000,
             byte_ns: 1.0,
@@ -326,29 +314,14 @@ impl Net {
                 len,
                 token,
             } => {
-                let p = self.sessions[to as usize].handle_chunk(
-                    now,
-                    lane,
-                    Rank(from),
+                let meta = RxMeta {
+                    from: Rank(from),
                     imm,
-                    len as usize,
-                );
-                self.log(|| format!("r{to} <- chunk imm {imm:#x} lane {lane} from r{from}: {p:?}"));
-                if let Placement::Place {
-                    op,
-                    offset,
-                    len: plen,
-                } = p
-                {
-                    assert_eq!(plen, len, "placement length");
-                    match self.bufs[to as usize].get_mut(&op.0) {
-                        Some(b) => {
-                            b.insert(offset, token);
-                        }
-                        None => self
-                            .errors
-                            .push(format!("r{to}: placement into unknown {op}")),
-                    }
+                    len: len as usize,
+                };
+                match self.ports[to as usize].rx.get_mut(usize::from(lane)) {
+                    Some(rx) => rx.push(meta, (token, imm, from)),
+                    None => self.errors.push(format!("r{to}: chunk on lane {lane}")),
                 }
             }
             Ev::Control { to, from, bytes } => {
@@ -357,11 +330,14 @@ impl Net {
                         .map_or_else(|_| "<malformed>".into(), |m| format!("{m:?}"));
                     self.log(|| format!("r{to} <- r{from} {m}"));
                 }
-                self.sessions[to as usize].handle_control(now, Rank(from), &bytes);
+                self.ports[to as usize]
+                    .control
+                    .deliver(Rank(from), &bytes);
             }
             Ev::ReadDone {
                 to,
                 from,
+                id,
                 op,
                 run,
                 offset,
@@ -373,9 +349,11 @@ impl Net {
                 }
                 self.log(|| format!("r{to} read done {op} {run} from r{from} ok={ok}"));
                 let res = if ok { Ok(()) } else { Err(ReadError) };
-                self.sessions[to as usize].handle_read_done(now, op, run, res);
+                self.ports[to as usize].control.read_done(id, res);
             }
-            Ev::SendDone { to, op } => self.sessions[to as usize].handle_send_done(now, op, 1),
+            Ev::SendDone { to, lane, op } => {
+                self.ports[to as usize].tx[usize::from(lane)].complete(op, 1)
+            }
         }
         self.drain(to);
     }
@@ -402,14 +380,38 @@ impl Net {
         dst.extend(got);
     }
 
+    /// Runs the shared pump for rank `r`, then carries out what its port collected.
     fn drain(&mut self, r: u32) {
         let mut buf = Vec::new();
-        let ranks = self.ranks();
-        while let Some(t) = self.sessions[r as usize].poll_transmit(&mut buf) {
-            let now = self.now;
-            match t {
-                Transmit::Control { to, len } => {
-                    let bytes = buf[..len].to_vec();
+        let now = self.now;
+        let mut events = Vec::new();
+        pump(
+            &mut self.sessions[r as usize],
+            &mut self.ports[r as usize],
+            Instant::from_nanos(now),
+            usize::MAX,
+            &mut buf,
+            |e| events.push(e),
+        );
+        for lane in 0..self.ports[r as usize].rx.len() {
+            let consumed = std::mem::take(&mut self.ports[r as usize].rx[lane].consumed);
+            for (p, (token, imm, from)) in consumed {
+                self.log(|| format!("r{r} <- chunk imm {imm:#x} lane {lane} from r{from}: {p:?}"));
+                if let Placement::Place { op, offset, .. } = p {
+                    match self.bufs[r as usize].get_mut(&op.0) {
+                        Some(b) => {
+                            b.insert(offset, token);
+                        }
+                        None => self
+                            .errors
+                            .push(format!("r{r}: placement into unknown {op}")),
+                    }
+                }
+            }
+        }
+        while let Some(o) = self.ports[r as usize].control.outbox.pop_front() {
+            match o {
+                MailOut::Message { to, bytes } => {
                     if self.trace.is_some() {
                         let m = ControlRepr::parse_bytes(&bytes)
                             .map(|m| format!("{m:?}"))
@@ -425,103 +427,94 @@ impl Net {
                         },
                     );
                 }
-                Transmit::Read {
-                    op,
-                    from,
-                    run,
-                    offset,
-                    len,
-                } => {
-                    self.log(|| format!("r{r} read {op} {run} from r{}", from.0));
-                    let t = now + 2 * self.latency_ns + (len as f64 * self.byte_ns) as u64;
+                MailOut::Read(q) => {
+                    self.log(|| format!("r{r} read {} {} from r{}", q.op, q.run, q.from.0));
+                    let t = now + 2 * self.latency_ns + (q.len as f64 * self.byte_ns) as u64;
                     self.push(
                         t,
                         Ev::ReadDone {
                             to: r,
-                            from: from.0,
-                            op,
-                            run,
-                            offset,
-                            len,
+                            from: q.from.0,
+                            id: q.id,
+                            op: q.op,
+                            run: q.run,
+                            offset: q.offset,
+                            len: q.len,
                         },
                     );
                 }
-                Transmit::Multicast {
-                    op,
-                    lane,
-                    imm,
-                    chunk,
-                    len,
-                    ..
-                } => {
-                    let start = self.nic_free_at[r as usize].max(now);
-                    let done = start + (f64::from(len) * self.byte_ns) as u64;
-                    self.nic_free_at[r as usize] = done;
-                    self.push(done, Ev::SendDone { to: r, op });
-                    let tok = token(op.0, r, chunk);
-                    for to in (0..ranks).filter(|t| *t != r) {
-                        let ruled = self.faults.rules.iter().any(|f| f(op.0, r, chunk, to));
-                        if ruled || self.rng.chance(self.faults.loss) {
-                            continue;
-                        }
-                        let copies = if self.rng.chance(self.faults.dup) {
-                            2
-                        } else {
-                            1
-                        };
-                        let ev = Ev::Chunk {
-                            to,
-                            from: r,
-                            lane,
-                            imm,
-                            len,
-                            token: tok,
-                        };
-                        for _ in 0..copies {
-                            let jitter = self.rng.below(self.faults.jitter_ns + 1);
-                            self.push(done + self.latency_ns + jitter, ev.clone());
-                        }
-                        if let Some(d) = self.faults.replay_after_ns {
-                            self.push(done + d, ev);
-                        }
-                    }
-                    // Our own loopback copy: the core must refuse it.
-                    let at = done + self.latency_ns;
-                    self.push(
-                        at,
-                        Ev::Chunk {
-                            to: r,
-                            from: r,
-                            lane,
-                            imm,
-                            len,
-                            token: tok,
-                        },
-                    );
-                }
-                other => panic!("unknown transmit {other:?}"),
             }
         }
-        while let Some(e) = self.sessions[r as usize].poll_event() {
-            self.log(|| format!("r{r} event {e:?}"));
-            match e {
-                Event::Completed { op } => {
-                    self.outcomes[r as usize].insert(op.0, Outcome::Completed(self.now));
-                    // Check the buffer now, then poison it: nobody may read it any more.
-                    let sizes = self.ops[&op.0].sizes(ranks);
-                    let want = expected(op.0, &sizes, self.chunk_size, None);
-                    let b = self.bufs[r as usize].entry(op.0).or_default();
-                    if *b != want {
-                        self.errors
-                            .push(format!("r{r}: {op} completed with a wrong buffer"));
-                    }
-                    b.values_mut().for_each(|x| *x = POISON);
-                }
-                Event::Failed { op, error } => {
-                    self.outcomes[r as usize].insert(op.0, Outcome::Failed(error));
-                }
-                other => panic!("unknown event {other:?}"),
+        for lane in 0..self.ports[r as usize].tx.len() {
+            while let Some(m) = self.ports[r as usize].tx[lane].posted.pop_front() {
+                self.multicast(r, m);
             }
+        }
+        for e in events {
+            self.on_event(r, e);
+        }
+    }
+
+    fn multicast(&mut self, r: u32, m: ringcast_core::Multicast) {
+        let ranks = self.ranks();
+        let start = self.nic_free_at[r as usize].max(self.now);
+        let done = start + (f64::from(m.len) * self.byte_ns) as u64;
+        self.nic_free_at[r as usize] = done;
+        self.push(
+            done,
+            Ev::SendDone {
+                to: r,
+                lane: m.lane,
+                op: m.op,
+            },
+        );
+        let tok = token(m.op.0, r, m.chunk);
+        let ev = |to| Ev::Chunk {
+            to,
+            from: r,
+            lane: m.lane,
+            imm: m.imm,
+            len: m.len,
+            token: tok,
+        };
+        for to in (0..ranks).filter(|t| *t != r) {
+            let ruled = self.faults.rules.iter().any(|f| f(m.op.0, r, m.chunk, to));
+            if ruled || self.rng.chance(self.faults.loss) {
+                continue;
+            }
+            let copies = if self.rng.chance(self.faults.dup) { 2 } else { 1 };
+            for _ in 0..copies {
+                let jitter = self.rng.below(self.faults.jitter_ns + 1);
+                self.push(done + self.latency_ns + jitter, ev(to));
+            }
+            if let Some(d) = self.faults.replay_after_ns {
+                self.push(done + d, ev(to));
+            }
+        }
+        // Our own loopback copy: the core must refuse it.
+        self.push(done + self.latency_ns, ev(r));
+    }
+
+    fn on_event(&mut self, r: u32, e: Event) {
+        let ranks = self.ranks();
+        self.log(|| format!("r{r} event {e:?}"));
+        match e {
+            Event::Completed { op } => {
+                self.outcomes[r as usize].insert(op.0, Outcome::Completed(self.now));
+                // Check the buffer now, then poison it: nobody may read it any more.
+                let sizes = self.ops[&op.0].sizes(ranks);
+                let want = expected(op.0, &sizes, self.chunk_size, None);
+                let b = self.bufs[r as usize].entry(op.0).or_default();
+                if *b != want {
+                    self.errors
+                        .push(format!("r{r}: {op} completed with a wrong buffer"));
+                }
+                b.values_mut().for_each(|x| *x = POISON);
+            }
+            Event::Failed { op, error } => {
+                self.outcomes[r as usize].insert(op.0, Outcome::Failed(error));
+            }
+            other => panic!("unknown event {other:?}"),
         }
     }
 

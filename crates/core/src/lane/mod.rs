@@ -1,0 +1,216 @@
+//! Lanes: the hot path, split from the control path.
+//!
+//! Every multicast subgroup (lane) has a receive half, [`LaneRx`], and a send half,
+//! [`LaneTx`], each owned by one worker (a thread, or a DPA event kernel). The
+//! [`Session`](crate::Session) keeps the control path and talks to them with small typed
+//! messages, drained like [`Session::poll_transmit`](crate::Session::poll_transmit):
+//!
+//! * commands, session to lane ([`LaneCommand`]): open or close an operation on a lane's
+//!   receive half ([`RxCommand`]); start or cancel an active root's sends on its send half
+//!   ([`TxCommand`]);
+//! * notes, lane to session ([`LaneNote`]): a lane's part of an operation is full; a closed
+//!   operation's bitmap, handed back; a root's sends on a lane are done.
+//!
+//! ## Who owns a bitmap
+//! An operation's chunk bitmap for a lane lives in that lane's [`LaneRx`] from `Open` until
+//! `Close`; the session never reads it there. When the fast path is over (the cutoff fired)
+//! the session closes the lanes that are not yet full and gets their bitmaps back in
+//! [`RxNote::Closed`]; from then on the slow path (ring recovery, reads) works on them alone.
+//! A lane that filled up says so once ([`RxNote::Full`]); that is all the session needs to
+//! know of it. So the slow path needs no query round trips to the lanes, and the fast path
+//! never waits on the control path.
+//!
+//! ## Ordering rules a driver keeps
+//! * A lane handles the commands queued for it before any chunk it receives after they were
+//!   queued. An `Open` is queued before the rank says `Ready`, and no root sends before every
+//!   `Ready` arrived, so no chunk can overtake its operation's `Open`.
+//! * [`LaneRx::handle_chunk`] only claims a chunk. The driver copies the payload where the
+//!   [`Placement`](crate::Placement) says, then calls [`LaneRx::commit`]. Notes are queued
+//!   at commit, so the session never acknowledges bytes that are not written yet. A driver
+//!   commits every claimed chunk before it hands the lane its next command.
+
+mod rx;
+mod tx;
+
+pub use rx::{LaneRx, RxStats};
+pub use tx::{LaneTx, Multicast, TxStats};
+
+use crate::bitmap::ChunkBitmap;
+use crate::event::OpId;
+use crate::wire::ChunkRun;
+use alloc::vec::Vec;
+
+/// Where one block's chunks sit on one lane: the placement arithmetic of the fast path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LaneBlock {
+    /// Byte offset of the block in the operation's buffer.
+    pub(crate) displ: u64,
+    /// First block-local chunk index carried by this lane.
+    pub(crate) lo: u32,
+    /// Chunks of the block on this lane.
+    pub(crate) count: u32,
+    /// Lane-relative bitmap index of chunk `lo`.
+    pub(crate) base: u32,
+    /// Chunks of the whole block (tells a wrong lane from an index out of range).
+    pub(crate) chunks: u32,
+    /// Bytes of the block's last chunk.
+    pub(crate) last_len: u32,
+}
+
+/// Opens an operation on a lane's receive half: everything the fast path needs to place its
+/// chunks. Built by the session; opaque to drivers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RxOpen {
+    pub(crate) op: OpId,
+    pub(crate) tag: u32,
+    pub(crate) blocks: Vec<LaneBlock>,
+    pub(crate) len: u32,
+    /// This rank's own chunks on the lane: present from the start.
+    pub(crate) own: ChunkRun,
+}
+
+impl RxOpen {
+    /// The operation opened.
+    pub fn op(&self) -> OpId {
+        self.op
+    }
+}
+
+/// A command for a lane's receive half.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RxCommand {
+    /// Track an operation's chunks on this lane.
+    Open(RxOpen),
+    /// Stop tracking an operation; the lane answers [`RxNote::Closed`].
+    Close {
+        /// Operation.
+        op: OpId,
+    },
+}
+
+/// Starts an active root's multicasts of its own block on one lane. Opaque to drivers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TxStart {
+    pub(crate) op: OpId,
+    pub(crate) tag: u32,
+    pub(crate) block: LaneBlock,
+}
+
+impl TxStart {
+    /// The operation started.
+    pub fn op(&self) -> OpId {
+        self.op
+    }
+}
+
+/// A command for a lane's send half.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TxCommand {
+    /// Multicast this rank's block of an operation on this lane.
+    Start(TxStart),
+    /// Stop sending an operation (it failed). Sends already posted still complete.
+    Cancel {
+        /// Operation.
+        op: OpId,
+    },
+}
+
+/// A command from the session for one lane, from [`Session::poll_lane_command`](crate::Session::poll_lane_command).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LaneCommand {
+    /// For lane `lane`'s [`LaneRx`].
+    Rx {
+        /// Lane.
+        lane: u16,
+        /// What to do.
+        cmd: RxCommand,
+    },
+    /// For lane `lane`'s [`LaneTx`].
+    Tx {
+        /// Lane.
+        lane: u16,
+        /// What to do.
+        cmd: TxCommand,
+    },
+}
+
+/// A bitmap handed back by a lane's receive half. Opaque to drivers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaneBitmap(pub(crate) ChunkBitmap);
+
+impl LaneBitmap {
+    /// Chunks present.
+    pub fn present(&self) -> u32 {
+        self.0.count()
+    }
+
+    /// Chunks tracked.
+    pub fn len(&self) -> u32 {
+        self.0.len()
+    }
+
+    /// True when the lane carries no chunk of the operation.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// What a lane's receive half tells the session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RxNote {
+    /// Every chunk of the operation on this lane is present and written.
+    Full {
+        /// Lane.
+        lane: u16,
+        /// Operation.
+        op: OpId,
+    },
+    /// The operation was closed on this lane: here is what arrived.
+    Closed {
+        /// Lane.
+        lane: u16,
+        /// Operation.
+        op: OpId,
+        /// The lane's bitmap of the operation, every set bit committed.
+        bitmap: LaneBitmap,
+    },
+}
+
+/// What a lane's send half tells the session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TxNote {
+    /// Every multicast of the operation on this lane was reported sent.
+    SendsDone {
+        /// Lane.
+        lane: u16,
+        /// Operation.
+        op: OpId,
+    },
+}
+
+/// A note for the session, passed to [`Session::handle_lane_note`](crate::Session::handle_lane_note).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LaneNote {
+    /// From a receive half.
+    Rx(RxNote),
+    /// From a send half.
+    Tx(TxNote),
+}
+
+impl From<RxNote> for LaneNote {
+    fn from(n: RxNote) -> Self {
+        LaneNote::Rx(n)
+    }
+}
+
+impl From<TxNote> for LaneNote {
+    fn from(n: TxNote) -> Self {
+        LaneNote::Tx(n)
+    }
+}

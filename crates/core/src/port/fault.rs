@@ -1,0 +1,183 @@
+//! Seeded faults around any port (smoltcp's `FaultInjector`), and the one small RNG the
+//! workspace's drivers share.
+
+use super::{Capabilities, ControlPort, LaneRxPort, LaneTxPort, Ports, RxMeta, RxToken};
+use crate::event::{DropReason, OpId, Placement};
+use crate::lane::Multicast;
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+
+/// splitmix64: a tiny, seeded, deterministic generator. Not for cryptography.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// A generator from `seed`.
+    pub const fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        mix(self.0)
+    }
+
+    /// True with probability `p` (never for `p <= 0`).
+    pub fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+
+    /// Uniform in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+/// The splitmix64 finaliser: a good 64-bit mix of `z`.
+pub const fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Fault rates, each a probability per packet.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Faults {
+    /// A received chunk vanishes.
+    pub rx_loss: f64,
+    /// A received chunk arrives one byte short (the core must drop it).
+    pub rx_truncate: f64,
+    /// A posted multicast never leaves (it is still reported sent).
+    pub tx_loss: f64,
+    /// Seed of the faults' generator.
+    pub seed: u64,
+}
+
+/// A receive half with faults.
+#[derive(Debug)]
+pub struct FaultyRx<R> {
+    inner: R,
+    faults: Faults,
+    rng: SplitMix64,
+    /// Chunks dropped or truncated by the injector.
+    pub injected: u64,
+}
+
+/// A send half with faults.
+#[derive(Debug)]
+pub struct FaultyTx<T> {
+    inner: T,
+    faults: Faults,
+    rng: SplitMix64,
+    lost: VecDeque<OpId>,
+    /// Multicasts the injector swallowed.
+    pub injected: u64,
+}
+
+/// A token whose length may have been cut.
+pub struct FaultyToken<Tk> {
+    inner: Tk,
+    meta: RxMeta,
+}
+
+impl<Tk: RxToken> RxToken for FaultyToken<Tk> {
+    fn meta(&self) -> RxMeta {
+        self.meta
+    }
+    fn consume(self, placement: &Placement) {
+        self.inner.consume(placement)
+    }
+}
+
+impl<R: LaneRxPort> LaneRxPort for FaultyRx<R> {
+    type Token<'a>
+        = FaultyToken<R::Token<'a>>
+    where
+        Self: 'a;
+
+    fn receive(&mut self) -> Option<Self::Token<'_>> {
+        // The fate of the next chunk is drawn before it is taken, so that a dropped token's
+        // borrow ends before the next one is taken.
+        while self.rng.chance(self.faults.rx_loss) {
+            let tok = self.inner.receive()?;
+            self.injected += 1;
+            tok.consume(&Placement::Drop(DropReason::Stale));
+        }
+        let truncate = self.rng.chance(self.faults.rx_truncate);
+        let tok = self.inner.receive()?;
+        let mut meta = tok.meta();
+        if truncate && meta.len > 0 {
+            self.injected += 1;
+            meta.len -= 1;
+        }
+        Some(FaultyToken { inner: tok, meta })
+    }
+}
+
+impl<T: LaneTxPort> LaneTxPort for FaultyTx<T> {
+    fn post_multicast(&mut self, m: &Multicast) {
+        if self.rng.chance(self.faults.tx_loss) {
+            self.injected += 1;
+            self.lost.push_back(m.op);
+        } else {
+            self.inner.post_multicast(m);
+        }
+    }
+
+    fn poll_send_done(&mut self) -> Option<(OpId, u32)> {
+        match self.lost.pop_front() {
+            Some(op) => Some((op, 1)),
+            None => self.inner.poll_send_done(),
+        }
+    }
+}
+
+/// Wraps every data half of `ports` with seeded faults; the control path stays reliable, as
+/// the protocol assumes. Lane `l` draws from its own generator (seed `faults.seed + l`).
+pub fn inject<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
+    ports: Ports<R, T, C>,
+    faults: Faults,
+) -> Ports<FaultyRx<R>, FaultyTx<T>, C> {
+    let seed = |l: usize, salt: u64| SplitMix64::new(mix(faults.seed ^ salt) ^ l as u64);
+    Ports {
+        caps: Capabilities { ..ports.caps },
+        rx: ports
+            .rx
+            .into_iter()
+            .enumerate()
+            .map(|(l, inner)| FaultyRx {
+                inner,
+                faults,
+                rng: seed(l, 1),
+                injected: 0,
+            })
+            .collect::<Vec<_>>(),
+        tx: ports
+            .tx
+            .into_iter()
+            .enumerate()
+            .map(|(l, inner)| FaultyTx {
+                inner,
+                faults,
+                rng: seed(l, 2),
+                lost: VecDeque::new(),
+                injected: 0,
+            })
+            .collect(),
+        control: ports.control,
+    }
+}
+
+/// Namespace for [`inject`], mirroring smoltcp's type name.
+pub struct FaultInjector;
+
+impl FaultInjector {
+    /// See [`inject`].
+    pub fn wrap<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
+        ports: Ports<R, T, C>,
+        faults: Faults,
+    ) -> Ports<FaultyRx<R>, FaultyTx<T>, C> {
+        inject(ports, faults)
+    }
+}

@@ -1,0 +1,117 @@
+//! A root's side of an operation: its block's multicasts, one [`LaneTx`](crate::lane::LaneTx)
+//! per lane, and the Allgather chain token it passes on when they are done.
+
+use crate::config::Rank;
+use crate::event::OpId;
+use crate::lane::{LaneCommand, TxCommand, TxStart};
+use crate::layout::Layout;
+use crate::out::{ControlMsg, Ctx, Outcome, bump};
+use crate::wire::ControlKind;
+
+/// The root's sends and the chain token.
+#[derive(Clone, Debug)]
+pub(crate) struct RootSend {
+    /// Sending our own block is allowed (a Broadcast root, a chain head, or a rank whose
+    /// chain predecessor handed over the token).
+    activated: bool,
+    chain_next: Option<Rank>,
+    chain_prev: Option<Rank>,
+    started: bool,
+    /// Lanes whose sends are not reported done yet.
+    lanes_left: u32,
+    token_passed: bool,
+    /// Our block has no chunk: there is nothing to send.
+    pub(crate) empty: bool,
+}
+
+impl RootSend {
+    pub(crate) fn new(activated: bool, next: Option<Rank>, prev: Option<Rank>) -> Self {
+        RootSend {
+            activated,
+            chain_next: next,
+            chain_prev: prev,
+            started: false,
+            lanes_left: 0,
+            token_passed: false,
+            empty: false,
+        }
+    }
+
+    /// Every chunk of our block was sent (trivially so for an empty block).
+    pub(crate) fn done(&self) -> bool {
+        self.empty || self.started && self.lanes_left == 0
+    }
+
+    /// Hands our block to the lanes once activated (the data phase has begun).
+    pub(crate) fn start(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        op: OpId,
+        tag: u32,
+        layout: &Layout,
+        me: Rank,
+    ) {
+        if !self.activated || self.started {
+            return;
+        }
+        self.started = true;
+        for l in 0..layout.lanes() {
+            let block = layout.lane_block(me.0, l);
+            if block.count == 0 {
+                continue;
+            }
+            self.lanes_left += 1;
+            cx.lane(LaneCommand::Tx {
+                lane: l as u16,
+                cmd: TxCommand::Start(TxStart { op, tag, block }),
+            });
+        }
+    }
+
+    /// A lane finished its part of our block.
+    pub(crate) fn on_sends_done(&mut self) {
+        self.lanes_left = self.lanes_left.saturating_sub(1);
+    }
+
+    /// Passes the chain token once our block is sent.
+    pub(crate) fn pass_token(&mut self, cx: &mut Ctx<'_>, op: OpId) {
+        if self.activated && self.started && !self.token_passed && self.lanes_left == 0 {
+            self.token_passed = true;
+            if let Some(next) = self.chain_next {
+                cx.send(next, ControlMsg::simple(ControlKind::Activate, op.0));
+            }
+        }
+    }
+
+    /// The operation failed: stop the lanes still sending.
+    pub(crate) fn cancel(&mut self, cx: &mut Ctx<'_>, op: OpId, lanes: u32) {
+        if self.started && self.lanes_left > 0 {
+            for l in 0..lanes {
+                cx.lane(LaneCommand::Tx {
+                    lane: l as u16,
+                    cmd: TxCommand::Cancel { op },
+                });
+            }
+        }
+    }
+
+    /// A chain predecessor finished its block: our turn. False if unexpected.
+    fn activate(&mut self, from: Rank) -> bool {
+        if self.activated || self.chain_prev != Some(from) {
+            return false;
+        }
+        self.activated = true;
+        true
+    }
+}
+
+impl crate::op::Collective {
+    /// A chain predecessor finished its block: our turn to multicast.
+    pub(crate) fn on_activate(&mut self, cx: &mut Ctx<'_>, from: Rank) -> Option<Outcome> {
+        if !self.send.activate(from) {
+            bump(&mut cx.stats.control_unexpected);
+            return None;
+        }
+        self.progress(cx)
+    }
+}
