@@ -194,9 +194,15 @@ impl RxSocket {
         let inode = self
             .inode
             .ok_or_else(|| io::Error::other("socket inode unknown (no /proc?)"))?;
-        let table = std::fs::read_to_string("/proc/net/udp")?;
-        udp_drops(&table, inode)
-            .ok_or_else(|| io::Error::other("socket not found in /proc/net/udp"))
+        // The kernel builds the table page by page; sockets opened or closed meanwhile can
+        // shift a line out of the read, so a miss is retried.
+        for _ in 0..4 {
+            let table = std::fs::read_to_string("/proc/net/udp")?;
+            if let Some(drops) = udp_drops(&table, inode) {
+                return Ok(drops);
+            }
+        }
+        Err(io::Error::other("socket not found in /proc/net/udp"))
     }
 
     /// One `recvmmsg` (non-blocking) into `bufs`.
