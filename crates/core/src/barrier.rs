@@ -51,9 +51,8 @@ impl Barrier {
 
     /// Records `from`'s `Ready`; false if it was not expected.
     fn mark(&mut self, from: Rank) -> bool {
-        let fresh = self.is_hub()
-            && from != self.me
-            && self.ready.get(from.index()).is_some_and(|b| !*b);
+        let fresh =
+            self.is_hub() && from != self.me && self.ready.get(from.index()).is_some_and(|b| !*b);
         if fresh {
             self.ready.set(from.index(), true);
             self.ready_count += 1;

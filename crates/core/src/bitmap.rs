@@ -1,7 +1,6 @@
 //! Received-chunk tracking.
 
 use crate::wire::ChunkRun;
-use alloc::vec::Vec;
 use bitvec::prelude::*;
 
 /// One bit per chunk of an operation (or of one lane of it), sized once when the operation
@@ -18,14 +17,6 @@ impl ChunkBitmap {
         ChunkBitmap {
             bits: bitvec![u64, Lsb0; 0; len as usize],
             set: 0,
-        }
-    }
-
-    /// A bitmap for `len` chunks with every chunk present (the root's view of its own buffer).
-    pub fn full(len: u32) -> Self {
-        ChunkBitmap {
-            bits: bitvec![u64, Lsb0; 1; len as usize],
-            set: len,
         }
     }
 
@@ -52,11 +43,6 @@ impl ChunkBitmap {
     /// True when every chunk is present.
     pub fn is_full(&self) -> bool {
         self.set == self.len()
-    }
-
-    /// Whether chunk `i` is present; false when out of range.
-    pub fn contains(&self, i: u32) -> bool {
-        self.bits.get(i as usize).is_some_and(|b| *b)
     }
 
     /// Marks chunk `i` present. Returns true if it was missing; false if it was present
@@ -101,16 +87,6 @@ impl ChunkBitmap {
         (s < e).then(|| &mut self.bits[s..e])
     }
 
-    /// The missing chunks within `within` (clipped to the bitmap) as maximal runs, in order.
-    pub fn missing_runs(&self, within: ChunkRun) -> Runs<'_> {
-        self.runs(within, false)
-    }
-
-    /// The present chunks within `within` (clipped to the bitmap) as maximal runs, in order.
-    pub fn present_runs(&self, within: ChunkRun) -> Runs<'_> {
-        self.runs(within, true)
-    }
-
     /// Present (`present`) or missing chunks within `within` as maximal runs, in order.
     pub fn runs(&self, within: ChunkRun, present: bool) -> Runs<'_> {
         let e = (within.end() as usize).min(self.bits.len());
@@ -121,21 +97,6 @@ impl ChunkBitmap {
             pos: 0,
             present,
         }
-    }
-
-    /// Every missing run of the whole bitmap.
-    pub fn all_missing_runs(&self) -> Runs<'_> {
-        self.missing_runs(ChunkRun {
-            start: 0,
-            len: self.len(),
-        })
-    }
-
-    /// Collects missing runs into `out`, at most `max` of them; returns how many were added.
-    pub fn collect_missing(&self, within: ChunkRun, max: usize, out: &mut Vec<ChunkRun>) -> usize {
-        let before = out.len();
-        out.extend(self.missing_runs(within).take(max));
-        out.len() - before
     }
 }
 
@@ -178,6 +139,7 @@ impl Iterator for Runs<'_> {
 mod tests {
     use super::*;
     use alloc::vec;
+    use alloc::vec::Vec;
 
     #[test]
     fn runs_of_missing_chunks() {
@@ -187,12 +149,15 @@ mod tests {
         }
         assert!(!b.insert(4));
         assert!(!b.insert(10));
-        let runs: Vec<_> = b.all_missing_runs().collect();
+        let all = ChunkRun { start: 0, len: 10 };
+        let runs: Vec<_> = b.runs(all, false).collect();
         assert_eq!(
             runs,
             vec![ChunkRun { start: 2, len: 2 }, ChunkRun { start: 5, len: 4 }]
         );
-        let within: Vec<_> = b.missing_runs(ChunkRun { start: 3, len: 3 }).collect();
+        let within: Vec<_> = b.runs(ChunkRun { start: 3, len: 3 }, false).collect();
+        let held: Vec<_> = b.runs(ChunkRun { start: 3, len: 3 }, true).collect();
+        assert_eq!(held, vec![ChunkRun { start: 4, len: 1 }]);
         assert_eq!(
             within,
             vec![ChunkRun { start: 3, len: 1 }, ChunkRun { start: 5, len: 1 }]
@@ -205,10 +170,10 @@ mod tests {
     }
 
     #[test]
-    fn full_bitmap_has_no_missing_runs() {
-        let b = ChunkBitmap::full(130);
+    fn empty_bitmap_has_no_runs() {
+        let b = ChunkBitmap::new(0);
+        let all = ChunkRun { start: 0, len: 5 };
+        assert_eq!(b.runs(all, false).count(), 0);
         assert!(b.is_full());
-        assert_eq!(b.all_missing_runs().count(), 0);
-        assert_eq!(ChunkBitmap::new(0).all_missing_runs().count(), 0);
     }
 }

@@ -230,9 +230,15 @@ mod tests {
         // Block 0 on lane 1: chunks 3..5 at lane index 0; block 2 on lane 0: chunks 0..2 at
         // lane index 3.
         let b = l.lane_block(0, 1);
-        assert_eq!((b.lo, b.count, b.base, b.chunks, b.last_len, b.displ), (3, 2, 0, 5, 5, 0));
+        assert_eq!(
+            (b.lo, b.count, b.base, b.chunks, b.last_len, b.displ),
+            (3, 2, 0, 5, 5, 0)
+        );
         let b = l.lane_block(2, 0);
-        assert_eq!((b.lo, b.count, b.base, b.chunks, b.last_len, b.displ), (0, 2, 3, 3, 10, 45));
+        assert_eq!(
+            (b.lo, b.count, b.base, b.chunks, b.last_len, b.displ),
+            (0, 2, 3, 3, 10, 45)
+        );
         assert_eq!(l.lane_block(1, 0).chunks, 0);
         assert_eq!(l.chunk_bytes(0, 4), (40, 5));
         let mut p = vec![];

@@ -1,7 +1,9 @@
 //! One rank on one thread: the session and its lanes, passing commands and notes in place.
 
 use crate::config::{Config, ConfigError, Rank};
-use crate::event::{DropReason, Event, OpId, Placement, ReadError, ReadId, StartError, Stats, Transmit};
+use crate::event::{
+    DropReason, Event, OpId, Placement, ReadError, ReadId, StartError, Stats, Transmit,
+};
 use crate::lane::{LaneCommand, LaneRx, LaneTx, Multicast};
 use crate::session::Session;
 use crate::time::Instant;

@@ -182,14 +182,16 @@ impl Collective {
 
     /// Earliest timer of this operation.
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
-        self.timers
-            .next(!self.cutoff_fired && !self.rx.complete())
+        self.timers.next(!self.cutoff_fired && !self.rx.complete())
     }
 
     pub(crate) fn on_timeout(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
         let now = cx.now;
         let blame = [
-            (Timer::Ready, self.barrier.first_unready().unwrap_or(self.succ)),
+            (
+                Timer::Ready,
+                self.barrier.first_unready().unwrap_or(self.succ),
+            ),
             (Timer::Go, self.barrier.hub()),
             (Timer::Fetch, self.pred),
             (Timer::Reads, self.pred),
@@ -261,14 +263,13 @@ impl Collective {
             .deferred
             .as_ref()
             .is_some_and(|d| d.iter().all(|r| self.rx.holds(&self.layout, *r)));
-        if answerable {
-            if let Some(d) = self.ring.deferred.take() {
-                self.timers.stop(Timer::Keepalive);
-                self.send_ack(cx, d);
-            }
+        if let Some(d) = self.ring.deferred.take_if(|_| answerable) {
+            self.timers.stop(Timer::Keepalive);
+            self.send_ack(cx, d);
         }
         if self.phase == Phase::Data {
-            self.send.start(cx, self.id, self.tag, &self.layout, self.me);
+            self.send
+                .start(cx, self.id, self.tag, &self.layout, self.me);
         }
         self.send.pass_token(cx, self.id);
         if self.ring.reads_idle() && self.phase == Phase::Data && self.rx.complete() {

@@ -99,7 +99,8 @@ impl Collective {
                     start: 0,
                     len: self.layout.total(),
                 };
-                self.rx.runs_within(&self.layout, all, false, max, &mut runs)
+                self.rx
+                    .runs_within(&self.layout, all, false, max, &mut runs)
             }
         }
         if runs.is_empty() {

@@ -137,11 +137,13 @@ impl RxView {
     /// Whether every chunk of `run` is known present.
     pub(crate) fn holds(&self, layout: &Layout, run: ChunkRun) -> bool {
         run.end() <= layout.total()
-            && layout.split(run).all(|(l, r)| match &self.lanes[l as usize] {
-                Lane::Full { .. } => true,
-                Lane::Back(b) => b.contains_run(r),
-                _ => false,
-            })
+            && layout
+                .split(run)
+                .all(|(l, r)| match &self.lanes[l as usize] {
+                    Lane::Full { .. } => true,
+                    Lane::Back(b) => b.contains_run(r),
+                    _ => false,
+                })
     }
 
     /// Missing (or, with `present`, held) chunks inside `within`, as maximal global runs

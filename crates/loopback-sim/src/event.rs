@@ -34,3 +34,17 @@ pub(crate) enum Ev {
     /// A host crashes.
     Crash { host: u32 },
 }
+
+#[cfg(test)]
+mod tests {
+    /// The queue holds millions of these: a growing one shows up in review.
+    #[test]
+    fn size_of_event() {
+        let sizes = format!(
+            "Ev {}\nDelivery {}\n",
+            size_of::<super::Ev>(),
+            size_of::<super::Delivery>()
+        );
+        insta::assert_snapshot!(sizes);
+    }
+}

@@ -132,16 +132,14 @@ impl Fabric {
             } else {
                 worst_wait = worst_wait.max(left.saturating_sub(ready));
             }
-            if lossy {
-                if let Some(burst) = link.lose(link_faults, rng) {
-                    if burst {
-                        counters.burst_lost += 1;
-                    } else {
-                        counters.lost += 1;
-                    }
-                    i = s.skip as usize;
-                    continue;
+            if lossy && let Some(burst) = link.lose(link_faults, rng) {
+                if burst {
+                    counters.burst_lost += 1;
+                } else {
+                    counters.lost += 1;
                 }
+                i = s.skip as usize;
+                continue;
             }
             let arrive = left + link.latency;
             if s.host == u32::MAX {

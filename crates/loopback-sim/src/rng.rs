@@ -7,13 +7,11 @@ pub(crate) struct Rng {
     s: [u64; 4],
 }
 
-/// One step of splitmix64: a good 64-bit mixer, also used for fingerprints.
+/// One step of splitmix64 (the core's one implementation): a good 64-bit mixer, also used
+/// for fingerprints.
 #[inline]
-pub(crate) fn splitmix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
+pub(crate) fn splitmix64(x: u64) -> u64 {
+    ringcast_core::port::mix(x.wrapping_add(0x9E37_79B9_7F4A_7C15))
 }
 
 impl Rng {

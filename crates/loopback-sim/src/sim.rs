@@ -9,14 +9,13 @@ use crate::host::Host;
 use crate::link::Link;
 use crate::queue::{EventQueue, PS_PER_NS, Ps};
 use crate::report::{Failure, Outcome, rejected};
-use crate::rng::splitmix64;
 use crate::slots::SlotLayout;
 use crate::store::Store;
 use crate::topology::Topology;
 use crate::workload::OpSpec;
-use ringcast_core::wire::ImmLayout;
 use ringcast_core::port::mailbox::MailOut;
 use ringcast_core::port::{RxMeta, pump};
+use ringcast_core::wire::ImmLayout;
 use ringcast_core::{Config, Event, Instant, Node, OpId, Placement, Rank, ReadError, ReadId};
 use std::time::Duration;
 
@@ -89,13 +88,6 @@ fn ps(d: Duration) -> Ps {
         .unwrap_or(u64::MAX / PS_PER_NS)
         .saturating_mul(PS_PER_NS)
         .min(u64::MAX / 4)
-}
-
-/// The token the owner's slot `slot` of workload operation `op` holds: never 0 (empty).
-pub(crate) fn fingerprint(seed: u64, op: u32, slot: u32) -> u32 {
-    let x = splitmix64(seed ^ splitmix64((u64::from(op) << 32) | u64::from(slot)));
-    let v = (x as u32) ^ ((x >> 32) as u32);
-    if v == 0 { 1 } else { v }
 }
 
 impl Sim {
@@ -319,11 +311,11 @@ impl Sim {
             self.fabric.counters.to_crashed += 1;
             return;
         }
-        if let Some(rx) = h.rx.as_mut() {
-            if !rx.take(self.now) {
-                self.fabric.counters.rnr += 1;
-                return;
-            }
+        if let Some(rx) = h.rx.as_mut()
+            && !rx.take(self.now)
+        {
+            self.fabric.counters.rnr += 1;
+            return;
         }
         if d.corrupt {
             return; // the transport checksum failed; counted when the fault was injected

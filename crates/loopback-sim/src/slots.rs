@@ -7,7 +7,7 @@
 //! block `r`'s chunk `j` is slot `base[r] + j`. A byte range that starts at a chunk boundary
 //! of some block maps to a contiguous slot range, which is all the core ever names.
 
-use crate::sim::fingerprint;
+use crate::rng::splitmix64;
 use std::ops::Range;
 
 /// One block's bytes and slots.
@@ -121,6 +121,13 @@ impl SlotLayout {
             _ => 0..0,
         }
     }
+}
+
+/// The token the owner's slot `slot` of workload operation `op` holds: never 0 (empty).
+pub(crate) fn fingerprint(seed: u64, op: u32, slot: u32) -> u32 {
+    let x = splitmix64(seed ^ splitmix64((u64::from(op) << 32) | u64::from(slot)));
+    let v = (x as u32) ^ ((x >> 32) as u32);
+    if v == 0 { 1 } else { v }
 }
 
 #[cfg(test)]

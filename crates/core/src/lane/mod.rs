@@ -214,3 +214,24 @@ impl From<TxNote> for LaneNote {
         LaneNote::Tx(n)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    /// The structs the fast path touches per chunk: a growing one shows up in review.
+    #[test]
+    fn size_of_hot_structs() {
+        let sizes = alloc::format!(
+            "Placement {}\nLaneBlock {}\nLaneRx {}\nrx::RxOp {}\nLaneTx {}\nMulticast {}\n",
+            size_of::<crate::Placement>(),
+            size_of::<LaneBlock>(),
+            size_of::<LaneRx>(),
+            rx::op_size(),
+            size_of::<LaneTx>(),
+            size_of::<Multicast>(),
+        );
+        insta::assert_snapshot!(sizes);
+    }
+}

@@ -294,7 +294,17 @@ mod tests {
     fn every_drop_reason_is_returned_and_counted() {
         let mut rx = lane0();
         let cases = [
-            (Rank(0), ImmLayout::default().encode(Imm { op_tag: 8, chunk: 0 }).unwrap(), 10, DropReason::Stale),
+            (
+                Rank(0),
+                ImmLayout::default()
+                    .encode(Imm {
+                        op_tag: 8,
+                        chunk: 0,
+                    })
+                    .unwrap(),
+                10,
+                DropReason::Stale,
+            ),
             (Rank(1), imm(0), 10, DropReason::Own),
             (Rank(2), imm(0), 10, DropReason::WrongSource),
             (Rank(3), imm(0), 10, DropReason::WrongSource),
@@ -303,10 +313,21 @@ mod tests {
             (Rank(0), imm(1), 9, DropReason::BadLength),
         ];
         for (from, raw, len, why) in cases {
-            assert_eq!(rx.handle_chunk(from, raw, len), Placement::Drop(why), "{why:?}");
+            assert_eq!(
+                rx.handle_chunk(from, raw, len),
+                Placement::Drop(why),
+                "{why:?}"
+            );
         }
         let p = rx.handle_chunk(Rank(0), imm(1), 10);
-        assert_eq!(p, Placement::Place { op: OpId(7), offset: 10, len: 10 });
+        assert_eq!(
+            p,
+            Placement::Place {
+                op: OpId(7),
+                offset: 10,
+                len: 10
+            }
+        );
         assert_eq!(
             rx.handle_chunk(Rank(0), imm(1), 10),
             Placement::Drop(DropReason::Duplicate)
@@ -331,21 +352,40 @@ mod tests {
     fn full_is_noted_at_commit_and_close_hands_the_bitmap_back() {
         let mut rx = lane0();
         assert_eq!(rx.poll_note(), None);
-        assert!(matches!(rx.handle_chunk(Rank(0), imm(0), 10), Placement::Place { offset: 0, .. }));
+        assert!(matches!(
+            rx.handle_chunk(Rank(0), imm(0), 10),
+            Placement::Place { offset: 0, .. }
+        ));
         rx.commit(OpId(7));
-        assert!(matches!(rx.handle_chunk(Rank(0), imm(1), 10), Placement::Place { offset: 10, .. }));
+        assert!(matches!(
+            rx.handle_chunk(Rank(0), imm(1), 10),
+            Placement::Place { offset: 10, .. }
+        ));
         assert_eq!(rx.poll_note(), None, "claimed but not written: no note yet");
         rx.commit(OpId(7));
-        assert_eq!(rx.poll_note(), Some(RxNote::Full { lane: 0, op: OpId(7) }));
+        assert_eq!(
+            rx.poll_note(),
+            Some(RxNote::Full {
+                lane: 0,
+                op: OpId(7)
+            })
+        );
         rx.handle_command(RxCommand::Close { op: OpId(7) });
         match rx.poll_note() {
-            Some(RxNote::Closed { lane: 0, op: OpId(7), bitmap }) => {
+            Some(RxNote::Closed {
+                lane: 0,
+                op: OpId(7),
+                bitmap,
+            }) => {
                 assert_eq!((bitmap.present(), bitmap.len()), (3, 3));
             }
             other => panic!("{other:?}"),
         }
         assert_eq!(rx.open_ops(), 0);
-        assert_eq!(rx.handle_chunk(Rank(0), imm(0), 10), Placement::Drop(DropReason::Stale));
+        assert_eq!(
+            rx.handle_chunk(Rank(0), imm(0), 10),
+            Placement::Drop(DropReason::Stale)
+        );
     }
 
     #[test]
@@ -357,17 +397,40 @@ mod tests {
             op: OpId(7),
             tag: 7,
             blocks: vec![
-                LaneBlock { displ: 0, lo: 2, count: 1, base: 0, chunks: 3, last_len: 5 },
+                LaneBlock {
+                    displ: 0,
+                    lo: 2,
+                    count: 1,
+                    base: 0,
+                    chunks: 3,
+                    last_len: 5,
+                },
                 LaneBlock::default(),
             ],
             len: 1,
             own: ChunkRun { start: 0, len: 0 },
         }));
-        assert_eq!(rx.handle_chunk(Rank(0), imm(2), 10), Placement::Drop(DropReason::BadLength));
-        assert_eq!(rx.handle_chunk(Rank(0), imm(1), 10), Placement::Drop(DropReason::WrongLane));
+        assert_eq!(
+            rx.handle_chunk(Rank(0), imm(2), 10),
+            Placement::Drop(DropReason::BadLength)
+        );
+        assert_eq!(
+            rx.handle_chunk(Rank(0), imm(1), 10),
+            Placement::Drop(DropReason::WrongLane)
+        );
         assert_eq!(
             rx.handle_chunk(Rank(0), imm(2), 5),
-            Placement::Place { op: OpId(7), offset: 20, len: 5 }
+            Placement::Place {
+                op: OpId(7),
+                offset: 20,
+                len: 5
+            }
         );
     }
+}
+
+/// Bytes of one open operation's state (for the size snapshot).
+#[cfg(test)]
+pub(super) fn op_size() -> usize {
+    core::mem::size_of::<RxOp>()
 }

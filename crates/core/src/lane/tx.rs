@@ -217,10 +217,22 @@ mod tests {
         tx.handle_send_done(OpId(3), 2);
         let c3 = tx.poll_multicast().unwrap();
         assert_eq!((c3.chunk, c3.len), (4, 4));
-        assert_eq!(ImmLayout::default().decode(c3.imm), Imm { op_tag: 3, chunk: 4 });
+        assert_eq!(
+            ImmLayout::default().decode(c3.imm),
+            Imm {
+                op_tag: 3,
+                chunk: 4
+            }
+        );
         assert_eq!(tx.poll_note(), None);
         tx.handle_send_done(OpId(3), 1);
-        assert_eq!(tx.poll_note(), Some(TxNote::SendsDone { lane: 1, op: OpId(3) }));
+        assert_eq!(
+            tx.poll_note(),
+            Some(TxNote::SendsDone {
+                lane: 1,
+                op: OpId(3)
+            })
+        );
         assert_eq!(tx.poll_multicast(), None);
         assert_eq!(tx.stats().chunks_sent, 3);
     }

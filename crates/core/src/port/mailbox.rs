@@ -3,8 +3,8 @@
 //! the node sent.
 
 use super::{
-    Capabilities, ControlInput, ControlPort, LaneRxPort, LaneTxPort, Ports, ReadRequest,
-    RxMeta, RxToken,
+    Capabilities, ControlInput, ControlPort, LaneRxPort, LaneTxPort, Ports, ReadRequest, RxMeta,
+    RxToken,
 };
 use crate::config::Rank;
 use crate::event::{OpId, Placement, ReadError, ReadId};

@@ -17,7 +17,7 @@
 mod fault;
 pub mod mailbox;
 
-pub use fault::{FaultInjector, FaultyRx, FaultyToken, FaultyTx, Faults, SplitMix64, inject, mix};
+pub use fault::{FaultInjector, Faults, FaultyRx, FaultyToken, FaultyTx, SplitMix64, inject, mix};
 
 use crate::config::Rank;
 use crate::event::{Event, OpId, Placement, ReadError, ReadId, Transmit};

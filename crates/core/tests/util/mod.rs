@@ -7,10 +7,12 @@
 //! a read from a released buffer is caught too.
 #![allow(dead_code, unreachable_pub)]
 
-use ringcast_core::port::mailbox::{Mailbox, MailOut, mailbox};
+use ringcast_core::port::mailbox::{MailOut, Mailbox, mailbox};
 use ringcast_core::port::{RxMeta, pump};
 use ringcast_core::wire::{ChunkRun, ControlRepr};
-use ringcast_core::{Config, Event, Instant, Node, OpError, OpId, Placement, Rank, ReadError, ReadId};
+use ringcast_core::{
+    Config, Event, Instant, Node, OpError, OpId, Placement, Rank, ReadError, ReadId,
+};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt::Write as _;
@@ -330,9 +332,7 @@ impl Net {
                         .map_or_else(|_| "<malformed>".into(), |m| format!("{m:?}"));
                     self.log(|| format!("r{to} <- r{from} {m}"));
                 }
-                self.ports[to as usize]
-                    .control
-                    .deliver(Rank(from), &bytes);
+                self.ports[to as usize].control.deliver(Rank(from), &bytes);
             }
             Ev::ReadDone {
                 to,
@@ -482,7 +482,11 @@ impl Net {
             if ruled || self.rng.chance(self.faults.loss) {
                 continue;
             }
-            let copies = if self.rng.chance(self.faults.dup) { 2 } else { 1 };
+            let copies = if self.rng.chance(self.faults.dup) {
+                2
+            } else {
+                1
+            };
             for _ in 0..copies {
                 let jitter = self.rng.below(self.faults.jitter_ns + 1);
                 self.push(done + self.latency_ns + jitter, ev(to));

@@ -229,7 +229,7 @@ impl Flow for GoBackN {
             if e + 1 == self.n {
                 net.done(self.id, pkt.dst);
                 self.up(net, pkt.dst, ACK, e + 1);
-            } else if (e + 1) % self.p.ack_every == 0 {
+            } else if (e + 1).is_multiple_of(self.p.ack_every) {
                 self.up(net, pkt.dst, ACK, e + 1);
             }
         } else if pkt.chunk > e {

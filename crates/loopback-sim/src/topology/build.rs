@@ -55,7 +55,7 @@ fn leaf_spine(hosts: u32, hosts_per_leaf: u32, spines: u32) -> Result<Topology, 
 fn fat_tree(hosts: u32, radix: u32) -> Result<Topology, TopologyError> {
     let half = radix / 2;
     let capacity = u64::from(radix).pow(3) / 4;
-    if radix < 2 || radix % 2 != 0 || u64::from(hosts) > capacity {
+    if radix < 2 || !radix.is_multiple_of(2) || u64::from(hosts) > capacity {
         return Err(TopologyError::BadFatTree);
     }
     let mut t = Topology::empty(hosts, &["host-edge", "edge-agg", "agg-core"]);
