@@ -20,7 +20,7 @@ usage: cargo xtask <command> [options]
 commands:
   ci                          fmt check, clippy, core dependency check, tests, no_std riscv build,
                               fuzz smoke (10 s/target)
-  test                        cargo test --workspace
+  test                        cargo test --workspace --features ringcast/cli
   core-deps                   check that ringcast-core depends on nothing but bitvec (no I/O, no runtime)
   long [--cases N]            long campaigns, not in `ci`: the core's property tests with N cases
                               (default 20000) and every #[ignore]d long test (e.g. the 1024-rank
@@ -163,8 +163,13 @@ fn minutes(m: u64) -> Duration {
     Duration::from_secs(m * 60)
 }
 
+/// The CLI binary is behind the `cli` feature (library users do not get clap): the tests
+/// that spawn it need the feature on.
+const CLI: &[&str] = &["--features", "ringcast/cli"];
+
 fn test(root: &Path) -> Result<(), StepError> {
-    Step::new(root, &cargo(), &["test", "--workspace"], minutes(40)).run()
+    let args = [&["test", "--workspace"], CLI].concat();
+    Step::new(root, &cargo(), &args, minutes(40)).run()
 }
 
 /// Campaigns too long for CI's default run.
@@ -193,13 +198,11 @@ fn ci(root: &Path) -> Result<(), StepError> {
         root,
         &cargo,
         &[
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ],
+            &["clippy", "--workspace", "--all-targets"],
+            CLI,
+            &["--", "-D", "warnings"],
+        ]
+        .concat(),
         minutes(40),
     )
     .run()?;
