@@ -45,13 +45,17 @@
 #![deny(missing_docs)]
 
 pub mod addr;
+pub mod control;
 pub mod icrc;
 pub mod pace;
 mod packet;
+pub mod port;
 pub mod rx;
 pub mod socket;
 pub mod tx;
 
+pub use control::{ControlConfig, ControlError, OpBuffer, PeerLost, Registry, TcpControl};
+pub use port::{PortError, UdpPort, UdpPortConfig, UdpRx, UdpTx};
 pub use rx::{Chunk, LaneReceiver, RxBatch, RxConfig, RxError, RxStats};
 pub use socket::{RxSocket, SocketConfig, SocketError, TxSocket};
 pub use tx::{LaneSender, OutChunk, Sent, TxConfig, TxError, TxStats};

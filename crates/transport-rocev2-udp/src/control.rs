@@ -1,0 +1,975 @@
+//! The control path over TCP: control messages and the fetch reads between ranks.
+//!
+//! ## Connections
+//! **Full mesh, connected at start-up** ([`TcpControl::connect`]) from an address table
+//! `Vec<SocketAddr>` indexed by rank: every rank listens on `table[rank]`; rank `i` connects to
+//! every rank `j < i` and accepts every rank `j > i`. Each side sends a hello (magic, job nonce,
+//! rank) and checks the other's, so a stray connection or another job is refused. The whole
+//! start-up is bounded by [`ControlConfig::connect_timeout`]. Nothing connects later: a lost
+//! connection is never re-established.
+//!
+//! ## Frames
+//! Every frame is `[u32 length, big-endian][u8 kind][body]`, `length` covering kind and body
+//! and bounded by [`ControlConfig::max_frame`] (a longer one is a protocol error, read no
+//! further). Kinds: hello, control message (its bytes), read request `{id, op, offset, len}`,
+//! read response `{id, bytes}`, read refusal `{id}`. Every field is checked; a malformed frame
+//! closes the connection. Nothing on network data is unwrapped.
+//!
+//! ## Threads
+//! Thread-backed: per peer, one **reader** thread (decodes frames, serves the peer's reads
+//! from the [`Registry`], forwards everything else to the owner over a channel) and one
+//! **writer** thread (writes queued frames). Readers never write to a socket themselves, so two
+//! ranks serving each other's large reads cannot deadlock on full TCP buffers. The owner,
+//! [`TcpControl`], is a [`ControlPort`]: `send_control` and `read` only queue frames, and
+//! `poll_control` never blocks.
+//!
+//! ## The read service
+//! A peer's read is served from this rank's operation buffer, registered per [`OpId`] with
+//! [`Registry::register`] (and [`Registry::unregister`] when the operation is over). A read of
+//! an unknown operation, or of a range outside the registered buffer, or longer than
+//! [`ControlConfig::max_read`], is refused and counted ([`ControlStats::reads_refused`]), never
+//! served. A read this rank asks for lands in its own registered buffer at the same offset.
+//!
+//! ## Failures
+//! A closed or broken connection (EOF, I/O error, malformed frame) marks the peer lost at once:
+//! its pending reads and every later read from it complete with `Err(ReadError)`, messages to it
+//! are dropped and counted, and [`TcpControl::lost_peers`] / [`TcpControl::take_lost`] name it
+//! ([`PeerLost`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use ringcast_core::Rank;
+use ringcast_core::port::{ControlInput, ControlPort, ReadRequest};
+use ringcast_core::{OpId, ReadError, ReadId};
+
+const MAGIC: u32 = 0x5243_4331; // "RCC1"
+const KIND_HELLO: u8 = 0;
+const KIND_MESSAGE: u8 = 1;
+const KIND_READ_REQ: u8 = 2;
+const KIND_READ_RESP: u8 = 3;
+const KIND_READ_REFUSED: u8 = 4;
+const HELLO_LEN: usize = 1 + 4 + 8 + 4;
+const READ_REQ_LEN: usize = 1 + 8 * 4;
+
+/// An operation's buffer, shared by the caller and the port: the receive halves write chunks
+/// into it, the send halves and the read service read from it, reads write into it.
+#[derive(Clone, Debug, Default)]
+pub struct OpBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl OpBuffer {
+    /// A zeroed buffer of `len` bytes.
+    pub fn zeroed(len: usize) -> Self {
+        Self::from_vec(vec![0; len])
+    }
+
+    /// A buffer holding `v`.
+    pub fn from_vec(v: Vec<u8>) -> Self {
+        OpBuffer(Arc::new(Mutex::new(v)))
+    }
+
+    /// Runs `f` on the bytes (the lock is held meanwhile).
+    pub fn with<R>(&self, f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+        let mut g = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut g)
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.with(|v| v.len())
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A copy of the bytes.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.with(|v| v.clone())
+    }
+
+    /// Writes `bytes` at `offset`; false (and nothing written) when the range does not fit.
+    pub fn write_at(&self, offset: u64, bytes: &[u8]) -> bool {
+        self.with(|v| match range(offset, bytes.len() as u64, v.len()) {
+            Some(r) => {
+                v[r].copy_from_slice(bytes);
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// Appends `len` bytes at `offset` to `out`; false (and nothing appended) when the range
+    /// does not fit.
+    pub fn read_at(&self, offset: u64, len: u64, out: &mut Vec<u8>) -> bool {
+        self.with(|v| match range(offset, len, v.len()) {
+            Some(r) => {
+                out.extend_from_slice(&v[r]);
+                true
+            }
+            None => false,
+        })
+    }
+}
+
+/// `offset..offset + len` if it lies within `0..size`.
+pub(crate) fn range(offset: u64, len: u64, size: usize) -> Option<std::ops::Range<usize>> {
+    let end = offset.checked_add(len)?;
+    if end > size as u64 {
+        return None;
+    }
+    Some(offset as usize..end as usize)
+}
+
+/// The operation buffers of one rank, by [`OpId`], shared by its control path and lanes.
+#[derive(Clone, Debug, Default)]
+pub struct Registry(Arc<RwLock<HashMap<u64, OpBuffer>>>);
+
+impl Registry {
+    /// Makes `buf` the buffer of `op`: chunks are placed into it, multicasts and peers' reads
+    /// read from it. Register before starting the operation on the node.
+    pub fn register(&self, op: OpId, buf: OpBuffer) {
+        self.0
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(op.0, buf);
+    }
+
+    /// Forgets `op`'s buffer (peers' reads of it are refused from now on) and returns it.
+    pub fn unregister(&self, op: OpId) -> Option<OpBuffer> {
+        self.0
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&op.0)
+    }
+
+    /// `op`'s buffer, if registered.
+    pub fn get(&self, op: OpId) -> Option<OpBuffer> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&op.0)
+            .cloned()
+    }
+}
+
+/// Settings of the control path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControlConfig {
+    /// The job nonce; both ends of every connection must agree.
+    pub nonce: u64,
+    /// Longest read served or asked for, in bytes.
+    pub max_read: u64,
+    /// Longest frame accepted (kind and body), in bytes; must hold a read response of
+    /// `max_read` bytes.
+    pub max_frame: usize,
+    /// Bound on the whole start-up (connects, accepts, hellos).
+    pub connect_timeout: Duration,
+}
+
+impl ControlConfig {
+    /// 8 MiB reads, 10 s start-up.
+    pub fn new(nonce: u64) -> Self {
+        let max_read = 8 << 20;
+        ControlConfig {
+            nonce,
+            max_read,
+            max_frame: max_read as usize + 64,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Start-up failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// The address table does not contain this rank, or has more than 2^24 ranks.
+    #[error("address table of {ranks} ranks does not fit rank {rank}")]
+    BadTable {
+        /// This rank.
+        rank: u32,
+        /// Ranks in the table.
+        ranks: usize,
+    },
+    /// Not every peer connected within [`ControlConfig::connect_timeout`].
+    #[error("control mesh not connected within {0:?} (missing rank {1})")]
+    Timeout(Duration, u32),
+    /// A peer's hello was wrong (another job, a stray client, a duplicate rank).
+    #[error("bad hello from {0}: {1}")]
+    BadHello(SocketAddr, &'static str),
+    /// A socket call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// The step that failed.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> ControlError {
+    move |source| ControlError::Io { what, source }
+}
+
+/// A peer's connection closed or broke: the peer counts as failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerLost(pub Rank);
+
+/// Counters of the control path (shared with its threads).
+#[derive(Debug, Default)]
+pub struct ControlStats {
+    /// Control messages sent.
+    pub messages_sent: AtomicU64,
+    /// Control messages received.
+    pub messages_received: AtomicU64,
+    /// Messages not sent because their peer was lost.
+    pub messages_to_lost_peer: AtomicU64,
+    /// Reads this rank asked for.
+    pub reads_requested: AtomicU64,
+    /// Reads this rank asked for that completed with data.
+    pub reads_completed: AtomicU64,
+    /// Reads this rank asked for that failed (refused, lost peer, bad response, no buffer).
+    pub reads_failed: AtomicU64,
+    /// Peers' reads served from this rank's buffers.
+    pub reads_served: AtomicU64,
+    /// Bytes served to peers' reads.
+    pub bytes_served: AtomicU64,
+    /// Peers' reads refused: unknown operation, range outside the buffer, too long.
+    pub reads_refused: AtomicU64,
+    /// Frames that broke the protocol (each closes its connection).
+    pub malformed: AtomicU64,
+    /// Responses naming no pending read.
+    pub stray_responses: AtomicU64,
+    /// Peers lost.
+    pub peers_lost: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// What the reader threads hand the owner.
+enum Inbound {
+    Message(Rank, Vec<u8>),
+    ReadData(u64, Vec<u8>),
+    Refused(u64),
+    Lost(Rank),
+}
+
+struct Peer {
+    stream: TcpStream,
+    frames: Option<Sender<Vec<u8>>>,
+    threads: Vec<JoinHandle<()>>,
+    lost: bool,
+}
+
+/// This rank's end of the TCP control mesh: a [`ControlPort`].
+pub struct TcpControl {
+    rank: Rank,
+    peers: Vec<Option<Peer>>,
+    inbound: Receiver<Inbound>,
+    registry: Registry,
+    stats: Arc<ControlStats>,
+    cfg: ControlConfig,
+    pending: HashMap<u64, ReadRequest>,
+    ready: VecDeque<ControlInput>,
+    local: VecDeque<Vec<u8>>,
+    lost: Vec<Rank>,
+    new_lost: VecDeque<PeerLost>,
+}
+
+impl std::fmt::Debug for TcpControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpControl")
+            .field("rank", &self.rank)
+            .field("peers", &self.peers.len())
+            .field("pending", &self.pending.len())
+            .field("lost", &self.lost)
+            .finish()
+    }
+}
+
+fn frame(kind: u8, body_len: usize) -> Vec<u8> {
+    let mut f = Vec::with_capacity(5 + body_len);
+    f.extend_from_slice(&((1 + body_len) as u32).to_be_bytes());
+    f.push(kind);
+    f
+}
+
+fn hello(nonce: u64, rank: u32) -> Vec<u8> {
+    let mut f = frame(KIND_HELLO, HELLO_LEN - 1);
+    f.extend_from_slice(&MAGIC.to_be_bytes());
+    f.extend_from_slice(&nonce.to_be_bytes());
+    f.extend_from_slice(&rank.to_be_bytes());
+    f
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// Reads one frame (kind and body) into `buf`; `Ok(false)` at a clean EOF before a frame,
+/// an error on a frame longer than `max`.
+fn read_frame(s: &mut impl Read, max: usize, buf: &mut Vec<u8>) -> io::Result<bool> {
+    let mut len = [0u8; 4];
+    match s.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len == 0 || len > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "frame length out of bounds",
+        ));
+    }
+    buf.clear();
+    buf.resize(len, 0);
+    s.read_exact(buf)?;
+    Ok(true)
+}
+
+/// Checks a hello frame body; returns the rank it names.
+fn check_hello(b: &[u8], nonce: u64) -> Result<u32, &'static str> {
+    if b.len() != HELLO_LEN || b[0] != KIND_HELLO {
+        return Err("not a hello frame");
+    }
+    if u32_at(b, 1) != Some(MAGIC) {
+        return Err("wrong magic");
+    }
+    if u64_at(b, 5) != Some(nonce) {
+        return Err("another job's nonce");
+    }
+    u32_at(b, 13).ok_or("short hello")
+}
+
+impl TcpControl {
+    /// Connects the full mesh: `listener` is bound to `table[rank]`; rank `i` connects to
+    /// every lower rank and accepts every higher one, all within `cfg.connect_timeout`.
+    /// `registry` holds the buffers the read service serves from (shared with the lanes).
+    pub fn connect(
+        rank: u32,
+        table: &[SocketAddr],
+        listener: TcpListener,
+        registry: Registry,
+        cfg: ControlConfig,
+    ) -> Result<Self, ControlError> {
+        let ranks = table.len();
+        if rank as usize >= ranks || ranks > 1 << 24 {
+            return Err(ControlError::BadTable { rank, ranks });
+        }
+        let deadline = Instant::now() + cfg.connect_timeout;
+        let left = |peer: u32| {
+            deadline
+                .checked_duration_since(Instant::now())
+                .filter(|d| !d.is_zero())
+                .ok_or(ControlError::Timeout(cfg.connect_timeout, peer))
+        };
+        let mut streams: Vec<Option<TcpStream>> = (0..ranks).map(|_| None).collect();
+        let mut buf = Vec::new();
+        // Lower ranks: connect (retrying until they listen), hello, their hello.
+        for (j, addr) in table.iter().enumerate().take(rank as usize) {
+            let s = loop {
+                match TcpStream::connect_timeout(addr, left(j as u32)?) {
+                    Ok(s) => break s,
+                    Err(_) => thread::sleep(Duration::from_millis(10)),
+                }
+            };
+            s.set_read_timeout(Some(left(j as u32)?))
+                .map_err(io_err("SO_RCVTIMEO"))?;
+            (&s).write_all(&hello(cfg.nonce, rank))
+                .map_err(io_err("send hello"))?;
+            let ok = read_frame(&mut &s, HELLO_LEN, &mut buf).map_err(io_err("read hello"))?;
+            let got = if ok {
+                check_hello(&buf, cfg.nonce).map_err(|m| ControlError::BadHello(*addr, m))?
+            } else {
+                return Err(ControlError::BadHello(*addr, "closed before hello"));
+            };
+            if got as usize != j {
+                return Err(ControlError::BadHello(*addr, "wrong rank"));
+            }
+            streams[j] = Some(s);
+        }
+        // Higher ranks: accept, their hello, ours.
+        listener
+            .set_nonblocking(true)
+            .map_err(io_err("O_NONBLOCK"))?;
+        let mut missing = ranks - rank as usize - 1;
+        while missing > 0 {
+            let first_missing = (rank as usize + 1..ranks)
+                .find(|&j| streams[j].is_none())
+                .unwrap_or(ranks) as u32;
+            let (s, from) = match listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    left(first_missing)?;
+                    thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+                Err(e) => return Err(io_err("accept")(e)),
+            };
+            s.set_nonblocking(false).map_err(io_err("O_NONBLOCK"))?;
+            s.set_read_timeout(Some(left(first_missing)?))
+                .map_err(io_err("SO_RCVTIMEO"))?;
+            // A stray client is refused without failing the mesh.
+            let got = match read_frame(&mut &s, HELLO_LEN, &mut buf) {
+                Ok(true) => check_hello(&buf, cfg.nonce),
+                _ => Err("no hello"),
+            };
+            let j = match got {
+                Ok(j) if j > rank && (j as usize) < ranks && streams[j as usize].is_none() => j,
+                Ok(_) => {
+                    tracing::warn!(%from, "control: hello with an unexpected rank");
+                    continue;
+                }
+                Err(m) => {
+                    tracing::warn!(%from, reason = m, "control: refused connection");
+                    continue;
+                }
+            };
+            (&s).write_all(&hello(cfg.nonce, rank))
+                .map_err(io_err("send hello"))?;
+            streams[j as usize] = Some(s);
+            missing -= 1;
+        }
+        let (to_owner, inbound) = mpsc::channel();
+        let stats = Arc::new(ControlStats::default());
+        let mut peers = Vec::with_capacity(ranks);
+        for (j, s) in streams.into_iter().enumerate() {
+            let Some(s) = s else {
+                peers.push(None);
+                continue;
+            };
+            s.set_read_timeout(None).map_err(io_err("SO_RCVTIMEO"))?;
+            s.set_nodelay(true).map_err(io_err("TCP_NODELAY"))?;
+            let (frames, queue) = mpsc::channel::<Vec<u8>>();
+            let mut threads = Vec::with_capacity(2);
+            let ws = s.try_clone().map_err(io_err("dup"))?;
+            threads.push(
+                thread::Builder::new()
+                    .name(format!("rc-ctl-w{rank}-{j}"))
+                    .spawn(move || writer(ws, queue))
+                    .map_err(io_err("spawn"))?,
+            );
+            let rs = s.try_clone().map_err(io_err("dup"))?;
+            let reader = Reader {
+                peer: Rank(j as u32),
+                stream: rs,
+                frames: frames.clone(),
+                owner: to_owner.clone(),
+                registry: registry.clone(),
+                stats: stats.clone(),
+                cfg,
+            };
+            threads.push(
+                thread::Builder::new()
+                    .name(format!("rc-ctl-r{rank}-{j}"))
+                    .spawn(move || reader.run())
+                    .map_err(io_err("spawn"))?,
+            );
+            peers.push(Some(Peer {
+                stream: s,
+                frames: Some(frames),
+                threads,
+                lost: false,
+            }));
+        }
+        tracing::debug!(rank, ranks, "control mesh connected");
+        Ok(TcpControl {
+            rank: Rank(rank),
+            peers,
+            inbound,
+            registry,
+            stats,
+            cfg,
+            pending: HashMap::new(),
+            ready: VecDeque::new(),
+            local: VecDeque::new(),
+            lost: Vec::new(),
+            new_lost: VecDeque::new(),
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    /// The operation buffers (shared with the lanes and the read service).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &ControlStats {
+        &self.stats
+    }
+
+    /// Largest read served or asked for.
+    pub fn max_read(&self) -> u64 {
+        self.cfg.max_read
+    }
+
+    /// Every peer lost so far.
+    pub fn lost_peers(&self) -> &[Rank] {
+        &self.lost
+    }
+
+    /// The next peer lost since the last call (also noticed by [`ControlPort::poll_control`];
+    /// this only drains what already arrived, without blocking).
+    pub fn take_lost(&mut self) -> Option<PeerLost> {
+        self.drain_inbound();
+        self.new_lost.pop_front()
+    }
+
+    fn drain_inbound(&mut self) {
+        while let Ok(i) = self.inbound.try_recv() {
+            self.handle(i);
+        }
+    }
+
+    fn fail_read(&mut self, id: ReadId) {
+        bump(&self.stats.reads_failed);
+        self.ready.push_back(ControlInput::ReadDone {
+            id,
+            result: Err(ReadError),
+        });
+    }
+
+    fn handle(&mut self, i: Inbound) {
+        match i {
+            Inbound::Message(from, bytes) => {
+                bump(&self.stats.messages_received);
+                // Messages keep their order relative to each other through `local`.
+                self.local.push_back(bytes);
+                let len = self.local.back().map_or(0, Vec::len);
+                self.ready.push_back(ControlInput::Message { from, len });
+            }
+            Inbound::ReadData(id, bytes) => {
+                let Some(req) = self.pending.remove(&id) else {
+                    bump(&self.stats.stray_responses);
+                    return;
+                };
+                let ok = bytes.len() as u64 == req.len
+                    && self
+                        .registry
+                        .get(req.op)
+                        .is_some_and(|b| b.write_at(req.offset, &bytes));
+                if ok {
+                    bump(&self.stats.reads_completed);
+                    self.ready.push_back(ControlInput::ReadDone {
+                        id: req.id,
+                        result: Ok(()),
+                    });
+                } else {
+                    self.fail_read(req.id);
+                }
+            }
+            Inbound::Refused(id) => match self.pending.remove(&id) {
+                Some(req) => self.fail_read(req.id),
+                None => bump(&self.stats.stray_responses),
+            },
+            Inbound::Lost(r) => self.mark_lost(r),
+        }
+    }
+
+    fn mark_lost(&mut self, r: Rank) {
+        let Some(Some(p)) = self.peers.get_mut(r.0 as usize) else {
+            return;
+        };
+        if p.lost {
+            return;
+        }
+        p.lost = true;
+        p.frames = None;
+        let _ = p.stream.shutdown(Shutdown::Both);
+        bump(&self.stats.peers_lost);
+        tracing::warn!(rank = self.rank.0, peer = r.0, "control: peer lost");
+        self.lost.push(r);
+        self.new_lost.push_back(PeerLost(r));
+        let mut failed: Vec<ReadId> = self
+            .pending
+            .values()
+            .filter(|q| q.from == r)
+            .map(|q| q.id)
+            .collect();
+        failed.sort_unstable_by_key(|id| id.0);
+        self.pending.retain(|_, q| q.from != r);
+        for id in failed {
+            self.fail_read(id);
+        }
+    }
+
+    /// Queues `f` to `to`'s writer; false when the peer is gone.
+    fn queue(&mut self, to: Rank, f: Vec<u8>) -> bool {
+        let sent = match self.peers.get(to.0 as usize) {
+            Some(Some(p)) if !p.lost => p.frames.as_ref().is_some_and(|q| q.send(f).is_ok()),
+            _ => false,
+        };
+        if !sent && (to.0 as usize) < self.peers.len() && to != self.rank {
+            self.mark_lost(to);
+        }
+        sent
+    }
+}
+
+impl ControlPort for TcpControl {
+    fn send_control(&mut self, to: Rank, bytes: &[u8]) {
+        if to == self.rank {
+            self.handle(Inbound::Message(to, bytes.to_vec()));
+            return;
+        }
+        let mut f = frame(KIND_MESSAGE, bytes.len());
+        f.extend_from_slice(bytes);
+        if self.queue(to, f) {
+            bump(&self.stats.messages_sent);
+        } else {
+            bump(&self.stats.messages_to_lost_peer);
+        }
+    }
+
+    fn read(&mut self, req: &ReadRequest) {
+        bump(&self.stats.reads_requested);
+        let fits = self
+            .registry
+            .get(req.op)
+            .is_some_and(|b| range(req.offset, req.len, b.len()).is_some());
+        if !fits
+            || req.len > self.cfg.max_read
+            || req.from == self.rank
+            || self.pending.contains_key(&req.id.0)
+        {
+            self.fail_read(req.id);
+            return;
+        }
+        let mut f = frame(KIND_READ_REQ, READ_REQ_LEN - 1);
+        for v in [req.id.0, req.op.0, req.offset, req.len] {
+            f.extend_from_slice(&v.to_be_bytes());
+        }
+        self.pending.insert(req.id.0, *req);
+        if !self.queue(req.from, f) && self.pending.remove(&req.id.0).is_some() {
+            // Unknown rank (lost peers' reads were failed by `mark_lost`).
+            self.fail_read(req.id);
+        }
+    }
+
+    fn poll_control(&mut self, buf: &mut Vec<u8>) -> Option<ControlInput> {
+        if self.ready.is_empty() {
+            self.drain_inbound();
+        }
+        let input = self.ready.pop_front()?;
+        if let ControlInput::Message { .. } = input {
+            buf.clear();
+            if let Some(m) = self.local.pop_front() {
+                buf.extend_from_slice(&m);
+            }
+        }
+        Some(input)
+    }
+}
+
+impl Drop for TcpControl {
+    fn drop(&mut self) {
+        for p in self.peers.iter_mut().flatten() {
+            p.frames = None;
+            let _ = p.stream.shutdown(Shutdown::Both);
+        }
+        for p in self.peers.iter_mut().flatten() {
+            for t in p.threads.drain(..) {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+fn writer(mut s: TcpStream, queue: Receiver<Vec<u8>>) {
+    while let Ok(f) = queue.recv() {
+        if s.write_all(&f).is_err() {
+            let _ = s.shutdown(Shutdown::Both);
+            return;
+        }
+    }
+}
+
+struct Reader {
+    peer: Rank,
+    stream: TcpStream,
+    frames: Sender<Vec<u8>>,
+    owner: Sender<Inbound>,
+    registry: Registry,
+    stats: Arc<ControlStats>,
+    cfg: ControlConfig,
+}
+
+impl Reader {
+    fn run(mut self) {
+        let mut buf = Vec::new();
+        loop {
+            match read_frame(&mut self.stream, self.cfg.max_frame, &mut buf) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    if e.kind() == io::ErrorKind::InvalidData {
+                        bump(&self.stats.malformed);
+                    }
+                    break;
+                }
+            }
+            if !self.handle(&buf) {
+                bump(&self.stats.malformed);
+                break;
+            }
+        }
+        let _ = self.stream.shutdown(Shutdown::Both);
+        let _ = self.owner.send(Inbound::Lost(self.peer));
+    }
+
+    /// Handles one frame; false on a protocol error.
+    fn handle(&mut self, b: &[u8]) -> bool {
+        let (kind, body) = match b.split_first() {
+            Some((k, body)) => (*k, body),
+            None => return false,
+        };
+        match kind {
+            KIND_MESSAGE => {
+                let _ = self.owner.send(Inbound::Message(self.peer, body.to_vec()));
+                true
+            }
+            KIND_READ_REQ => {
+                let (Some(id), Some(op), Some(offset), Some(len)) = (
+                    u64_at(body, 0),
+                    u64_at(body, 8),
+                    u64_at(body, 16),
+                    u64_at(body, 24),
+                ) else {
+                    return false;
+                };
+                if body.len() != READ_REQ_LEN - 1 {
+                    return false;
+                }
+                self.serve(id, OpId(op), offset, len);
+                true
+            }
+            KIND_READ_RESP => match u64_at(body, 0) {
+                Some(id) => {
+                    let _ = self.owner.send(Inbound::ReadData(id, body[8..].to_vec()));
+                    true
+                }
+                None => false,
+            },
+            KIND_READ_REFUSED => match u64_at(body, 0) {
+                Some(id) if body.len() == 8 => {
+                    let _ = self.owner.send(Inbound::Refused(id));
+                    true
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// Serves a peer's read from the registered buffer, or refuses it.
+    fn serve(&mut self, id: u64, op: OpId, offset: u64, len: u64) {
+        let mut f = Vec::new();
+        let served = len <= self.cfg.max_read
+            && match self.registry.get(op) {
+                Some(b) => {
+                    f = frame(KIND_READ_RESP, 8 + len as usize);
+                    f.extend_from_slice(&id.to_be_bytes());
+                    b.read_at(offset, len, &mut f)
+                }
+                None => false,
+            };
+        if served {
+            bump(&self.stats.reads_served);
+            self.stats.bytes_served.fetch_add(len, Ordering::Relaxed);
+        } else {
+            bump(&self.stats.reads_refused);
+            tracing::debug!(peer = self.peer.0, op = op.0, offset, len, "read refused");
+            f = frame(KIND_READ_REFUSED, 8);
+            f.extend_from_slice(&id.to_be_bytes());
+        }
+        let _ = self.frames.send(f);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringcast_core::ChunkRun;
+
+    fn mesh(n: usize, nonce: u64) -> Vec<TcpControl> {
+        let listeners: Vec<TcpListener> = (0..n)
+            .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
+            .collect();
+        let table: Vec<SocketAddr> = listeners
+            .iter()
+            .map(|l| l.local_addr().expect("addr"))
+            .collect();
+        let handles: Vec<_> = listeners
+            .into_iter()
+            .enumerate()
+            .map(|(r, l)| {
+                let table = table.clone();
+                thread::spawn(move || {
+                    TcpControl::connect(
+                        r as u32,
+                        &table,
+                        l,
+                        Registry::default(),
+                        ControlConfig::new(nonce),
+                    )
+                    .expect("connect")
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("join"))
+            .collect()
+    }
+
+    fn wait(c: &mut TcpControl, buf: &mut Vec<u8>) -> ControlInput {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(i) = c.poll_control(buf) {
+                return i;
+            }
+            assert!(Instant::now() < deadline, "no control input");
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn req(id: u64, from: u32, op: u64, offset: u64, len: u64) -> ReadRequest {
+        ReadRequest {
+            id: ReadId(id),
+            op: OpId(op),
+            from: Rank(from),
+            run: ChunkRun { start: 0, len: 1 },
+            offset,
+            len,
+        }
+    }
+
+    #[test]
+    fn messages_reads_refusals_and_loss() {
+        let mut m = mesh(3, 77);
+        let mut buf = Vec::new();
+        m[2].send_control(Rank(0), b"hello zero");
+        assert_eq!(
+            wait(&mut m[0], &mut buf),
+            ControlInput::Message {
+                from: Rank(2),
+                len: 10
+            }
+        );
+        assert_eq!(buf, b"hello zero");
+
+        // Rank 1 serves op 5; rank 0 reads into its own op 5 buffer.
+        let src: Vec<u8> = (0..100u8).collect();
+        m[1].registry()
+            .register(OpId(5), OpBuffer::from_vec(src.clone()));
+        let dst = OpBuffer::zeroed(100);
+        m[0].registry().register(OpId(5), dst.clone());
+        m[0].read(&req(1, 1, 5, 10, 20));
+        assert_eq!(
+            wait(&mut m[0], &mut buf),
+            ControlInput::ReadDone {
+                id: ReadId(1),
+                result: Ok(())
+            }
+        );
+        assert_eq!(dst.to_vec()[10..30], src[10..30]);
+        assert_eq!(dst.to_vec()[30], 0);
+
+        // Out of the peer's range (the peer's buffer is shorter), unknown op: refused.
+        m[1].registry().register(OpId(6), OpBuffer::zeroed(8));
+        m[0].registry().register(OpId(6), OpBuffer::zeroed(100));
+        m[0].read(&req(2, 1, 6, 4, 8));
+        m[0].registry().register(OpId(9), OpBuffer::zeroed(100));
+        m[0].read(&req(3, 1, 9, 0, 8));
+        for id in [2, 3] {
+            assert_eq!(
+                wait(&mut m[0], &mut buf),
+                ControlInput::ReadDone {
+                    id: ReadId(id),
+                    result: Err(ReadError)
+                }
+            );
+        }
+        assert_eq!(m[1].stats().reads_refused.load(Ordering::Relaxed), 2);
+        assert_eq!(m[1].stats().reads_served.load(Ordering::Relaxed), 1);
+        // Out of this rank's own range: refused locally, never sent.
+        m[0].read(&req(4, 1, 5, 90, 20));
+        assert!(matches!(
+            wait(&mut m[0], &mut buf),
+            ControlInput::ReadDone {
+                id: ReadId(4),
+                result: Err(ReadError)
+            }
+        ));
+
+        // Rank 2 goes away: rank 0 sees it lost, and reads from it fail at once.
+        let gone = m.pop().expect("rank 2");
+        drop(gone);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let lost = loop {
+            if let Some(l) = m[0].take_lost() {
+                break l;
+            }
+            assert!(Instant::now() < deadline, "loss not seen");
+            thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(lost, PeerLost(Rank(2)));
+        m[0].read(&req(5, 2, 5, 0, 4));
+        assert_eq!(
+            wait(&mut m[0], &mut buf),
+            ControlInput::ReadDone {
+                id: ReadId(5),
+                result: Err(ReadError)
+            }
+        );
+        assert_eq!(m[0].lost_peers(), &[Rank(2)]);
+    }
+
+    #[test]
+    fn malformed_frame_closes_the_connection() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let l2 = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let table = vec![l.local_addr().expect("a"), l2.local_addr().expect("a")];
+        let addr0 = table[0];
+        let t = thread::spawn(move || {
+            TcpControl::connect(0, &table, l, Registry::default(), ControlConfig::new(3))
+                .expect("connect")
+        });
+        // Play rank 1 by hand.
+        drop(l2);
+        let mut s = TcpStream::connect(addr0).expect("connect");
+        s.write_all(&hello(3, 1)).expect("hello");
+        let mut buf = Vec::new();
+        assert!(read_frame(&mut s, 64, &mut buf).expect("reply"));
+        let mut c = t.join().expect("join");
+        // A frame far longer than allowed.
+        s.write_all(&u32::MAX.to_be_bytes()).expect("write");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while c.take_lost().is_none() {
+            assert!(Instant::now() < deadline, "loss not seen");
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(c.stats().malformed.load(Ordering::Relaxed), 1);
+    }
+}

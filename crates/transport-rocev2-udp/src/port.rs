@@ -1,0 +1,384 @@
+//! core's [`Port`] over this crate's data path and the TCP control path.
+//!
+//! * Receive halves ([`UdpRx`]) wrap a [`LaneReceiver`]. One `recvmmsg` batch is copied into the
+//!   half's reusable arena (the receiver's batch borrows its buffers only until its next read),
+//!   then handed out one token at a time; a token's `consume` copies the payload into the
+//!   registered operation buffer at the placement's offset. The source rank is the DETH SrcQP;
+//!   a chunk naming a rank outside the job is dropped and counted ([`UdpRx::bad_source`]).
+//! * Send halves ([`UdpTx`]) wrap a [`LaneSender`]. A posted multicast is queued; the next
+//!   `poll_send_done` sends queued multicasts in GSO batches (reading `len` bytes at `offset`
+//!   of the registered buffer) and reports them done once the datagrams were handed to the
+//!   kernel. A multicast of an unregistered op or an out-of-range slice, or one the socket
+//!   refused, is counted and still reported done: the chunk is lost and the ring recovery
+//!   repairs it, as for any lost datagram.
+//! * Control: [`TcpControl`].
+//!
+//! Buffers are [`OpBuffer`]s in the shared [`Registry`]: register an operation's buffer right
+//! after starting it on the node and before the next `pump`.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+
+use ringcast_core::Rank;
+use ringcast_core::lane::Multicast;
+use ringcast_core::port::{Capabilities, LaneRxPort, LaneTxPort, Port, Ports, RxMeta, RxToken};
+use ringcast_core::{OpId, Placement};
+
+use crate::addr::{AddrConfig, AddrError, JobAddrs};
+use crate::control::{Registry, TcpControl};
+use crate::rx::{LaneReceiver, RxConfig};
+use crate::socket::{RxSocket, SocketConfig, SocketError, TxSocket};
+use crate::tx::{LaneSender, OutChunk, TxConfig, TxError};
+
+/// What a rank's data path needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdpPortConfig {
+    /// This rank (the DETH SrcQP it sends).
+    pub rank: u32,
+    /// Ranks in the job.
+    pub ranks: u32,
+    /// Lanes (multicast groups).
+    pub lanes: u16,
+    /// The job nonce: groups and Q_Key derive from it.
+    pub nonce: u64,
+    /// Group prefix and UDP port.
+    pub addr: AddrConfig,
+    /// Socket options.
+    pub socket: SocketConfig,
+    /// Largest chunk payload (the core's chunk size).
+    pub max_payload: usize,
+    /// BTH P_Key.
+    pub pkey: u16,
+    /// Use GSO.
+    pub gso: bool,
+}
+
+impl UdpPortConfig {
+    /// Loopback multicast, default prefix, 4 KiB chunks, GSO on.
+    pub fn loopback(rank: u32, ranks: u32, lanes: u16, nonce: u64, port: u16) -> Self {
+        UdpPortConfig {
+            rank,
+            ranks,
+            lanes,
+            nonce,
+            addr: AddrConfig {
+                port,
+                ..AddrConfig::default()
+            },
+            socket: SocketConfig::loopback(),
+            max_payload: 4096,
+            pkey: 0xFFFF,
+            gso: true,
+        }
+    }
+}
+
+/// Opening the data path failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PortError {
+    /// Group derivation.
+    #[error("addresses: {0}")]
+    Addr(#[from] AddrError),
+    /// Socket setup.
+    #[error("socket: {0}")]
+    Socket(#[from] SocketError),
+    /// No group derived for a lane.
+    #[error("no multicast group for lane {0}")]
+    NoGroup(u16),
+    /// Sender setup.
+    #[error("sender: {0}")]
+    Tx(#[from] TxError),
+}
+
+/// A rank's whole transport: lanes' sockets and the control mesh.
+#[derive(Debug)]
+pub struct UdpPort {
+    caps: Capabilities,
+    rx: Vec<UdpRx>,
+    tx: Vec<UdpTx>,
+    control: TcpControl,
+}
+
+impl UdpPort {
+    /// Opens every lane's receive and send socket (joining the groups) over `control`, whose
+    /// registry the lanes share.
+    pub fn open(cfg: &UdpPortConfig, control: TcpControl) -> Result<Self, PortError> {
+        let lanes = usize::from(cfg.lanes);
+        let job = JobAddrs::derive(cfg.nonce, lanes, &cfg.addr)?;
+        let registry = control.registry().clone();
+        let mut rx = Vec::with_capacity(lanes);
+        let mut tx = Vec::with_capacity(lanes);
+        for l in 0..cfg.lanes {
+            let group = job.group(usize::from(l)).ok_or(PortError::NoGroup(l))?;
+            let rsock = RxSocket::open(&cfg.socket, group)?;
+            let recv = LaneReceiver::new(
+                rsock,
+                RxConfig::new(l, cfg.pkey, job.qkey(), cfg.max_payload),
+            );
+            rx.push(UdpRx {
+                recv,
+                registry: registry.clone(),
+                ranks: cfg.ranks,
+                arena: Vec::new(),
+                metas: VecDeque::new(),
+                bad_source: 0,
+                bad_place: 0,
+                errors: 0,
+            });
+            let sender = LaneSender::new(
+                TxSocket::open(&cfg.socket)?,
+                TxConfig {
+                    lane: l,
+                    group,
+                    pkey: cfg.pkey,
+                    qkey: job.qkey(),
+                    rank: cfg.rank,
+                    max_payload: cfg.max_payload,
+                    gso: cfg.gso,
+                    initial_psn: 0,
+                },
+            )?;
+            tx.push(UdpTx {
+                sender,
+                registry: registry.clone(),
+                posted: VecDeque::new(),
+                done: VecDeque::new(),
+                scratch: Vec::new(),
+                lost: 0,
+            });
+        }
+        Ok(UdpPort {
+            caps: Capabilities {
+                lanes: cfg.lanes,
+                max_payload: cfg.max_payload as u32,
+                places_payload: false,
+                max_read: control.max_read(),
+            },
+            rx,
+            tx,
+            control,
+        })
+    }
+
+    /// Control address table helper: the addresses of `listeners`, by rank.
+    pub fn table(listeners: &[std::net::TcpListener]) -> std::io::Result<Vec<SocketAddr>> {
+        listeners.iter().map(|l| l.local_addr()).collect()
+    }
+}
+
+impl Port for UdpPort {
+    type Rx = UdpRx;
+    type Tx = UdpTx;
+    type Control = TcpControl;
+
+    fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+
+    fn into_ports(self) -> Ports<UdpRx, UdpTx, TcpControl> {
+        Ports {
+            caps: self.caps,
+            rx: self.rx,
+            tx: self.tx,
+            control: self.control,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    meta: RxMeta,
+    at: usize,
+}
+
+/// One lane's receive half.
+#[derive(Debug)]
+pub struct UdpRx {
+    recv: LaneReceiver,
+    registry: Registry,
+    ranks: u32,
+    arena: Vec<u8>,
+    metas: VecDeque<Held>,
+    /// Chunks whose SrcQP names no rank of the job (dropped).
+    pub bad_source: u64,
+    /// Placements naming an unregistered op or a range outside its buffer (not written).
+    pub bad_place: u64,
+    /// Receive calls that failed.
+    pub errors: u64,
+}
+
+impl UdpRx {
+    /// The lane receiver (counters, socket drops).
+    pub fn receiver(&self) -> &LaneReceiver {
+        &self.recv
+    }
+
+    fn refill(&mut self) {
+        self.arena.clear();
+        let batch = match self.recv.try_recv() {
+            Ok(b) => b,
+            Err(e) => {
+                self.errors += 1;
+                tracing::warn!(error = %e, "lane receive failed");
+                return;
+            }
+        };
+        for c in batch.iter() {
+            if c.rank >= self.ranks {
+                self.bad_source += 1;
+                continue;
+            }
+            let at = self.arena.len();
+            self.arena.extend_from_slice(c.payload);
+            self.metas.push_back(Held {
+                meta: RxMeta {
+                    from: Rank(c.rank),
+                    imm: c.imm,
+                    len: c.payload.len(),
+                },
+                at,
+            });
+        }
+    }
+}
+
+/// A received chunk held in a [`UdpRx`]'s arena.
+#[derive(Debug)]
+pub struct UdpToken<'a> {
+    held: Held,
+    payload: &'a [u8],
+    registry: &'a Registry,
+    bad_place: &'a mut u64,
+}
+
+impl RxToken for UdpToken<'_> {
+    fn meta(&self) -> RxMeta {
+        self.held.meta
+    }
+
+    fn consume(self, placement: &Placement) {
+        if let Placement::Place { op, offset, len } = *placement {
+            let bytes = self.payload.get(..len as usize);
+            let ok = match (bytes, self.registry.get(op)) {
+                (Some(b), Some(buf)) => buf.write_at(offset, b),
+                _ => false,
+            };
+            if !ok {
+                *self.bad_place += 1;
+            }
+        }
+    }
+}
+
+impl LaneRxPort for UdpRx {
+    type Token<'a>
+        = UdpToken<'a>
+    where
+        Self: 'a;
+
+    fn receive(&mut self) -> Option<UdpToken<'_>> {
+        if self.metas.is_empty() {
+            self.refill();
+        }
+        let held = self.metas.pop_front()?;
+        let payload = self.arena.get(held.at..held.at + held.meta.len)?;
+        Some(UdpToken {
+            held,
+            payload,
+            registry: &self.registry,
+            bad_place: &mut self.bad_place,
+        })
+    }
+}
+
+/// One lane's send half.
+#[derive(Debug)]
+pub struct UdpTx {
+    sender: LaneSender,
+    registry: Registry,
+    posted: VecDeque<Multicast>,
+    done: VecDeque<(OpId, u32)>,
+    scratch: Vec<u8>,
+    /// Multicasts not sent: unregistered op, range outside the buffer, socket error.
+    pub lost: u64,
+}
+
+impl UdpTx {
+    /// The lane sender (counters).
+    pub fn sender(&self) -> &LaneSender {
+        &self.sender
+    }
+
+    /// Sends one batch of queued multicasts of one op (up to the sender's batch size).
+    fn flush_one(&mut self) {
+        let Some(first) = self.posted.front().copied() else {
+            return;
+        };
+        let max = self.sender.max_batch();
+        let n = self
+            .posted
+            .iter()
+            .take(max)
+            .take_while(|m| m.op == first.op)
+            .count();
+        let buf = self.registry.get(first.op);
+        self.scratch.clear();
+        let mut spans: Vec<(u32, usize, usize)> = Vec::with_capacity(n);
+        let mut missing = 0u32;
+        for m in self.posted.drain(..n) {
+            let start = self.scratch.len();
+            let ok = buf
+                .as_ref()
+                .is_some_and(|b| b.read_at(m.offset, u64::from(m.len), &mut self.scratch));
+            if ok {
+                spans.push((m.imm, start, self.scratch.len()));
+            } else {
+                missing += 1;
+            }
+        }
+        self.lost += u64::from(missing);
+        let chunks: Vec<OutChunk<'_>> = spans
+            .iter()
+            .map(|&(imm, s, e)| OutChunk {
+                imm,
+                payload: &self.scratch[s..e],
+            })
+            .collect();
+        let mut at = 0;
+        while at < chunks.len() {
+            match self.sender.send_batch(&chunks[at..]) {
+                Ok(s) if s.chunks > 0 => at += s.chunks,
+                Ok(_) => {
+                    self.lost += (chunks.len() - at) as u64;
+                    break;
+                }
+                Err(TxError::Io { sent, source }) => {
+                    tracing::debug!(error = %source, "multicast send failed");
+                    // The failed chunk is lost; the ring recovery repairs it.
+                    at += sent + 1;
+                    self.lost += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "multicast refused");
+                    at += 1;
+                    self.lost += 1;
+                }
+            }
+        }
+        self.done.push_back((first.op, n as u32));
+    }
+}
+
+impl LaneTxPort for UdpTx {
+    fn post_multicast(&mut self, m: &Multicast) {
+        self.posted.push_back(*m);
+    }
+
+    fn poll_send_done(&mut self) -> Option<(OpId, u32)> {
+        if self.done.is_empty() {
+            self.flush_one();
+        }
+        self.done.pop_front()
+    }
+}

@@ -1,0 +1,295 @@
+//! End to end: 4 ranks as threads, each a core `Node` driven by `pump` over the real transport
+//! (RoCEv2 packets on loopback multicast, TCP control mesh and read service), with a real clock.
+//!
+//! Every test draws its own nonce (so its own groups and Q_Key) and ephemeral TCP and UDP
+//! ports, so parallel runs never meet; every wait has a deadline, so a test fails, never hangs.
+
+// Counters are printed for `--nocapture` runs and failed tests.
+#![allow(clippy::print_stderr)]
+
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant as StdInstant};
+
+use ringcast_core::port::{ControlPort, Faults, LaneRxPort, LaneTxPort, Ports, inject, mix, pump};
+use ringcast_core::{Config, Event, Instant, Node, OpId, Rank};
+use ringcast_transport_rocev2_udp::control::ControlStats;
+use ringcast_transport_rocev2_udp::port::PortError;
+use ringcast_transport_rocev2_udp::{
+    ControlConfig, OpBuffer, Registry, TcpControl, UdpPort, UdpPortConfig,
+};
+
+const RANKS: u32 = 4;
+const LANES: u16 = 2;
+const BCAST_LEN: usize = (1 << 20) + 1000;
+const BCAST_ROOT: u32 = 1;
+const AG_BLOCK: usize = 256 << 10;
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn free_udp_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn nonce(salt: u64) -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    mix(t ^ (u64::from(std::process::id()) << 32) ^ salt)
+}
+
+/// Byte `i` of rank `r`'s data for operation `salt`: changes with every 256-byte step, so a
+/// chunk placed at the wrong offset is caught.
+fn pattern(salt: u64, r: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (mix(salt ^ (u64::from(r) << 40) ^ (i as u64 >> 8)) as u8) ^ (i as u8))
+        .collect()
+}
+
+struct RankReport {
+    rank: u32,
+    stats: ringcast_core::Stats,
+    reads_served: u64,
+    reads_refused: u64,
+    reads_failed: u64,
+    injected_losses: u64,
+}
+
+/// Pumps until `op` completes, or fails the test at `deadline`.
+fn run_until<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
+    node: &mut Node,
+    ports: &mut Ports<R, T, C>,
+    clock: StdInstant,
+    deadline: StdInstant,
+    op: OpId,
+) -> Result<(), String> {
+    let mut buf = Vec::new();
+    let mut outcome = None;
+    while outcome.is_none() {
+        if StdInstant::now() > deadline {
+            return Err(format!(
+                "rank {}: {op} not done by the deadline: {:?}",
+                node.config().rank.0,
+                node.stats()
+            ));
+        }
+        let now = Instant::from_nanos(clock.elapsed().as_nanos() as u64);
+        let p = pump(node, ports, now, 64, &mut buf, |e| match e {
+            Event::Completed { op: o } if o == op => outcome = Some(Ok(())),
+            Event::Failed { op: o, error } if o == op => outcome = Some(Err(error)),
+            _ => {}
+        });
+        if p.is_idle() {
+            thread::sleep(Duration::from_micros(50));
+        }
+    }
+    match outcome {
+        Some(Ok(())) => Ok(()),
+        Some(Err(e)) => Err(format!("rank {}: {op} failed: {e:?}", node.config().rank.0)),
+        None => Err("unreachable".into()),
+    }
+}
+
+/// Keeps answering peers until every rank is done (or the deadline).
+fn linger<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
+    node: &mut Node,
+    ports: &mut Ports<R, T, C>,
+    clock: StdInstant,
+    deadline: StdInstant,
+    done: &AtomicUsize,
+) {
+    let mut buf = Vec::new();
+    while done.load(Ordering::Acquire) < RANKS as usize && StdInstant::now() < deadline {
+        let now = Instant::from_nanos(clock.elapsed().as_nanos() as u64);
+        if pump(node, ports, now, 64, &mut buf, |_| {}).is_idle() {
+            thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+/// One rank: a Broadcast of ~1 MiB from rank 1, then an Allgather of 256 KiB per rank, each
+/// checked byte for byte.
+fn rank_main<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
+    rank: u32,
+    ports: &mut Ports<R, T, C>,
+    registry: Registry,
+    salt: u64,
+    done: &AtomicUsize,
+) -> Result<ringcast_core::Stats, String> {
+    let mut cfg = Config::new(rank, RANKS);
+    cfg.lanes = LANES;
+    cfg.peer_timeout = Duration::from_secs(10);
+    let mut node = Node::new(cfg).map_err(|e| format!("config: {e:?}"))?;
+    let clock = StdInstant::now();
+    let deadline = clock + DEADLINE;
+    let now = || Instant::from_nanos(clock.elapsed().as_nanos() as u64);
+
+    // Broadcast.
+    let expected = pattern(salt, BCAST_ROOT, BCAST_LEN);
+    let buf = if rank == BCAST_ROOT {
+        OpBuffer::from_vec(expected.clone())
+    } else {
+        OpBuffer::zeroed(BCAST_LEN)
+    };
+    let op = node
+        .start_broadcast(now(), Rank(BCAST_ROOT), BCAST_LEN as u64)
+        .map_err(|e| format!("start broadcast: {e:?}"))?;
+    registry.register(op, buf.clone());
+    run_until(&mut node, ports, clock, deadline, op)?;
+    if buf.to_vec() != expected {
+        return Err(format!("rank {rank}: broadcast bytes differ"));
+    }
+
+    // Allgather.
+    let blocks: Vec<Vec<u8>> = (0..RANKS)
+        .map(|r| pattern(salt ^ 0xA6, r, AG_BLOCK))
+        .collect();
+    let mut mine = vec![0u8; AG_BLOCK * RANKS as usize];
+    let at = rank as usize * AG_BLOCK;
+    mine[at..at + AG_BLOCK].copy_from_slice(&blocks[rank as usize]);
+    let buf = OpBuffer::from_vec(mine);
+    let sizes = [AG_BLOCK as u64; RANKS as usize];
+    let op2 = node
+        .start_allgather(now(), &sizes)
+        .map_err(|e| format!("start allgather: {e:?}"))?;
+    registry.register(op2, buf.clone());
+    run_until(&mut node, ports, clock, deadline, op2)?;
+    if buf.to_vec() != blocks.concat() {
+        return Err(format!("rank {rank}: allgather bytes differ"));
+    }
+
+    done.fetch_add(1, Ordering::AcqRel);
+    linger(&mut node, ports, clock, deadline, done);
+    registry.unregister(op);
+    registry.unregister(op2);
+    Ok(node.stats())
+}
+
+fn open(
+    rank: u32,
+    table: &[SocketAddr],
+    listener: TcpListener,
+    nonce: u64,
+    udp_port: u16,
+) -> Result<UdpPort, String> {
+    let control = TcpControl::connect(
+        rank,
+        table,
+        listener,
+        Registry::default(),
+        ControlConfig::new(nonce),
+    )
+    .map_err(|e| format!("rank {rank}: control: {e}"))?;
+    UdpPort::open(
+        &UdpPortConfig::loopback(rank, RANKS, LANES, nonce, udp_port),
+        control,
+    )
+    .map_err(|e: PortError| format!("rank {rank}: data path: {e}"))
+}
+
+fn snapshot(rank: u32, stats: ringcast_core::Stats, c: &ControlStats, injected: u64) -> RankReport {
+    RankReport {
+        rank,
+        stats,
+        reads_served: c.reads_served.load(Ordering::Relaxed),
+        reads_refused: c.reads_refused.load(Ordering::Relaxed),
+        reads_failed: c.reads_failed.load(Ordering::Relaxed),
+        injected_losses: injected,
+    }
+}
+
+/// Runs the 4 ranks; `lossy` names a rank that drops 10% of the chunks it receives.
+fn run_job(salt: u64, lossy: Option<u32>) -> Vec<RankReport> {
+    let nonce = nonce(salt);
+    let udp_port = free_udp_port();
+    let listeners: Vec<TcpListener> = (0..RANKS)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind control"))
+        .collect();
+    let table = UdpPort::table(&listeners).expect("table");
+    let done = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let table = table.clone();
+            let done = done.clone();
+            let rank = r as u32;
+            thread::Builder::new()
+                .name(format!("rank{rank}"))
+                .spawn(move || -> Result<RankReport, String> {
+                    let port = open(rank, &table, l, nonce, udp_port)?;
+                    let ports = ringcast_core::port::Port::into_ports(port);
+                    let registry = ports.control.registry().clone();
+                    let result = if lossy == Some(rank) {
+                        let faults = Faults {
+                            rx_loss: 0.1,
+                            seed: nonce,
+                            ..Faults::default()
+                        };
+                        let mut ports = inject(ports, faults);
+                        let r = rank_main(rank, &mut ports, registry, salt, &done);
+                        let injected = ports.rx.iter().map(|rx| rx.injected).sum();
+                        r.map(|s| snapshot(rank, s, ports.control.stats(), injected))
+                    } else {
+                        let mut ports = ports;
+                        let r = rank_main(rank, &mut ports, registry, salt, &done);
+                        r.map(|s| snapshot(rank, s, ports.control.stats(), 0))
+                    };
+                    if result.is_err() {
+                        // Let the others stop lingering.
+                        done.fetch_add(1, Ordering::AcqRel);
+                    }
+                    result
+                })
+                .expect("spawn")
+        })
+        .collect();
+    let mut reports = Vec::new();
+    let mut errors = Vec::new();
+    for h in handles {
+        match h.join() {
+            Ok(Ok(r)) => reports.push(r),
+            Ok(Err(e)) => errors.push(e),
+            Err(_) => errors.push("a rank panicked".into()),
+        }
+    }
+    for r in &reports {
+        eprintln!(
+            "rank {}: received {} fetched {} sent {} | reads served {} refused {} failed {} | injected {}",
+            r.rank,
+            r.stats.chunks_received,
+            r.stats.chunks_fetched,
+            r.stats.chunks_sent,
+            r.reads_served,
+            r.reads_refused,
+            r.reads_failed,
+            r.injected_losses
+        );
+    }
+    assert!(errors.is_empty(), "{errors:#?}");
+    reports
+}
+
+#[test]
+fn broadcast_and_allgather_over_loopback_multicast() {
+    let reports = run_job(1, None);
+    assert_eq!(reports.len(), RANKS as usize);
+}
+
+#[test]
+fn one_rank_losing_a_tenth_recovers_through_reads() {
+    let reports = run_job(2, Some(2));
+    let lossy = reports.iter().find(|r| r.rank == 2).expect("rank 2");
+    assert!(lossy.injected_losses > 0, "no loss was injected");
+    assert!(
+        lossy.stats.chunks_fetched > 0,
+        "the lossy rank fetched nothing"
+    );
+    let served: u64 = reports.iter().map(|r| r.reads_served).sum();
+    assert!(served > 0, "no read was served over TCP");
+}
