@@ -18,7 +18,7 @@ use ringcast_core::{Config, Event, Instant, Node, OpId, Rank};
 use ringcast_transport_rocev2_udp::control::ControlStats;
 use ringcast_transport_rocev2_udp::port::PortError;
 use ringcast_transport_rocev2_udp::{
-    ControlConfig, OpBuffer, Registry, TcpControl, UdpPort, UdpPortConfig,
+    ControlConfig, OpBuffer, Registry, TcpControl, UdpPort, UdpPortConfig, UdpRx,
 };
 
 const RANKS: u32 = 4;
@@ -26,6 +26,7 @@ const LANES: u16 = 2;
 const BCAST_LEN: usize = (1 << 20) + 1000;
 const BCAST_ROOT: u32 = 1;
 const AG_BLOCK: usize = 256 << 10;
+const LINK_BYTES_PER_SEC: u64 = 100_000_000;
 const DEADLINE: Duration = Duration::from_secs(60);
 
 fn free_udp_port() -> u16 {
@@ -58,6 +59,9 @@ struct RankReport {
     reads_refused: u64,
     reads_failed: u64,
     injected_losses: u64,
+    /// Datagrams the lanes accepted, and the kernel dropped (full receive buffer).
+    accepted: u64,
+    kernel_drops: u64,
 }
 
 /// Pumps until `op` completes, or fails the test at `deadline`.
@@ -124,6 +128,10 @@ fn rank_main<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
     let mut cfg = Config::new(rank, RANKS);
     cfg.lanes = LANES;
     cfg.peer_timeout = Duration::from_secs(10);
+    // The cutoff timer (`N / B + alpha`) must leave the multicast time to arrive: loopback in
+    // a debug build on a shared 2-core machine is far slower than the 100 Gbit/s default.
+    cfg.link_bandwidth = LINK_BYTES_PER_SEC;
+    cfg.cutoff_alpha = Duration::from_millis(20);
     let mut node = Node::new(cfg).map_err(|e| format!("config: {e:?}"))?;
     let clock = StdInstant::now();
     let deadline = clock + DEADLINE;
@@ -192,7 +200,22 @@ fn open(
     .map_err(|e: PortError| format!("rank {rank}: data path: {e}"))
 }
 
-fn snapshot(rank: u32, stats: ringcast_core::Stats, c: &ControlStats, injected: u64) -> RankReport {
+fn lane_counts<'a>(rx: impl Iterator<Item = &'a UdpRx>) -> (u64, u64) {
+    rx.fold((0, 0), |(a, d), r| {
+        (
+            a + r.receiver().stats().accepted,
+            d + r.receiver().socket().socket_drops().unwrap_or(0),
+        )
+    })
+}
+
+fn snapshot(
+    rank: u32,
+    stats: ringcast_core::Stats,
+    c: &ControlStats,
+    injected: u64,
+    (accepted, kernel_drops): (u64, u64),
+) -> RankReport {
     RankReport {
         rank,
         stats,
@@ -200,6 +223,8 @@ fn snapshot(rank: u32, stats: ringcast_core::Stats, c: &ControlStats, injected: 
         reads_refused: c.reads_refused.load(Ordering::Relaxed),
         reads_failed: c.reads_failed.load(Ordering::Relaxed),
         injected_losses: injected,
+        accepted,
+        kernel_drops,
     }
 }
 
@@ -234,11 +259,14 @@ fn run_job(salt: u64, lossy: Option<u32>) -> Vec<RankReport> {
                         let mut ports = inject(ports, faults);
                         let r = rank_main(rank, &mut ports, registry, salt, &done);
                         let injected = ports.rx.iter().map(|rx| rx.injected).sum();
-                        r.map(|s| snapshot(rank, s, ports.control.stats(), injected))
+                        // FaultyRx hides its inner half: no lane counters for this rank.
+                        let lanes = (0, 0);
+                        r.map(|s| snapshot(rank, s, ports.control.stats(), injected, lanes))
                     } else {
                         let mut ports = ports;
                         let r = rank_main(rank, &mut ports, registry, salt, &done);
-                        r.map(|s| snapshot(rank, s, ports.control.stats(), 0))
+                        let lanes = lane_counts(ports.rx.iter());
+                        r.map(|s| snapshot(rank, s, ports.control.stats(), 0, lanes))
                     };
                     if result.is_err() {
                         // Let the others stop lingering.
@@ -260,7 +288,7 @@ fn run_job(salt: u64, lossy: Option<u32>) -> Vec<RankReport> {
     }
     for r in &reports {
         eprintln!(
-            "rank {}: received {} fetched {} sent {} | reads served {} refused {} failed {} | injected {}",
+            "rank {}: received {} fetched {} sent {} | reads served {} refused {} failed {} | injected {} | datagrams accepted {} kernel drops {}",
             r.rank,
             r.stats.chunks_received,
             r.stats.chunks_fetched,
@@ -268,10 +296,26 @@ fn run_job(salt: u64, lossy: Option<u32>) -> Vec<RankReport> {
             r.reads_served,
             r.reads_refused,
             r.reads_failed,
-            r.injected_losses
+            r.injected_losses,
+            r.accepted,
+            r.kernel_drops
         );
     }
     assert!(errors.is_empty(), "{errors:#?}");
+    // Every chunk a rank needs arrived exactly once: by multicast or by a read.
+    let chunks = |len: usize| len.div_ceil(4096) as u64;
+    for r in &reports {
+        let mut want = (RANKS as u64 - 1) * chunks(AG_BLOCK);
+        if r.rank != BCAST_ROOT {
+            want += chunks(BCAST_LEN);
+        }
+        assert_eq!(
+            r.stats.chunks_received + r.stats.chunks_fetched,
+            want,
+            "rank {}",
+            r.rank
+        );
+    }
     reports
 }
 
@@ -292,4 +336,65 @@ fn one_rank_losing_a_tenth_recovers_through_reads() {
     );
     let served: u64 = reports.iter().map(|r| r.reads_served).sum();
     assert!(served > 0, "no read was served over TCP");
+}
+
+#[test]
+fn a_lost_rank_fails_the_survivors_and_is_named() {
+    let nonce = nonce(3);
+    let udp_port = free_udp_port();
+    let listeners: Vec<TcpListener> = (0..RANKS)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind control"))
+        .collect();
+    let table = UdpPort::table(&listeners).expect("table");
+    let handles: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let table = table.clone();
+            let rank = r as u32;
+            thread::spawn(move || -> Result<Option<Rank>, String> {
+                let port = open(rank, &table, l, nonce, udp_port)?;
+                if rank == RANKS - 1 {
+                    // Dies right after start-up: its connections close.
+                    drop(port);
+                    return Ok(None);
+                }
+                let mut ports = ringcast_core::port::Port::into_ports(port);
+                let mut cfg = Config::new(rank, RANKS);
+                cfg.lanes = LANES;
+                cfg.peer_timeout = Duration::from_secs(2);
+                let mut node = Node::new(cfg).map_err(|e| format!("config: {e:?}"))?;
+                let clock = StdInstant::now();
+                let len = 64 << 10;
+                let buf = if rank == BCAST_ROOT {
+                    OpBuffer::from_vec(pattern(3, rank, len))
+                } else {
+                    OpBuffer::zeroed(len)
+                };
+                let op = node
+                    .start_broadcast(Instant::ZERO, Rank(BCAST_ROOT), len as u64)
+                    .map_err(|e| format!("start: {e:?}"))?;
+                ports.control.registry().register(op, buf);
+                let r = run_until(
+                    &mut node,
+                    &mut ports,
+                    clock,
+                    clock + Duration::from_secs(30),
+                    op,
+                );
+                match r {
+                    Err(e) if e.contains("failed") => {}
+                    other => return Err(format!("rank {rank}: expected a failure, got {other:?}")),
+                }
+                Ok(ports.control.lost_peers().first().copied())
+            })
+        })
+        .collect();
+    for (r, h) in handles.into_iter().enumerate() {
+        let got = h.join().expect("rank panicked");
+        if r as u32 == RANKS - 1 {
+            continue;
+        }
+        assert_eq!(got, Ok(Some(Rank(RANKS - 1))), "rank {r}");
+    }
 }
