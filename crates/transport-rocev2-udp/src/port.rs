@@ -25,10 +25,10 @@ use ringcast_core::port::{Capabilities, LaneRxPort, LaneTxPort, Port, Ports, RxM
 use ringcast_core::{OpId, Placement};
 
 use crate::addr::{AddrConfig, AddrError, JobAddrs};
-use crate::control::{Registry, TcpControl};
+use crate::control::{Registry, TcpControl, range};
 use crate::rx::{LaneReceiver, RxConfig};
 use crate::socket::{RxSocket, SocketConfig, SocketError, TxSocket};
-use crate::tx::{LaneSender, OutChunk, TxConfig, TxError};
+use crate::tx::{LaneSender, MAX_GSO_SEGMENTS, OutChunk, TxConfig, TxError};
 
 /// What a rank's data path needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -315,36 +315,46 @@ impl UdpTx {
         let Some(first) = self.posted.front().copied() else {
             return;
         };
-        let max = self.sender.max_batch();
+        let max = self.sender.max_batch().min(MAX_GSO_SEGMENTS);
         let n = self
             .posted
             .iter()
             .take(max)
             .take_while(|m| m.op == first.op)
             .count();
-        let buf = self.registry.get(first.op);
+        // Copies the batch's slices out under one lock, into the reused scratch buffer; the
+        // batch is described on the stack (no allocation per packet or per batch).
         self.scratch.clear();
-        let mut spans: Vec<(u32, usize, usize)> = Vec::with_capacity(n);
-        let mut missing = 0u32;
-        for m in self.posted.drain(..n) {
-            let start = self.scratch.len();
-            let ok = buf
-                .as_ref()
-                .is_some_and(|b| b.read_at(m.offset, u64::from(m.len), &mut self.scratch));
-            if ok {
-                spans.push((m.imm, start, self.scratch.len()));
-            } else {
-                missing += 1;
+        let mut spans = [(0u32, 0usize, 0usize); MAX_GSO_SEGMENTS];
+        let mut k = 0;
+        let buf = self.registry.get(first.op);
+        let (posted, scratch) = (&self.posted, &mut self.scratch);
+        let copy = |v: &mut Vec<u8>| {
+            for m in posted.iter().take(n) {
+                if let Some(r) = range(m.offset, u64::from(m.len), v.len()) {
+                    let start = scratch.len();
+                    scratch.extend_from_slice(&v[r]);
+                    spans[k] = (m.imm, start, scratch.len());
+                    k += 1;
+                }
             }
+        };
+        if let Some(b) = &buf {
+            b.with(copy);
         }
-        self.lost += u64::from(missing);
-        let chunks: Vec<OutChunk<'_>> = spans
-            .iter()
-            .map(|&(imm, s, e)| OutChunk {
+        self.posted.drain(..n);
+        self.lost += (n - k) as u64;
+        let mut chunks = [OutChunk {
+            imm: 0,
+            payload: &[],
+        }; MAX_GSO_SEGMENTS];
+        for (c, &(imm, s, e)) in chunks.iter_mut().zip(&spans[..k]) {
+            *c = OutChunk {
                 imm,
                 payload: &self.scratch[s..e],
-            })
-            .collect();
+            };
+        }
+        let chunks = &chunks[..k];
         let mut at = 0;
         while at < chunks.len() {
             match self.sender.send_batch(&chunks[at..]) {

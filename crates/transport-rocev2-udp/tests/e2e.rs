@@ -64,39 +64,40 @@ struct RankReport {
     kernel_drops: u64,
 }
 
-/// Pumps until `op` completes, or fails the test at `deadline`.
+/// Pumps until every op of `ops` completed, or fails the test at `deadline` or at the first
+/// failure.
 fn run_until<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
     node: &mut Node,
     ports: &mut Ports<R, T, C>,
     clock: StdInstant,
     deadline: StdInstant,
-    op: OpId,
+    ops: &[OpId],
 ) -> Result<(), String> {
     let mut buf = Vec::new();
-    let mut outcome = None;
-    while outcome.is_none() {
+    let mut left: Vec<OpId> = ops.to_vec();
+    let mut failed = None;
+    while !left.is_empty() {
+        if let Some((op, e)) = failed {
+            return Err(format!("rank {}: {op} failed: {e:?}", node.config().rank.0));
+        }
         if StdInstant::now() > deadline {
             return Err(format!(
-                "rank {}: {op} not done by the deadline: {:?}",
+                "rank {}: {left:?} not done by the deadline: {:?}",
                 node.config().rank.0,
                 node.stats()
             ));
         }
         let now = Instant::from_nanos(clock.elapsed().as_nanos() as u64);
         let p = pump(node, ports, now, 64, &mut buf, |e| match e {
-            Event::Completed { op: o } if o == op => outcome = Some(Ok(())),
-            Event::Failed { op: o, error } if o == op => outcome = Some(Err(error)),
+            Event::Completed { op } => left.retain(|o| *o != op),
+            Event::Failed { op, error } => failed = Some((op, error)),
             _ => {}
         });
         if p.is_idle() {
             thread::sleep(Duration::from_micros(50));
         }
     }
-    match outcome {
-        Some(Ok(())) => Ok(()),
-        Some(Err(e)) => Err(format!("rank {}: {op} failed: {e:?}", node.config().rank.0)),
-        None => Err("unreachable".into()),
-    }
+    Ok(())
 }
 
 /// Keeps answering peers until every rank is done (or the deadline).
@@ -123,6 +124,7 @@ fn rank_main<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
     ports: &mut Ports<R, T, C>,
     registry: Registry,
     salt: u64,
+    concurrent: bool,
     done: &AtomicUsize,
 ) -> Result<ringcast_core::Stats, String> {
     let mut cfg = Config::new(rank, RANKS);
@@ -148,9 +150,8 @@ fn rank_main<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
         .start_broadcast(now(), Rank(BCAST_ROOT), BCAST_LEN as u64)
         .map_err(|e| format!("start broadcast: {e:?}"))?;
     registry.register(op, buf.clone());
-    run_until(&mut node, ports, clock, deadline, op)?;
-    if buf.to_vec() != expected {
-        return Err(format!("rank {rank}: broadcast bytes differ"));
+    if !concurrent {
+        run_until(&mut node, ports, clock, deadline, &[op])?;
     }
 
     // Allgather.
@@ -160,14 +161,18 @@ fn rank_main<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
     let mut mine = vec![0u8; AG_BLOCK * RANKS as usize];
     let at = rank as usize * AG_BLOCK;
     mine[at..at + AG_BLOCK].copy_from_slice(&blocks[rank as usize]);
-    let buf = OpBuffer::from_vec(mine);
+    let ag = OpBuffer::from_vec(mine);
     let sizes = [AG_BLOCK as u64; RANKS as usize];
     let op2 = node
         .start_allgather(now(), &sizes)
         .map_err(|e| format!("start allgather: {e:?}"))?;
-    registry.register(op2, buf.clone());
-    run_until(&mut node, ports, clock, deadline, op2)?;
-    if buf.to_vec() != blocks.concat() {
+    registry.register(op2, ag.clone());
+    let wait = if concurrent { vec![op, op2] } else { vec![op2] };
+    run_until(&mut node, ports, clock, deadline, &wait)?;
+    if buf.to_vec() != expected {
+        return Err(format!("rank {rank}: broadcast bytes differ"));
+    }
+    if ag.to_vec() != blocks.concat() {
         return Err(format!("rank {rank}: allgather bytes differ"));
     }
 
@@ -228,8 +233,9 @@ fn snapshot(
     }
 }
 
-/// Runs the 4 ranks; `lossy` names a rank that drops 10% of the chunks it receives.
-fn run_job(salt: u64, lossy: Option<u32>) -> Vec<RankReport> {
+/// Runs the 4 ranks; `lossy` names a rank that drops 10% of the chunks it receives;
+/// `concurrent` starts the Allgather before the Broadcast finished.
+fn run_job(salt: u64, lossy: Option<u32>, concurrent: bool) -> Vec<RankReport> {
     let nonce = nonce(salt);
     let udp_port = free_udp_port();
     let listeners: Vec<TcpListener> = (0..RANKS)
@@ -257,14 +263,14 @@ fn run_job(salt: u64, lossy: Option<u32>) -> Vec<RankReport> {
                             ..Faults::default()
                         };
                         let mut ports = inject(ports, faults);
-                        let r = rank_main(rank, &mut ports, registry, salt, &done);
+                        let r = rank_main(rank, &mut ports, registry, salt, concurrent, &done);
                         let injected = ports.rx.iter().map(|rx| rx.injected).sum();
                         // FaultyRx hides its inner half: no lane counters for this rank.
                         let lanes = (0, 0);
                         r.map(|s| snapshot(rank, s, ports.control.stats(), injected, lanes))
                     } else {
                         let mut ports = ports;
-                        let r = rank_main(rank, &mut ports, registry, salt, &done);
+                        let r = rank_main(rank, &mut ports, registry, salt, concurrent, &done);
                         let lanes = lane_counts(ports.rx.iter());
                         r.map(|s| snapshot(rank, s, ports.control.stats(), 0, lanes))
                     };
@@ -321,13 +327,19 @@ fn run_job(salt: u64, lossy: Option<u32>) -> Vec<RankReport> {
 
 #[test]
 fn broadcast_and_allgather_over_loopback_multicast() {
-    let reports = run_job(1, None);
+    let reports = run_job(1, None, false);
+    assert_eq!(reports.len(), RANKS as usize);
+}
+
+#[test]
+fn broadcast_and_allgather_in_flight_together() {
+    let reports = run_job(4, None, true);
     assert_eq!(reports.len(), RANKS as usize);
 }
 
 #[test]
 fn one_rank_losing_a_tenth_recovers_through_reads() {
-    let reports = run_job(2, Some(2));
+    let reports = run_job(2, Some(2), false);
     let lossy = reports.iter().find(|r| r.rank == 2).expect("rank 2");
     assert!(lossy.injected_losses > 0, "no loss was injected");
     assert!(
@@ -380,7 +392,7 @@ fn a_lost_rank_fails_the_survivors_and_is_named() {
                     &mut ports,
                     clock,
                     clock + Duration::from_secs(30),
-                    op,
+                    &[op],
                 );
                 match r {
                     Err(e) if e.contains("failed") => {}
