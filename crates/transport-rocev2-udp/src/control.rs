@@ -57,6 +57,8 @@ const KIND_READ_RESP: u8 = 3;
 const KIND_READ_REFUSED: u8 = 4;
 const HELLO_LEN: usize = 1 + 4 + 8 + 4;
 const READ_REQ_LEN: usize = 1 + 8 * 4;
+/// Longest wait for an accepted connection's hello.
+const HELLO_WAIT: Duration = Duration::from_secs(2);
 
 /// An operation's buffer, shared by the caller and the port: the receive halves write chunks
 /// into it, the send halves and the read service read from it, reads write into it.
@@ -423,7 +425,9 @@ impl TcpControl {
                 Err(e) => return Err(io_err("accept")(e)),
             };
             s.set_nonblocking(false).map_err(io_err("O_NONBLOCK"))?;
-            s.set_read_timeout(Some(left(first_missing)?))
+            // A peer sends its hello right after connecting: a client silent for longer is
+            // a stray, and must not hold up the start-up.
+            s.set_read_timeout(Some(left(first_missing)?.min(HELLO_WAIT)))
                 .map_err(io_err("SO_RCVTIMEO"))?;
             // A stray client is refused without failing the mesh.
             let got = match read_frame(&mut &s, HELLO_LEN, &mut buf) {
@@ -944,6 +948,38 @@ mod tests {
             }
         );
         assert_eq!(m[0].lost_peers(), &[Rank(2)]);
+    }
+
+    #[test]
+    fn strays_are_refused_and_the_mesh_still_forms() {
+        let l0 = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let l1 = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let table = vec![l0.local_addr().expect("a"), l1.local_addr().expect("a")];
+        // Before rank 1: a client of another job, and one that says nothing.
+        let mut other_job = TcpStream::connect(table[0]).expect("connect");
+        other_job.write_all(&hello(99, 1)).expect("hello");
+        let _silent = TcpStream::connect(table[0]).expect("connect");
+        let t0 = {
+            let table = table.clone();
+            thread::spawn(move || {
+                TcpControl::connect(0, &table, l0, Registry::default(), ControlConfig::new(5))
+            })
+        };
+        let c1 = TcpControl::connect(1, &table, l1, Registry::default(), ControlConfig::new(5));
+        let mut c0 = t0.join().expect("join").expect("rank 0");
+        let mut c1 = c1.expect("rank 1");
+        c1.send_control(Rank(0), b"x");
+        let mut buf = Vec::new();
+        assert_eq!(
+            wait(&mut c0, &mut buf),
+            ControlInput::Message {
+                from: Rank(1),
+                len: 1
+            }
+        );
+        // The stray of another job got no hello back: its connection was closed.
+        let mut b = [0u8; 1];
+        assert!(matches!(other_job.read(&mut b), Ok(0) | Err(_)));
     }
 
     #[test]
