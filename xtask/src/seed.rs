@@ -140,12 +140,20 @@ impl Script {
         }
         self
     }
-    fn read_done(mut self, ok: bool) -> Self {
-        self.0.extend_from_slice(&[5, 0, u8::from(ok)]);
+    /// Reports the first read handed out and not reported yet (`which` 0), one never handed
+    /// out (255) or the last one reported again (254).
+    fn read_done(mut self, which: u8, ok: bool) -> Self {
+        self.0.extend_from_slice(&[5, which, u8::from(ok)]);
         self
     }
-    fn send_done(mut self, chunks: u8) -> Self {
-        self.0.extend_from_slice(&[6, 0, chunks]);
+    /// Reports `chunks` multicasts of the first op outstanding on `lane` sent.
+    fn send_done(mut self, lane: u8, chunks: u8) -> Self {
+        self.0.extend_from_slice(&[6, lane, 0, chunks]);
+        self
+    }
+    /// Hands the node at most `budget` queued chunks per lane.
+    fn pump(mut self, budget: u8) -> Self {
+        self.0.extend_from_slice(&[9, budget]);
         self
     }
     /// An Allgatherv with one size per rank (`ranks` must match the header).
@@ -182,15 +190,47 @@ fn session_seeds() -> Vec<(String, Vec<u8>)> {
         .chunk(0, 3, 0, 0)
         .next_timeout()
         .control(0, 3, 0, &[(2, 1)])
-        .read_done(true)
+        .read_done(0, true)
         .control(2, 5, 0, &[]);
 
-    // Rank 0 of 2 is the root: Ready from the leaf, sends complete, the leaf's Fin.
+    // Rank 0 of 2 is the root: Ready from the leaf, both lanes' sends complete, the leaf's Fin.
     let root = Script::new(2, 0, 2, 512)
         .start(0, 2048)
         .control(1, 0, 0, &[])
-        .send_done(4)
+        .send_done(0, 2)
+        .send_done(1, 2)
         .control(1, 5, 0, &[]);
+
+    // A burst of chunks queued on both lanes, handed over one per lane and pump, with a
+    // duplicate among them; then the rest at once.
+    let burst = Script::new(3, 2, 2, 256)
+        .start(0, 2048)
+        .control(0, 1, 0, &[])
+        .chunk(0, 0, 0, 0)
+        .chunk(0, 1, 0, 0)
+        .chunk(0, 4, 1, 0)
+        .chunk(0, 0, 0, 0)
+        .pump(1)
+        .chunk(0, 2, 0, 0)
+        .chunk(0, 5, 1, 0)
+        .pump(1)
+        .chunk(0, 3, 0, 0)
+        .chunk(0, 6, 1, 0)
+        .chunk(0, 7, 1, 0)
+        .pump(255)
+        .control(0, 5, 0, &[]);
+
+    // Read completions that name no read: one never handed out, one reported twice.
+    let stray_reads = Script::new(3, 1, 1, 1024)
+        .start(0, 4096)
+        .control(0, 1, 0, &[])
+        .chunk(0, 0, 0, 0)
+        .read_done(255, true)
+        .next_timeout()
+        .control(0, 3, 0, &[(1, 3)])
+        .read_done(0, false)
+        .read_done(254, true)
+        .read_done(255, false);
 
     // A successor asks us (rank 1) for chunks we lack: we recurse to our predecessor.
     let recurse = Script::new(4, 1, 1, 256)
@@ -229,6 +269,8 @@ fn session_seeds() -> Vec<(String, Vec<u8>)> {
         ("allgather", allgather),
         ("lossy-leaf", lossy),
         ("root", root),
+        ("burst", burst),
+        ("stray-reads", stray_reads),
         ("recurse", recurse),
         ("two-ops", two),
     ]
