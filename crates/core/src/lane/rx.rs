@@ -243,6 +243,12 @@ impl LaneRx {
     }
 }
 
+/// Bytes of one open operation's state (for the size snapshot).
+#[cfg(test)]
+pub(super) fn op_size() -> usize {
+    core::mem::size_of::<RxOp>()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,10 +433,4 @@ mod tests {
             }
         );
     }
-}
-
-/// Bytes of one open operation's state (for the size snapshot).
-#[cfg(test)]
-pub(super) fn op_size() -> usize {
-    core::mem::size_of::<RxOp>()
 }
