@@ -12,8 +12,8 @@
 
 use divan::counter::ItemsCount;
 use divan::{Bencher, black_box};
-use ringcast_core::wire::{ControlRepr, Imm};
 use ringcast_core::lane::{LaneCommand, LaneRx};
+use ringcast_core::wire::{ControlRepr, Imm};
 use ringcast_core::{Config, Instant, Node, Placement, Rank, Session};
 use std::collections::HashSet;
 use std::sync::OnceLock;
@@ -170,11 +170,11 @@ fn baseline_vec_bool(bencher: Bencher<'_, '_>, order_name: &str) {
         .bench_local_refs(|(seen, count)| {
             for &c in chunks {
                 // Checked like the core checks: out of range and duplicates are dropped.
-                if let Some(b) = seen.get_mut(black_box(c) as usize) {
-                    if !*b {
-                        *b = true;
-                        *count += 1;
-                    }
+                if let Some(b) = seen.get_mut(black_box(c) as usize)
+                    && !*b
+                {
+                    *b = true;
+                    *count += 1;
                 }
             }
             black_box(count);
