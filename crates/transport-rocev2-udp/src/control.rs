@@ -12,7 +12,7 @@
 //! Every frame is `[u32 length, big-endian][u8 kind][body]`, `length` covering kind and body
 //! and bounded by [`ControlConfig::max_frame`] (a longer one is a protocol error, read no
 //! further). Kinds: hello, control message (its bytes), read request `{id, op, offset, len}`,
-//! read response `{id, bytes}`, read refusal `{id}`. Every field is checked; a malformed frame
+//! read response `{id, bytes}`, read refusal `{id}`, goodbye `{mark}`. Every field is checked; a malformed frame
 //! closes the connection. Nothing on network data is unwrapped.
 //!
 //! ## Threads
@@ -35,6 +35,10 @@
 //! its pending reads and every later read from it complete with `Err(ReadError)`, messages to it
 //! are dropped and counted, and [`TcpControl::lost_peers`] / [`TcpControl::take_lost`] name it
 //! ([`PeerLost`]).
+//!
+//! A rank that leaves on purpose calls [`TcpControl::close`]: its queued frames are flushed
+//! and a goodbye `{mark}` goes out before its connections close, so the peers can tell a clean
+//! departure ([`TcpControl::departed`]) from a crash.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -55,6 +59,7 @@ const KIND_MESSAGE: u8 = 1;
 const KIND_READ_REQ: u8 = 2;
 const KIND_READ_RESP: u8 = 3;
 const KIND_READ_REFUSED: u8 = 4;
+const KIND_BYE: u8 = 5;
 const HELLO_LEN: usize = 1 + 4 + 8 + 4;
 const READ_REQ_LEN: usize = 1 + 8 * 4;
 /// Longest wait for an accepted connection's hello.
@@ -265,13 +270,36 @@ enum Inbound {
     ReadData(u64, Vec<u8>),
     Refused(u64),
     Lost(Rank),
+    Bye(Rank, u64),
 }
 
 struct Peer {
     stream: TcpStream,
     frames: Option<Sender<Vec<u8>>>,
+    /// Frames queued to the writer and not yet written (or given up on).
+    unwritten: Arc<AtomicU64>,
     threads: Vec<JoinHandle<()>>,
     lost: bool,
+}
+
+impl Peer {
+    /// Whether the writer (the first thread) still has frames to write.
+    fn writer_pending(&self) -> bool {
+        self.unwritten.load(Ordering::Acquire) > 0
+            && self.threads.first().is_some_and(|t| !t.is_finished())
+    }
+
+    fn send(&self, f: Vec<u8>) -> bool {
+        let Some(q) = &self.frames else {
+            return false;
+        };
+        self.unwritten.fetch_add(1, Ordering::AcqRel);
+        let ok = q.send(f).is_ok();
+        if !ok {
+            self.unwritten.fetch_sub(1, Ordering::AcqRel);
+        }
+        ok
+    }
 }
 
 /// This rank's end of the TCP control mesh: a [`ControlPort`].
@@ -287,6 +315,7 @@ pub struct TcpControl {
     local: VecDeque<Vec<u8>>,
     lost: Vec<Rank>,
     new_lost: VecDeque<PeerLost>,
+    departed: Vec<(Rank, u64)>,
 }
 
 impl std::fmt::Debug for TcpControl {
@@ -461,12 +490,14 @@ impl TcpControl {
             s.set_read_timeout(None).map_err(io_err("SO_RCVTIMEO"))?;
             s.set_nodelay(true).map_err(io_err("TCP_NODELAY"))?;
             let (frames, queue) = mpsc::channel::<Vec<u8>>();
+            let unwritten = Arc::new(AtomicU64::new(0));
+            let w_unwritten = unwritten.clone();
             let mut threads = Vec::with_capacity(2);
             let ws = s.try_clone().map_err(io_err("dup"))?;
             threads.push(
                 thread::Builder::new()
                     .name(format!("rc-ctl-w{rank}-{j}"))
-                    .spawn(move || writer(ws, queue))
+                    .spawn(move || writer(ws, queue, w_unwritten))
                     .map_err(io_err("spawn"))?,
             );
             let rs = s.try_clone().map_err(io_err("dup"))?;
@@ -474,6 +505,7 @@ impl TcpControl {
                 peer: Rank(j as u32),
                 stream: rs,
                 frames: frames.clone(),
+                unwritten: unwritten.clone(),
                 owner: to_owner.clone(),
                 registry: registry.clone(),
                 stats: stats.clone(),
@@ -488,6 +520,7 @@ impl TcpControl {
             peers.push(Some(Peer {
                 stream: s,
                 frames: Some(frames),
+                unwritten,
                 threads,
                 lost: false,
             }));
@@ -505,6 +538,7 @@ impl TcpControl {
             local: VecDeque::new(),
             lost: Vec::new(),
             new_lost: VecDeque::new(),
+            departed: Vec::new(),
         })
     }
 
@@ -538,6 +572,41 @@ impl TcpControl {
     pub fn take_lost(&mut self) -> Option<PeerLost> {
         self.drain_inbound();
         self.new_lost.pop_front()
+    }
+
+    /// The mark `peer` sent with its goodbye ([`TcpControl::close`]), if it left cleanly.
+    /// A goodbye always arrives before the closed connection it announces, so by the time
+    /// [`take_lost`](Self::take_lost) names a peer, this tells a clean departure from a crash.
+    pub fn departed(&self, peer: Rank) -> Option<u64> {
+        self.departed
+            .iter()
+            .find(|(p, _)| *p == peer)
+            .map(|&(_, m)| m)
+    }
+
+    /// Leaves the mesh cleanly: queues a goodbye carrying `mark` (an opaque value for the
+    /// peers' [`departed`](Self::departed); ringcast sends the first operation this rank did
+    /// not finish) to every live peer, lets each writer flush what is queued (a peer that
+    /// does not read for `linger` is cut off), then closes every connection and joins every
+    /// thread. Dropping a `TcpControl` without it closes at once and may lose queued frames.
+    pub fn close(mut self, mark: u64, linger: Duration) {
+        let mut bye = frame(KIND_BYE, 8);
+        bye.extend_from_slice(&mark.to_be_bytes());
+        for p in self.peers.iter_mut().flatten() {
+            p.send(bye.clone());
+            p.frames = None;
+            // Bounds the writer's flush; shared with the writer's duplicate of the socket.
+            let _ = p.stream.set_write_timeout(Some(linger));
+        }
+        // Readers hold a sender of their writer's queue (to answer reads): the writer ends
+        // only once the connection is shut down, so wait for its queue to drain first.
+        let deadline = Instant::now() + linger;
+        for p in self.peers.iter_mut().flatten() {
+            while p.writer_pending() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(1));
+            }
+        }
+        // Drop shuts the connections down and joins the threads.
     }
 
     fn drain_inbound(&mut self) {
@@ -588,6 +657,11 @@ impl TcpControl {
                 None => bump(&self.stats.stray_responses),
             },
             Inbound::Lost(r) => self.mark_lost(r),
+            Inbound::Bye(r, mark) => {
+                if !self.departed.iter().any(|(p, _)| *p == r) {
+                    self.departed.push((r, mark));
+                }
+            }
         }
     }
 
@@ -621,7 +695,7 @@ impl TcpControl {
     /// Queues `f` to `to`'s writer; false when the peer is gone.
     fn queue(&mut self, to: Rank, f: Vec<u8>) -> bool {
         let sent = match self.peers.get(to.0 as usize) {
-            Some(Some(p)) if !p.lost => p.frames.as_ref().is_some_and(|q| q.send(f).is_ok()),
+            Some(Some(p)) if !p.lost => p.send(f),
             _ => false,
         };
         if !sent && (to.0 as usize) < self.peers.len() && to != self.rank {
@@ -700,9 +774,11 @@ impl Drop for TcpControl {
     }
 }
 
-fn writer(mut s: TcpStream, queue: Receiver<Vec<u8>>) {
+fn writer(mut s: TcpStream, queue: Receiver<Vec<u8>>, unwritten: Arc<AtomicU64>) {
     while let Ok(f) = queue.recv() {
-        if s.write_all(&f).is_err() {
+        let ok = s.write_all(&f).is_ok();
+        unwritten.fetch_sub(1, Ordering::AcqRel);
+        if !ok {
             let _ = s.shutdown(Shutdown::Both);
             return;
         }
@@ -713,6 +789,7 @@ struct Reader {
     peer: Rank,
     stream: TcpStream,
     frames: Sender<Vec<u8>>,
+    unwritten: Arc<AtomicU64>,
     owner: Sender<Inbound>,
     registry: Registry,
     stats: Arc<ControlStats>,
@@ -775,6 +852,13 @@ impl Reader {
                 }
                 None => false,
             },
+            KIND_BYE => match u64_at(body, 0) {
+                Some(mark) if body.len() == 8 => {
+                    let _ = self.owner.send(Inbound::Bye(self.peer, mark));
+                    true
+                }
+                _ => false,
+            },
             KIND_READ_REFUSED => match u64_at(body, 0) {
                 Some(id) if body.len() == 8 => {
                     let _ = self.owner.send(Inbound::Refused(id));
@@ -807,7 +891,10 @@ impl Reader {
             f = frame(KIND_READ_REFUSED, 8);
             f.extend_from_slice(&id.to_be_bytes());
         }
-        let _ = self.frames.send(f);
+        self.unwritten.fetch_add(1, Ordering::AcqRel);
+        if self.frames.send(f).is_err() {
+            self.unwritten.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -948,6 +1035,35 @@ mod tests {
             }
         );
         assert_eq!(m[0].lost_peers(), &[Rank(2)]);
+    }
+
+    #[test]
+    fn a_clean_close_flushes_and_says_goodbye() {
+        let mut m = mesh(3, 78);
+        let mut leaving = m.pop().expect("rank 2");
+        leaving.send_control(Rank(0), b"last words");
+        leaving.close(7, Duration::from_secs(2));
+        let mut buf = Vec::new();
+        assert_eq!(
+            wait(&mut m[0], &mut buf),
+            ControlInput::Message {
+                from: Rank(2),
+                len: 10
+            }
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for c in m.iter_mut() {
+            let lost = loop {
+                if let Some(l) = c.take_lost() {
+                    break l;
+                }
+                assert!(Instant::now() < deadline, "loss not seen");
+                thread::sleep(Duration::from_millis(1));
+            };
+            assert_eq!(lost, PeerLost(Rank(2)));
+            assert_eq!(c.departed(Rank(2)), Some(7));
+            assert_eq!(c.departed(Rank(0)), None);
+        }
     }
 
     #[test]
