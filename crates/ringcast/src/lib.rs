@@ -2,8 +2,11 @@
 //!
 //! Reliable, bandwidth-optimal Broadcast and Allgather over multicast.
 //!
-//! This crate is the user-facing entry point. For now it gathers the pieces:
+//! This crate is the user-facing entry point:
 //!
+//! * [`Communicator`] (feature `rocev2-udp`, on by default): Broadcast, Allgather and
+//!   Allgatherv over RoCEv2 packets on UDP multicast, blocking and non-blocking; see
+//!   [`comm`] for ordering, buffers, threads and failures;
 //! * [`core`]: the sans-IO protocol core ([`ringcast_core`]), which any transport drives;
 //! * [`bootstrap`]: rank, world size and rendezvous from mpirun / srun / torchrun variables,
 //!   and the TCP rendezvous that hands every rank the peer table and the job nonce;
@@ -33,6 +36,11 @@
 #![warn(missing_docs)]
 
 pub mod bootstrap;
+#[cfg(feature = "rocev2-udp")]
+pub mod comm;
+
+#[cfg(feature = "rocev2-udp")]
+pub use comm::{BuildError, CommError, Communicator, Request};
 
 /// The sans-IO protocol core: sessions, configuration, events (re-export of `ringcast-core`).
 pub use ringcast_core as core;

@@ -244,6 +244,8 @@ pub struct ControlStats {
     pub reads_requested: AtomicU64,
     /// Reads this rank asked for that completed with data.
     pub reads_completed: AtomicU64,
+    /// Bytes those reads brought in.
+    pub bytes_read: AtomicU64,
     /// Reads this rank asked for that failed (refused, lost peer, bad response, no buffer).
     pub reads_failed: AtomicU64,
     /// Peers' reads served from this rank's buffers.
@@ -644,6 +646,9 @@ impl TcpControl {
                         .is_some_and(|b| b.write_at(req.offset, &bytes));
                 if ok {
                     bump(&self.stats.reads_completed);
+                    self.stats
+                        .bytes_read
+                        .fetch_add(req.len, Ordering::Relaxed);
                     self.ready.push_back(ControlInput::ReadDone {
                         id: req.id,
                         result: Ok(()),

@@ -1,0 +1,447 @@
+//! [`CommBuilder`]: everything explicit, or read from the launcher's environment.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use ringcast_core::port::Port;
+use ringcast_core::{Config, Node};
+use ringcast_transport_rocev2_udp::addr::{AddrConfig, McastPrefix, ROCEV2_PORT};
+use ringcast_transport_rocev2_udp::{
+    ControlConfig, Registry, SocketConfig, TcpControl, UdpPort, UdpPortConfig,
+};
+
+use super::Communicator;
+use super::engine::Engine;
+use super::error::BuildError;
+use super::track::{TrackedControl, TrackedTx};
+use crate::bootstrap::{
+    BootstrapError, JobEnv, PeerTable, Rendezvous, RendezvousAddr, select_interface,
+};
+
+/// Posts that may wait for the engine before `post` blocks.
+const POST_QUEUE: usize = 64;
+
+/// What to do when multicast does not work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fallback {
+    /// Fail (the default).
+    #[default]
+    Off,
+    /// Run TCP ring Allgather / chain Broadcast instead (not built yet: `build` refuses it).
+    Tcp,
+}
+
+/// Where the ranks' control addresses come from.
+#[derive(Debug)]
+enum Peers {
+    /// Given: every rank's control address, and the job nonce.
+    Table {
+        control: Vec<SocketAddr>,
+        nonce: u64,
+    },
+    /// A TCP rendezvous at rank 0 or this address.
+    Rendezvous { addr: RendezvousAddr, job_key: u64 },
+    /// Read from the launcher's environment.
+    Env(Box<JobEnv>),
+}
+
+/// Builds a [`Communicator`]: every setting explicit, or [`CommBuilder::from_env`].
+///
+/// ```no_run
+/// use ringcast::Communicator;
+/// use std::time::Duration;
+/// let comm = Communicator::builder()
+///     .rank(1)
+///     .world_size(4)
+///     .rendezvous("10.0.0.1:29400")
+///     .lanes(2)
+///     .peer_timeout(Duration::from_secs(5))
+///     .build()?;
+/// # Ok::<(), ringcast::BuildError>(())
+/// ```
+#[derive(Debug)]
+#[must_use]
+pub struct CommBuilder {
+    rank: Option<u32>,
+    world_size: Option<u32>,
+    peers: Option<Peers>,
+    listener: Option<TcpListener>,
+    interface: Option<Ipv4Addr>,
+    lanes: u16,
+    chunk_size: Option<u32>,
+    udp_port: u16,
+    prefix: McastPrefix,
+    peer_timeout: Duration,
+    link_bandwidth: u64,
+    cutoff_alpha: Duration,
+    connect_timeout: Duration,
+    fallback: Fallback,
+}
+
+impl Default for CommBuilder {
+    fn default() -> Self {
+        CommBuilder {
+            rank: None,
+            world_size: None,
+            peers: None,
+            listener: None,
+            interface: None,
+            lanes: 1,
+            chunk_size: None,
+            udp_port: ROCEV2_PORT,
+            prefix: McastPrefix::ADMIN_SCOPED,
+            peer_timeout: Duration::from_secs(5),
+            link_bandwidth: 10_000_000_000 / 8,
+            cutoff_alpha: Duration::from_millis(5),
+            connect_timeout: Duration::from_secs(30),
+            fallback: Fallback::Off,
+        }
+    }
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn parse_var<T: std::str::FromStr>(name: &str) -> Result<Option<T>, BuildError>
+where
+    T::Err: std::fmt::Display,
+{
+    var(name)
+        .map(|v| {
+            v.trim().parse::<T>().map_err(|e| BuildError::Invalid {
+                setting: format!("{name}={v:?}"),
+                why: e.to_string(),
+            })
+        })
+        .transpose()
+}
+
+impl CommBuilder {
+    /// A builder with defaults: 1 lane, UDP port 4791, groups in 239.0.0.0/8, 5 s peer timeout,
+    /// 10 Gbit/s links with 5 ms cutoff slack, chunks as large as the interface MTU allows
+    /// (at most 4 KiB).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Rank, world size and rendezvous from the launcher's variables (see [`crate::bootstrap`]:
+    /// `RINGCAST_RANK`/`RINGCAST_WORLD_SIZE`/`RINGCAST_BOOTSTRAP`, torchrun, Open MPI,
+    /// MPICH/Hydra, Slurm; `RINGCAST_IFNAME`), plus optional `RINGCAST_PORT` (UDP port),
+    /// `RINGCAST_LANES`, `RINGCAST_CHUNK_SIZE` (bytes) and `RINGCAST_PEER_TIMEOUT` (seconds).
+    /// Builder calls made afterwards override them.
+    pub fn from_env() -> Result<Self, BuildError> {
+        let job = JobEnv::from_env().map_err(BootstrapError::from)?;
+        let mut b = CommBuilder::new().rank(job.rank).world_size(job.world_size);
+        if let Some(p) = parse_var::<u16>("RINGCAST_PORT")? {
+            b.udp_port = p;
+        }
+        if let Some(l) = parse_var::<u16>("RINGCAST_LANES")? {
+            b.lanes = l;
+        }
+        b.chunk_size = parse_var::<u32>("RINGCAST_CHUNK_SIZE")?;
+        if let Some(t) = parse_var::<f64>("RINGCAST_PEER_TIMEOUT")? {
+            b.peer_timeout = Duration::try_from_secs_f64(t).map_err(|e| BuildError::Invalid {
+                setting: format!("RINGCAST_PEER_TIMEOUT={t}"),
+                why: e.to_string(),
+            })?;
+        }
+        b.connect_timeout = job.timeout;
+        b.peers = Some(Peers::Env(Box::new(job)));
+        Ok(b)
+    }
+
+    /// This process's rank, below the world size.
+    pub fn rank(mut self, rank: u32) -> Self {
+        self.rank = Some(rank);
+        self
+    }
+
+    /// Number of ranks.
+    pub fn world_size(mut self, n: u32) -> Self {
+        self.world_size = Some(n);
+        self
+    }
+
+    /// Every rank's control address (TCP), by rank, and the job nonce (the same on every
+    /// rank; groups and Q_Key derive from it). This rank listens on `control[rank]`, or on
+    /// the listener given to [`control_listener`](Self::control_listener).
+    pub fn peer_table(mut self, control: Vec<SocketAddr>, nonce: u64) -> Self {
+        self.peers = Some(Peers::Table { control, nonce });
+        self
+    }
+
+    /// A listener already bound to this rank's entry of the peer table (avoids a race for a
+    /// port picked with port 0).
+    pub fn control_listener(mut self, l: TcpListener) -> Self {
+        self.listener = Some(l);
+        self
+    }
+
+    /// Meet the other ranks at `host:port` (rank 0 listens there; like `RINGCAST_BOOTSTRAP`).
+    pub fn rendezvous(mut self, host_port: &str) -> Self {
+        let (host, port) = match host_port.rsplit_once(':') {
+            Some((h, p)) => (h.trim_matches(['[', ']']), p.parse().unwrap_or(0)),
+            None => (host_port, 0),
+        };
+        self.peers = Some(Peers::Rendezvous {
+            addr: RendezvousAddr {
+                host: host.to_owned(),
+                port,
+                origin: "CommBuilder::rendezvous",
+            },
+            job_key: 0,
+        });
+        self
+    }
+
+    /// Address of the interface multicast leaves and is joined on (default: the one routed
+    /// toward the peers; `127.0.0.1` for loopback).
+    pub fn interface(mut self, addr: Ipv4Addr) -> Self {
+        self.interface = Some(addr);
+        self
+    }
+
+    /// Multicast lanes (groups).
+    pub fn lanes(mut self, lanes: u16) -> Self {
+        self.lanes = lanes;
+        self
+    }
+
+    /// Payload bytes per chunk (one datagram each).
+    pub fn chunk_size(mut self, bytes: u32) -> Self {
+        self.chunk_size = Some(bytes);
+        self
+    }
+
+    /// UDP port of every lane (default 4791).
+    pub fn udp_port(mut self, port: u16) -> Self {
+        self.udp_port = port;
+        self
+    }
+
+    /// IPv4 multicast prefix the groups are drawn from (default 239.0.0.0/8).
+    pub fn multicast_prefix(mut self, prefix: McastPrefix) -> Self {
+        self.prefix = prefix;
+        self
+    }
+
+    /// How long to wait for a peer that owes an answer before failing the operation.
+    pub fn peer_timeout(mut self, t: Duration) -> Self {
+        self.peer_timeout = t;
+        self
+    }
+
+    /// Link bandwidth in bytes per second, for the cutoff timer `N / B + alpha`.
+    pub fn link_bandwidth(mut self, bytes_per_sec: u64) -> Self {
+        self.link_bandwidth = bytes_per_sec;
+        self
+    }
+
+    /// The cutoff timer's slack.
+    pub fn cutoff_alpha(mut self, alpha: Duration) -> Self {
+        self.cutoff_alpha = alpha;
+        self
+    }
+
+    /// Bound on the start-up (rendezvous and control mesh).
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// What to do when multicast does not work.
+    pub fn fallback(mut self, f: Fallback) -> Self {
+        self.fallback = f;
+        self
+    }
+
+    /// Connects to the other ranks (every rank calls it at about the same time) and starts
+    /// the engine.
+    pub fn build(self) -> Result<Communicator, BuildError> {
+        if self.fallback == Fallback::Tcp {
+            return Err(BuildError::Unsupported(
+                "fallback = tcp is not implemented yet: use Fallback::Off",
+            ));
+        }
+        let rank = self.rank.ok_or(BuildError::Missing(
+            "rank",
+            "call CommBuilder::rank, or set RINGCAST_RANK (or run under a launcher)",
+        ))?;
+        let size = self.world_size.ok_or(BuildError::Missing(
+            "world size",
+            "call CommBuilder::world_size, or set RINGCAST_WORLD_SIZE",
+        ))?;
+        if rank >= size {
+            return Err(BuildError::Invalid {
+                setting: "rank".into(),
+                why: format!("rank {rank} is not below the world size {size}"),
+            });
+        }
+        let peers = self.peers.ok_or(BuildError::Missing(
+            "peers",
+            "call CommBuilder::peer_table or CommBuilder::rendezvous, or set RINGCAST_BOOTSTRAP",
+        ))?;
+        let (control, nonce, listener, iface) = match peers {
+            Peers::Table { control, nonce } => {
+                if control.len() != size as usize {
+                    return Err(BuildError::Invalid {
+                        setting: "CommBuilder::peer_table".into(),
+                        why: format!("{} addresses for {size} ranks", control.len()),
+                    });
+                }
+                let me = control[rank as usize];
+                let iface = self.interface.unwrap_or(match me.ip() {
+                    IpAddr::V4(a) if !a.is_unspecified() => a,
+                    _ => Ipv4Addr::LOCALHOST,
+                });
+                let listener = match self.listener {
+                    Some(l) => l,
+                    None => TcpListener::bind(me)
+                        .map_err(|source| BuildError::Listen { addr: me, source })?,
+                };
+                (control, nonce, listener, iface)
+            }
+            Peers::Rendezvous { addr, job_key } => {
+                let iface = match self.interface {
+                    Some(a) => a,
+                    None => route_toward(&addr)?,
+                };
+                let (listener, blob) = listen(self.listener, iface)?;
+                let mut r = Rendezvous::new(rank, size, addr);
+                r.job_key = job_key;
+                r.timeout = self.connect_timeout;
+                let table = r.run(blob.as_bytes())?;
+                let (control, nonce) = parse_table(&table)?;
+                (control, nonce, listener, iface)
+            }
+            Peers::Env(job) => {
+                let iface = match self.interface {
+                    Some(a) => a,
+                    None => job.interface().map_err(BootstrapError::from)?.addr,
+                };
+                let (listener, blob) = listen(self.listener, iface)?;
+                let table = job.exchange(blob.as_bytes())?;
+                let (control, nonce) = parse_table(&table)?;
+                (control, nonce, listener, iface)
+            }
+        };
+        let chunk = self.chunk_size.unwrap_or_else(|| default_chunk(iface));
+        let mut cc = ControlConfig::new(nonce);
+        // A recovery read may cover a whole block: allow large ones.
+        cc.max_read = 1 << 30;
+        cc.max_frame = cc.max_read as usize + 64;
+        cc.connect_timeout = self.connect_timeout;
+        let tcp = TcpControl::connect(rank, &control, listener, Registry::default(), cc)?;
+        let pc = UdpPortConfig {
+            rank,
+            ranks: size,
+            lanes: self.lanes,
+            nonce,
+            addr: AddrConfig {
+                prefix: self.prefix,
+                port: self.udp_port,
+            },
+            socket: SocketConfig::on_interface(iface),
+            max_payload: chunk as usize,
+            pkey: 0xFFFF,
+            gso: true,
+        };
+        let mut cfg = Config::new(rank, size);
+        cfg.lanes = self.lanes;
+        cfg.chunk_size = chunk;
+        cfg.peer_timeout = self.peer_timeout;
+        cfg.link_bandwidth = self.link_bandwidth;
+        cfg.cutoff_alpha = self.cutoff_alpha;
+        let node = Node::new(cfg).map_err(BuildError::Config)?;
+        let port = UdpPort::open(&pc, tcp)?;
+        let p = port.into_ports();
+        let ports = ringcast_core::port::Ports {
+            caps: p.caps,
+            rx: p.rx,
+            tx: p.tx.into_iter().map(TrackedTx::new).collect(),
+            control: TrackedControl::new(p.control),
+        };
+        let (posts, rx) = mpsc::sync_channel(POST_QUEUE);
+        let engine = Engine::new(node, ports, rx);
+        let thread = thread::Builder::new()
+            .name(format!("ringcast-r{rank}"))
+            .spawn(move || engine.run())
+            .map_err(BuildError::Spawn)?;
+        tracing::debug!(rank, size, %iface, chunk, lanes = self.lanes, "communicator ready");
+        Ok(Communicator {
+            rank,
+            size,
+            posts: Some(posts),
+            thread: Some(thread),
+        })
+    }
+}
+
+/// Binds the control listener on the interface (port 0 unless one was given).
+fn listen(
+    given: Option<TcpListener>,
+    iface: Ipv4Addr,
+) -> Result<(TcpListener, String), BuildError> {
+    let addr = SocketAddr::from((iface, 0));
+    let l = match given {
+        Some(l) => l,
+        None => TcpListener::bind(addr).map_err(|source| BuildError::Listen { addr, source })?,
+    };
+    let local = l
+        .local_addr()
+        .map_err(|source| BuildError::Listen { addr, source })?;
+    Ok((l, local.to_string()))
+}
+
+fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64), BuildError> {
+    let control = t
+        .peers
+        .iter()
+        .map(|p| {
+            let s = String::from_utf8_lossy(&p.control);
+            s.parse().map_err(|_| BuildError::PeerAddress {
+                rank: p.rank,
+                entry: s.into_owned(),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((control, t.nonce))
+}
+
+fn route_toward(addr: &RendezvousAddr) -> Result<Ipv4Addr, BuildError> {
+    use std::net::ToSocketAddrs;
+    let ip = (addr.host.as_str(), addr.port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.find(|a| a.is_ipv4()))
+        .map(|a| a.ip());
+    let chosen = select_interface(None, ip).map_err(BootstrapError::from)?;
+    Ok(chosen.addr)
+}
+
+/// The largest power-of-two chunk (at most 4 KiB) whose datagram fits the interface's MTU.
+fn default_chunk(iface: Ipv4Addr) -> u32 {
+    const MAX: u32 = 4096;
+    let mtu = if_addrs::get_if_addrs().ok().and_then(|ifs| {
+        let name = ifs.into_iter().find(|i| i.ip() == IpAddr::V4(iface))?.name;
+        std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+            .ok()?
+            .trim()
+            .parse::<u32>()
+            .ok()
+    });
+    let Some(mtu) = mtu else {
+        return MAX;
+    };
+    // IPv4 20, UDP 8, BTH + DETH + ImmDt + ICRC.
+    let room = mtu.saturating_sub(28 + ringcast_transport_rocev2_udp::DATAGRAM_OVERHEAD as u32);
+    let mut c = MAX;
+    while c > 256 && c > room {
+        c /= 2;
+    }
+    c
+}

@@ -1,0 +1,161 @@
+//! Errors of the communicator: building it, and running operations.
+
+use std::io;
+
+use ringcast_core::{OpError, StartError};
+use ringcast_transport_rocev2_udp::{ControlError, PortError};
+
+use crate::bootstrap::{BootstrapError, RendezvousError};
+
+/// Why an operation failed. Errors that blame a rank name it ([`CommError::peer`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommError {
+    /// This rank waited on `peer` past the peer timeout.
+    #[error("rank {peer} stopped answering (peer timeout)")]
+    PeerUnresponsive {
+        /// The rank that did not answer.
+        peer: u32,
+    },
+    /// Another rank found `peer` unresponsive and aborted the operation.
+    #[error("rank {peer} stopped answering (reported by rank {reported_by})")]
+    PeerFailed {
+        /// The rank that did not answer.
+        peer: u32,
+        /// The rank that reported it.
+        reported_by: u32,
+    },
+    /// A recovery read from `peer` failed.
+    #[error("a read from rank {peer} failed")]
+    ReadFailed {
+        /// The peer read from.
+        peer: u32,
+    },
+    /// `peer`'s control connection closed (the process died, or left the communicator): the
+    /// communicator cannot run collectives any more.
+    #[error("rank {peer} is gone: its control connection closed")]
+    PeerLost {
+        /// The rank lost.
+        peer: u32,
+    },
+    /// The communicator was dropped (or its engine stopped) before the operation finished.
+    #[error("cancelled: the communicator was dropped before the operation finished")]
+    Cancelled,
+    /// A buffer has the wrong size.
+    #[error("{what} holds {got} elements; this operation needs {required}")]
+    BufferSize {
+        /// Which buffer.
+        what: &'static str,
+        /// Elements given.
+        got: usize,
+        /// Elements required.
+        required: usize,
+    },
+    /// `counts` must have one entry per rank.
+    #[error("{got} counts given for {ranks} ranks")]
+    CountsLength {
+        /// Entries given.
+        got: usize,
+        /// Ranks of the communicator.
+        ranks: u32,
+    },
+    /// The root is not a rank of the communicator.
+    #[error("root {root} is not a rank of this {ranks}-rank communicator")]
+    RootOutOfRange {
+        /// Root given.
+        root: u32,
+        /// Ranks of the communicator.
+        ranks: u32,
+    },
+    /// The core refused to start the operation (too large for the configured chunk size).
+    #[error("could not start: {0}")]
+    Start(StartError),
+    /// No answer from the engine thread in time (it is stuck or gone).
+    #[error("the engine did not answer within {0:?}")]
+    EngineTimeout(std::time::Duration),
+}
+
+impl CommError {
+    /// The rank this error blames, if any.
+    pub fn peer(&self) -> Option<u32> {
+        match *self {
+            CommError::PeerUnresponsive { peer }
+            | CommError::PeerFailed { peer, .. }
+            | CommError::ReadFailed { peer }
+            | CommError::PeerLost { peer } => Some(peer),
+            _ => None,
+        }
+    }
+}
+
+impl From<OpError> for CommError {
+    fn from(e: OpError) -> Self {
+        match e {
+            OpError::PeerFailed { peer, reported_by } => CommError::PeerFailed {
+                peer: peer.0,
+                reported_by: reported_by.0,
+            },
+            OpError::ReadFailed { peer } => CommError::ReadFailed { peer: peer.0 },
+            // `PeerUnresponsive`, and any later variant, blame `peer()`.
+            other => CommError::PeerUnresponsive {
+                peer: other.peer().0,
+            },
+        }
+    }
+}
+
+/// Why a [`Communicator`](super::Communicator) could not be built. Messages name the builder
+/// method or the variable to set.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A required setting is missing.
+    #[error("{0} is not set: {1}")]
+    Missing(&'static str, &'static str),
+    /// A setting is out of range or unparsable.
+    #[error("{setting}: {why}")]
+    Invalid {
+        /// The builder method or variable.
+        setting: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// Reading the launcher's environment, choosing the interface.
+    #[error(transparent)]
+    Bootstrap(#[from] BootstrapError),
+    /// The rendezvous failed.
+    #[error(transparent)]
+    Rendezvous(#[from] RendezvousError),
+    /// The control listener could not be bound.
+    #[error("could not listen for control connections on {addr}: {source}")]
+    Listen {
+        /// Address tried.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A peer table entry is not a control address.
+    #[error("rank {rank}'s peer table entry {entry:?} is not a socket address")]
+    PeerAddress {
+        /// The rank.
+        rank: u32,
+        /// What it sent.
+        entry: String,
+    },
+    /// The control mesh did not form.
+    #[error("control mesh: {0}")]
+    Control(#[from] ControlError),
+    /// The multicast data path could not be opened.
+    #[error("multicast data path: {0}")]
+    Port(#[from] PortError),
+    /// The core rejected the configuration.
+    #[error("configuration: {0}")]
+    Config(ringcast_core::ConfigError),
+    /// A feature that is not built yet.
+    #[error("{0}")]
+    Unsupported(&'static str),
+    /// The engine thread could not be started.
+    #[error("could not start the engine thread: {0}")]
+    Spawn(#[source] io::Error),
+}

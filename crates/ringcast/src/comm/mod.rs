@@ -1,0 +1,265 @@
+//! The engine and the user API: [`Communicator`].
+//!
+//! ```no_run
+//! use ringcast::Communicator;
+//! let comm = Communicator::from_env()?;            // mpirun / srun / torchrun / RINGCAST_*
+//! let mut weights = vec![0f32; 1 << 20];
+//! comm.broadcast(0, &mut weights)?;                  // blocking, typed through bytemuck
+//! let req = comm.iallgather(&[comm.rank()], vec![0u32; comm.size() as usize])?;
+//! // ... overlap computation ...
+//! let ranks: Vec<u32> = req.wait()?;                 // the buffer comes back
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Ordering
+//! As in MPI, **every rank must issue the same collectives in the same order** (same kind,
+//! root and sizes), blocking and non-blocking alike: the n-th operation posted on one rank
+//! meets the n-th posted on every other. Any number may be in flight at once (the engine
+//! queues what exceeds the core's in-flight limit), and they may complete in any order.
+//! Posting from several threads at once is allowed, but then the order is theirs to agree on.
+//!
+//! ## Buffers and soundness
+//! Non-blocking calls take an owned `Vec<T>` and hand it back from [`Request::wait`], in the
+//! style of tokio-uring: the engine owns the bytes while the operation runs, so a dropped or
+//! leaked request can never let it write into freed memory. Element types are
+//! [`bytemuck::Pod`]; byte-aligned types move without a copy, others are copied once each way.
+//! Blocking calls copy the caller's slice in and out. The crate has no `unsafe`.
+//!
+//! ## Threads
+//! One engine thread per communicator runs the core's [`Node`](ringcast_core::Node) (the
+//! session and its lanes) over the transport with [`port::pump`](ringcast_core::port::pump);
+//! the transport adds a reader and a writer thread per peer for the TCP control path. The
+//! application thread only posts (a bounded channel) and waits (each request has its own
+//! channel). Not built yet: a control thread with a send and a receive worker per lane.
+//!
+//! ## Failures
+//! * A peer that stops answering fails every operation waiting on it after the peer timeout
+//!   ([`CommError::PeerUnresponsive`], or [`CommError::PeerFailed`] when another rank noticed
+//!   first), naming it.
+//! * A peer whose control connection closes (the process died) fails every operation in
+//!   flight at once with [`CommError::PeerLost`] naming it; so does every later post: a
+//!   communicator that lost a rank cannot run collectives any more.
+//! * A peer that drops its communicator says goodbye first: operations it finished complete
+//!   normally elsewhere, the others fail with [`CommError::PeerLost`].
+//! * Dropping a communicator cancels what is in flight (their requests return
+//!   [`CommError::Cancelled`]), says goodbye to the peers, and joins every thread: it returns
+//!   within about a second even when peers hang.
+//!
+//! ## Observability
+//! [`Communicator::stats`] returns every counter; each completion carries [`OpStats`]. Each
+//! operation runs in a `tracing` span named `ringcast` (fields `op`, `rank`, ...); the library
+//! installs no subscriber.
+
+mod builder;
+mod engine;
+mod error;
+mod request;
+mod stats;
+mod track;
+
+pub use builder::{CommBuilder, Fallback};
+pub use error::{BuildError, CommError};
+pub use request::Request;
+pub use stats::{CommStats, ControlCounters, Counters, OpStats};
+
+use std::sync::mpsc::{self, SyncSender};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytemuck::Pod;
+
+use engine::{Command, Kind, Post};
+use request::vec_to_bytes;
+
+/// How long [`Communicator::stats`] waits for the engine.
+const STATS_WAIT: Duration = Duration::from_secs(10);
+
+/// A group of ranks that run Broadcast and Allgather together over multicast.
+///
+/// Built with [`Communicator::builder`] or [`Communicator::from_env`]. See the
+/// [module docs](self) for ordering, buffers, threads and failures.
+#[derive(Debug)]
+pub struct Communicator {
+    rank: u32,
+    size: u32,
+    posts: Option<SyncSender<Command>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Communicator {
+    /// A builder taking every setting explicitly.
+    pub fn builder() -> CommBuilder {
+        CommBuilder::new()
+    }
+
+    /// Bootstraps from the launcher's environment ([`CommBuilder::from_env`]) and connects.
+    pub fn from_env() -> Result<Self, BuildError> {
+        CommBuilder::from_env()?.build()
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
+    /// Every counter of this communicator (asks the engine; socket drops read `/proc`).
+    pub fn stats(&self) -> Result<CommStats, CommError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send(Command::Stats(tx))?;
+        rx.recv_timeout(STATS_WAIT)
+            .map_err(|_| CommError::EngineTimeout(STATS_WAIT))
+    }
+
+    fn send(&self, c: Command) -> Result<(), CommError> {
+        match &self.posts {
+            Some(p) => p.send(c).map_err(|_| CommError::Cancelled),
+            None => Err(CommError::Cancelled),
+        }
+    }
+
+    fn post<T: Pod>(
+        &self,
+        kind: Kind,
+        bytes: Vec<u8>,
+        typed: Option<Vec<T>>,
+        span: tracing::Span,
+    ) -> Result<Request<T>, CommError> {
+        let (reply, rx) = mpsc::sync_channel(1);
+        self.send(Command::Post(Post {
+            kind,
+            buf: bytes,
+            reply,
+            span,
+        }))?;
+        Ok(Request::new(rx, typed))
+    }
+
+    /// Starts a Broadcast of `buf` from `root`: on return of [`Request::wait`], every rank's
+    /// buffer holds the root's. Every rank passes the same length.
+    pub fn ibroadcast<T: Pod>(&self, root: u32, buf: Vec<T>) -> Result<Request<T>, CommError> {
+        if root >= self.size {
+            return Err(CommError::RootOutOfRange {
+                root,
+                ranks: self.size,
+            });
+        }
+        let span = tracing::debug_span!(
+            "ringcast",
+            kind = "broadcast",
+            rank = self.rank,
+            root,
+            bytes = std::mem::size_of_val(buf.as_slice())
+        );
+        let (bytes, typed) = vec_to_bytes(buf);
+        self.post(Kind::Broadcast { root }, bytes, typed, span)
+    }
+
+    /// Starts an Allgather: `recv` (`send.len()` times the world size) comes back holding
+    /// every rank's `send`, in rank order.
+    pub fn iallgather<T: Pod>(&self, send: &[T], recv: Vec<T>) -> Result<Request<T>, CommError> {
+        let counts = vec![send.len(); self.size as usize];
+        self.iallgatherv(send, recv, &counts)
+    }
+
+    /// Starts an Allgatherv: rank `r` contributes `counts[r]` elements (zero allowed);
+    /// `recv` (`counts` summed) comes back holding the blocks in rank order.
+    pub fn iallgatherv<T: Pod>(
+        &self,
+        send: &[T],
+        recv: Vec<T>,
+        counts: &[usize],
+    ) -> Result<Request<T>, CommError> {
+        if counts.len() != self.size as usize {
+            return Err(CommError::CountsLength {
+                got: counts.len(),
+                ranks: self.size,
+            });
+        }
+        let me = self.rank as usize;
+        if send.len() != counts[me] {
+            return Err(CommError::BufferSize {
+                what: "send",
+                got: send.len(),
+                required: counts[me],
+            });
+        }
+        let total: usize = counts.iter().sum();
+        if recv.len() != total {
+            return Err(CommError::BufferSize {
+                what: "recv",
+                got: recv.len(),
+                required: total,
+            });
+        }
+        let elem = std::mem::size_of::<T>();
+        let span = tracing::debug_span!(
+            "ringcast",
+            kind = "allgatherv",
+            rank = self.rank,
+            bytes = total * elem
+        );
+        let (mut bytes, typed) = vec_to_bytes(recv);
+        let at = counts[..me].iter().sum::<usize>() * elem;
+        let mine: &[u8] = bytemuck::cast_slice(send);
+        bytes[at..at + mine.len()].copy_from_slice(mine);
+        let sizes = counts.iter().map(|&c| (c * elem) as u64).collect();
+        self.post(Kind::Allgather { sizes }, bytes, typed, span)
+    }
+
+    /// Broadcast of `buf` from `root`, blocking.
+    pub fn broadcast<T: Pod>(&self, root: u32, buf: &mut [T]) -> Result<OpStats, CommError> {
+        let (out, stats) = self
+            .ibroadcast(root, bytemuck::cast_slice::<T, u8>(buf).to_vec())?
+            .wait_with_stats()?;
+        bytemuck::cast_slice_mut::<T, u8>(buf).copy_from_slice(&out);
+        Ok(stats)
+    }
+
+    /// Allgather, blocking: `recv` gets every rank's `send` in rank order.
+    pub fn allgather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<OpStats, CommError> {
+        let counts = vec![send.len(); self.size as usize];
+        self.allgatherv(send, recv, &counts)
+    }
+
+    /// Allgatherv, blocking: rank `r` contributes `counts[r]` elements.
+    pub fn allgatherv<T: Pod>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+    ) -> Result<OpStats, CommError> {
+        let elem = std::mem::size_of::<T>();
+        let send_bytes: &[u8] = bytemuck::cast_slice(send);
+        let byte_counts: Vec<usize> = counts.iter().map(|c| c * elem).collect();
+        let total = byte_counts.iter().sum::<usize>();
+        if std::mem::size_of_val(recv) != total {
+            return Err(CommError::BufferSize {
+                what: "recv",
+                got: recv.len(),
+                required: counts.iter().sum(),
+            });
+        }
+        let (out, stats) = self
+            .iallgatherv(send_bytes, vec![0u8; total], &byte_counts)?
+            .wait_with_stats()?;
+        bytemuck::cast_slice_mut::<T, u8>(recv).copy_from_slice(&out);
+        Ok(stats)
+    }
+}
+
+impl Drop for Communicator {
+    /// Cancels the operations in flight, says goodbye to the peers and joins the engine.
+    fn drop(&mut self) {
+        self.posts = None;
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            tracing::error!(rank = self.rank, "the engine thread panicked");
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! Non-blocking operations' handles.
+
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::time::Duration;
+
+use bytemuck::Pod;
+
+use super::error::CommError;
+use super::stats::OpStats;
+
+/// What the engine hands back: the operation's buffer, or why it failed.
+pub(crate) type Completion = Result<(Vec<u8>, OpStats), CommError>;
+
+/// An operation in flight, from [`Communicator::ibroadcast`](super::Communicator::ibroadcast)
+/// and the other non-blocking calls. It owns nothing the engine writes to: the engine owns the
+/// buffer until the operation is over and hands it back through [`wait`](Self::wait). Dropping
+/// or leaking (`mem::forget`) a request is therefore harmless: the operation still runs to its
+/// end on every rank, and its buffer is freed by the engine.
+#[derive(Debug)]
+#[must_use = "an operation's result comes back through its request"]
+pub struct Request<T: Pod = u8> {
+    rx: Receiver<Completion>,
+    /// Boxed: keeps a pending request small.
+    got: Option<Box<Completion>>,
+    /// The caller's vector, when its bytes travelled as a copy (T aligned above 1).
+    typed: Option<Vec<T>>,
+}
+
+impl<T: Pod> Request<T> {
+    pub(crate) fn new(rx: Receiver<Completion>, typed: Option<Vec<T>>) -> Self {
+        Request {
+            rx,
+            got: None,
+            typed,
+        }
+    }
+
+    /// Whether the operation is over (completed or failed); [`wait`](Self::wait) then returns
+    /// at once. Never blocks.
+    pub fn test(&mut self) -> bool {
+        if self.got.is_none() {
+            match self.rx.try_recv() {
+                Ok(c) => self.got = Some(Box::new(c)),
+                Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => {
+                    self.got = Some(Box::new(Err(CommError::Cancelled)))
+                }
+            }
+        }
+        self.got.is_some()
+    }
+
+    /// Waits for the end of the operation and returns its buffer.
+    pub fn wait(self) -> Result<Vec<T>, CommError> {
+        self.wait_with_stats().map(|(v, _)| v)
+    }
+
+    /// Waits for the end of the operation and returns its buffer and what it did.
+    pub fn wait_with_stats(mut self) -> Result<(Vec<T>, OpStats), CommError> {
+        let c = match self.got.take() {
+            Some(c) => *c,
+            None => self.rx.recv().unwrap_or(Err(CommError::Cancelled)),
+        };
+        self.finish(c)
+    }
+
+    /// Waits at most `timeout`: the result, or the request back when the operation is still
+    /// in flight.
+    pub fn wait_timeout(mut self, timeout: Duration) -> Result<Result<Vec<T>, CommError>, Self> {
+        if self.got.is_none() {
+            match self.rx.recv_timeout(timeout) {
+                Ok(c) => self.got = Some(Box::new(c)),
+                Err(RecvTimeoutError::Timeout) => return Err(self),
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.got = Some(Box::new(Err(CommError::Cancelled)))
+                }
+            }
+        }
+        Ok(self.wait())
+    }
+
+    fn finish(&mut self, c: Completion) -> Result<(Vec<T>, OpStats), CommError> {
+        let (bytes, stats) = c?;
+        let out = match self.typed.take() {
+            Some(mut v) => {
+                bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(&bytes);
+                v
+            }
+            None => bytes_to_vec(bytes),
+        };
+        Ok((out, stats))
+    }
+}
+
+/// `T`'s bytes as a byte vector: moved when `T` has byte alignment, else copied.
+pub(crate) fn vec_to_bytes<T: Pod>(v: Vec<T>) -> (Vec<u8>, Option<Vec<T>>) {
+    match bytemuck::allocation::try_cast_vec::<T, u8>(v) {
+        Ok(b) => (b, None),
+        Err((_, v)) => (bytemuck::cast_slice(&v).to_vec(), Some(v)),
+    }
+}
+
+fn bytes_to_vec<T: Pod>(b: Vec<u8>) -> Vec<T> {
+    match bytemuck::allocation::try_cast_vec::<u8, T>(b) {
+        Ok(v) => v,
+        Err((_, b)) => bytemuck::allocation::pod_collect_to_vec(&b),
+    }
+}

@@ -1,0 +1,562 @@
+//! The Communicator end to end: 4 ranks as threads in one process on loopback multicast
+//! (builder with an explicit peer table), then 4 ranks as processes bootstrapping from
+//! `RINGCAST_*` variables (this test binary re-executed in a child role).
+//!
+//! Every test draws its own nonce, TCP and UDP ports, so parallel runs never meet; every wait
+//! has a deadline, so a test fails, never hangs.
+#![cfg(feature = "rocev2-udp")]
+// Children report to the parent on stdout; failures explain themselves on stderr.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ringcast::{CommError, Communicator};
+
+const RANKS: u32 = 4;
+const DEADLINE: Duration = Duration::from_secs(90);
+
+fn free_udp_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn free_tcp_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn nonce(salt: u64) -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    splitmix(t ^ (u64::from(std::process::id()) << 32) ^ salt)
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Rank `r`'s data for operation `salt`: differs per 256-byte step, so a chunk at the wrong
+/// offset is caught.
+fn pattern(salt: u64, r: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (splitmix(salt ^ (u64::from(r) << 40) ^ (i as u64 >> 8)) as u8) ^ (i as u8))
+        .collect()
+}
+
+/// Runs `f` on `RANKS` communicators, each on its own thread; fails at the deadline.
+fn world<R: Send + 'static>(
+    salt: u64,
+    f: impl Fn(Communicator) -> Result<R, String> + Send + Sync + Clone + 'static,
+) -> Vec<R> {
+    let nonce = nonce(salt);
+    let port = free_udp_port();
+    let listeners: Vec<TcpListener> = (0..RANKS)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind control"))
+        .collect();
+    let table: Vec<SocketAddr> = listeners
+        .iter()
+        .map(|l| l.local_addr().expect("addr"))
+        .collect();
+    let (tx, rx) = mpsc::channel();
+    for (r, l) in listeners.into_iter().enumerate() {
+        let (table, tx, f) = (table.clone(), tx.clone(), f.clone());
+        thread::Builder::new()
+            .name(format!("test-rank{r}"))
+            .spawn(move || {
+                let comm = Communicator::builder()
+                    .rank(r as u32)
+                    .world_size(RANKS)
+                    .peer_table(table, nonce)
+                    .control_listener(l)
+                    .interface(std::net::Ipv4Addr::LOCALHOST)
+                    .udp_port(port)
+                    .lanes(2)
+                    .peer_timeout(Duration::from_secs(10))
+                    .link_bandwidth(100_000_000)
+                    .cutoff_alpha(Duration::from_millis(20))
+                    .build()
+                    .map_err(|e| format!("rank {r}: build: {e}"));
+                let _ = tx.send((r, comm.and_then(&f)));
+            })
+            .expect("spawn");
+    }
+    drop(tx);
+    let end = Instant::now() + DEADLINE;
+    let mut out: Vec<Option<R>> = (0..RANKS).map(|_| None).collect();
+    let mut errors = Vec::new();
+    for _ in 0..RANKS {
+        let left = end.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((r, Ok(v))) => out[r] = Some(v),
+            Ok((r, Err(e))) => errors.push(format!("rank {r}: {e}")),
+            Err(_) => panic!("ranks did not finish within {DEADLINE:?}: {errors:?}"),
+        }
+    }
+    assert!(errors.is_empty(), "{errors:#?}");
+    out.into_iter()
+        .map(|v| v.expect("every rank reported"))
+        .collect()
+}
+
+fn check<T: PartialEq + std::fmt::Debug>(what: &str, got: &[T], want: &[T]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!(
+            "{what}: {} elements, want {}",
+            got.len(),
+            want.len()
+        ));
+    }
+    match got.iter().zip(want).position(|(a, b)| a != b) {
+        None => Ok(()),
+        Some(i) => Err(format!(
+            "{what}: element {i} is {:?}, want {:?}",
+            got[i], want[i]
+        )),
+    }
+}
+
+fn e(x: CommError) -> String {
+    x.to_string()
+}
+
+#[test]
+fn broadcast_allgather_allgatherv_byte_for_byte() {
+    world(1, |comm| {
+        let me = comm.rank();
+        // Broadcast, ~1 MiB from rank 1.
+        let want = pattern(1, 1, (1 << 20) + 1000);
+        let mut buf = if me == 1 {
+            want.clone()
+        } else {
+            vec![0; want.len()]
+        };
+        let st = comm.broadcast(1, &mut buf).map_err(e)?;
+        check("broadcast", &buf, &want)?;
+        if me != 1 && st.counters.chunks_received + st.counters.chunks_fetched == 0 {
+            return Err(format!("no chunk counted: {st:?}"));
+        }
+        // Allgather, 64 KiB per rank.
+        let block = 64 << 10;
+        let blocks: Vec<Vec<u8>> = (0..RANKS).map(|r| pattern(2, r, block)).collect();
+        let mut recv = vec![0u8; block * RANKS as usize];
+        comm.allgather(&blocks[me as usize], &mut recv).map_err(e)?;
+        check("allgather", &recv, &blocks.concat())?;
+        // Allgatherv with zero-sized blocks.
+        let counts = [5000usize, 0, 70_001, 0];
+        let blocks: Vec<Vec<u8>> = (0..RANKS)
+            .map(|r| pattern(3, r, counts[r as usize]))
+            .collect();
+        let mut recv = vec![0u8; counts.iter().sum()];
+        comm.allgatherv(&blocks[me as usize], &mut recv, &counts)
+            .map_err(e)?;
+        check("allgatherv", &recv, &blocks.concat())?;
+        // Typed: u32 broadcast, f32 allgather.
+        let want: Vec<u32> = (0..50_000u32)
+            .map(|i| i.wrapping_mul(2_654_435_761))
+            .collect();
+        let mut buf = if me == 3 {
+            want.clone()
+        } else {
+            vec![0u32; want.len()]
+        };
+        comm.broadcast(3, &mut buf).map_err(e)?;
+        check("u32 broadcast", &buf, &want)?;
+        let mine: Vec<f32> = (0..3000)
+            .map(|i| me as f32 * 1e4 + i as f32 * 0.5)
+            .collect();
+        let mut recv = vec![0f32; 3000 * RANKS as usize];
+        comm.allgather(&mine, &mut recv).map_err(e)?;
+        let want: Vec<f32> = (0..RANKS)
+            .flat_map(|r| (0..3000).map(move |i| r as f32 * 1e4 + i as f32 * 0.5))
+            .collect();
+        check("f32 allgather", &recv, &want)?;
+        let stats = comm.stats().map_err(e)?;
+        if stats.ops_completed != 5 || stats.ops_failed != 0 {
+            return Err(format!("ops counted wrong: {stats:?}"));
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn several_in_flight_complete_out_of_order() {
+    world(2, |comm| {
+        let me = comm.rank();
+        let b0 = pattern(10, 0, 300_000);
+        let b1 = pattern(11, 2, 200_000);
+        let blocks: Vec<Vec<u8>> = (0..RANKS).map(|r| pattern(12, r, 40_000)).collect();
+        let counts = [0usize, 10_000, 0, 33_333];
+        let vblocks: Vec<Vec<u8>> = (0..RANKS)
+            .map(|r| pattern(13, r, counts[r as usize]))
+            .collect();
+        let words: Vec<u64> = (0..RANKS as u64 * 5000).map(|i| i ^ 0xABCD).collect();
+        // FSDP-style: post everything, then wait in another order.
+        let r0 = comm
+            .ibroadcast(
+                0,
+                if me == 0 {
+                    b0.clone()
+                } else {
+                    vec![0; b0.len()]
+                },
+            )
+            .map_err(e)?;
+        let r1 = comm
+            .iallgather(&blocks[me as usize], vec![0; 40_000 * RANKS as usize])
+            .map_err(e)?;
+        let r2 = comm
+            .ibroadcast(
+                2,
+                if me == 2 {
+                    b1.clone()
+                } else {
+                    vec![0; b1.len()]
+                },
+            )
+            .map_err(e)?;
+        let r3 = comm
+            .iallgatherv(&vblocks[me as usize], vec![0; 43_333], &counts)
+            .map_err(e)?;
+        let mine = &words[me as usize * 5000..(me as usize + 1) * 5000];
+        let mut r4 = comm.iallgather(mine, vec![0u64; words.len()]).map_err(e)?;
+        let end = Instant::now() + Duration::from_secs(60);
+        while !r4.test() {
+            if Instant::now() > end {
+                return Err("u64 allgather never finished".into());
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        check("u64 allgather", &r4.wait().map_err(e)?, &words)?;
+        let r3 = match r3.wait_timeout(Duration::from_secs(60)) {
+            Ok(r) => r.map_err(e)?,
+            Err(_) => return Err("allgatherv timed out".into()),
+        };
+        check("allgatherv", &r3, &vblocks.concat())?;
+        check("broadcast 2", &r2.wait().map_err(e)?, &b1)?;
+        check("allgather", &r1.wait().map_err(e)?, &blocks.concat())?;
+        check("broadcast 0", &r0.wait().map_err(e)?, &b0)?;
+        Ok(())
+    });
+}
+
+#[test]
+fn a_rank_that_stops_fails_the_others_naming_it() {
+    const GONE: u32 = 3;
+    let got = world(3, |comm| {
+        let me = comm.rank();
+        // Everyone is up and connected.
+        let mut x = vec![me as u8; 8];
+        comm.broadcast(0, &mut x).map_err(e)?;
+        let len = 4 << 20;
+        let buf = if me == 0 {
+            pattern(4, 0, len)
+        } else {
+            vec![0; len]
+        };
+        let req = comm.ibroadcast(0, buf).map_err(e)?;
+        if me == GONE {
+            // Stops mid-operation: its own request is cancelled, promptly.
+            drop(comm);
+            return match req.wait() {
+                Err(CommError::Cancelled) => Ok(None),
+                other => Err(format!("the stopped rank's request: {other:?}")),
+            };
+        }
+        let err = match req.wait() {
+            Err(err) => err,
+            Ok(_) => return Err("completed without rank 3".into()),
+        };
+        // The communicator is broken from now on: a later post fails at once, naming it.
+        let later = comm.ibroadcast(0, vec![0u8; 16]).map_err(e)?.wait();
+        Ok(Some((err, later)))
+    });
+    for (r, g) in got.into_iter().enumerate() {
+        let Some((err, later)) = g else {
+            continue;
+        };
+        assert_eq!(err.peer(), Some(GONE), "rank {r}: {err}");
+        assert_eq!(
+            later.map(|_| ()),
+            Err(CommError::PeerLost { peer: GONE }),
+            "rank {r}"
+        );
+    }
+}
+
+#[test]
+fn dropping_with_requests_in_flight_returns_promptly() {
+    world(4, |comm| {
+        let me = comm.rank();
+        let mut reqs = Vec::new();
+        for k in 0..4u32 {
+            let buf = vec![me as u8; 2 << 20];
+            reqs.push(comm.ibroadcast(k % RANKS, buf).map_err(e)?);
+        }
+        // One request leaked outright: the engine still owns its buffer.
+        std::mem::forget(comm.ibroadcast(1, vec![0u8; 1 << 20]).map_err(e)?);
+        drop(comm);
+        for r in reqs {
+            match r.wait() {
+                Ok(_) | Err(CommError::Cancelled) | Err(CommError::PeerLost { .. }) => {}
+                Err(other) => return Err(format!("unexpected: {other}")),
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn bad_arguments_and_settings_are_typed_errors() {
+    let err = Communicator::builder()
+        .world_size(2)
+        .build()
+        .expect_err("no rank");
+    assert!(err.to_string().contains("RINGCAST_RANK"), "{err}");
+    let err = Communicator::builder()
+        .rank(0)
+        .world_size(2)
+        .build()
+        .expect_err("no peers");
+    assert!(err.to_string().contains("RINGCAST_BOOTSTRAP"), "{err}");
+
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let comm = Communicator::builder()
+        .rank(0)
+        .world_size(1)
+        .peer_table(vec![l.local_addr().expect("addr")], nonce(5))
+        .control_listener(l)
+        .udp_port(free_udp_port())
+        .build()
+        .expect("single rank");
+    assert!(matches!(
+        comm.ibroadcast(1, vec![0u8; 4]),
+        Err(CommError::RootOutOfRange { root: 1, ranks: 1 })
+    ));
+    assert!(matches!(
+        comm.iallgather(&[1u8, 2], vec![0u8; 3]),
+        Err(CommError::BufferSize {
+            what: "recv",
+            got: 3,
+            required: 2
+        })
+    ));
+    assert!(matches!(
+        comm.iallgatherv(&[1u8], vec![0u8; 1], &[1, 0]),
+        Err(CommError::CountsLength { got: 2, ranks: 1 })
+    ));
+    // A single rank completes at once, and hands its buffer back.
+    let mut v = [7u16; 9];
+    comm.broadcast(0, &mut v).expect("broadcast");
+    assert_eq!(v, [7u16; 9]);
+    let mut out = [0i64; 3];
+    comm.allgather(&[1i64, -2, 3], &mut out).expect("allgather");
+    assert_eq!(out, [1, -2, 3]);
+}
+
+// ---- Multi-process: the child role, then the tests that spawn it. ----
+
+const CHILD_ENV: &str = "RINGCAST_COMM_TEST_CHILD";
+
+/// The child role: runs only when the parent set `RINGCAST_COMM_TEST_CHILD`; a no-op in a
+/// normal test run.
+#[test]
+fn child_role() {
+    let Ok(role) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let code = match child(&role) {
+        Ok(()) => 0,
+        Err(msg) => {
+            println!("@@ERR {msg}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn child(role: &str) -> Result<(), String> {
+    let comm = Communicator::from_env().map_err(|e| format!("from_env: {e}"))?;
+    let me = comm.rank();
+    let n = comm.size();
+    // libtest may have started a line: reports are found by their "@@" mark.
+    let say = |s: &str| println!("@@{s}");
+    match role {
+        "collectives" => {
+            let want = pattern(20, 2, (1 << 20) + 77);
+            let mut buf = if me == 2 {
+                want.clone()
+            } else {
+                vec![0; want.len()]
+            };
+            comm.broadcast(2, &mut buf).map_err(e)?;
+            check("broadcast", &buf, &want)?;
+            let blocks: Vec<Vec<u8>> = (0..n).map(|r| pattern(21, r, 100_000)).collect();
+            let mut recv = vec![0u8; 100_000 * n as usize];
+            comm.allgather(&blocks[me as usize], &mut recv).map_err(e)?;
+            check("allgather", &recv, &blocks.concat())?;
+            say("OK");
+            Ok(())
+        }
+        "victim" => {
+            let mut x = [0u8; 8];
+            comm.broadcast(0, &mut x).map_err(e)?;
+            let victim = n - 1;
+            let len = 8 << 20;
+            let buf = if me == 0 {
+                pattern(22, 0, len)
+            } else {
+                vec![0; len]
+            };
+            if me == victim {
+                // Stops short of the collective the others are in, and waits to be killed.
+                say("POSTED");
+                thread::sleep(Duration::from_secs(120));
+                return Err("not killed".into());
+            }
+            let req = comm.ibroadcast(0, buf).map_err(e)?;
+            say("POSTED");
+            match req.wait() {
+                Err(err) => {
+                    say(&format!("FAILED peer={:?} {err}", err.peer()));
+                    Ok(())
+                }
+                Ok(_) => Err("completed without the victim".into()),
+            }
+        }
+        other => Err(format!("unknown role {other}")),
+    }
+}
+
+/// Kills the children it holds when dropped: a failed test leaves no process behind.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts `RANKS` children in `role`; returns them and a channel of `(rank, line)`.
+fn spawn_children(role: &str) -> (Children, mpsc::Receiver<(u32, String)>) {
+    let exe = std::env::current_exe().expect("test binary");
+    let bootstrap = format!("127.0.0.1:{}", free_tcp_port());
+    let port = free_udp_port().to_string();
+    let (tx, rx) = mpsc::channel();
+    let mut kids = Children(Vec::new());
+    for r in 0..RANKS {
+        let mut child = Command::new(&exe)
+            .args(["--exact", "child_role", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, role)
+            .env("RINGCAST_RANK", r.to_string())
+            .env("RINGCAST_WORLD_SIZE", RANKS.to_string())
+            .env("RINGCAST_BOOTSTRAP", &bootstrap)
+            .env("RINGCAST_PORT", &port)
+            .env("RINGCAST_LANES", "2")
+            .env("RINGCAST_PEER_TIMEOUT", "10")
+            .env("RINGCAST_BOOTSTRAP_TIMEOUT", "30")
+            .env_remove("RINGCAST_IFNAME")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn child");
+        let out = child.stdout.take().expect("stdout");
+        let tx = tx.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send((r, line));
+            }
+        });
+        kids.0.push(child);
+    }
+    (kids, rx)
+}
+
+/// Waits for a report from every rank in `ranks`; panics on an `ERR` report.
+fn expect_lines(
+    rx: &mpsc::Receiver<(u32, String)>,
+    ranks: &[u32],
+    deadline: Instant,
+) -> Vec<(u32, String)> {
+    let mut got: Vec<(u32, String)> = Vec::new();
+    while ranks.iter().any(|r| !got.iter().any(|(g, _)| g == r)) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((r, line)) => {
+                let Some(at) = line.find("@@") else {
+                    continue;
+                };
+                let report = line[at + 2..].to_owned();
+                if report.starts_with("ERR") {
+                    panic!("rank {r}: {report}");
+                }
+                if ranks.contains(&r) {
+                    got.push((r, report));
+                }
+            }
+            Err(_) => panic!("no answer from some of {ranks:?} in time; got {got:?}"),
+        }
+    }
+    got
+}
+
+fn wait_exit(kids: &mut Children, ranks: &[u32], deadline: Instant) {
+    for &r in ranks {
+        let c = &mut kids.0[r as usize];
+        loop {
+            match c.try_wait().expect("try_wait") {
+                Some(st) => {
+                    assert!(st.success(), "rank {r} exited with {st}");
+                    break;
+                }
+                None if Instant::now() > deadline => panic!("rank {r} did not exit in time"),
+                None => thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+}
+
+#[test]
+fn processes_bootstrap_from_env_and_run_collectives() {
+    let deadline = Instant::now() + DEADLINE;
+    let (mut kids, rx) = spawn_children("collectives");
+    let all: Vec<u32> = (0..RANKS).collect();
+    expect_lines(&rx, &all, deadline);
+    wait_exit(&mut kids, &all, deadline);
+}
+
+#[test]
+fn a_killed_process_fails_the_others_naming_it() {
+    let deadline = Instant::now() + DEADLINE;
+    let (mut kids, rx) = spawn_children("victim");
+    let all: Vec<u32> = (0..RANKS).collect();
+    expect_lines(&rx, &all, deadline);
+    let victim = RANKS - 1;
+    kids.0[victim as usize].kill().expect("SIGKILL");
+    let survivors: Vec<u32> = (0..victim).collect();
+    let lines = expect_lines(&rx, &survivors, deadline);
+    for (r, line) in lines {
+        assert!(
+            line.starts_with(&format!("FAILED peer=Some({victim})")),
+            "rank {r}: {line}"
+        );
+    }
+    wait_exit(&mut kids, &survivors, deadline);
+}
