@@ -455,7 +455,7 @@ impl Drop for Children {
 }
 
 /// Starts `RANKS` children in `role`; returns them and a channel of `(rank, line)`.
-fn spawn_children(role: &str) -> (Children, mpsc::Receiver<(u32, String)>) {
+fn spawn_children(role: &str, peer_timeout_s: u32) -> (Children, mpsc::Receiver<(u32, String)>) {
     let exe = std::env::current_exe().expect("test binary");
     let bootstrap = format!("127.0.0.1:{}", free_tcp_port());
     let port = free_udp_port().to_string();
@@ -470,7 +470,7 @@ fn spawn_children(role: &str) -> (Children, mpsc::Receiver<(u32, String)>) {
             .env("RINGCAST_BOOTSTRAP", &bootstrap)
             .env("RINGCAST_PORT", &port)
             .env("RINGCAST_LANES", "2")
-            .env("RINGCAST_PEER_TIMEOUT", "10")
+            .env("RINGCAST_PEER_TIMEOUT", peer_timeout_s.to_string())
             .env("RINGCAST_BOOTSTRAP_TIMEOUT", "30")
             .env_remove("RINGCAST_IFNAME")
             .stdout(Stdio::piped())
@@ -536,7 +536,7 @@ fn wait_exit(kids: &mut Children, ranks: &[u32], deadline: Instant) {
 #[test]
 fn processes_bootstrap_from_env_and_run_collectives() {
     let deadline = Instant::now() + DEADLINE;
-    let (mut kids, rx) = spawn_children("collectives");
+    let (mut kids, rx) = spawn_children("collectives", 10);
     let all: Vec<u32> = (0..RANKS).collect();
     expect_lines(&rx, &all, deadline);
     wait_exit(&mut kids, &all, deadline);
@@ -545,18 +545,47 @@ fn processes_bootstrap_from_env_and_run_collectives() {
 #[test]
 fn a_killed_process_fails_the_others_naming_it() {
     let deadline = Instant::now() + DEADLINE;
-    let (mut kids, rx) = spawn_children("victim");
+    let (mut kids, rx) = spawn_children("victim", 10);
     let all: Vec<u32> = (0..RANKS).collect();
     expect_lines(&rx, &all, deadline);
     let victim = RANKS - 1;
     kids.0[victim as usize].kill().expect("SIGKILL");
+    survivors_name(&mut kids, &rx, victim, deadline);
+}
+
+#[test]
+fn a_hung_process_fails_the_others_naming_it() {
+    let deadline = Instant::now() + DEADLINE;
+    // A short peer timeout: the hung rank keeps its connections open, so only the timeout
+    // can tell.
+    let (mut kids, rx) = spawn_children("victim", 2);
+    let all: Vec<u32> = (0..RANKS).collect();
+    expect_lines(&rx, &all, deadline);
+    let victim = RANKS - 1;
+    let pid = kids.0[victim as usize].id().to_string();
+    let stopped = Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .expect("kill -STOP");
+    assert!(stopped.success(), "kill -STOP {pid}");
+    // `Children` kills it (SIGKILL works on a stopped process) when the test ends.
+    survivors_name(&mut kids, &rx, victim, deadline);
+}
+
+/// Every rank but `victim` reports a failure naming it, and exits cleanly.
+fn survivors_name(
+    kids: &mut Children,
+    rx: &mpsc::Receiver<(u32, String)>,
+    victim: u32,
+    deadline: Instant,
+) {
     let survivors: Vec<u32> = (0..victim).collect();
-    let lines = expect_lines(&rx, &survivors, deadline);
+    let lines = expect_lines(rx, &survivors, deadline);
     for (r, line) in lines {
         assert!(
             line.starts_with(&format!("FAILED peer=Some({victim})")),
             "rank {r}: {line}"
         );
     }
-    wait_exit(&mut kids, &survivors, deadline);
+    wait_exit(kids, &survivors, deadline);
 }
