@@ -94,9 +94,24 @@ mod callgrind {
     #[bench::random(lane(true))]
     fn lane_rx_handle_chunk((mut rx, imms): (LaneRx, Vec<u32>)) -> LaneRx {
         for &imm in &imms {
-            let p = rx.handle_chunk(Rank(0), imm, CHUNK_SIZE as usize);
-            if let Placement::Place { op, .. } = black_box(p) {
+            let p = rx.handle_chunk(Rank(0), black_box(imm), CHUNK_SIZE as usize);
+            if let Placement::Place { op, offset, len } = p {
+                black_box((offset, len));
                 rx.commit(op);
+            }
+        }
+        rx
+    }
+
+    // The claim alone, without the commit that follows the copy.
+    #[library_benchmark]
+    #[bench::in_order(lane(false))]
+    #[bench::random(lane(true))]
+    fn lane_rx_place_only((mut rx, imms): (LaneRx, Vec<u32>)) -> LaneRx {
+        for &imm in &imms {
+            let p = rx.handle_chunk(Rank(0), black_box(imm), CHUNK_SIZE as usize);
+            if let Placement::Place { offset, len, .. } = p {
+                black_box((offset, len));
             }
         }
         rx
@@ -134,7 +149,12 @@ mod callgrind {
 
     library_benchmark_group!(
         name = receive,
-        benchmarks = [lane_rx_handle_chunk, baseline_loop, baseline_bit_words]
+        benchmarks = [
+            lane_rx_handle_chunk,
+            lane_rx_place_only,
+            baseline_loop,
+            baseline_bit_words
+        ]
     );
 
     gungraun::main!(library_benchmark_groups = receive);

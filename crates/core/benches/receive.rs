@@ -142,7 +142,7 @@ fn node_handle_chunk(bencher: Bencher<'_, '_>, order_name: &str) {
             for &imm in imms {
                 let p = s.handle_chunk(0, Rank(0), imm, CHUNK_SIZE as usize);
                 if let Placement::Place { op, .. } = black_box(p) {
-                    s.commit(now, 0, op);
+                    black_box(s.commit(now, 0, op));
                 }
             }
         });

@@ -1,33 +1,71 @@
 //! Received-chunk tracking.
 
 use crate::wire::ChunkRun;
+use alloc::vec;
+use alloc::vec::Vec;
 use bitvec::prelude::*;
 
 /// One bit per chunk of an operation (or of one lane of it), sized once when the operation
 /// starts and never grown afterwards.
+///
+/// Stored as plain words (bit `i` is bit `i % 64` of word `i / 64`), so the receive fast path
+/// can test-and-set a word directly; bitvec is only a view for runs and ranges.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChunkBitmap {
-    bits: BitVec<u64, Lsb0>,
+    words: Vec<u64>,
+    len: u32,
     set: u32,
+}
+
+/// Words needed for `len` bits.
+pub(crate) fn words_for(len: u32) -> usize {
+    (len as usize).div_ceil(64)
 }
 
 impl ChunkBitmap {
     /// An empty bitmap for `len` chunks.
     pub fn new(len: u32) -> Self {
         ChunkBitmap {
-            bits: bitvec![u64, Lsb0; 0; len as usize],
+            words: vec![0; words_for(len)],
+            len,
             set: 0,
         }
     }
 
+    /// A bitmap over `words` (bits at and beyond `len` are cleared).
+    pub(crate) fn from_words(mut words: Vec<u64>, len: u32) -> Self {
+        words.resize(words_for(len), 0);
+        if !len.is_multiple_of(64)
+            && let Some(last) = words.last_mut()
+        {
+            *last &= (1u64 << (len % 64)) - 1;
+        }
+        let set = words.iter().map(|w| w.count_ones()).sum();
+        ChunkBitmap { words, len, set }
+    }
+
+    /// The words, for a lane's fast path.
+    pub(crate) fn into_words(self) -> Vec<u64> {
+        self.words
+    }
+
+    fn bits(&self) -> &BitSlice<u64, Lsb0> {
+        &self.words.view_bits::<Lsb0>()[..self.len as usize]
+    }
+
+    fn bits_mut(&mut self) -> &mut BitSlice<u64, Lsb0> {
+        let len = self.len as usize;
+        &mut self.words.view_bits_mut::<Lsb0>()[..len]
+    }
+
     /// Number of chunks tracked.
     pub fn len(&self) -> u32 {
-        self.bits.len() as u32
+        self.len
     }
 
     /// True when no chunks are tracked.
     pub fn is_empty(&self) -> bool {
-        self.bits.is_empty()
+        self.len == 0
     }
 
     /// Number of chunks present.
@@ -37,24 +75,23 @@ impl ChunkBitmap {
 
     /// Number of chunks missing.
     pub fn missing(&self) -> u32 {
-        self.len() - self.set
+        self.len - self.set
     }
 
     /// True when every chunk is present.
     pub fn is_full(&self) -> bool {
-        self.set == self.len()
+        self.set == self.len
     }
 
     /// Marks chunk `i` present. Returns true if it was missing; false if it was present
     /// already or is out of range.
     #[inline]
     pub fn insert(&mut self, i: u32) -> bool {
-        if i as usize >= self.bits.len() {
+        if i >= self.len {
             return false;
         }
-        // The hot path: one word test-and-set on the bitvec's storage (Lsb0 order).
         let (w, m) = ((i / 64) as usize, 1u64 << (i % 64));
-        match self.bits.as_raw_mut_slice().get_mut(w) {
+        match self.words.get_mut(w) {
             Some(word) if *word & m == 0 => {
                 *word |= m;
                 self.set += 1;
@@ -66,9 +103,12 @@ impl ChunkBitmap {
 
     /// Marks every chunk of `run` (clipped to the bitmap) present; returns how many were new.
     pub fn insert_run(&mut self, run: ChunkRun) -> u32 {
-        let Some(slice) = self.slice_mut(run) else {
+        let e = run.end().min(self.len) as usize;
+        let s = run.start as usize;
+        if s >= e {
             return 0;
-        };
+        }
+        let slice = &mut self.bits_mut()[s..e];
         let new = slice.count_zeros() as u32;
         slice.fill(true);
         self.set += new;
@@ -78,21 +118,15 @@ impl ChunkBitmap {
     /// Whether every chunk of `run` is present (false if the run leaves the bitmap).
     pub fn contains_run(&self, run: ChunkRun) -> bool {
         let (s, e) = (run.start as usize, run.end() as usize);
-        e <= self.bits.len() && s <= e && self.bits[s..e].all()
-    }
-
-    fn slice_mut(&mut self, run: ChunkRun) -> Option<&mut BitSlice<u64, Lsb0>> {
-        let e = (run.end() as usize).min(self.bits.len());
-        let s = run.start as usize;
-        (s < e).then(|| &mut self.bits[s..e])
+        e <= self.len as usize && s <= e && self.bits()[s..e].all()
     }
 
     /// Present (`present`) or missing chunks within `within` as maximal runs, in order.
     pub fn runs(&self, within: ChunkRun, present: bool) -> Runs<'_> {
-        let e = (within.end() as usize).min(self.bits.len());
+        let e = (within.end() as usize).min(self.len as usize);
         let s = (within.start as usize).min(e);
         Runs {
-            bits: &self.bits[s..e],
+            bits: &self.bits()[s..e],
             base: s as u32,
             pos: 0,
             present,

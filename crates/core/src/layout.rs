@@ -155,13 +155,16 @@ impl Layout {
         } else {
             (b.size - u64::from(b.chunks - 1) * cs) as u32
         };
+        let (lo, count) = (l * b.per_lane, self.lane_count(r, l));
+        let holds_last = count > 0 && lo + count == b.chunks;
         LaneBlock {
             displ: b.displ,
-            lo: l * b.per_lane,
-            count: self.lane_count(r, l),
+            lo,
+            count,
             base: self.lane_index(r, l),
             chunks: b.chunks,
             last_len,
+            full: count - u32::from(holds_last),
         }
     }
 

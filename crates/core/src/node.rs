@@ -74,7 +74,7 @@ impl Node {
     /// Every counter: the session's and every lane's.
     pub fn stats(&self) -> Stats {
         let mut s = *self.session.stats();
-        self.rx.iter().for_each(|r| s.add_rx(r.stats()));
+        self.rx.iter().for_each(|r| s.add_rx(&r.stats()));
         self.tx.iter().for_each(|t| s.add_tx(t.stats()));
         s.dropped_wrong_lane = s.dropped_wrong_lane.saturating_add(self.no_such_lane);
         s
@@ -117,13 +117,20 @@ impl Node {
         }
     }
 
-    /// The payload of a chunk placed for `op` on `lane` is written.
+    /// The payload of a chunk placed for `op` on `lane` is written. Returns whether the
+    /// session heard of it (the lane filled up): only then may outputs or timers have changed.
     #[inline]
-    pub fn commit(&mut self, now: Instant, lane: u16, op: OpId) {
-        if let Some(rx) = self.rx.get_mut(usize::from(lane)) {
-            rx.commit(op);
+    pub fn commit(&mut self, now: Instant, lane: u16, op: OpId) -> bool {
+        let Some(rx) = self.rx.get_mut(usize::from(lane)) else {
+            return false;
+        };
+        rx.commit(op);
+        // Most commits change nothing the session sees.
+        let heard = rx.has_notes();
+        if heard {
             self.route(now);
         }
+        heard
     }
 
     /// See [`Session::handle_control`].
@@ -168,6 +175,12 @@ impl Node {
             }
         }
         None
+    }
+
+    /// Whether any output may be waiting: a transmit, an event or a multicast. A driver may
+    /// skip draining when it is false.
+    pub fn has_output(&self) -> bool {
+        self.session.has_output() || self.tx.iter().any(|t| t.may_send())
     }
 
     /// Whether multicasts wait only for a send window to open.

@@ -10,6 +10,7 @@ use crate::wire::{ControlKind, ControlRepr};
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use bitvec::prelude::*;
+use core::cell::Cell;
 
 /// Control messages that arrived for an operation this rank has not started yet.
 #[derive(Debug)]
@@ -55,6 +56,9 @@ pub struct Session {
     stats: Stats,
     lane_out: VecDeque<LaneCommand>,
     next_read: u64,
+    /// `poll_timeout`'s answer, until an input changes a timer (`None`: not computed). Chunks
+    /// never reach the session, so on the hot path this is computed once and reused.
+    timeout: Cell<Option<Option<Instant>>>,
 }
 
 macro_rules! cx {
@@ -84,6 +88,7 @@ impl Session {
             stats: Stats::default(),
             lane_out: VecDeque::new(),
             next_read: 0,
+            timeout: Cell::new(None),
         })
     }
 
@@ -133,6 +138,7 @@ impl Session {
         now: Instant,
         make: impl FnOnce(&Ctx<'_>, OpId) -> Result<Collective, StartError>,
     ) -> Result<OpId, StartError> {
+        self.timeout.set(None);
         if self.ops.len() >= self.config.limits.max_inflight_ops as usize {
             return Err(StartError::TooManyInflight);
         }
@@ -173,6 +179,7 @@ impl Session {
     /// A control message arrived from `from` on the reliable path. Malformed, stale or
     /// unexpected messages are dropped and counted.
     pub fn handle_control(&mut self, now: Instant, from: Rank, bytes: &[u8]) {
+        self.timeout.set(None);
         if bytes.len() > self.config.limits.max_control_len || from.0 >= self.config.ranks {
             bump(&mut self.stats.control_malformed);
             return;
@@ -256,6 +263,7 @@ impl Session {
     /// A read issued by [`Transmit::Read`] finished (or failed). An unknown `id` (its
     /// operation ended meanwhile) is ignored.
     pub fn handle_read_done(&mut self, now: Instant, id: ReadId, result: Result<(), ReadError>) {
+        self.timeout.set(None);
         let Some(i) = self.ops.iter().position(|o| o.ring.has_read(id)) else {
             return;
         };
@@ -269,6 +277,7 @@ impl Session {
     /// or [`LaneTx::poll_note`](crate::lane::LaneTx::poll_note)). Notes for operations that
     /// ended are ignored.
     pub fn handle_lane_note(&mut self, now: Instant, note: LaneNote) {
+        self.timeout.set(None);
         let op = match &note {
             LaneNote::Rx(RxNote::Full { op, .. } | RxNote::Closed { op, .. })
             | LaneNote::Tx(TxNote::SendsDone { op, .. }) => *op,
@@ -295,6 +304,7 @@ impl Session {
 
     /// Timers may have expired. A spurious call is harmless.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.timeout.set(None);
         let mut i = 0;
         while i < self.ops.len() {
             let due = self.ops[i].next_timeout().is_some_and(|t| t <= now);
@@ -328,6 +338,11 @@ impl Session {
         None
     }
 
+    /// Whether a `poll_*` output (transmit, lane command, event) is waiting.
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty() || !self.lane_out.is_empty() || !self.events.is_empty()
+    }
+
     /// The next command for a lane.
     pub fn poll_lane_command(&mut self) -> Option<LaneCommand> {
         self.lane_out.pop_front()
@@ -336,7 +351,12 @@ impl Session {
     /// When to call [`handle_timeout`](Self::handle_timeout) next.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.ops.iter().filter_map(|o| o.next_timeout()).min()
+        if let Some(t) = self.timeout.get() {
+            return t;
+        }
+        let t = self.ops.iter().filter_map(|o| o.next_timeout()).min();
+        self.timeout.set(Some(t));
+        t
     }
 
     /// The next completion or failure.

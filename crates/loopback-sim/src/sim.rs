@@ -14,7 +14,7 @@ use crate::store::Store;
 use crate::topology::Topology;
 use crate::workload::OpSpec;
 use ringcast_core::port::mailbox::MailOut;
-use ringcast_core::port::{RxMeta, pump};
+use ringcast_core::port::pump;
 use ringcast_core::wire::ImmLayout;
 use ringcast_core::{Config, Event, Instant, Node, OpId, Placement, Rank, ReadError, ReadId};
 use std::time::Duration;
@@ -320,16 +320,26 @@ impl Sim {
         if d.corrupt {
             return; // the transport checksum failed; counted when the fault was injected
         }
-        let Some(rx) = h.port.rx.get_mut(usize::from(d.lane)) else {
-            return;
-        };
-        let meta = RxMeta {
-            from: Rank(d.src),
-            imm: d.imm,
-            len: d.len as usize,
-        };
-        rx.push(meta, (d.token, d.src));
-        self.drain(d.dst);
+        // The chunk goes straight to the node's lane (a driver that owns the receive side, as
+        // a lane worker does); everything the node then sends goes through the shared pump.
+        let now = Instant::from_nanos(self.now / PS_PER_NS);
+        let p = h
+            .node
+            .handle_chunk(d.lane, Rank(d.src), d.imm, d.len as usize);
+        let mut heard = false;
+        if let Placement::Place { op, offset, len } = p {
+            h.bytes_received += u64::from(len);
+            if let Some(w) = h.op_index(op.0) {
+                let layout = &self.layouts[w];
+                if let Some((b, s)) = h.ops[w].buf.as_mut().zip(layout.slot(d.src, offset)) {
+                    b.set(s, layout.expected().get(s) == Some(&d.token));
+                }
+            }
+            heard = h.node.commit(now, d.lane, op);
+        }
+        if heard || h.node.has_output() {
+            self.drain(d.dst);
+        }
     }
 
     fn on_control(&mut self, from: u32, to: u32, msg: u32) {

@@ -55,6 +55,9 @@ pub(crate) struct LaneBlock {
     pub(crate) chunks: u32,
     /// Bytes of the block's last chunk.
     pub(crate) last_len: u32,
+    /// Chunks of this lane's part that are full-size: `count`, or one fewer when the block's
+    /// last chunk is on this lane (it is `last_len` long).
+    pub(crate) full: u32,
 }
 
 /// Opens an operation on a lane's receive half: everything the fast path needs to place its

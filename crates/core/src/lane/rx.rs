@@ -5,7 +5,7 @@ use super::{LaneBitmap, LaneBlock, RxCommand, RxNote, RxOpen};
 use crate::bitmap::ChunkBitmap;
 use crate::config::{Config, Rank};
 use crate::event::{DropReason, OpId, Placement};
-use crate::wire::ImmLayout;
+use alloc::boxed::Box;
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
@@ -63,12 +63,18 @@ impl RxStats {
 #[derive(Clone, Debug)]
 struct RxOp {
     tag: u32,
-    id: OpId,
-    /// Per rank, indexed by the source the transport reports.
-    blocks: Vec<LaneBlock>,
-    bits: ChunkBitmap,
+    /// Chunks tracked on this lane.
+    len: u32,
     /// Chunks present and written (our own count from the start).
     committed: u32,
+    /// Our own chunks on this lane (present from the start, never received).
+    own: u32,
+    id: OpId,
+    /// Per rank, indexed by the source the transport reports. Our own block's `count` is
+    /// zero, so its chunks leave the fast path at the lane check and are told apart there.
+    blocks: Box<[LaneBlock]>,
+    /// The bitmap as plain words: bit `i` is bit `i % 64` of word `i / 64`.
+    words: Box<[u64]>,
 }
 
 /// One lane's receive half: for every operation in flight, the lane's bitmap and placement
@@ -86,10 +92,14 @@ struct RxOp {
 /// ```
 #[derive(Clone, Debug)]
 pub struct LaneRx {
-    imm: ImmLayout,
+    /// The immediate's split, precomputed: tag = imm >> shift, chunk = imm & mask.
+    shift: u32,
+    mask: u32,
     chunk_size: u32,
     me: Rank,
     lane: u16,
+    /// The operation placed last: tried first (chunks come in long runs of one operation).
+    last: usize,
     ops: Vec<RxOp>,
     notes: VecDeque<RxNote>,
     stats: RxStats,
@@ -98,11 +108,14 @@ pub struct LaneRx {
 impl LaneRx {
     /// The receive half of lane `lane` of the rank `config` describes.
     pub fn new(config: &Config, lane: u16) -> Self {
+        let shift = u32::from(config.imm.chunk_bits());
         LaneRx {
-            imm: config.imm,
+            shift,
+            mask: ((1u64 << shift) - 1) as u32,
             chunk_size: config.chunk_size,
             me: config.rank,
             lane,
+            last: 0,
             ops: Vec::with_capacity(config.limits.max_inflight_ops as usize),
             notes: VecDeque::new(),
             stats: RxStats::default(),
@@ -114,9 +127,18 @@ impl LaneRx {
         self.lane
     }
 
-    /// Counters.
-    pub fn stats(&self) -> &RxStats {
-        &self.stats
+    /// Counters. Chunks received are counted per operation at commit and summed here, so the
+    /// fast path updates one counter, not two.
+    pub fn stats(&self) -> RxStats {
+        let live: u64 = self
+            .ops
+            .iter()
+            .map(|o| u64::from(o.committed - o.own))
+            .sum();
+        RxStats {
+            chunks_received: self.stats.chunks_received.saturating_add(live),
+            ..self.stats
+        }
     }
 
     /// Operations open on this lane.
@@ -133,64 +155,79 @@ impl LaneRx {
     /// the immediate.
     #[inline]
     pub fn handle_chunk(&mut self, from: Rank, imm: u32, len: usize) -> Placement {
-        match self.place(from, imm, len) {
-            Ok(p) => p,
-            Err(r) => {
-                self.stats.count_drop(r);
-                Placement::Drop(r)
-            }
-        }
-    }
-
-    #[inline]
-    fn place(&mut self, from: Rank, imm: u32, len: usize) -> Result<Placement, DropReason> {
-        let imm = self.imm.decode(imm);
+        let (tag, c) = (imm >> self.shift, imm & self.mask);
+        let i = match self.ops.get(self.last) {
+            Some(o) if o.tag == tag => self.last,
+            _ => match self.ops.iter().position(|o| o.tag == tag) {
+                Some(i) => {
+                    self.last = i;
+                    i
+                }
+                None => return self.dropped(DropReason::Stale),
+            },
+        };
         let cs = self.chunk_size;
-        let op = self
-            .ops
-            .iter_mut()
-            .find(|o| o.tag == imm.op_tag)
-            .ok_or(DropReason::Stale)?;
-        if from == self.me {
-            return Err(DropReason::Own);
-        }
-        let b = op.blocks.get(from.index()).ok_or(DropReason::WrongSource)?;
-        if b.chunks == 0 {
-            return Err(DropReason::WrongSource);
-        }
-        let c = imm.chunk;
-        if c >= b.chunks {
-            return Err(DropReason::OutOfRange);
-        }
+        let op = &mut self.ops[i];
+        let Some(b) = op.blocks.get(from.index()) else {
+            return self.dropped(DropReason::WrongSource);
+        };
         let k = c.wrapping_sub(b.lo);
         if k >= b.count {
-            return Err(DropReason::WrongLane);
+            // Off this lane's part of the block: say exactly why.
+            let why = if from == self.me {
+                DropReason::Own
+            } else if b.chunks == 0 {
+                DropReason::WrongSource
+            } else if c >= b.chunks {
+                DropReason::OutOfRange
+            } else {
+                DropReason::WrongLane
+            };
+            return self.dropped(why);
         }
-        let want = if c + 1 == b.chunks { b.last_len } else { cs };
+        let want = if k < b.full { cs } else { b.last_len };
         if len != want as usize {
-            return Err(DropReason::BadLength);
+            return self.dropped(DropReason::BadLength);
         }
         let offset = b.displ + u64::from(c) * u64::from(cs);
-        if !op.bits.insert(b.base + k) {
-            return Err(DropReason::Duplicate);
+        let bit = b.base + k;
+        let m = 1u64 << (bit % 64);
+        // `bit < len` by construction of the blocks; `get_mut` keeps a corrupt open harmless.
+        let Some(w) = op.words.get_mut((bit / 64) as usize) else {
+            return self.dropped(DropReason::OutOfRange);
+        };
+        if *w & m != 0 {
+            return self.dropped(DropReason::Duplicate);
         }
-        Ok(Placement::Place {
+        *w |= m;
+        Placement::Place {
             op: op.id,
             offset,
             len: want,
-        })
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn dropped(&mut self, r: DropReason) -> Placement {
+        self.stats.count_drop(r);
+        Placement::Drop(r)
     }
 
     /// The payload of a chunk that [`handle_chunk`](Self::handle_chunk) placed for `op` is
     /// written. When the lane's part of the operation is complete, queues [`RxNote::Full`].
     #[inline]
     pub fn commit(&mut self, op: OpId) {
-        let Some(o) = self.ops.iter_mut().find(|o| o.id == op) else {
-            return;
+        let i = match self.ops.get(self.last) {
+            Some(o) if o.id == op => self.last,
+            _ => match self.ops.iter().position(|o| o.id == op) {
+                Some(i) => i,
+                None => return,
+            },
         };
+        let o = &mut self.ops[i];
         o.committed += 1;
-        self.stats.chunks_received = self.stats.chunks_received.saturating_add(1);
-        if o.committed == o.bits.len() {
+        if o.committed == o.len {
             self.notes.push_back(RxNote::Full {
                 lane: self.lane,
                 op,
@@ -207,10 +244,13 @@ impl LaneRx {
                     return;
                 };
                 let o = self.ops.remove(i);
+                self.last = 0;
+                let got = u64::from(o.committed - o.own);
+                self.stats.chunks_received = self.stats.chunks_received.saturating_add(got);
                 self.notes.push_back(RxNote::Closed {
                     lane: self.lane,
                     op,
-                    bitmap: LaneBitmap(o.bits),
+                    bitmap: LaneBitmap(ChunkBitmap::from_words(o.words.into_vec(), o.len)),
                 });
             }
         }
@@ -218,16 +258,23 @@ impl LaneRx {
 
     fn open(&mut self, o: RxOpen) {
         let mut bits = ChunkBitmap::new(o.len);
-        let committed = bits.insert_run(o.own);
-        let full = committed == o.len;
+        let own = bits.insert_run(o.own);
+        let full = own == o.len;
+        let mut blocks = o.blocks.into_boxed_slice();
+        if let Some(b) = blocks.get_mut(self.me.index()) {
+            b.count = 0;
+        }
         // A tag must name one operation; the session never reuses a tag in flight.
         self.ops.retain(|x| x.tag != o.tag);
+        self.last = 0;
         self.ops.push(RxOp {
             tag: o.tag,
+            len: o.len,
+            committed: own,
+            own,
             id: o.op,
-            blocks: o.blocks,
-            bits,
-            committed,
+            blocks,
+            words: bits.into_words().into_boxed_slice(),
         });
         if full {
             self.notes.push_back(RxNote::Full {
@@ -235,6 +282,11 @@ impl LaneRx {
                 op: o.op,
             });
         }
+    }
+
+    /// Whether a note is waiting.
+    pub fn has_notes(&self) -> bool {
+        !self.notes.is_empty()
     }
 
     /// The next note for the session.
@@ -252,6 +304,7 @@ pub(super) fn op_size() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::ImmLayout;
     use crate::wire::{ChunkRun, Imm};
     use alloc::vec;
 
@@ -269,6 +322,7 @@ mod tests {
                 base: 0,
                 chunks: 3,
                 last_len: 5,
+                full: 2,
             },
             LaneBlock {
                 displ: 25,
@@ -277,6 +331,7 @@ mod tests {
                 base: 2,
                 chunks: 1,
                 last_len: 10,
+                full: 0,
             },
             LaneBlock::default(),
         ];
@@ -410,6 +465,7 @@ mod tests {
                     base: 0,
                     chunks: 3,
                     last_len: 5,
+                    full: 0,
                 },
                 LaneBlock::default(),
             ],

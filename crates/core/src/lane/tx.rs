@@ -92,6 +92,11 @@ impl LaneTx {
         self.in_flight >= self.window && self.ops.iter().any(|o| o.next < o.block.count)
     }
 
+    /// Whether [`poll_multicast`](Self::poll_multicast) may have something (a cheap check).
+    pub fn may_send(&self) -> bool {
+        !self.ops.is_empty() && self.in_flight < self.window
+    }
+
     /// A command from the session.
     pub fn handle_command(&mut self, cmd: TxCommand) {
         match cmd {
@@ -145,10 +150,10 @@ impl LaneTx {
             self.in_flight += 1;
             self.stats.chunks_sent = self.stats.chunks_sent.saturating_add(1);
             let b = &o.block;
-            let len = if chunk + 1 == b.chunks {
-                b.last_len
-            } else {
+            let len = if o.next - 1 < b.full {
                 self.chunk_size
+            } else {
+                b.last_len
             };
             return Some(Multicast {
                 op: o.id,
@@ -206,6 +211,7 @@ mod tests {
                 base: 0,
                 chunks: 5,
                 last_len: 4,
+                full: 2,
             },
         }));
         let a = tx.poll_multicast().unwrap();

@@ -200,7 +200,7 @@ pub fn pump<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
             let p = node.handle_chunk(lane, meta.from, meta.imm, meta.len);
             tok.consume(&p);
             if let Placement::Place { op, .. } = p {
-                node.commit(now, lane, op);
+                let _ = node.commit(now, lane, op);
             }
             done.chunks += 1;
         }
@@ -222,7 +222,9 @@ pub fn pump<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
     if node.poll_timeout().is_some_and(|t| t <= now) {
         node.handle_timeout(now);
     }
-    drain(node, port, now, buf, &mut done, &mut on_event);
+    if node.has_output() {
+        drain(node, port, now, buf, &mut done, &mut on_event);
+    }
     done
 }
 
