@@ -49,19 +49,22 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
-    /// A lossless 100 Gbit/s fabric with 500 ns links, 4 KiB chunks, one lane, four Allgather
-    /// chains, running `workload`.
+    /// A lossless fabric with 500 ns links running `workload`; link bandwidth, chunk size,
+    /// lanes, chains and send window are the core's defaults (`Config::new`: 100 Gbit/s,
+    /// 4 KiB, one lane, four chains, 64).
     pub fn new(topology: TopologySpec, workload: Workload) -> Self {
+        // The core's own defaults, not copies of them.
+        let core = ringcast_core::Config::new(0, 1);
         SimConfig {
             seed: 0,
             topology,
-            bandwidth: 100_000_000_000 / 8,
+            bandwidth: core.link_bandwidth,
             latency: Duration::from_nanos(500),
             control_overhead: Duration::from_micros(1),
-            chunk_size: 4096,
-            lanes: 1,
-            chains: 4,
-            send_window: 64,
+            chunk_size: core.chunk_size,
+            lanes: core.lanes,
+            chains: core.chains,
+            send_window: core.send_window,
             cutoff_alpha: None,
             peer_timeout: Duration::from_millis(1),
             read_timeout: Duration::from_millis(1),
@@ -70,6 +73,21 @@ impl SimConfig {
             workload,
             time_limit: Duration::from_secs(60),
         }
+    }
+
+    /// The core configuration of rank `rank` of `ranks`: the one place the simulator's
+    /// fields map onto the core's (the immediate's split and the chunk limit are set per
+    /// run by [`Sim::new`](crate::Sim::new), from the workload).
+    pub fn core_config(&self, rank: u32, ranks: u32) -> ringcast_core::Config {
+        let mut c = ringcast_core::Config::new(rank, ranks);
+        c.chunk_size = self.chunk_size;
+        c.lanes = self.lanes;
+        c.link_bandwidth = self.bandwidth;
+        c.cutoff_alpha = self.effective_cutoff_alpha();
+        c.peer_timeout = self.peer_timeout;
+        c.send_window = self.send_window;
+        c.chains = self.chains;
+        c
     }
 
     /// The cutoff slack the sessions use.

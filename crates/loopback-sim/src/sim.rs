@@ -16,7 +16,7 @@ use crate::workload::OpSpec;
 use ringcast_core::port::mailbox::MailOut;
 use ringcast_core::port::pump;
 use ringcast_core::wire::ImmLayout;
-use ringcast_core::{Config, Event, Instant, Node, OpId, Placement, Rank, ReadError, ReadId};
+use ringcast_core::{Event, Instant, Node, OpId, Placement, Rank, ReadError, ReadId};
 use std::time::Duration;
 
 /// A read on its way: request to the peer, data back to the reader.
@@ -127,14 +127,7 @@ impl Sim {
         let imm = ImmLayout::new(bits).map_err(|_| SimError::Invalid("immediate layout"))?;
         let mut hosts = Vec::with_capacity(ranks as usize);
         for r in 0..ranks {
-            let mut c = Config::new(r, ranks);
-            c.chunk_size = cfg.chunk_size;
-            c.lanes = cfg.lanes;
-            c.link_bandwidth = cfg.bandwidth;
-            c.cutoff_alpha = cfg.effective_cutoff_alpha();
-            c.peer_timeout = cfg.peer_timeout;
-            c.send_window = cfg.send_window;
-            c.chains = cfg.chains;
+            let mut c = cfg.core_config(r, ranks);
             c.imm = imm;
             c.limits.max_chunks_per_op = 1 << bits;
             let n = Node::new(c)?;
