@@ -646,9 +646,7 @@ impl TcpControl {
                         .is_some_and(|b| b.write_at(req.offset, &bytes));
                 if ok {
                     bump(&self.stats.reads_completed);
-                    self.stats
-                        .bytes_read
-                        .fetch_add(req.len, Ordering::Relaxed);
+                    self.stats.bytes_read.fetch_add(req.len, Ordering::Relaxed);
                     self.ready.push_back(ControlInput::ReadDone {
                         id: req.id,
                         result: Ok(()),
