@@ -11,6 +11,11 @@
 //!   kernel. A multicast of an unregistered op or an out-of-range slice, or one the socket
 //!   refused, is counted and still reported done: the chunk is lost and the ring recovery
 //!   repairs it, as for any lost datagram.
+//! * Pacing hooks, for a send worker that owns its [`UdpTx`]: [`UdpTx::queued`],
+//!   [`UdpTx::send_one_batch`] (one GSO batch, its bytes for the pacer to charge),
+//!   [`UdpTx::take_done`] (completions without sending) and [`UdpTx::cancel`]. A receive
+//!   worker sleeps in [`UdpRx::wait`] and hands out exactly the batch it read
+//!   ([`UdpRx::held`]).
 //! * Control: [`TcpControl`].
 //!
 //! Buffers are [`OpBuffer`]s in the shared [`Registry`]: register an operation's buffer right
@@ -214,9 +219,34 @@ impl UdpRx {
         &self.recv
     }
 
-    fn refill(&mut self) {
+    /// Chunks read from the socket and not handed out yet.
+    pub fn held(&self) -> usize {
+        self.metas.len()
+    }
+
+    /// Datagrams the kernel dropped on this lane's socket (reads `/proc/net/udp`: call it per
+    /// report, not per packet); `None` where the counter cannot be read.
+    pub fn socket_drops(&self) -> Option<u64> {
+        self.recv.socket().socket_drops().ok()
+    }
+
+    /// Makes sure a batch is held, waiting up to `timeout` for one to arrive (a receive
+    /// worker's sleep): returns [`held`](Self::held). Tokens then come from
+    /// [`receive`](LaneRxPort::receive) without another socket read until the batch is out.
+    pub fn wait(&mut self, timeout: std::time::Duration) -> usize {
+        if self.metas.is_empty() {
+            self.refill(Some(timeout));
+        }
+        self.metas.len()
+    }
+
+    fn refill(&mut self, wait: Option<std::time::Duration>) {
         self.arena.clear();
-        let batch = match self.recv.try_recv() {
+        let got = match wait {
+            Some(t) => self.recv.recv(t),
+            None => self.recv.try_recv(),
+        };
+        let batch = match got {
             Ok(b) => b,
             Err(e) => {
                 self.errors += 1;
@@ -279,7 +309,7 @@ impl LaneRxPort for UdpRx {
 
     fn receive(&mut self) -> Option<UdpToken<'_>> {
         if self.metas.is_empty() {
-            self.refill();
+            self.refill(None);
         }
         let held = self.metas.pop_front()?;
         let payload = self.arena.get(held.at..held.at + held.meta.len)?;
@@ -308,6 +338,42 @@ impl UdpTx {
     /// The lane sender (counters).
     pub fn sender(&self) -> &LaneSender {
         &self.sender
+    }
+
+    /// Multicasts posted and not sent yet.
+    pub fn queued(&self) -> usize {
+        self.posted.len()
+    }
+
+    /// The next completion, without sending anything: the pacing hook. A paced send worker
+    /// posts with [`post_multicast`](LaneTxPort::post_multicast), releases one batch with
+    /// [`send_one_batch`](Self::send_one_batch) whenever its pacer allows, and takes
+    /// completions here; [`poll_send_done`](LaneTxPort::poll_send_done) instead sends a batch
+    /// whenever no completion is waiting (unpaced, for single-threaded drivers).
+    pub fn take_done(&mut self) -> Option<(OpId, u32)> {
+        self.done.pop_front()
+    }
+
+    /// Sends one batch of queued multicasts of one operation (at most
+    /// [`LaneSender::max_batch`] chunks, one GSO send) and returns the UDP payload bytes
+    /// handed to the kernel, for the pacer to charge; 0 when nothing was queued or sent.
+    pub fn send_one_batch(&mut self) -> usize {
+        let before = self.sender.stats().udp_bytes;
+        self.flush_one();
+        (self.sender.stats().udp_bytes - before) as usize
+    }
+
+    /// Drops the queued multicasts of `op` (it failed) and reports them done, so its
+    /// buffer is read no more; returns how many were dropped. Batches already sent are
+    /// not recalled.
+    pub fn cancel(&mut self, op: OpId) -> u32 {
+        let before = self.posted.len();
+        self.posted.retain(|m| m.op != op);
+        let n = (before - self.posted.len()) as u32;
+        if n > 0 {
+            self.done.push_back((op, n));
+        }
+        n
     }
 
     /// Sends one batch of queued multicasts of one op (up to the sender's batch size).
