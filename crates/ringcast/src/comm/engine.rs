@@ -1,28 +1,88 @@
-//! The progress thread: one [`Node`] (the session and its lanes) driven by
-//! [`port::pump`](ringcast_core::port::pump) over the RoCEv2/UDP transport. The application
-//! thread posts operations over a bounded channel and gets each completion back through its
-//! request's own channel.
+//! The engine: one control thread, and per lane a receive worker and a send worker.
+//!
+//! ## Who owns what
+//! | thread | owns | does |
+//! |---|---|---|
+//! | control (`ringcast-r{rank}`) | the [`Session`], the TCP control path ([`TcpControl`](ringcast_transport_rocev2_udp::TcpControl)), the operations' buffers and requests, the [`RateController`](ringcast_transport_rocev2_udp::pace::RateController) | posts, control messages, reads, timers, lane commands, completions, rate reports |
+//! | lane `l` receive (`-rx{l}`) | lane `l`'s [`LaneRx`](ringcast_core::lane::LaneRx) and [`UdpRx`](ringcast_transport_rocev2_udp::UdpRx) | `recvmmsg` batches, `handle_chunk`, the copy into the buffer, `commit` |
+//! | lane `l` send (`-tx{l}`) | lane `l`'s [`LaneTx`](ringcast_core::lane::LaneTx), [`UdpTx`](ringcast_transport_rocev2_udp::UdpTx) and [`Pacer`] | the root's multicasts, one GSO batch per pacer release |
+//!
+//! Buffers are shared through the transport's registry ([`OpBuffer`]: a mutex per buffer):
+//! the workers find an operation's buffer by its id, per batch, so a buffer that was released
+//! is simply not found (the chunk is counted, never written). The transport adds a reader and
+//! a writer thread per peer for TCP.
+//!
+//! ## Queues
+//! Per lane and direction one bounded `sync_channel` ([`QUEUE`](lane::QUEUE) deep), each with
+//! one producer and one consumer: lane commands to the receive worker (`RxCommand`) and to the
+//! send worker (`TxCommand`, or a new pacing rate), lane notes back from each. The control
+//! thread blocks on a full command queue (a worker empties its queue at every turn of its
+//! loop, whatever else it waits for); a worker never blocks on a note queue (it keeps what
+//! did not fit, in order, and retries), so neither side can wait on the other in a cycle.
+//! A worker that queued a note unparks the control thread.
+//!
+//! ## Why the order is safe
+//! The core's rules ([`ringcast_core::lane`]) hold across the threads:
+//! * **Commands before later chunks.** After every input the control thread hands *all* of
+//!   the session's lane commands to the queues before it sends *any* control message. A
+//!   lane's `Open` is queued with the operation's start, before this rank's `Ready` leaves,
+//!   and no root multicasts before every `Ready` arrived: so the `Open` is in the receive
+//!   worker's queue before the first chunk of the operation can reach its socket. The worker
+//!   drains its queue after each socket read and before it handles the batch read, so it
+//!   handles the `Open` first. (A channel send happens-before the receive that gets it.)
+//! * **Commit after the copy, before the next command.** The receive worker claims a chunk
+//!   (`handle_chunk`), copies it into the buffer (`consume`), then commits it, and takes no
+//!   command until the whole batch is done. The notes it queues at commit (`Full`) therefore
+//!   vouch only for written bytes, and a `Close` is handled only between batches: the bitmap
+//!   it hands back (`Closed`) has every set bit written.
+//! * **Notes follow the state they describe.** A note is queued after the lane's state that
+//!   produced it, and the session takes notes for ended operations as no-ops, so a note
+//!   that crosses a `Close` or an operation's failure is harmless.
+//! * **Sends.** The send worker reads the buffer only between a `Start` and its
+//!   `SendsDone`/`Cancel`; a `Cancel` drops its queued multicasts at once.
+//!
+//! ## Sleeping
+//! Nothing spins. The control thread blocks on the post queue when nothing is in flight and
+//! parks for at most [`BUSY_WAIT`] otherwise (a worker's note unparks it; TCP arrivals are
+//! polled at that pace). A receive worker sleeps on its socket (a datagram wakes it; the
+//! timeout, shorter while the lane has operations open, bounds how late it sees a command);
+//! a send worker blocks on its command queue, until the pacer's next release when it has
+//! something queued.
+//!
+//! ## Pacing
+//! See [`rate`]: receivers report at each operation's end, the root's AIMD controller sets one
+//! rate, the send workers' token buckets ([`Pacer`]) release one GSO batch at a time at their
+//! share of it. `RINGCAST_PACING=off` disables it; `RINGCAST_PIN=1` pins the threads.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::thread;
 use std::time::{Duration, Instant as StdInstant};
 
-use ringcast_core::port::{Ports, pump};
-use ringcast_core::{Event, Instant, Node, OpError, OpId, Rank};
-use ringcast_transport_rocev2_udp::{OpBuffer, PeerLost, Registry, UdpRx};
+use ringcast_core::lane::{LaneCommand, LaneRx, LaneTx};
+use ringcast_core::port::{ControlInput, ControlPort, Ports, ReadRequest};
+use ringcast_core::{Event, Node, OpError, OpId, Rank, Session, Stats, Transmit};
+use ringcast_transport_rocev2_udp::pace::{Pacer, ReceiverReport};
+use ringcast_transport_rocev2_udp::{OpBuffer, PeerLost, Registry, UdpRx, UdpTx};
 
 use super::error::CommError;
 use super::request::Completion;
 use super::stats::{CommStats, ControlCounters, Counters, OpStats, add_rx, add_tx, core_drops};
 use super::track::{TrackedControl, TrackedTx};
 
-/// Chunks taken per lane per pump.
-const BUDGET: usize = 64;
-/// With nothing in flight, how long the engine blocks on the post channel between pumps
-/// (peers' control messages and losses are still served at this pace).
+#[path = "engine_lane.rs"]
+mod lane;
+#[path = "engine_rate.rs"]
+mod rate;
+
+use lane::{Clock, LaneLink, Pinning, TxMsg};
+use rate::Rates;
+
+/// With nothing in flight, how long the control thread blocks on the post channel between
+/// turns (peers' control messages and losses are still served at this pace).
 const IDLE_WAIT: Duration = Duration::from_millis(2);
-/// With operations in flight and nothing moving, how long it sleeps between pumps.
+/// With operations in flight and nothing moving, how long it parks between turns (a worker's
+/// note wakes it earlier).
 const BUSY_WAIT: Duration = Duration::from_micros(50);
 /// How long a failed operation's buffer waits for its transport work to drain before it is
 /// released anyway (it is owned by the engine: a late write lands nowhere).
@@ -60,6 +120,8 @@ struct Live {
     op: OpId,
     buf: OpBuffer,
     len: u64,
+    /// The ranks that multicast in it (they get this rank's rate report at its end).
+    roots: Vec<u32>,
     /// Taken when the requester was answered (a failure is answered at once).
     reply: Option<SyncSender<Completion>>,
     started: StdInstant,
@@ -85,54 +147,100 @@ impl Lost {
     }
 }
 
+/// The lane halves and ports, until [`Engine::run`] hands them to their workers.
+#[derive(Debug)]
+struct Unstarted {
+    rx: Vec<(LaneRx, UdpRx)>,
+    tx: Vec<(LaneTx, UdpTx)>,
+}
+
+/// The control thread.
 pub(crate) struct Engine {
-    node: Node,
-    ports: EnginePorts,
+    session: Session,
+    control: TrackedControl,
     registry: Registry,
     posts: Receiver<Command>,
+    unstarted: Option<Unstarted>,
+    lanes: Vec<LaneLink>,
+    rates: Rates,
     queued: VecDeque<Post>,
     live: Vec<Live>,
     lost: Vec<Lost>,
-    /// The id the node gives the next operation it starts.
+    /// The id the session gives the next operation it starts.
     next_op: u64,
     max_inflight: usize,
-    clock: StdInstant,
+    clock: Clock,
     buf: Vec<u8>,
-    events: Vec<Event>,
     completed: u64,
     failed: u64,
     cancelled: u64,
 }
 
 impl Engine {
+    /// The engine of `node`'s rank over `ports`. The node only brings its configuration: the
+    /// engine splits the rank into a session and lane halves of its own, one per thread.
     pub(crate) fn new(node: Node, ports: EnginePorts, posts: Receiver<Command>) -> Self {
+        let config = node.config().clone();
+        let session = Session::new(config.clone()).expect("the node's configuration is valid");
         let registry = ports.control.inner.registry().clone();
-        let max_inflight = node.config().limits.max_inflight_ops as usize;
+        let max_inflight = config.limits.max_inflight_ops as usize;
+        let Ports {
+            rx, tx, control, ..
+        } = ports;
+        let unstarted = Unstarted {
+            rx: rx
+                .into_iter()
+                .enumerate()
+                .map(|(l, p)| (LaneRx::new(&config, l as u16), p))
+                .collect(),
+            tx: tx
+                .into_iter()
+                .enumerate()
+                .map(|(l, p)| (LaneTx::new(&config, l as u16), p.inner))
+                .collect(),
+        };
+        let off = std::env::var("RINGCAST_PACING")
+            .is_ok_and(|v| matches!(v.trim(), "off" | "0" | "false"));
+        let rates = Rates::new(
+            rate::config(config.link_bandwidth),
+            config.rank.0,
+            config.ranks,
+            config.lanes,
+            off,
+        );
         Engine {
-            node,
-            ports,
+            session,
+            control,
             registry,
             posts,
+            unstarted: Some(unstarted),
+            lanes: Vec::new(),
+            rates,
             queued: VecDeque::new(),
             live: Vec::new(),
             lost: Vec::new(),
             next_op: 0,
             max_inflight,
-            clock: StdInstant::now(),
+            clock: Clock(StdInstant::now()),
             buf: Vec::new(),
-            events: Vec::new(),
             completed: 0,
             failed: 0,
             cancelled: 0,
         }
     }
 
-    fn now(&self) -> Instant {
-        Instant::from_nanos(self.clock.elapsed().as_nanos() as u64)
+    fn rank(&self) -> u32 {
+        self.session.config().rank.0
     }
 
-    /// Runs until the communicator is dropped (its post channel closes).
+    /// Starts the lane workers, then runs until the communicator is dropped (its post channel
+    /// closes).
     pub(crate) fn run(mut self) {
+        if let Err(e) = self.spawn_workers() {
+            tracing::error!(rank = self.rank(), error = %e, "cannot start the lane workers");
+            // Every post fails: the lanes cannot move a chunk.
+            self.lanes.clear();
+        }
         loop {
             if self.live.is_empty() && self.queued.is_empty() {
                 match self.posts.recv_timeout(IDLE_WAIT) {
@@ -156,12 +264,39 @@ impl Engine {
                 break;
             }
             self.start_queued();
-            let moved = self.pump();
+            let moved = self.turn();
             if !moved && !self.live.is_empty() {
-                thread::sleep(BUSY_WAIT);
+                thread::park_timeout(BUSY_WAIT);
             }
         }
         self.shutdown();
+    }
+
+    fn spawn_workers(&mut self) -> std::io::Result<()> {
+        let Some(u) = self.unstarted.take() else {
+            return Ok(());
+        };
+        let rank = self.rank();
+        let lanes = self.session.config().lanes;
+        let pin = Pinning::from_env(rank, lanes);
+        if let Some(p) = &pin {
+            p.pin(0, "control thread");
+        }
+        let now = self.clock.now();
+        for ((lrx, prx), (ltx, ptx)) in u.rx.into_iter().zip(u.tx) {
+            let pacer = Pacer::new(now, self.rates.per_lane(), lane::PACE_DEPTH);
+            let link = lane::spawn(
+                rank,
+                (lrx, ltx),
+                (prx, ptx),
+                pacer,
+                self.clock,
+                thread::current(),
+                pin.clone(),
+            )?;
+            self.lanes.push(link);
+        }
+        Ok(())
     }
 
     fn command(&mut self, c: Command) {
@@ -176,27 +311,37 @@ impl Engine {
                 }
             }
             Command::Stats(reply) => {
-                let _ = reply.send(self.stats(true));
+                let _ = reply.send(self.stats());
             }
         }
     }
 
     /// Starts posted operations, in order, while the core has room.
     fn start_queued(&mut self) {
-        while self.node.inflight() < self.max_inflight {
+        while self.session.inflight() < self.max_inflight {
             let Some(p) = self.queued.pop_front() else {
                 return;
             };
-            let now = self.now();
+            let now = self.clock.now();
             let len = p.buf.len() as u64;
-            let started = match &p.kind {
-                Kind::Broadcast { root } => self.node.start_broadcast(now, Rank(*root), len),
-                Kind::Allgather { sizes } => self.node.start_allgather(now, sizes),
+            let me = self.rank();
+            let (started, roots) = match &p.kind {
+                Kind::Broadcast { root } => (
+                    self.session.start_broadcast(now, Rank(*root), len),
+                    vec![*root],
+                ),
+                Kind::Allgather { sizes } => (
+                    self.session.start_allgather(now, sizes),
+                    (0..sizes.len() as u32)
+                        .filter(|&r| sizes[r as usize] > 0)
+                        .collect(),
+                ),
             };
             match started {
                 Ok(op) => {
                     let buf = OpBuffer::from_vec(p.buf);
-                    // Registered before the next pump: no chunk or read of it comes earlier.
+                    // Registered before its lane commands and its `Ready` leave this thread:
+                    // no chunk or read of it can come earlier.
                     self.registry.register(op, buf.clone());
                     self.next_op = op.0 + 1;
                     p.span
@@ -206,6 +351,7 @@ impl Engine {
                         op,
                         buf,
                         len,
+                        roots: roots.into_iter().filter(|&r| r != me).collect(),
                         reply: Some(p.reply),
                         started: StdInstant::now(),
                         base,
@@ -222,28 +368,98 @@ impl Engine {
         }
     }
 
-    /// One pump, then the events, lost peers and drained operations. Whether anything moved.
-    fn pump(&mut self) -> bool {
-        let now = self.now();
-        let mut events = std::mem::take(&mut self.events);
-        let p = pump(
-            &mut self.node,
-            &mut self.ports,
-            now,
-            BUDGET,
-            &mut self.buf,
-            |e| events.push(e),
-        );
-        let moved = !p.is_idle() || !events.is_empty();
-        for e in events.drain(..) {
-            self.event(e);
+    /// One turn: the workers' notes, control arrivals, timers, then every output; then lost
+    /// peers and drained operations. Whether anything moved.
+    fn turn(&mut self) -> bool {
+        let now = self.clock.now();
+        let mut moved = false;
+        for l in &self.lanes {
+            for q in [&l.rx_notes, &l.tx_notes] {
+                while let Ok(n) = q.try_recv() {
+                    moved = true;
+                    self.session.handle_lane_note(now, n);
+                }
+            }
         }
-        self.events = events;
-        while let Some(PeerLost(r)) = self.ports.control.inner.take_lost() {
+        while let Some(input) = self.control.poll_control(&mut self.buf) {
+            moved = true;
+            match input {
+                ControlInput::Message { from, len } => {
+                    let bytes = &self.buf[..len.min(self.buf.len())];
+                    if rate::is_report(bytes) {
+                        if let Some(r) = self.rates.on_message(now, from.0, bytes) {
+                            for l in &self.lanes {
+                                let _ = l.tx_cmd.send(TxMsg::Rate(r));
+                            }
+                        }
+                    } else {
+                        self.session.handle_control(now, from, bytes);
+                    }
+                }
+                ControlInput::ReadDone { id, result } => {
+                    self.session.handle_read_done(now, id, result)
+                }
+            }
+        }
+        if self.session.poll_timeout().is_some_and(|t| t <= now) {
+            self.session.handle_timeout(now);
+        }
+        if self.session.has_output() {
+            moved = true;
+            self.outputs();
+        }
+        while let Some(PeerLost(r)) = self.control.inner.take_lost() {
+            moved = true;
             self.peer_lost(r.0);
         }
         self.reap();
         moved
+    }
+
+    /// Hands the session's outputs out: lane commands first (see the module docs), then
+    /// control messages and reads, then events.
+    fn outputs(&mut self) {
+        while let Some(c) = self.session.poll_lane_command() {
+            // A worker that is gone (it panicked) loses its commands; its operations then
+            // fail by the peer timeout or the cutoff.
+            let _ = match c {
+                LaneCommand::Rx { lane, cmd } => match self.lanes.get(usize::from(lane)) {
+                    Some(l) => l.rx_cmd.send(cmd).map_err(drop),
+                    None => Ok(()),
+                },
+                LaneCommand::Tx { lane, cmd } => match self.lanes.get(usize::from(lane)) {
+                    Some(l) => l.tx_cmd.send(TxMsg::Cmd(cmd)).map_err(drop),
+                    None => Ok(()),
+                },
+                _ => Ok(()),
+            };
+        }
+        while let Some(t) = self.session.poll_transmit(&mut self.buf) {
+            match t {
+                Transmit::Control { to, len } => self
+                    .control
+                    .send_control(to, &self.buf[..len.min(self.buf.len())]),
+                Transmit::Read {
+                    id,
+                    op,
+                    from,
+                    run,
+                    offset,
+                    len,
+                } => self.control.read(&ReadRequest {
+                    id,
+                    op,
+                    from,
+                    run,
+                    offset,
+                    len,
+                }),
+                _ => {}
+            }
+        }
+        while let Some(e) = self.session.poll_event() {
+            self.event(e);
+        }
     }
 
     fn event(&mut self, e: Event) {
@@ -252,9 +468,16 @@ impl Engine {
             Event::Failed { op, error } => (op, Err(error)),
             _ => return,
         };
-        let Some(live) = self.live.iter_mut().find(|l| l.op == op) else {
+        let Some(i) = self.live.iter().position(|l| l.op == op) else {
             return;
         };
+        if verdict.is_ok() && !self.live[i].roots.is_empty() {
+            let report = rate::encode(&self.report());
+            for &r in &self.live[i].roots {
+                self.control.send_control(Rank(r), &report);
+            }
+        }
+        let live = &mut self.live[i];
         live.verdict = Some(verdict);
         if let Err(error) = verdict {
             // Answered now; the buffer waits for the transport's work on it to drain.
@@ -268,9 +491,24 @@ impl Engine {
         }
     }
 
+    /// This rank's cumulative receiver report.
+    fn report(&self) -> ReceiverReport {
+        let mut r = ReceiverReport {
+            rank: self.rank(),
+            fetched_chunks: self.session.stats().chunks_fetched,
+            ..ReceiverReport::default()
+        };
+        for l in &self.lanes {
+            let s = lane::read(&l.rx_snap);
+            r.received_chunks += s.lane.chunks_received;
+            r.socket_drops += s.socket_drops;
+        }
+        r
+    }
+
     /// `rank`'s control connection closed: every operation it can no longer finish fails now.
     fn peer_lost(&mut self, rank: u32) {
-        let mark = self.ports.control.inner.departed(Rank(rank));
+        let mark = self.control.inner.departed(Rank(rank));
         let lost = Lost { rank, mark };
         tracing::warn!(rank, ?mark, "peer lost");
         self.lost.push(lost);
@@ -290,13 +528,17 @@ impl Engine {
         }
     }
 
-    /// Releases the buffers of operations that are over and whose transport work drained.
+    /// Releases the buffers of operations that are over and whose reads drained.
+    ///
+    /// Only reads are waited for: the lane workers look a buffer up per batch, so once it is
+    /// unregistered they cannot reach it, and a copy under way holds the buffer's lock (the
+    /// release takes the bytes under the same lock, leaving an empty buffer that every later
+    /// write misses).
     fn reap(&mut self) {
         let mut i = 0;
         while i < self.live.len() {
             let l = &self.live[i];
-            let drained = self.ports.tx.iter().all(|t| t.in_flight(l.op) == 0)
-                && self.ports.control.in_flight(l.op) == 0;
+            let drained = self.control.in_flight(l.op) == 0;
             let over =
                 l.verdict.is_some() || l.failed_at.is_some_and(|t| t.elapsed() > DRAIN_LIMIT * 4);
             let give_up = l.failed_at.is_some_and(|t| t.elapsed() > DRAIN_LIMIT);
@@ -323,15 +565,24 @@ impl Engine {
         }
     }
 
+    /// The core's counters: the session's and every lane's, as the workers last published.
+    fn core_stats(&self) -> Stats {
+        let mut s = *self.session.stats();
+        for l in &self.lanes {
+            s.add_rx(&lane::read(&l.rx_snap).lane);
+            s.add_tx(&lane::read(&l.tx_snap).lane);
+        }
+        s
+    }
+
     fn counters(&self) -> Counters {
-        let s = self.node.stats();
+        let s = self.core_stats();
         let mut c = Counters {
             chunks_sent: s.chunks_sent,
             chunks_received: s.chunks_received,
             chunks_fetched: s.chunks_fetched,
             chunks_dropped: core_drops(&s),
             bytes_fetched: self
-                .ports
                 .control
                 .inner
                 .stats()
@@ -339,44 +590,44 @@ impl Engine {
                 .load(std::sync::atomic::Ordering::Relaxed),
             ..Counters::default()
         };
-        for rx in &self.ports.rx {
-            let r = rx.receiver().stats();
-            c.bytes_received += r.payload_bytes;
-            c.datagrams_dropped += r.dropped() + rx.bad_source + rx.bad_place;
-        }
-        for tx in &self.ports.tx {
-            c.bytes_sent += tx.inner.sender().stats().payload_bytes;
-            c.multicasts_lost += tx.inner.lost;
+        for l in &self.lanes {
+            let r = lane::read(&l.rx_snap);
+            c.bytes_received += r.udp.payload_bytes;
+            c.datagrams_dropped += r.udp.dropped() + r.bad_source + r.bad_place;
+            let t = lane::read(&l.tx_snap);
+            c.bytes_sent += t.udp.payload_bytes;
+            c.multicasts_lost += t.lost;
         }
         c
     }
 
-    fn stats(&self, socket_drops: bool) -> CommStats {
+    fn stats(&self) -> CommStats {
         let mut s = CommStats {
             counters: self.counters(),
-            core: self.node.stats(),
-            control: ControlCounters::read(self.ports.control.inner.stats()),
+            core: self.core_stats(),
+            control: ControlCounters::read(self.control.inner.stats()),
             ops_completed: self.completed,
             ops_failed: self.failed,
             ops_cancelled: self.cancelled,
             ..CommStats::default()
         };
-        for rx in &self.ports.rx {
-            add_rx(&mut s.rx, rx.receiver().stats());
-            s.rx_bad_source += rx.bad_source;
-            s.rx_bad_place += rx.bad_place;
-            s.rx_errors += rx.errors;
-            if socket_drops {
-                s.socket_drops += rx.receiver().socket().socket_drops().unwrap_or(0);
-            }
+        for l in &self.lanes {
+            let r = lane::read(&l.rx_snap);
+            add_rx(&mut s.rx, &r.udp);
+            s.rx_bad_source += r.bad_source;
+            s.rx_bad_place += r.bad_place;
+            s.rx_errors += r.errors;
+            s.socket_drops += r.socket_drops;
+            let t = lane::read(&l.tx_snap);
+            add_tx(&mut s.tx, &t.udp);
         }
-        for tx in &self.ports.tx {
-            add_tx(&mut s.tx, tx.inner.sender().stats());
-        }
+        s.pacing_rate = self.rates.rate();
+        s.rate_reports = self.rates.reports;
         s
     }
 
-    /// Cancels everything in flight, says goodbye to the peers and closes the transport.
+    /// Cancels everything in flight, stops and joins the lane workers, says goodbye to the
+    /// peers and closes the transport.
     fn shutdown(mut self) {
         while let Ok(c) = self.posts.try_recv() {
             if let Command::Post(p) = c {
@@ -399,15 +650,23 @@ impl Engine {
                 let _ = reply.send(Err(CommError::Cancelled));
             }
         }
-        tracing::debug!(rank = self.node.config().rank.0, mark, "engine stopping");
-        let Engine { ports, live, .. } = self;
-        let Ports {
-            rx, tx, control, ..
-        } = ports;
+        tracing::debug!(rank = self.rank(), mark, "engine stopping");
+        let rank = self.rank();
+        let Engine {
+            control,
+            live,
+            lanes,
+            ..
+        } = self;
+        // Closing the command queues stops the workers (each notices within its wait).
+        let threads: Vec<_> = lanes.into_iter().flat_map(|l| l.threads).collect();
+        for t in threads {
+            if t.join().is_err() {
+                tracing::error!(rank, "a lane worker panicked");
+            }
+        }
         control.inner.close(mark, LINGER);
-        drop(rx);
-        drop(tx);
-        // Nothing touches the buffers any more: the transport's threads are joined.
+        // Nothing touches the buffers any more: every thread that could is joined.
         drop(live);
     }
 }

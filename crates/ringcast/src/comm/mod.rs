@@ -26,11 +26,13 @@
 //! Blocking calls copy the caller's slice in and out. The crate has no `unsafe`.
 //!
 //! ## Threads
-//! One engine thread per communicator runs the core's [`Node`](ringcast_core::Node) (the
-//! session and its lanes) over the transport with [`port::pump`](ringcast_core::port::pump);
-//! the transport adds a reader and a writer thread per peer for the TCP control path. The
-//! application thread only posts (a bounded channel) and waits (each request has its own
-//! channel). Not built yet: a control thread with a send and a receive worker per lane.
+//! Each communicator runs a control thread (the core's [`Session`](ringcast_core::Session),
+//! the TCP control path, timers, completions) and, per lane, a receive worker
+//! ([`LaneRx`](ringcast_core::lane::LaneRx) and its socket) and a paced send worker
+//! ([`LaneTx`](ringcast_core::lane::LaneTx) and its socket), with bounded queues between them;
+//! the transport adds a reader and a writer thread per peer for TCP. The application thread
+//! only posts (a bounded channel) and waits (each request has its own channel).
+//! `RINGCAST_PIN=1` pins the threads to cores; `RINGCAST_PACING=off` disables pacing.
 //!
 //! ## Failures
 //! * A peer that stops answering fails every operation waiting on it after the peer timeout

@@ -131,6 +131,12 @@ pub struct CommStats {
     pub rx_errors: u64,
     /// Datagrams the kernel dropped on the lanes' sockets (full receive buffer).
     pub socket_drops: u64,
+    /// The pacing rate this rank multicasts at, bytes per second, shared evenly by its lanes'
+    /// send workers (`u64::MAX` when pacing is off): set by the slowest receiver's reports.
+    pub pacing_rate: u64,
+    /// Receiver reports this rank's rate controller took (one per receiver and operation
+    /// this rank multicast in).
+    pub rate_reports: u64,
     /// Operations completed.
     pub ops_completed: u64,
     /// Operations failed.

@@ -51,6 +51,9 @@ impl TrackedTx {
         }
     }
 
+    // The threaded engine hands the inner port to the lane's send worker (which drops a
+    // failed operation's queued multicasts itself); kept for a single-threaded driver.
+    #[allow(dead_code)]
     pub(crate) fn in_flight(&self, op: OpId) -> u64 {
         self.posted.get(op)
     }

@@ -1,0 +1,685 @@
+//! The lane workers: per lane, a receive worker owning the lane's [`LaneRx`] and [`UdpRx`],
+//! and a send worker owning its [`LaneTx`], [`UdpTx`] and [`Pacer`]. The control thread
+//! ([`Engine`](super::Engine)) talks to them over bounded single-producer single-consumer
+//! queues; see the engine's module docs for why the order they keep is safe.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant as StdInstant};
+
+use ringcast_core::lane::{
+    LaneNote, LaneRx, LaneTx, Multicast, RxCommand, RxStats as LaneRxStats, TxCommand,
+    TxStats as LaneTxStats,
+};
+use ringcast_core::port::{LaneRxPort, LaneTxPort, RxToken};
+use ringcast_core::{Instant, OpId, Placement};
+use ringcast_transport_rocev2_udp::pace::Pacer;
+use ringcast_transport_rocev2_udp::{RxStats, TxStats, UdpRx, UdpTx};
+
+/// Capacity of every queue between the control thread and a worker. Commands and notes are a
+/// handful per operation and lane, so a full queue means a stuck peer, not load.
+pub(super) const QUEUE: usize = 256;
+/// How long a receive worker sleeps on its socket while the lane has operations open (an
+/// idle socket; a datagram wakes it at once). Bounds how late it sees a `Close`.
+const RX_BUSY_WAIT: Duration = Duration::from_micros(200);
+/// How long it sleeps with nothing open: an `Open` needs no prompt answer (it is always
+/// queued before any of its chunks can arrive, and a chunk wakes the worker).
+const RX_IDLE_WAIT: Duration = Duration::from_millis(5);
+/// How long a send worker with nothing to send blocks on its command queue (a command wakes
+/// it at once; the timeout only bounds how late it notices a shutdown).
+const TX_IDLE_WAIT: Duration = Duration::from_millis(5);
+/// How often a busy receive worker re-reads its socket's kernel drop counter (it costs a
+/// read of `/proc/net/udp`).
+const DROPS_EVERY: Duration = Duration::from_millis(100);
+/// The pacer's bucket: what may leave at once after an idle spell, and the slack that
+/// absorbs a worker's late wake-ups (a 64 KiB GSO batch is one step).
+pub(super) const PACE_DEPTH: u64 = 256 << 10;
+
+/// The engine's clock: core [`Instant`]s since one epoch shared by every thread.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Clock(pub(super) StdInstant);
+
+impl Clock {
+    pub(super) fn now(&self) -> Instant {
+        Instant::from_nanos(self.0.elapsed().as_nanos() as u64)
+    }
+}
+
+/// What the control thread sends a send worker.
+#[derive(Debug)]
+pub(super) enum TxMsg {
+    /// A command from the session.
+    Cmd(TxCommand),
+    /// The rate controller's new rate for this lane, bytes per second.
+    Rate(u64),
+}
+
+/// A receive worker's counters, published after every batch for the control thread.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct RxSnap {
+    pub(super) lane: LaneRxStats,
+    pub(super) udp: RxStats,
+    pub(super) bad_source: u64,
+    pub(super) bad_place: u64,
+    pub(super) errors: u64,
+    pub(super) socket_drops: u64,
+}
+
+/// A send worker's counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct TxSnap {
+    pub(super) lane: LaneTxStats,
+    pub(super) udp: TxStats,
+    pub(super) lost: u64,
+}
+
+pub(super) type Shared<T> = Arc<Mutex<T>>;
+
+pub(super) fn read<T: Copy>(s: &Shared<T>) -> T {
+    *s.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(s: &Shared<T>, v: T) {
+    *s.lock().unwrap_or_else(PoisonError::into_inner) = v;
+}
+
+/// Notes a worker could not queue yet (the control thread is behind): kept in order and
+/// retried, so a worker never blocks on the control thread.
+#[derive(Debug)]
+struct NoteOut {
+    queue: SyncSender<LaneNote>,
+    backlog: VecDeque<LaneNote>,
+    control: Thread,
+}
+
+impl NoteOut {
+    fn flush(&mut self) {
+        let mut sent = false;
+        while let Some(n) = self.backlog.pop_front() {
+            match self.queue.try_send(n) {
+                Ok(()) => sent = true,
+                Err(TrySendError::Full(n)) => {
+                    self.backlog.push_front(n);
+                    break;
+                }
+                // The control thread is gone (shutting down): nobody needs the note.
+                Err(TrySendError::Disconnected(_)) => self.backlog.clear(),
+            }
+        }
+        if sent {
+            self.control.unpark();
+        }
+    }
+}
+
+/// The control thread's end of one lane: its queues, its workers' counters and threads.
+#[derive(Debug)]
+pub(super) struct LaneLink {
+    pub(super) rx_cmd: SyncSender<RxCommand>,
+    pub(super) tx_cmd: SyncSender<TxMsg>,
+    pub(super) rx_notes: Receiver<LaneNote>,
+    pub(super) tx_notes: Receiver<LaneNote>,
+    pub(super) rx_snap: Shared<RxSnap>,
+    pub(super) tx_snap: Shared<TxSnap>,
+    pub(super) threads: Vec<JoinHandle<()>>,
+}
+
+/// Where a thread is pinned, when `RINGCAST_PIN=1`: the rank's threads take consecutive
+/// cores (control, then each lane's receive and send worker), wrapping around.
+#[derive(Clone, Debug)]
+pub(super) struct Pinning {
+    cores: Vec<core_affinity::CoreId>,
+    base: usize,
+}
+
+impl Pinning {
+    /// From `RINGCAST_PIN`; `None` when unset, off, or the cores cannot be listed (logged).
+    pub(super) fn from_env(rank: u32, lanes: u16) -> Option<Self> {
+        let on = std::env::var("RINGCAST_PIN").is_ok_and(|v| matches!(v.trim(), "1" | "true"));
+        if !on {
+            return None;
+        }
+        match core_affinity::get_core_ids() {
+            Some(cores) if !cores.is_empty() => Some(Pinning {
+                cores,
+                base: rank as usize * (1 + 2 * usize::from(lanes)),
+            }),
+            _ => {
+                tracing::info!("RINGCAST_PIN=1 but the cores cannot be listed: not pinning");
+                None
+            }
+        }
+    }
+
+    /// Pins the calling thread as the rank's `slot`-th thread.
+    pub(super) fn pin(&self, slot: usize, what: &str) {
+        let core = self.cores[(self.base + slot) % self.cores.len()];
+        if core_affinity::set_for_current(core) {
+            tracing::debug!(core = core.id, what, "pinned");
+        } else {
+            tracing::info!(core = core.id, what, "pinning failed: running unpinned");
+        }
+    }
+}
+
+/// Spawns lane `l`'s two workers. `control` is the control thread (workers unpark it when
+/// they queue a note).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn spawn(
+    rank: u32,
+    lane: (LaneRx, LaneTx),
+    port: (UdpRx, UdpTx),
+    pacer: Pacer,
+    clock: Clock,
+    control: Thread,
+    pin: Option<Pinning>,
+) -> std::io::Result<LaneLink> {
+    let l = lane.0.lane();
+    let (rx_cmd, rx_cmds) = mpsc::sync_channel(QUEUE);
+    let (tx_cmd, tx_cmds) = mpsc::sync_channel(QUEUE);
+    let (rx_note, rx_notes) = mpsc::sync_channel(QUEUE);
+    let (tx_note, tx_notes) = mpsc::sync_channel(QUEUE);
+    let rx_snap = Shared::default();
+    let tx_snap = Shared::default();
+    let rw = RxWorker {
+        lane: lane.0,
+        port: port.0,
+        cmds: rx_cmds,
+        out: NoteOut {
+            queue: rx_note,
+            backlog: VecDeque::new(),
+            control: control.clone(),
+        },
+        snap: rx_snap.clone(),
+        drops_at: None,
+        dirty: false,
+        socket_drops: 0,
+    };
+    let tw = TxWorker {
+        core: TxCore {
+            lane: lane.1,
+            port: port.1,
+            pacer,
+        },
+        cmds: tx_cmds,
+        out: NoteOut {
+            queue: tx_note,
+            backlog: VecDeque::new(),
+            control,
+        },
+        snap: tx_snap.clone(),
+        clock,
+    };
+    let slot = 1 + 2 * usize::from(l);
+    let p = pin.clone();
+    let rt = thread::Builder::new()
+        .name(format!("ringcast-r{rank}-rx{l}"))
+        .spawn(move || {
+            if let Some(p) = p {
+                p.pin(slot, "receive worker");
+            }
+            rw.run()
+        })?;
+    let tt = thread::Builder::new()
+        .name(format!("ringcast-r{rank}-tx{l}"))
+        .spawn(move || {
+            if let Some(p) = pin {
+                p.pin(slot + 1, "send worker");
+            }
+            tw.run()
+        });
+    let tt = match tt {
+        Ok(t) => t,
+        Err(e) => {
+            // The receive worker ends once its command queue closes.
+            drop(rx_cmd);
+            let _ = rt.join();
+            return Err(e);
+        }
+    };
+    Ok(LaneLink {
+        rx_cmd,
+        tx_cmd,
+        rx_notes,
+        tx_notes,
+        rx_snap,
+        tx_snap,
+        threads: vec![rt, tt],
+    })
+}
+
+/// One lane's receive worker.
+struct RxWorker {
+    lane: LaneRx,
+    port: UdpRx,
+    cmds: Receiver<RxCommand>,
+    out: NoteOut,
+    snap: Shared<RxSnap>,
+    /// When the socket's drop counter was read last.
+    drops_at: Option<StdInstant>,
+    /// Datagrams arrived since.
+    dirty: bool,
+    socket_drops: u64,
+}
+
+impl RxWorker {
+    /// Until the control thread closes the command queue.
+    fn run(mut self) {
+        loop {
+            if !self.commands() {
+                break;
+            }
+            let wait = if self.lane.open_ops() > 0 || !self.out.backlog.is_empty() {
+                RX_BUSY_WAIT
+            } else {
+                RX_IDLE_WAIT
+            };
+            if self.port.wait(wait) == 0 {
+                self.publish(false);
+                continue;
+            }
+            // Commands queued while we waited are handled before the batch just read: an
+            // `Open` queued before one of its chunks arrived is always seen first.
+            if !self.commands() {
+                break;
+            }
+            self.batch();
+            self.dirty = true;
+            self.notes();
+        }
+    }
+
+    /// Handles every queued command; false once the control thread is gone.
+    fn commands(&mut self) -> bool {
+        let mut alive = true;
+        loop {
+            match self.cmds.try_recv() {
+                Ok(c) => self.lane.handle_command(c),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    alive = false;
+                    break;
+                }
+            }
+        }
+        self.notes();
+        alive
+    }
+
+    /// Claims, copies and commits every chunk of the batch held: no command is taken before
+    /// the batch is over, so every claimed chunk is committed before the next command.
+    fn batch(&mut self) {
+        let (lane, port) = (&mut self.lane, &mut self.port);
+        while port.held() > 0 {
+            let Some(tok) = port.receive() else {
+                break;
+            };
+            let m = tok.meta();
+            let p = lane.handle_chunk(m.from, m.imm, m.len);
+            tok.consume(&p);
+            if let Placement::Place { op, .. } = p {
+                lane.commit(op);
+            }
+        }
+    }
+
+    /// Queues the lane's notes for the control thread, counters first (an operation's end
+    /// reads them for its rate report).
+    fn notes(&mut self) {
+        let mut any = false;
+        while let Some(n) = self.lane.poll_note() {
+            self.out.backlog.push_back(n.into());
+            any = true;
+        }
+        self.publish(any);
+        self.out.flush();
+    }
+
+    fn publish(&mut self, fresh_drops: bool) {
+        let stale = self.drops_at.is_none_or(|t| t.elapsed() >= DROPS_EVERY);
+        if fresh_drops || (self.dirty && stale) {
+            if let Some(d) = self.port.socket_drops() {
+                self.socket_drops = d;
+            }
+            self.drops_at = Some(StdInstant::now());
+            self.dirty = false;
+        }
+        write(
+            &self.snap,
+            RxSnap {
+                lane: self.lane.stats(),
+                udp: *self.port.receiver().stats(),
+                bad_source: self.port.bad_source,
+                bad_place: self.port.bad_place,
+                errors: self.port.errors,
+                socket_drops: self.socket_drops,
+            },
+        );
+    }
+}
+
+/// What a paced send worker needs of its port (a trait so that tests run the worker's logic
+/// in virtual time over a fake).
+pub(super) trait PacedPort {
+    fn post(&mut self, m: &Multicast);
+    fn queued(&self) -> usize;
+    /// Sends one batch; its bytes.
+    fn send_one_batch(&mut self) -> usize;
+    fn take_done(&mut self) -> Option<(OpId, u32)>;
+    fn cancel(&mut self, op: OpId);
+}
+
+impl PacedPort for UdpTx {
+    fn post(&mut self, m: &Multicast) {
+        self.post_multicast(m);
+    }
+
+    fn queued(&self) -> usize {
+        UdpTx::queued(self)
+    }
+
+    fn send_one_batch(&mut self) -> usize {
+        UdpTx::send_one_batch(self)
+    }
+
+    fn take_done(&mut self) -> Option<(OpId, u32)> {
+        UdpTx::take_done(self)
+    }
+
+    fn cancel(&mut self, op: OpId) {
+        UdpTx::cancel(self, op);
+    }
+}
+
+/// What a send worker does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Next {
+    /// Go on at once.
+    Now,
+    /// The pacer holds the next batch until then.
+    At(Instant),
+    /// Nothing to send: wait for a command.
+    Idle,
+}
+
+/// A send worker's logic, clock-free: the lane's send half, its port and the pacer.
+#[derive(Debug)]
+pub(super) struct TxCore<P> {
+    pub(super) lane: LaneTx,
+    pub(super) port: P,
+    pub(super) pacer: Pacer,
+}
+
+impl<P: PacedPort> TxCore<P> {
+    pub(super) fn handle(&mut self, now: Instant, m: TxMsg) {
+        match m {
+            TxMsg::Cmd(c) => {
+                if let TxCommand::Cancel { op } = &c {
+                    // Queued multicasts of a failed operation are dropped (and reported done).
+                    self.port.cancel(*op);
+                }
+                self.lane.handle_command(c);
+            }
+            TxMsg::Rate(r) => self.pacer.set_rate(now, r),
+        }
+    }
+
+    /// Posts what the lane's window allows, releases at most one batch if the pacer lets it
+    /// go, and hands completions back to the lane.
+    pub(super) fn step(&mut self, now: Instant) -> Next {
+        while let Some(m) = self.lane.poll_multicast() {
+            self.port.post(&m);
+        }
+        let mut next = Next::Idle;
+        if self.port.queued() > 0 {
+            match self.pacer.poll_release(now) {
+                Some(at) => next = Next::At(at),
+                None => {
+                    let bytes = self.port.send_one_batch();
+                    self.pacer.on_sent(now, bytes);
+                    next = Next::Now;
+                }
+            }
+        }
+        while let Some((op, n)) = self.port.take_done() {
+            self.lane.handle_send_done(op, n);
+        }
+        if next == Next::Idle && (self.port.queued() > 0 || self.lane.may_send()) {
+            next = Next::Now;
+        }
+        next
+    }
+}
+
+/// One lane's send worker.
+struct TxWorker {
+    core: TxCore<UdpTx>,
+    cmds: Receiver<TxMsg>,
+    out: NoteOut,
+    snap: Shared<TxSnap>,
+    clock: Clock,
+}
+
+impl TxWorker {
+    /// Until the control thread closes the command queue.
+    fn run(mut self) {
+        loop {
+            loop {
+                match self.cmds.try_recv() {
+                    Ok(m) => self.core.handle(self.clock.now(), m),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
+            }
+            let now = self.clock.now();
+            let next = self.core.step(now);
+            while let Some(n) = self.core.lane.poll_note() {
+                self.out.backlog.push_back(n.into());
+            }
+            self.publish();
+            self.out.flush();
+            let wait = match next {
+                Next::Now if self.out.backlog.is_empty() => continue,
+                Next::Now => RX_BUSY_WAIT,
+                Next::At(at) => Duration::from_nanos(at.as_nanos().saturating_sub(now.as_nanos()))
+                    .min(TX_IDLE_WAIT),
+                Next::Idle => TX_IDLE_WAIT,
+            };
+            // Sleeps until the pacer releases the next batch, and wakes for a command.
+            match self.cmds.recv_timeout(wait) {
+                Ok(m) => self.core.handle(self.clock.now(), m),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    fn publish(&self) {
+        let tx = self.core.port.sender();
+        write(
+            &self.snap,
+            TxSnap {
+                lane: *self.core.lane.stats(),
+                udp: *tx.stats(),
+                lost: self.core.port.lost,
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringcast_core::lane::LaneCommand;
+    use ringcast_core::{Config, Rank, Session};
+
+    /// A port that "sends" every queued chunk of a batch at once and records when.
+    #[derive(Default)]
+    struct Fake {
+        queued: VecDeque<Multicast>,
+        done: VecDeque<(OpId, u32)>,
+        batch: usize,
+        bytes_per_chunk: usize,
+        sent: Vec<usize>,
+    }
+
+    impl PacedPort for Fake {
+        fn post(&mut self, m: &Multicast) {
+            self.queued.push_back(*m);
+        }
+        fn queued(&self) -> usize {
+            self.queued.len()
+        }
+        fn send_one_batch(&mut self) -> usize {
+            let n = self.batch.min(self.queued.len());
+            let op = self.queued[0].op;
+            self.queued.drain(..n);
+            self.done.push_back((op, n as u32));
+            self.sent.push(n);
+            n * self.bytes_per_chunk
+        }
+        fn take_done(&mut self) -> Option<(OpId, u32)> {
+            self.done.pop_front()
+        }
+        fn cancel(&mut self, op: OpId) {
+            let before = self.queued.len();
+            self.queued.retain(|m| m.op != op);
+            let n = before - self.queued.len();
+            if n > 0 {
+                self.done.push_back((op, n as u32));
+            }
+        }
+    }
+
+    /// Rank 0 of 2, root of a Broadcast of `len` bytes, one lane: its send half, started.
+    fn root(len: u64) -> (Session, LaneTx) {
+        let mut cfg = Config::new(0, 2);
+        cfg.chunk_size = 1000;
+        let mut s = Session::new(cfg.clone()).unwrap();
+        let mut tx = LaneTx::new(&cfg, 0);
+        s.start_broadcast(Instant::ZERO, Rank(0), len).unwrap();
+        // The leaf is ready: the root activates its sends.
+        let mut ready = Vec::new();
+        let mut leaf_cfg = Config::new(1, 2);
+        leaf_cfg.chunk_size = 1000;
+        let mut leaf = Session::new(leaf_cfg).unwrap();
+        leaf.start_broadcast(Instant::ZERO, Rank(0), len).unwrap();
+        let mut buf = Vec::new();
+        while let Some(t) = leaf.poll_transmit(&mut buf) {
+            if let ringcast_core::Transmit::Control { len, .. } = t {
+                ready.push(buf[..len].to_vec());
+            }
+        }
+        for m in ready {
+            s.handle_control(Instant::ZERO, Rank(1), &m);
+        }
+        while let Some(c) = s.poll_lane_command() {
+            if let LaneCommand::Tx { cmd, .. } = c {
+                tx.handle_command(cmd);
+            }
+        }
+        (s, tx)
+    }
+
+    fn at_us(us: u64) -> Instant {
+        Instant::from_nanos(us * 1_000)
+    }
+
+    /// Drives the core in virtual time as the worker does (sleeping exactly until each
+    /// release) and returns the instants batches left.
+    fn drive(core: &mut TxCore<Fake>, until: Instant) -> Vec<Instant> {
+        let mut now = Instant::ZERO;
+        let mut releases = Vec::new();
+        while now.as_nanos() <= until.as_nanos() {
+            let before = core.port.sent.len();
+            match core.step(now) {
+                Next::Now => {}
+                Next::At(t) => now = t,
+                Next::Idle => break,
+            }
+            if core.port.sent.len() > before {
+                releases.push(now);
+            }
+        }
+        releases
+    }
+
+    #[test]
+    fn the_send_worker_releases_one_batch_per_rate_step() {
+        // 100 chunks of 1000 bytes, batches of 10 (10 kB), 10 MB/s, a bucket of one batch:
+        // after the first two batches (the full bucket), one batch leaves every millisecond.
+        let (_s, lane) = root(100_000);
+        let mut core = TxCore {
+            lane,
+            port: Fake {
+                batch: 10,
+                bytes_per_chunk: 1000,
+                ..Fake::default()
+            },
+            pacer: Pacer::new(Instant::ZERO, 10_000_000, 10_000),
+        };
+        let releases = drive(&mut core, at_us(1_000_000));
+        assert_eq!(core.port.sent.iter().sum::<usize>(), 100);
+        assert!(
+            core.port.sent.iter().all(|&n| n == 10),
+            "{:?}",
+            core.port.sent
+        );
+        let want: Vec<Instant> = [0, 0]
+            .into_iter()
+            .chain((1..9).map(|k| k * 1_000))
+            .map(at_us)
+            .collect();
+        assert_eq!(releases, want);
+        assert_eq!(core.lane.stats().chunks_sent, 100);
+        // Every send completed: the lane says its sends are done.
+        assert!(core.lane.poll_note().is_some());
+        assert_eq!(core.step(at_us(10_000)), Next::Idle);
+    }
+
+    #[test]
+    fn a_new_rate_applies_from_the_next_batch() {
+        let (_s, lane) = root(100_000);
+        let mut core = TxCore {
+            lane,
+            port: Fake {
+                batch: 10,
+                bytes_per_chunk: 1000,
+                ..Fake::default()
+            },
+            pacer: Pacer::new(Instant::ZERO, 10_000_000, 0),
+        };
+        // The first batch leaves at 0 and puts the bucket 1 ms in debt.
+        assert_eq!(core.step(Instant::ZERO), Next::Now);
+        assert_eq!(core.step(Instant::ZERO), Next::At(at_us(1_000)));
+        // Halving the rate at 0 doubles the wait.
+        core.handle(Instant::ZERO, TxMsg::Rate(5_000_000));
+        assert_eq!(core.step(Instant::ZERO), Next::At(at_us(2_000)));
+        assert_eq!(core.pacer.rate(), 5_000_000);
+    }
+
+    #[test]
+    fn cancel_drops_queued_multicasts_and_completes_them() {
+        let (_s, lane) = root(100_000);
+        let mut core = TxCore {
+            lane,
+            port: Fake {
+                batch: 10,
+                bytes_per_chunk: 1000,
+                ..Fake::default()
+            },
+            pacer: Pacer::new(Instant::ZERO, 1, 0),
+        };
+        // One batch leaves; the bucket is then in debt for ages.
+        assert_eq!(core.step(Instant::ZERO), Next::Now);
+        assert!(matches!(core.step(Instant::ZERO), Next::At(_)));
+        assert!(core.port.queued() > 0);
+        let op = core.port.queued[0].op;
+        core.handle(Instant::ZERO, TxMsg::Cmd(TxCommand::Cancel { op }));
+        assert_eq!(core.port.queued(), 0);
+        assert_eq!(core.step(Instant::ZERO), Next::Idle);
+        assert_eq!(core.port.sent, vec![10]);
+    }
+}

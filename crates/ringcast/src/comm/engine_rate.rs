@@ -1,0 +1,197 @@
+//! Single-rate pacing across the job: receivers report, each root's controller sets its rate.
+//!
+//! At the end of every operation, each rank sends a [`ReceiverReport`] (its cumulative
+//! chunks received by multicast, chunks fetched from a neighbour, kernel socket drops) to
+//! the operation's roots over the control path: the Broadcast's root, every rank with a
+//! non-empty block of an Allgatherv. A root feeds them to its [`RateController`] (AIMD, the
+//! slowest receiver sets the rate) and hands the new rate to its send workers, split evenly
+//! over the lanes. Counters are cumulative, so a late or duplicated report is harmless.
+//!
+//! The report travels as a control message of its own kind ([`REPORT_KIND`], outside the
+//! core's range): the engine takes it before the session sees the message.
+
+use ringcast_core::Instant;
+use ringcast_transport_rocev2_udp::pace::{RateConfig, RateController, ReceiverReport};
+
+/// First byte of a rate report (the core's control kinds are small integers).
+pub(super) const REPORT_KIND: u8 = 0xF0;
+const REPORT_VERSION: u8 = 1;
+const REPORT_LEN: usize = 2 + 4 + 3 * 8;
+
+/// A report as a control message.
+pub(super) fn encode(r: &ReceiverReport) -> [u8; REPORT_LEN] {
+    let mut b = [0u8; REPORT_LEN];
+    b[0] = REPORT_KIND;
+    b[1] = REPORT_VERSION;
+    b[2..6].copy_from_slice(&r.rank.to_be_bytes());
+    for (i, v) in [r.received_chunks, r.fetched_chunks, r.socket_drops]
+        .into_iter()
+        .enumerate()
+    {
+        b[6 + 8 * i..14 + 8 * i].copy_from_slice(&v.to_be_bytes());
+    }
+    b
+}
+
+/// Whether a control message is a rate report (well formed or not): the session never sees
+/// one.
+pub(super) fn is_report(bytes: &[u8]) -> bool {
+    bytes.first() == Some(&REPORT_KIND)
+}
+
+/// A report, if `bytes` is a well-formed one.
+pub(super) fn decode(bytes: &[u8]) -> Option<ReceiverReport> {
+    if bytes.len() != REPORT_LEN || bytes[0] != REPORT_KIND || bytes[1] != REPORT_VERSION {
+        return None;
+    }
+    let u64_at = |at: usize| u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    Some(ReceiverReport {
+        rank: u32::from_be_bytes(bytes[2..6].try_into().expect("4 bytes")),
+        received_chunks: u64_at(6),
+        fetched_chunks: u64_at(14),
+        socket_drops: u64_at(22),
+    })
+}
+
+/// The rate limits for a rank whose link carries `link` bytes per second: start at the link
+/// rate and never exceed it (the core's cutoff assumes it), cut by 30% on loss, climb back by
+/// 2% of it per clean round.
+pub(super) fn config(link: u64) -> RateConfig {
+    let link = link.max(1);
+    RateConfig {
+        initial: link,
+        floor: (link / 100).clamp(1, 10_000_000),
+        ceiling: link,
+        increase: (link / 50).max(1),
+        ..RateConfig::default()
+    }
+}
+
+/// One rank's controller, and what it tells the send workers.
+#[derive(Debug)]
+pub(super) struct Rates {
+    ctl: RateController,
+    lanes: u64,
+    /// Pacing off (`RINGCAST_PACING=off`): the workers' rate never changes from unlimited.
+    off: bool,
+    /// Reports taken, malformed ones counted apart.
+    pub(super) reports: u64,
+    pub(super) malformed: u64,
+}
+
+impl Rates {
+    /// For rank `me` of `ranks`, with `lanes` send workers.
+    pub(super) fn new(cfg: RateConfig, me: u32, ranks: u32, lanes: u16, off: bool) -> Self {
+        Rates {
+            ctl: RateController::new(cfg, (0..ranks).filter(|&r| r != me)),
+            lanes: u64::from(lanes.max(1)),
+            off,
+            reports: 0,
+            malformed: 0,
+        }
+    }
+
+    /// The rank's total rate, bytes per second (`u64::MAX` when pacing is off).
+    pub(super) fn rate(&self) -> u64 {
+        if self.off { u64::MAX } else { self.ctl.rate() }
+    }
+
+    /// Each send worker's share of the rate.
+    pub(super) fn per_lane(&self) -> u64 {
+        if self.off {
+            u64::MAX
+        } else {
+            (self.ctl.rate() / self.lanes).max(1)
+        }
+    }
+
+    /// A report message from `from`; the new per-lane rate when it changed.
+    pub(super) fn on_message(&mut self, now: Instant, from: u32, bytes: &[u8]) -> Option<u64> {
+        match decode(bytes).filter(|r| r.rank == from) {
+            Some(r) => {
+                self.reports += 1;
+                let changed = self.ctl.on_report(now, r)?;
+                if let Some(slow) = self.ctl.slowest() {
+                    tracing::debug!(rate = changed, slowest = slow, "pacing rate changed");
+                }
+                (!self.off).then(|| self.per_lane())
+            }
+            None => {
+                self.malformed += 1;
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(rank: u32, received: u64, fetched: u64, drops: u64) -> ReceiverReport {
+        ReceiverReport {
+            rank,
+            received_chunks: received,
+            fetched_chunks: fetched,
+            socket_drops: drops,
+        }
+    }
+
+    #[test]
+    fn report_round_trips_and_is_outside_the_core_kinds() {
+        let r = report(7, 1 << 40, 3, u64::MAX);
+        let b = encode(&r);
+        assert!(is_report(&b));
+        assert_eq!(decode(&b), Some(r));
+        assert_eq!(decode(&b[..b.len() - 1]), None);
+        // A core control message (kind 1..=8) is never taken for a report.
+        for kind in 0..=8u8 {
+            assert!(!is_report(&[kind, 1, 0, 0]));
+        }
+    }
+
+    #[test]
+    fn the_slowest_receiver_sets_the_rate_split_over_lanes() {
+        let cfg = RateConfig {
+            initial: 1_000,
+            floor: 100,
+            ceiling: 1_000,
+            increase: 100,
+            decrease_permille: 500,
+            tolerance_ppm: 0,
+            hold: core::time::Duration::from_millis(10),
+        };
+        let mut r = Rates::new(cfg, 0, 3, 2, false);
+        assert_eq!((r.rate(), r.per_lane()), (1_000, 500));
+        let t = Instant::ZERO;
+        // Rank 1 is clean, rank 2 lost chunks: the rate halves, each lane gets half of it.
+        assert_eq!(r.on_message(t, 1, &encode(&report(1, 100, 0, 0))), None);
+        assert_eq!(
+            r.on_message(t, 2, &encode(&report(2, 90, 10, 0))),
+            Some(250)
+        );
+        assert_eq!(r.rate(), 500);
+        // Both clean afterwards: the rate climbs back.
+        let later = Instant::from_nanos(50_000_000);
+        assert_eq!(r.on_message(later, 1, &encode(&report(1, 200, 0, 0))), None);
+        assert_eq!(
+            r.on_message(later, 2, &encode(&report(2, 190, 10, 0))),
+            Some(300)
+        );
+        // A report claiming another rank, or garbage, counts as malformed.
+        assert_eq!(r.on_message(later, 1, &encode(&report(2, 0, 99, 0))), None);
+        assert_eq!(r.on_message(later, 1, &[REPORT_KIND, 9]), None);
+        assert_eq!((r.reports, r.malformed), (4, 2));
+    }
+
+    #[test]
+    fn pacing_off_never_limits() {
+        let mut r = Rates::new(config(1_000), 0, 2, 1, true);
+        assert_eq!(r.per_lane(), u64::MAX);
+        assert_eq!(
+            r.on_message(Instant::ZERO, 1, &encode(&report(1, 1, 1, 0))),
+            None
+        );
+        assert_eq!(r.rate(), u64::MAX);
+    }
+}
