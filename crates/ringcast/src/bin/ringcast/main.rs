@@ -3,7 +3,11 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod bench_cmd;
 mod bootstrap_cmd;
+mod demo_cmd;
+mod local;
+mod net;
 mod sim_cmd;
 mod units;
 
@@ -15,6 +19,8 @@ use std::process::ExitCode;
 pub(crate) enum CmdError {
     /// Bad flags or a failed run: printed, exit status 2.
     Msg(String),
+    /// A collective failed or delivered wrong bytes: printed, exit status 1.
+    Run(String),
     /// Writing the output failed (a closed pipe is a quiet, successful exit).
     Output(std::io::Error),
 }
@@ -37,15 +43,18 @@ fn main() -> ExitCode {
         args::Command::Sim(args::SimCommand::Bcast(a)) => sim_cmd::bcast(&a),
         args::Command::Sim(args::SimCommand::Allgather(a)) => sim_cmd::allgather(&a),
         args::Command::Bootstrap(a) => bootstrap_cmd::run(&a),
+        args::Command::Demo(a) => demo_cmd::run(&a),
+        args::Command::Bench(a) => bench_cmd::run(&a),
     };
-    let message = match result {
+    let (message, code) = match result {
         Ok(code) => return code,
         // `ringcast ... | head`: the reader has all it wanted.
         Err(CmdError::Output(e)) if e.kind() == ErrorKind::BrokenPipe => return ExitCode::SUCCESS,
-        Err(CmdError::Output(e)) => format!("writing the output: {e}"),
-        Err(CmdError::Msg(m)) => m,
+        Err(CmdError::Output(e)) => (format!("writing the output: {e}"), 2),
+        Err(CmdError::Msg(m)) => (m, 2),
+        Err(CmdError::Run(m)) => (m, 1),
     };
     // Not eprintln!: it panics when stderr is closed too.
     let _ = writeln!(std::io::stderr(), "ringcast: error: {message}");
-    ExitCode::from(2)
+    ExitCode::from(code)
 }

@@ -102,6 +102,25 @@ pub(crate) fn probability(s: &str) -> Result<f64, String> {
     Ok(p)
 }
 
+/// A byte count for people: `0 B`, `512 B`, `64 KiB`, `16.5 MiB`.
+pub(crate) fn human(b: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if b < 1024 {
+        return format!("{b} B");
+    }
+    let mut v = b as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +136,14 @@ mod tests {
         assert!(size("MiB").is_err());
         assert!(size("-1KiB").is_err());
         assert!(size("0.3B").is_err());
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(0), "0 B");
+        assert_eq!(human(1023), "1023 B");
+        assert_eq!(human(64 << 10), "64 KiB");
+        assert_eq!(human((16 << 20) + (512 << 10)), "16.5 MiB");
     }
 
     #[test]

@@ -1,0 +1,441 @@
+//! `ringcast bench {bcast,allgather,allgatherv}`: OSU-style latency table with nccl-tests'
+//! algbw/busbw, under a launcher or with `--local N` rank processes.
+//!
+//! Every size runs once verified byte for byte, then `--warmup` untimed iterations, then
+//! `--iters` timed ones, each after a barrier (a one-byte Allgather, untimed). An iteration's
+//! latency is the slowest rank's time: every rank's times reach rank 0 through an Allgather of
+//! `f64`s over the communicator itself; avg/min/max are over iterations of that maximum. The
+//! bytes each rank injected come from its transport counters around each timed iteration.
+
+use crate::CmdError;
+use crate::args::{BenchArgs, Collective};
+use crate::demo_cmd::typed;
+use crate::local::{self, LocalRanks};
+use crate::net::{self, Injected};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use ringcast::{CommError, Communicator};
+use serde_json::{Value, json};
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Counters appended to each rank's timings in the gather.
+const EXTRA: usize = 5;
+
+/// Runs `ringcast bench`: the parent of a local run, one of its ranks, or a launcher's rank.
+pub(crate) fn run(a: &BenchArgs) -> Result<ExitCode, CmdError> {
+    if a.iters == 0 {
+        return Err("--iters must be at least 1".into());
+    }
+    if a.net.child {
+        return match rank(a, true) {
+            Ok(()) => Ok(ExitCode::SUCCESS),
+            Err(CmdError::Output(e)) => Err(CmdError::Output(e)),
+            Err(CmdError::Msg(m) | CmdError::Run(m)) => {
+                local::report("ERR", &m)?;
+                Ok(ExitCode::FAILURE)
+            }
+        };
+    }
+    match a.local {
+        Some(n) => parent(a, n),
+        None => rank(a, false).map(|()| ExitCode::SUCCESS),
+    }
+}
+
+/// What rank 0 renders: the table (with a progress bar) or, at the end, one JSON document.
+struct Output {
+    json: bool,
+    rows: Vec<Value>,
+    bar: ProgressBar,
+    out: std::io::StdoutLock<'static>,
+}
+
+impl Output {
+    fn new(a: &BenchArgs, ranks: u32, launch: &str) -> Result<Self, CmdError> {
+        let ticks = a.sizes.len() as u64 * u64::from(1 + a.warmup + a.iters);
+        let target = if a.json || !std::io::stderr().is_terminal() {
+            ProgressDrawTarget::hidden()
+        } else {
+            ProgressDrawTarget::stderr()
+        };
+        let bar = ProgressBar::with_draw_target(Some(ticks), target);
+        if let Ok(s) = ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} iterations {msg}",
+        ) {
+            bar.set_style(s);
+        }
+        let mut o = Output {
+            json: a.json,
+            rows: Vec::new(),
+            bar,
+            out: std::io::stdout().lock(),
+        };
+        if !a.json {
+            let busbw = match a.collective {
+                Collective::Bcast => "busbw = algbw",
+                _ => "busbw = algbw * (P-1)/P",
+            };
+            let peer = match a.collective {
+                Collective::Bcast => "binomial(B): the busiest rank of a binomial tree",
+                _ => "ring(B): the busiest rank of a ring, (P-1) x own block",
+            };
+            o.line(&format!(
+                "# ringcast bench {}: {ranks} ranks ({launch}), {} verified + {} warm-up + {} \
+                 timed iterations per size",
+                name(a.collective),
+                1,
+                a.warmup,
+                a.iters
+            ))?;
+            o.line(
+                "# Latency: per iteration the slowest rank's time; avg/min/max over iterations",
+            )?;
+            o.line(&format!(
+                "# algbw = S / avg latency, GB/s = 1e9 B/s, S = {}; {busbw}",
+                match a.collective {
+                    Collective::Bcast => "the buffer",
+                    _ => "all blocks gathered",
+                }
+            ))?;
+            o.line(&format!(
+                "# inject(B): the busiest rank's bytes on the wire per iteration (headers \
+                 included); {peer}"
+            ))?;
+            o.line(&format!(
+                "{:<10}{:>18}{:>18}{:>18}{:>12}{:>14}{:>14}{:>14}{:>14}",
+                "# Size",
+                "Avg Latency(us)",
+                "Min Latency(us)",
+                "Max Latency(us)",
+                "Iterations",
+                "algbw(GB/s)",
+                "busbw(GB/s)",
+                "inject(B)",
+                if a.collective == Collective::Bcast {
+                    "binomial(B)"
+                } else {
+                    "ring(B)"
+                }
+            ))?;
+        }
+        Ok(o)
+    }
+
+    fn line(&mut self, s: &str) -> Result<(), CmdError> {
+        self.bar.suspend(|| {
+            writeln!(self.out, "{s}")
+                .and_then(|()| self.out.flush())
+                .map_err(CmdError::Output)
+        })
+    }
+
+    fn row(&mut self, v: Value) -> Result<(), CmdError> {
+        if !self.json {
+            let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+            let max_u = |k: &str| {
+                v[k].as_array()
+                    .map_or(0, |a| a.iter().filter_map(Value::as_u64).max().unwrap_or(0))
+            };
+            let s = format!(
+                "{:<10}{:>18.2}{:>18.2}{:>18.2}{:>12}{:>14.2}{:>14.2}{:>14}{:>14}",
+                v["size"].as_u64().unwrap_or(0),
+                f("avg_us"),
+                f("min_us"),
+                f("max_us"),
+                v["iterations"].as_u64().unwrap_or(0),
+                f("algbw_gbs"),
+                f("busbw_gbs"),
+                max_u("injected_per_rank"),
+                max_u("p2p_per_rank"),
+            );
+            self.line(&s)?;
+        }
+        self.rows.push(v);
+        Ok(())
+    }
+
+    fn finish(mut self, a: &BenchArgs, ranks: u32, launch: &str) -> Result<(), CmdError> {
+        self.bar.finish_and_clear();
+        if !self.json {
+            return Ok(());
+        }
+        let doc = json!({
+            "benchmark": "ringcast",
+            "collective": name(a.collective),
+            "ranks": ranks,
+            "launch": launch,
+            "warmup": a.warmup,
+            "iters": a.iters,
+            "latency": "per iteration the slowest rank's time (us); avg/min/max over iterations",
+            "algbw": "S / avg latency in GB/s (1e9 B/s); S = the buffer (bcast) or all blocks",
+            "busbw": match a.collective {
+                Collective::Bcast => "algbw",
+                _ => "algbw * (P-1)/P",
+            },
+            "p2p": match a.collective {
+                Collective::Bcast => "binomial tree, bytes each rank sends",
+                _ => "ring, (P-1) x own block",
+            },
+            "results": self.rows,
+        });
+        serde_json::to_writer_pretty(&mut self.out, &doc)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(self.out))
+            .and_then(|()| self.out.flush())
+            .map_err(CmdError::Output)
+    }
+}
+
+fn name(c: Collective) -> &'static str {
+    match c {
+        Collective::Bcast => "bcast",
+        Collective::Allgather => "allgather",
+        Collective::Allgatherv => "allgatherv",
+    }
+}
+
+fn parent(a: &BenchArgs, n: u32) -> Result<ExitCode, CmdError> {
+    let ranks = LocalRanks::spawn(n)?;
+    let launch = "local processes, loopback multicast";
+    let mut o = Output::new(a, n, launch)?;
+    ranks.drive(a.net.timeout, |r, tag, body| {
+        match (r, tag) {
+            (0, "TICK") => o.bar.inc(1),
+            (0, "SIZE") => o.bar.set_message(body.to_owned()),
+            (0, "ROW") => {
+                let v = serde_json::from_str(body).map_err(|e| format!("bad row: {e}"))?;
+                o.row(v)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    })?;
+    o.finish(a, n, launch)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What a rank hands on: rank 0 of a launcher's job renders, a local rank reports to its
+/// parent, the others stay quiet.
+enum Sink {
+    Quiet,
+    Parent,
+    Render(Box<Output>),
+}
+
+impl Sink {
+    fn emit(&mut self, tag: &str, body: &str) -> Result<(), CmdError> {
+        match self {
+            Sink::Quiet => Ok(()),
+            Sink::Parent => local::report(tag, body),
+            Sink::Render(o) => match tag {
+                "TICK" => {
+                    o.bar.inc(1);
+                    Ok(())
+                }
+                "SIZE" => {
+                    o.bar.set_message(body.to_owned());
+                    Ok(())
+                }
+                "ROW" => o.row(serde_json::from_str(body).map_err(|e| e.to_string())?),
+                _ => Ok(()),
+            },
+        }
+    }
+}
+
+fn rank(a: &BenchArgs, child: bool) -> Result<(), CmdError> {
+    let comm = net::connect(&a.net).map_err(|e| {
+        if child {
+            e
+        } else {
+            format!("{e}\n(run under mpirun, srun or torchrun, or pass --local N)")
+        }
+    })?;
+    let launch = "launcher's environment, one rank per process";
+    let mut sink = match (comm.rank(), child) {
+        (0, true) => Sink::Parent,
+        (0, false) => Sink::Render(Box::new(Output::new(a, comm.size(), launch)?)),
+        _ => Sink::Quiet,
+    };
+    for (si, &size) in a.sizes.iter().enumerate() {
+        sink.emit("SIZE", &crate::units::human(size))?;
+        let what = format!("{} of {size} B per rank", name(a.collective));
+        let row = one_size(&comm, a, si as u64, size, &mut sink).map_err(|e| match e {
+            Step::Comm(e) => CmdError::Run(typed(&what, &e)),
+            Step::Cmd(e) => e,
+        })?;
+        if let Some(row) = row {
+            sink.emit("ROW", &row.to_string())?;
+        }
+    }
+    if let Sink::Render(o) = sink {
+        o.finish(a, comm.size(), launch)?;
+    }
+    Ok(())
+}
+
+/// Why one size stopped.
+enum Step {
+    Comm(CommError),
+    Cmd(CmdError),
+}
+
+impl From<CommError> for Step {
+    fn from(e: CommError) -> Self {
+        Step::Comm(e)
+    }
+}
+
+impl From<CmdError> for Step {
+    fn from(e: CmdError) -> Self {
+        Step::Cmd(e)
+    }
+}
+
+/// The buffers of one collective, reused across iterations.
+enum Bufs {
+    Bcast(Vec<u8>),
+    Gather {
+        send: Vec<u8>,
+        recv: Vec<u8>,
+        counts: Vec<usize>,
+    },
+}
+
+impl Bufs {
+    fn run(self, comm: &Communicator) -> Result<Self, CommError> {
+        Ok(match self {
+            Bufs::Bcast(b) => Bufs::Bcast(comm.ibroadcast(0, b)?.wait()?),
+            Bufs::Gather { send, recv, counts } => {
+                let recv = comm.iallgatherv(&send, recv, &counts)?.wait()?;
+                Bufs::Gather { send, recv, counts }
+            }
+        })
+    }
+}
+
+/// One size on this rank; rank 0 returns the row.
+fn one_size(
+    comm: &Communicator,
+    a: &BenchArgs,
+    salt: u64,
+    size: u64,
+    sink: &mut Sink,
+) -> Result<Option<Value>, Step> {
+    let (me, p) = (comm.rank(), comm.size());
+    let blocks: Vec<u64> = match a.collective {
+        Collective::Bcast => vec![size],
+        Collective::Allgather => vec![size; p as usize],
+        Collective::Allgatherv => net::uneven_blocks(p, size),
+    };
+    let counts: Vec<usize> = blocks.iter().map(|&b| b as usize).collect();
+    let total: u64 = blocks.iter().sum();
+    // The verified run.
+    let mut bufs = match a.collective {
+        Collective::Bcast => Bufs::Bcast(if me == 0 {
+            net::pattern(salt, 0, size as usize)
+        } else {
+            vec![0; size as usize]
+        }),
+        _ => Bufs::Gather {
+            send: net::pattern(salt, me, counts[me as usize]),
+            recv: vec![0; total as usize],
+            counts: counts.clone(),
+        },
+    };
+    bufs = bufs.run(comm)?;
+    let checked = match &bufs {
+        Bufs::Bcast(b) => net::verify("bcast", b, &net::pattern(salt, 0, size as usize), &counts),
+        Bufs::Gather { recv, .. } => {
+            let want: Vec<u8> = (0..p)
+                .flat_map(|r| net::pattern(salt, r, counts[r as usize]))
+                .collect();
+            net::verify(name(a.collective), recv, &want, &counts)
+        }
+    };
+    checked.map_err(CmdError::Run)?;
+    sink.emit("TICK", "")?;
+    for _ in 0..a.warmup {
+        bufs = bufs.run(comm)?;
+        sink.emit("TICK", "")?;
+    }
+    let mut mine = Vec::with_capacity(a.iters as usize + EXTRA);
+    let mut inj = Injected::default();
+    for _ in 0..a.iters {
+        net::barrier(comm)?;
+        let s0 = comm.stats()?;
+        let t0 = Instant::now();
+        bufs = bufs.run(comm)?;
+        mine.push(t0.elapsed().as_secs_f64());
+        inj.add(&Injected::between(&s0, &comm.stats()?));
+        sink.emit("TICK", "")?;
+    }
+    let iters = f64::from(a.iters);
+    mine.extend([
+        inj.wire as f64 / iters,
+        inj.payload as f64 / iters,
+        inj.datagrams as f64 / iters,
+        inj.served as f64 / iters,
+        inj.fetched as f64 / iters,
+    ]);
+    let mut all = vec![0f64; mine.len() * p as usize];
+    comm.allgather(&mine, &mut all)?;
+    if me != 0 {
+        return Ok(None);
+    }
+    Ok(Some(summarize(a, p, size, total, &blocks, &all)))
+}
+
+/// Rank 0's row from every rank's timings and counters.
+fn summarize(a: &BenchArgs, p: u32, size: u64, total: u64, blocks: &[u64], all: &[f64]) -> Value {
+    let n = a.iters as usize;
+    let per = n + EXTRA;
+    let ranks: Vec<&[f64]> = all.chunks(per).collect();
+    let slowest: Vec<f64> = (0..n)
+        .map(|i| ranks.iter().map(|r| r[i]).fold(0.0, f64::max))
+        .collect();
+    let avg = slowest.iter().sum::<f64>() / n as f64;
+    let min = slowest.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = slowest.iter().copied().fold(0.0, f64::max);
+    let algbw = if avg > 0.0 {
+        total as f64 / avg / 1e9
+    } else {
+        0.0
+    };
+    let busbw = match a.collective {
+        Collective::Bcast => algbw,
+        _ => algbw * f64::from(p - 1) / f64::from(p),
+    };
+    let col = |k: usize| -> Vec<u64> { ranks.iter().map(|r| r[n + k].round() as u64).collect() };
+    let (own, p2p): (Vec<u64>, Vec<u64>) = match a.collective {
+        Collective::Bcast => (
+            (0..p).map(|r| if r == 0 { size } else { 0 }).collect(),
+            net::binomial_bcast(p, 0, size),
+        ),
+        _ => (
+            blocks.to_vec(),
+            blocks.iter().map(|b| b * u64::from(p - 1)).collect(),
+        ),
+    };
+    json!({
+        "size": size,
+        "bytes_total": total,
+        "blocks": blocks,
+        "avg_us": avg * 1e6,
+        "min_us": min * 1e6,
+        "max_us": max * 1e6,
+        "iterations": a.iters,
+        "algbw_gbs": algbw,
+        "busbw_gbs": busbw,
+        "verified": true,
+        "own_per_rank": own,
+        "injected_per_rank": col(0),
+        "payload_per_rank": col(1),
+        "datagrams_per_rank": col(2),
+        "served_per_rank": col(3),
+        "fetched_per_rank": col(4),
+        "p2p_per_rank": p2p,
+        "slowest_us": slowest.iter().map(|t| t * 1e6).collect::<Vec<f64>>(),
+    })
+}

@@ -1,0 +1,195 @@
+//! `ringcast demo` and `ringcast bench` run for real: local rank processes on loopback
+//! multicast (no root needed). Every run is bounded: a run past its deadline is killed and the
+//! test fails. Tests never assert on wall-clock figures.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const DEADLINE: Duration = Duration::from_secs(120);
+
+fn command(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ringcast"));
+    c.args(args)
+        .env_remove("RINGCAST_IFNAME")
+        .env_remove("RINGCAST_LANES")
+        .env_remove("RINGCAST_CHUNK_SIZE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Kills the process if the test fails before it exits.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn drain(r: Option<impl Read + Send + 'static>) -> thread::JoinHandle<Vec<u8>> {
+    thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(mut r) = r {
+            let _ = r.read_to_end(&mut v);
+        }
+        v
+    })
+}
+
+/// Runs `c` to its end, killing it at the deadline.
+fn run_bounded(mut c: Command) -> Output {
+    let mut g = Guard(c.spawn().expect("the binary runs"));
+    let out = drain(g.0.stdout.take());
+    let err = drain(g.0.stderr.take());
+    let end = Instant::now() + DEADLINE;
+    let status = loop {
+        if let Some(st) = g.0.try_wait().expect("try_wait") {
+            break st;
+        }
+        assert!(Instant::now() < end, "still running after {DEADLINE:?}");
+        thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().expect("stdout"),
+        stderr: err.join().expect("stderr"),
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn demo_quick_verifies_and_prints_its_summary() {
+    let out = run_bounded(command(&["demo", "--quick"]));
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{}\n{so}\n{se}", out.status);
+    assert!(
+        so.contains("ok: 4 collectives on 4 ranks, verified byte for byte"),
+        "{so}"
+    );
+    let rows: Vec<&str> = so
+        .lines()
+        .filter(|l| l.starts_with("broadcast") || l.starts_with("allgather"))
+        .collect();
+    assert_eq!(rows.len(), 4, "{so}");
+    for r in rows {
+        assert!(r.contains(" ok "), "{r}");
+        let peer = if r.starts_with("broadcast") {
+            "binomial tree"
+        } else {
+            "ring:"
+        };
+        assert!(r.contains(peer), "{r}");
+    }
+}
+
+#[test]
+fn bench_allgather_json_has_the_fields() {
+    let out = run_bounded(command(&[
+        "bench",
+        "allgather",
+        "--local",
+        "4",
+        "--sizes",
+        "4KiB,64KiB",
+        "--iters",
+        "3",
+        "--json",
+    ]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(v["collective"], "allgather");
+    assert_eq!(v["ranks"], 4);
+    assert_eq!(v["iters"], 3);
+    let rows = v["results"].as_array().expect("results");
+    assert_eq!(rows.len(), 2);
+    for (row, size) in rows.iter().zip([4096u64, 65536]) {
+        assert_eq!(row["size"], size, "{row}");
+        assert_eq!(row["bytes_total"], 4 * size, "{row}");
+        assert_eq!(row["iterations"], 3, "{row}");
+        assert_eq!(row["verified"], true, "{row}");
+        let f = |k: &str| row[k].as_f64().unwrap_or_else(|| panic!("{k} in {row}"));
+        let (avg, min, max) = (f("avg_us"), f("min_us"), f("max_us"));
+        assert!(min > 0.0 && min <= avg && avg <= max, "{row}");
+        let (algbw, busbw) = (f("algbw_gbs"), f("busbw_gbs"));
+        assert!(algbw > 0.0, "{row}");
+        assert!(
+            (busbw - algbw * 3.0 / 4.0).abs() <= 1e-9 * algbw.max(1.0),
+            "{row}"
+        );
+        let per_rank = |k: &str| -> Vec<u64> {
+            row[k]
+                .as_array()
+                .unwrap_or_else(|| panic!("{k} in {row}"))
+                .iter()
+                .map(|x| x.as_u64().expect("a count"))
+                .collect()
+        };
+        let (wire, payload, ring) = (
+            per_rank("injected_per_rank"),
+            per_rank("payload_per_rank"),
+            per_rank("p2p_per_rank"),
+        );
+        assert_eq!((wire.len(), payload.len(), ring.len()), (4, 4, 4), "{row}");
+        for r in 0..4 {
+            // Each rank multicasts its own block at most once (a lost multicast is repaired
+            // over the ring, not resent), plus headers; a ring sends it 3 times.
+            assert!(payload[r] <= size, "{row}");
+            assert!(wire[r] >= payload[r] && wire[r] < ring[r], "{row}");
+            assert_eq!(ring[r], 3 * size, "{row}");
+        }
+    }
+}
+
+#[test]
+fn bench_into_a_closed_pipe_exits_quietly() {
+    let mut c = command(&[
+        "bench",
+        "bcast",
+        "--local",
+        "4",
+        "--sizes",
+        "4KiB,8KiB,16KiB,32KiB",
+        "--iters",
+        "3",
+    ]);
+    let mut g = Guard(c.spawn().expect("the binary runs"));
+    let err = drain(g.0.stderr.take());
+    let mut first = String::new();
+    BufReader::new(g.0.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("a first line");
+    // `| head -1`: the reader is gone; the rows still to come meet a closed pipe.
+    assert!(first.starts_with("# ringcast bench bcast"), "{first}");
+    let end = Instant::now() + DEADLINE;
+    let status = loop {
+        if let Some(st) = g.0.try_wait().expect("try_wait") {
+            break st;
+        }
+        assert!(Instant::now() < end, "still running after {DEADLINE:?}");
+        thread::sleep(Duration::from_millis(20));
+    };
+    let err = text(&err.join().expect("stderr"));
+    assert!(status.success(), "{status}: {err}");
+    assert!(err.is_empty(), "{err}");
+}
+
+#[test]
+fn a_failing_rank_fails_the_run_naming_the_setting() {
+    let mut c = command(&["demo", "--quick"]);
+    c.env("RINGCAST_LANES", "many");
+    let out = run_bounded(c);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("rank 0: ") && err.contains("RINGCAST_LANES"),
+        "{err}"
+    );
+}
