@@ -131,6 +131,11 @@ pub enum OpError {
         /// The peer read from.
         peer: Rank,
     },
+    /// The transport lost `peer`: its control connection closed (a crash), or it left.
+    PeerLost {
+        /// The rank that is gone.
+        peer: Rank,
+    },
 }
 
 impl OpError {
@@ -139,7 +144,8 @@ impl OpError {
         match *self {
             OpError::PeerUnresponsive { peer }
             | OpError::PeerFailed { peer, .. }
-            | OpError::ReadFailed { peer } => peer,
+            | OpError::ReadFailed { peer }
+            | OpError::PeerLost { peer } => peer,
         }
     }
 }
@@ -152,6 +158,9 @@ impl fmt::Display for OpError {
                 write!(f, "{peer} stopped answering (reported by {reported_by})")
             }
             OpError::ReadFailed { peer } => write!(f, "read from {peer} failed"),
+            OpError::PeerLost { peer } => {
+                write!(f, "{peer} is gone (its control connection closed)")
+            }
         }
     }
 }

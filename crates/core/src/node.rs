@@ -153,6 +153,12 @@ impl Node {
         }
     }
 
+    /// See [`Session::handle_peer_lost`].
+    pub fn handle_peer_lost(&mut self, now: Instant, peer: Rank, first: OpId) {
+        self.session.handle_peer_lost(now, peer, first);
+        self.route(now);
+    }
+
     /// See [`Session::handle_timeout`].
     pub fn handle_timeout(&mut self, now: Instant) {
         self.session.handle_timeout(now);

@@ -302,6 +302,27 @@ impl Session {
         }
     }
 
+    /// The transport lost `peer` (its control connection closed, or it left): every operation
+    /// in flight from `first` on fails at once naming it, and the other ranks hear of it
+    /// through `Abort` (sent before anything else this rank sends them). Operations before
+    /// `first` are ones the peer had finished when it left cleanly: they need nothing more of it.
+    pub fn handle_peer_lost(&mut self, now: Instant, peer: Rank, first: OpId) {
+        self.timeout.set(None);
+        let _ = now;
+        if peer.0 >= self.config.ranks || peer == self.config.rank {
+            return;
+        }
+        let mut i = 0;
+        while i < self.ops.len() {
+            if self.ops[i].id >= first {
+                let error = OpError::PeerLost { peer };
+                self.finish(i, Outcome::Failed { error, abort: true });
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     /// Timers may have expired. A spurious call is harmless.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.timeout.set(None);
