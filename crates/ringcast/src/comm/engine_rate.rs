@@ -7,6 +7,12 @@
 //! slowest receiver sets the rate) and hands the new rate to its send workers, split evenly
 //! over the lanes. Counters are cumulative, so a late or duplicated report is harmless.
 //!
+//! What counts as loss: the receivers' kernel socket drops. Fetched chunks travel in the
+//! report (for the logs) but do not cut the rate: the core also fetches every chunk that had
+//! not arrived when its cutoff fired, and the cutoff is timed from `link_bandwidth`, so a
+//! paced or CPU-starved multicast is fetched without any loss; counting those fetches would
+//! cut the rate, which fires the cutoff earlier still, down to the floor.
+//!
 //! The report travels as a control message of its own kind ([`REPORT_KIND`], outside the
 //! core's range): the engine takes it before the session sees the message.
 
@@ -110,6 +116,10 @@ impl Rates {
         match decode(bytes).filter(|r| r.rank == from) {
             Some(r) => {
                 self.reports += 1;
+                let r = ReceiverReport {
+                    fetched_chunks: 0,
+                    ..r
+                };
                 let changed = self.ctl.on_report(now, r)?;
                 if let Some(slow) = self.ctl.slowest() {
                     tracing::debug!(rate = changed, slowest = slow, "pacing rate changed");
@@ -164,10 +174,11 @@ mod tests {
         let mut r = Rates::new(cfg, 0, 3, 2, false);
         assert_eq!((r.rate(), r.per_lane()), (1_000, 500));
         let t = Instant::ZERO;
-        // Rank 1 is clean, rank 2 lost chunks: the rate halves, each lane gets half of it.
+        // Rank 1 is clean, rank 2's socket dropped datagrams: the rate halves, each lane gets
+        // half of it.
         assert_eq!(r.on_message(t, 1, &encode(&report(1, 100, 0, 0))), None);
         assert_eq!(
-            r.on_message(t, 2, &encode(&report(2, 90, 10, 0))),
+            r.on_message(t, 2, &encode(&report(2, 90, 10, 10))),
             Some(250)
         );
         assert_eq!(r.rate(), 500);
@@ -175,13 +186,21 @@ mod tests {
         let later = Instant::from_nanos(50_000_000);
         assert_eq!(r.on_message(later, 1, &encode(&report(1, 200, 0, 0))), None);
         assert_eq!(
-            r.on_message(later, 2, &encode(&report(2, 190, 10, 0))),
+            r.on_message(later, 2, &encode(&report(2, 190, 10, 10))),
             Some(300)
+        );
+        // Fetched chunks alone (a cutoff that fired before the paced multicast ended) are no
+        // loss: the next clean round climbs on.
+        let t3 = Instant::from_nanos(100_000_000);
+        assert_eq!(r.on_message(t3, 1, &encode(&report(1, 250, 50, 0))), None);
+        assert_eq!(
+            r.on_message(t3, 2, &encode(&report(2, 200, 90, 10))),
+            Some(350)
         );
         // A report claiming another rank, or garbage, counts as malformed.
         assert_eq!(r.on_message(later, 1, &encode(&report(2, 0, 99, 0))), None);
         assert_eq!(r.on_message(later, 1, &[REPORT_KIND, 9]), None);
-        assert_eq!((r.reports, r.malformed), (4, 2));
+        assert_eq!((r.reports, r.malformed), (6, 2));
     }
 
     #[test]
