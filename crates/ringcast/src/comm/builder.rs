@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ringcast_core::port::Port;
 use ringcast_core::{Config, Node};
-use ringcast_transport_rocev2_udp::addr::{AddrConfig, McastPrefix, ROCEV2_PORT};
+use ringcast_transport_rocev2_udp::addr::{AddrConfig, JobAddrs, McastPrefix, ROCEV2_PORT};
 use ringcast_transport_rocev2_udp::{
     ControlConfig, Registry, SocketConfig, TcpControl, UdpPort, UdpPortConfig,
 };
@@ -15,6 +15,8 @@ use ringcast_transport_rocev2_udp::{
 use super::Communicator;
 use super::engine::Engine;
 use super::error::BuildError;
+use super::fallback::{self, FallbackConfig, FallbackReason, TransportMode};
+use super::probe::{self, ProbeSetup};
 use super::track::{TrackedControl, TrackedTx};
 use crate::bootstrap::{
     BootstrapError, JobEnv, PeerTable, Rendezvous, RendezvousAddr, select_interface,
@@ -27,11 +29,27 @@ const POST_QUEUE: usize = 64;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Fallback {
-    /// Fail (the default).
+    /// Fail (the default): a failed start-up check is a [`BuildError::MulticastUnreachable`].
     #[default]
     Off,
-    /// Run TCP ring Allgather / chain Broadcast instead (not built yet: `build` refuses it).
+    /// Run a TCP ring Allgather(v) / pipelined chain Broadcast instead, from the start when
+    /// the start-up check fails, or from an operation all ranks agree on when multicast loses
+    /// more than the threshold during the run ([`CommBuilder::fallback_loss_threshold`]).
+    /// [`Communicator::transport_mode`] says which is in use; see
+    /// [the module docs](super#start-up-check-and-tcp-fallback).
     Tcp,
+}
+
+impl std::str::FromStr for Fallback {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "tcp" => Ok(Fallback::Tcp),
+            "off" | "none" | "no" | "0" | "" => Ok(Fallback::Off),
+            other => Err(format!("{other:?} is not a fallback: use tcp or off")),
+        }
+    }
 }
 
 /// Where the ranks' control addresses come from.
@@ -79,6 +97,8 @@ pub struct CommBuilder {
     cutoff_alpha: Duration,
     connect_timeout: Duration,
     fallback: Fallback,
+    probe_window: Duration,
+    loss_threshold: f64,
 }
 
 impl Default for CommBuilder {
@@ -98,6 +118,8 @@ impl Default for CommBuilder {
             cutoff_alpha: Duration::from_millis(5),
             connect_timeout: Duration::from_secs(30),
             fallback: Fallback::Off,
+            probe_window: Duration::from_secs(2),
+            loss_threshold: 0.10,
         }
     }
 }
@@ -131,7 +153,9 @@ impl CommBuilder {
     /// Rank, world size and rendezvous from the launcher's variables (see [`crate::bootstrap`]:
     /// `RINGCAST_RANK`/`RINGCAST_WORLD_SIZE`/`RINGCAST_BOOTSTRAP`, torchrun, Open MPI,
     /// MPICH/Hydra, Slurm; `RINGCAST_IFNAME`), plus optional `RINGCAST_PORT` (UDP port),
-    /// `RINGCAST_LANES`, `RINGCAST_CHUNK_SIZE` (bytes) and `RINGCAST_PEER_TIMEOUT` (seconds).
+    /// `RINGCAST_LANES`, `RINGCAST_CHUNK_SIZE` (bytes), `RINGCAST_PEER_TIMEOUT` (seconds),
+    /// `RINGCAST_FALLBACK` (`tcp` or `off`), `RINGCAST_PROBE_WINDOW` (seconds of the start-up
+    /// check, 0 turns it off) and `RINGCAST_FALLBACK_LOSS` (fraction, e.g. `0.1`).
     /// Builder calls made afterwards override them.
     pub fn from_env() -> Result<Self, BuildError> {
         let job = JobEnv::from_env().map_err(BootstrapError::from)?;
@@ -148,6 +172,18 @@ impl CommBuilder {
                 setting: format!("RINGCAST_PEER_TIMEOUT={t}"),
                 why: e.to_string(),
             })?;
+        }
+        if let Some(f) = parse_var::<Fallback>("RINGCAST_FALLBACK")? {
+            b.fallback = f;
+        }
+        if let Some(t) = parse_var::<f64>("RINGCAST_PROBE_WINDOW")? {
+            b.probe_window = Duration::try_from_secs_f64(t).map_err(|e| BuildError::Invalid {
+                setting: format!("RINGCAST_PROBE_WINDOW={t}"),
+                why: e.to_string(),
+            })?;
+        }
+        if let Some(l) = parse_var::<f64>("RINGCAST_FALLBACK_LOSS")? {
+            b.loss_threshold = l;
         }
         b.connect_timeout = job.timeout;
         b.peers = Some(Peers::Env(Box::new(job)));
@@ -253,19 +289,37 @@ impl CommBuilder {
         self
     }
 
-    /// What to do when multicast does not work.
+    /// What to do when multicast does not work (like `RINGCAST_FALLBACK`). Every rank must
+    /// choose the same.
     pub fn fallback(mut self, f: Fallback) -> Self {
         self.fallback = f;
+        self
+    }
+
+    /// How long the start-up check listens for the other ranks' probes (default 2 s; like
+    /// `RINGCAST_PROBE_WINDOW`). It ends as soon as every rank heard every other on every
+    /// lane. `Duration::ZERO` skips the check (multicast is then assumed to work).
+    pub fn startup_check(mut self, window: Duration) -> Self {
+        self.probe_window = window;
+        self
+    }
+
+    /// With [`Fallback::Tcp`]: the fraction of a window of multicast chunks that had to be
+    /// fetched by ring recovery above which the communicator switches to TCP (default 0.1;
+    /// like `RINGCAST_FALLBACK_LOSS`; 1 or more never switches).
+    pub fn fallback_loss_threshold(mut self, fraction: f64) -> Self {
+        self.loss_threshold = fraction;
         self
     }
 
     /// Connects to the other ranks (every rank calls it at about the same time) and starts
     /// the engine.
     pub fn build(self) -> Result<Communicator, BuildError> {
-        if self.fallback == Fallback::Tcp {
-            return Err(BuildError::Unsupported(
-                "fallback = tcp is not implemented yet: use Fallback::Off",
-            ));
+        if self.loss_threshold.is_nan() || self.loss_threshold < 0.0 {
+            return Err(BuildError::Invalid {
+                setting: "fallback loss threshold (RINGCAST_FALLBACK_LOSS)".into(),
+                why: format!("{} is not a fraction of at least 0", self.loss_threshold),
+            });
         }
         let rank = self.rank.ok_or(BuildError::Missing(
             "rank",
@@ -330,6 +384,30 @@ impl CommBuilder {
             }
         };
         let chunk = self.chunk_size.unwrap_or_else(|| default_chunk(iface));
+        // With fallback = tcp, a second listener for the fallback mesh, on the control
+        // address; its address travels in the start-up reports.
+        let tcp_fallback = self.fallback == Fallback::Tcp && size > 1;
+        let fb_listener = if tcp_fallback {
+            let ip = match control[rank as usize].ip() {
+                IpAddr::V4(a) if !a.is_unspecified() => a,
+                _ => iface,
+            };
+            let addr = SocketAddr::from((ip, 0));
+            Some(TcpListener::bind(addr).map_err(|source| BuildError::Listen { addr, source })?)
+        } else {
+            None
+        };
+        let fb_extra = match &fb_listener {
+            Some(l) => l
+                .local_addr()
+                .map_err(|source| BuildError::Listen {
+                    addr: control[rank as usize],
+                    source,
+                })?
+                .to_string()
+                .into_bytes(),
+            None => Vec::new(),
+        };
         let mut cc = ControlConfig::new(nonce);
         // A recovery read may cover a whole block: allow large ones.
         cc.max_read = 1 << 30;
@@ -359,27 +437,128 @@ impl CommBuilder {
         let node = Node::new(cfg).map_err(BuildError::Config)?;
         let port = UdpPort::open(&pc, tcp)?;
         let p = port.into_ports();
+        let (mut rx, mut tx, mut control) = (p.rx, p.tx, p.control);
+        // The start-up check: does multicast arrive? (see `probe`).
+        let job = JobAddrs::derive(nonce, usize::from(self.lanes), &pc.addr)
+            .map_err(|e| BuildError::Port(e.into()))?;
+        let setup = ProbeSetup {
+            rank,
+            ranks: size,
+            lanes: self.lanes,
+            groups: (0..usize::from(self.lanes))
+                .filter_map(|l| job.group(l))
+                .collect(),
+            interface: iface,
+            window: self.probe_window,
+            report_wait: self.peer_timeout.max(Duration::from_secs(2)),
+            fallback_tcp: tcp_fallback,
+            extra: fb_extra,
+        };
+        let ex = match probe::run(&setup, &mut rx, &mut tx, &mut control) {
+            Ok(ex) => ex,
+            Err(e) => {
+                // Flush what this rank owes the others (its report) before leaving.
+                control.close(u64::MAX, PROBE_LINGER);
+                return Err(e);
+            }
+        };
+        let fcfg = FallbackConfig {
+            rank,
+            size,
+            threshold_permille: (self.loss_threshold * 1000.0).min(1000.0) as u32,
+            peer_timeout: self.peer_timeout,
+            piece: fallback::PIECE,
+        };
+        if let Some(failure) = ex.failure {
+            if !tcp_fallback {
+                tracing::error!(rank, "{failure}");
+                control.close(u64::MAX, PROBE_LINGER);
+                return Err(BuildError::MulticastUnreachable(Box::new(failure)));
+            }
+            tracing::warn!(
+                rank,
+                "{failure} -- fallback = tcp: every operation runs over TCP instead"
+            );
+            drop((rx, tx, fb_listener));
+            let mode = TransportMode::Tcp {
+                from_op: 0,
+                reason: FallbackReason::StartupCheck,
+            };
+            let handle = fallback::start(fcfg, control, None, mode).map_err(BuildError::Spawn)?;
+            return Ok(Communicator {
+                rank,
+                size,
+                posts: None,
+                thread: None,
+                fallback: Some(handle),
+            });
+        }
+        tracing::debug!(rank, elapsed = ?ex.elapsed, "start-up check: multicast reaches every rank");
+        // With fallback = tcp, the fallback mesh (kept apart from the engine's control mesh).
+        let fb_mesh = match fb_listener {
+            Some(l) => {
+                let table = ex
+                    .extras
+                    .iter()
+                    .enumerate()
+                    .map(|(r, e)| {
+                        let s = String::from_utf8_lossy(e);
+                        s.parse::<SocketAddr>()
+                            .map_err(|_| BuildError::PeerAddress {
+                                rank: r as u32,
+                                entry: s.into_owned(),
+                            })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut fc = ControlConfig::new(nonce ^ FALLBACK_NONCE);
+                fc.max_read = 0;
+                fc.max_frame = fallback::PIECE + 64;
+                fc.connect_timeout = self.connect_timeout;
+                Some(TcpControl::connect(
+                    rank,
+                    &table,
+                    l,
+                    Registry::default(),
+                    fc,
+                )?)
+            }
+            None => None,
+        };
         let ports = ringcast_core::port::Ports {
             caps: p.caps,
-            rx: p.rx,
-            tx: p.tx.into_iter().map(TrackedTx::new).collect(),
-            control: TrackedControl::new(p.control),
+            rx,
+            tx: tx.into_iter().map(TrackedTx::new).collect(),
+            control: TrackedControl::new(control).with_replay(ex.stash),
         };
-        let (posts, rx) = mpsc::sync_channel(POST_QUEUE);
-        let engine = Engine::new(node, ports, rx);
+        let (posts, prx) = mpsc::sync_channel(POST_QUEUE);
+        let engine = Engine::new(node, ports, prx);
         let thread = thread::Builder::new()
             .name(format!("ringcast-r{rank}"))
             .spawn(move || engine.run())
             .map_err(BuildError::Spawn)?;
+        let fallback = match fb_mesh {
+            Some(mesh) => Some(
+                fallback::start(fcfg, mesh, Some(posts.clone()), TransportMode::Multicast)
+                    .map_err(BuildError::Spawn)?,
+            ),
+            None => None,
+        };
         tracing::debug!(rank, size, %iface, chunk, lanes = self.lanes, "communicator ready");
         Ok(Communicator {
             rank,
             size,
             posts: Some(posts),
             thread: Some(thread),
+            fallback,
         })
     }
 }
+
+/// How long a rank whose build fails lets its last control frames flush.
+const PROBE_LINGER: Duration = Duration::from_secs(1);
+
+/// Tells the fallback mesh's hellos from the control mesh's.
+const FALLBACK_NONCE: u64 = 0x6661_6c6c_6261_636b; // "fallback"
 
 /// Binds the control listener on the interface (port 0 unless one was given).
 fn listen(

@@ -155,6 +155,14 @@ pub enum BuildError {
     /// A feature that is not built yet.
     #[error("{0}")]
     Unsupported(&'static str),
+    /// The start-up check found that multicast does not reach every rank, and the fallback
+    /// is off: the message names who did not hear whom, where, and what to check.
+    #[error(transparent)]
+    MulticastUnreachable(Box<super::probe::ProbeFailure>),
+    /// The start-up check could not run to its end (a peer's report missing or unreadable,
+    /// settings that differ between ranks).
+    #[error("start-up check: {0}")]
+    StartupCheck(String),
     /// The engine thread could not be started.
     #[error("could not start the engine thread: {0}")]
     Spawn(#[source] io::Error),

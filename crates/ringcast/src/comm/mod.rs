@@ -47,6 +47,24 @@
 //!   [`CommError::Cancelled`]), says goodbye to the peers, and joins every thread: it returns
 //!   within about a second even when peers hang.
 //!
+//! ## Start-up check and TCP fallback
+//! [`CommBuilder::build`] checks that multicast arrives before it returns: every rank
+//! multicasts probe datagrams on every lane and reports over TCP whom it heard; within the
+//! window ([`CommBuilder::startup_check`], 2 s by default, ended early once everyone heard
+//! everyone) every rank reaches the same verdict. Multicast that does not reach every rank (no
+//! route, a snooping switch without a querier, a firewall dropping the UDP port) is a
+//! [`BuildError::MulticastUnreachable`] whose message names who did not hear whom, on which
+//! group and interface, and what to check.
+//!
+//! With [`Fallback::Tcp`] (`RINGCAST_FALLBACK=tcp`) the communicator runs over TCP instead
+//! (a pipelined ring Allgather(v), a pipelined chain Broadcast, 256 KiB pieces), and switches
+//! to TCP during the run when multicast loses more than a threshold
+//! ([`CommBuilder::fallback_loss_threshold`], 10% of the chunks fetched by ring recovery):
+//! rank 0 freezes every rank's dispatch and picks the first operation none has posted to
+//! multicast yet, so all switch at the same operation. [`Communicator::transport_mode`] and
+//! [`CommStats::mode`] say which transport runs, from which operation, and why; a `tracing`
+//! warning says so too.
+//!
 //! ## Observability
 //! [`Communicator::stats`] returns every counter; each completion carries [`OpStats`]. Each
 //! operation runs in a `tracing` span named `ringcast` (fields `op`, `rank`, ...); the library
@@ -55,12 +73,16 @@
 mod builder;
 mod engine;
 mod error;
+mod fallback;
+mod probe;
 mod request;
 mod stats;
 mod track;
 
 pub use builder::{CommBuilder, Fallback};
 pub use error::{BuildError, CommError};
+pub use fallback::{FallbackReason, TransportMode};
+pub use probe::{ProbeFailure, Unheard};
 pub use request::Request;
 pub use stats::{CommStats, ControlCounters, Counters, OpStats};
 
@@ -84,8 +106,11 @@ const STATS_WAIT: Duration = Duration::from_secs(10);
 pub struct Communicator {
     rank: u32,
     size: u32,
+    /// The multicast engine (`None` when the start-up check sent every operation to TCP).
     posts: Option<SyncSender<Command>>,
     thread: Option<JoinHandle<()>>,
+    /// With `fallback = tcp`: routes each post to the engine or to TCP.
+    fallback: Option<fallback::Handle>,
 }
 
 impl Communicator {
@@ -109,12 +134,29 @@ impl Communicator {
         self.size
     }
 
-    /// Every counter of this communicator (asks the engine; socket drops read `/proc`).
+    /// Every counter of this communicator (asks the engine; socket drops read `/proc`), the
+    /// TCP fallback's included, and the [`TransportMode`].
     pub fn stats(&self) -> Result<CommStats, CommError> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.send(Command::Stats(tx))?;
-        rx.recv_timeout(STATS_WAIT)
-            .map_err(|_| CommError::EngineTimeout(STATS_WAIT))
+        let mut s = if self.posts.is_some() {
+            let (tx, rx) = mpsc::sync_channel(1);
+            self.send(Command::Stats(tx))?;
+            rx.recv_timeout(STATS_WAIT)
+                .map_err(|_| CommError::EngineTimeout(STATS_WAIT))?
+        } else {
+            CommStats::default()
+        };
+        if let Some(f) = &self.fallback {
+            f.add_to(&mut s);
+        }
+        Ok(s)
+    }
+
+    /// Whether operations run over multicast or, with `fallback = tcp`, over TCP from some
+    /// operation on (the start-up check failed, or multicast lost too much during the run).
+    pub fn transport_mode(&self) -> TransportMode {
+        self.fallback
+            .as_ref()
+            .map_or(TransportMode::Multicast, fallback::Handle::mode)
     }
 
     fn send(&self, c: Command) -> Result<(), CommError> {
@@ -131,6 +173,9 @@ impl Communicator {
         typed: Option<Vec<T>>,
         span: tracing::Span,
     ) -> Result<Request<T>, CommError> {
+        if let Some(f) = &self.fallback {
+            return f.post(kind, bytes, typed, span);
+        }
         let (reply, rx) = mpsc::sync_channel(1);
         self.send(Command::Post(Post {
             kind,
@@ -257,6 +302,8 @@ impl Communicator {
 impl Drop for Communicator {
     /// Cancels the operations in flight, says goodbye to the peers and joins the engine.
     fn drop(&mut self) {
+        // The fallback first: it holds a sender of the engine's channel.
+        self.fallback = None;
         self.posts = None;
         if let Some(t) = self.thread.take()
             && t.join().is_err()

@@ -24,6 +24,8 @@ pub struct Request<T: Pod = u8> {
     got: Option<Box<Completion>>,
     /// The caller's vector, when its bytes travelled as a copy (T aligned above 1).
     typed: Option<Vec<T>>,
+    /// Told the operation's stats (the TCP fallback's loss window), when set.
+    tap: Option<std::sync::Arc<super::fallback::LossTap>>,
 }
 
 impl<T: Pod> Request<T> {
@@ -32,7 +34,14 @@ impl<T: Pod> Request<T> {
             rx,
             got: None,
             typed,
+            tap: None,
         }
+    }
+
+    /// Tells `tap` the stats of the operation when it completes.
+    pub(crate) fn with_tap(mut self, tap: std::sync::Arc<super::fallback::LossTap>) -> Self {
+        self.tap = Some(tap);
+        self
     }
 
     /// Whether the operation is over (completed or failed); [`wait`](Self::wait) then returns
@@ -81,6 +90,9 @@ impl<T: Pod> Request<T> {
 
     fn finish(&mut self, c: Completion) -> Result<(Vec<T>, OpStats), CommError> {
         let (bytes, stats) = c?;
+        if let Some(tap) = &self.tap {
+            tap.observe(&stats);
+        }
         let out = match self.typed.take() {
             Some(mut v) => {
                 bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(&bytes);

@@ -31,6 +31,10 @@ pub struct Counters {
     pub datagrams_dropped: u64,
     /// Multicasts that could not be sent (socket errors, no buffer); the ring repairs them.
     pub multicasts_lost: u64,
+    /// Payload bytes sent over the TCP fallback (own pieces and pieces passed on).
+    pub tcp_bytes_sent: u64,
+    /// Payload bytes received over the TCP fallback.
+    pub tcp_bytes_received: u64,
 }
 
 impl Counters {
@@ -47,6 +51,8 @@ impl Counters {
             chunks_dropped: d(self.chunks_dropped, earlier.chunks_dropped),
             datagrams_dropped: d(self.datagrams_dropped, earlier.datagrams_dropped),
             multicasts_lost: d(self.multicasts_lost, earlier.multicasts_lost),
+            tcp_bytes_sent: d(self.tcp_bytes_sent, earlier.tcp_bytes_sent),
+            tcp_bytes_received: d(self.tcp_bytes_received, earlier.tcp_bytes_received),
         }
     }
 }
@@ -143,6 +149,8 @@ pub struct CommStats {
     pub ops_failed: u64,
     /// Operations cancelled by dropping the communicator.
     pub ops_cancelled: u64,
+    /// Multicast, or the TCP fallback (from which operation on, and why).
+    pub mode: super::fallback::TransportMode,
 }
 
 pub(crate) fn add_rx(a: &mut RxStats, b: &RxStats) {

@@ -1,0 +1,930 @@
+//! The TCP fallback (`fallback = tcp`, Cepheus's safeguard): collectives over TCP when
+//! multicast does not work, from the start or from an agreed operation on.
+//!
+//! ## Where it sits
+//! With [`Fallback::Tcp`](super::Fallback::Tcp), the communicator gets a **dispatcher**: every
+//! post takes the next operation index `k` (the n-th post on every rank is the same operation,
+//! see the module docs of [`comm`](super)) and is routed, under one lock, either straight to
+//! the multicast engine (as without fallback: no extra hop) or to the dispatcher thread, which
+//! runs it over TCP. The engine is not touched: the routing happens at the operation-dispatch
+//! boundary ([`Handle::post`]), the loss is observed where completions are consumed
+//! ([`LossTap`], called by [`Request`]).
+//!
+//! ## The TCP collectives
+//! Over a TCP mesh ([`TcpControl`]): the control mesh itself when the start-up check failed
+//! (the engine never starts), or a second mesh formed at build time when multicast works (so
+//! that bulk data never delays the engine's control messages). Data moves in pieces of
+//! [`PIECE`] bytes, each a message `0xF1, 0, 0, 0, block u32, op u64, offset u64, bytes`:
+//! * **Allgather(v)**: a pipelined ring. Each rank sends its block to its right neighbour;
+//!   every piece received from the left is written in place and passed on to the right
+//!   unless the right neighbour is the block's owner. `P - 1` hops, each link carries every
+//!   block but one.
+//! * **Broadcast**: a pipelined chain in ring order from the root (`root, root+1, ...`): each
+//!   rank writes and passes every piece on, the last one (`root - 1`) keeps it. The root
+//!   completes once its pieces are queued.
+//!
+//! Several TCP operations may be in flight at once; pieces of an operation this rank has not
+//! posted yet wait for it. A peer whose connection closes fails every TCP operation in flight
+//! ([`CommError::PeerLost`]); an operation with no progress for the peer timeout fails naming
+//! the left neighbour it waits on ([`CommError::PeerUnresponsive`]).
+//!
+//! ## The switch on loss
+//! Each completed multicast operation's [`OpStats`] feeds a window: chunks fetched (ring
+//! recovery) over chunks fetched + received by multicast. Once the window holds at least
+//! [`MIN_SAMPLE`] chunks and the fraction is above the threshold (default 10%), the rank asks
+//! rank 0 to switch. All ranks must switch at the same operation, so rank 0 runs a two-step
+//! agreement over the fallback mesh:
+//! 1. rank 0 sends `FREEZE`; each rank stops routing new posts to the engine (they are held,
+//!    the application does not block) and answers `FROZEN{n}`, `n` the number of operations it
+//!    has posted so far (all routed to the engine);
+//! 2. rank 0 sends `SWITCH{S}` with `S = max n` (rank 0 included): on every rank, operations
+//!    `< S` run over multicast (held ones go to the engine now), operations `>= S` over TCP.
+//!
+//! No rank has routed an operation `>= S` to the engine (it had posted fewer than `S` when it
+//! froze), so every rank draws the line at the same operation. The switch is one-way.
+//! [`Communicator::transport_mode`](super::Communicator::transport_mode) and
+//! [`CommStats::mode`] say `Tcp { from_op: S, reason }` from then on, and a `tracing` warning
+//! says why.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use bytemuck::Pod;
+use ringcast_core::Rank;
+use ringcast_core::port::{ControlInput, ControlPort};
+use ringcast_transport_rocev2_udp::TcpControl;
+
+use super::engine::{Command, Kind, Post};
+use super::error::CommError;
+use super::request::{Completion, Request};
+use super::stats::{CommStats, Counters, OpStats};
+
+/// Bytes of data per TCP piece.
+pub(crate) const PIECE: usize = 256 << 10;
+/// Chunks a loss window must hold before it is judged.
+pub(crate) const MIN_SAMPLE: u64 = 64;
+/// Bytes of a piece's header.
+const PIECE_HEADER: usize = 24;
+const KIND_PIECE: u8 = 0xF1;
+const KIND_LOSS: u8 = 0xF2;
+const KIND_FREEZE: u8 = 0xF3;
+const KIND_FROZEN: u8 = 0xF4;
+const KIND_SWITCH: u8 = 0xF5;
+/// With TCP work in flight, how long the dispatcher sleeps when nothing moved.
+const BUSY_WAIT: Duration = Duration::from_micros(50);
+/// With nothing in flight, how long it blocks on posts between polls of the mesh.
+const IDLE_WAIT: Duration = Duration::from_millis(2);
+/// How long queued frames may take to flush when the communicator is dropped.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// How the communicator moves data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TransportMode {
+    /// RoCEv2 over UDP multicast (the normal case).
+    #[default]
+    Multicast,
+    /// Operations from `from_op` on (the communicator's operation index, the same on every
+    /// rank) run over TCP: a ring Allgather(v) and a pipelined chain Broadcast. Earlier
+    /// operations still in flight finish over multicast.
+    Tcp {
+        /// The first operation run over TCP.
+        from_op: u64,
+        /// Why.
+        reason: FallbackReason,
+    },
+}
+
+impl TransportMode {
+    /// Whether operations from now on run over TCP.
+    pub fn is_tcp(&self) -> bool {
+        matches!(self, TransportMode::Tcp { .. })
+    }
+}
+
+/// Why the communicator fell back to TCP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FallbackReason {
+    /// The start-up check found that multicast does not reach every rank.
+    StartupCheck,
+    /// `rank` saw more loss than the threshold on multicast: `lost_permille` of the chunks of
+    /// its window ending with operation `op` had to be fetched.
+    Loss {
+        /// The rank that saw the loss first (as rank 0 heard it).
+        rank: u32,
+        /// Its last operation in the window.
+        op: u64,
+        /// Chunks fetched per thousand chunks.
+        lost_permille: u32,
+    },
+}
+
+/// Settings of the fallback.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FallbackConfig {
+    pub(crate) rank: u32,
+    pub(crate) size: u32,
+    /// Loss fraction (per thousand) above which multicast is abandoned; above 1000 never.
+    pub(crate) threshold_permille: u32,
+    pub(crate) peer_timeout: Duration,
+    pub(crate) piece: usize,
+}
+
+/// Where posts go; one lock, taken by the application thread per post and by the dispatcher
+/// when it freezes and switches.
+#[derive(Debug)]
+struct Route {
+    /// Index of the next post.
+    next: u64,
+    /// Posts are held by the dispatcher (a switch is being agreed).
+    frozen: bool,
+    /// Operations from this one on run over TCP.
+    switch_at: Option<u64>,
+    mode: TransportMode,
+    /// The engine's post channel (`None` when TCP runs from the start).
+    engine: Option<SyncSender<Command>>,
+}
+
+/// Counters of the TCP side.
+#[derive(Debug, Default)]
+struct TcpCounters {
+    bytes_sent: AtomicU64,
+    bytes_received: AtomicU64,
+    completed: AtomicU64,
+    failed: AtomicU64,
+    cancelled: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Shared {
+    route: Mutex<Route>,
+    counters: TcpCounters,
+}
+
+/// What the dispatcher thread is told.
+#[derive(Debug)]
+enum Msg {
+    Post(u64, Post),
+    Loss { op: u64, permille: u32 },
+    Shutdown,
+}
+
+/// The loss window of the multicast operations, fed by their requests.
+#[derive(Debug)]
+pub(crate) struct LossTap {
+    window: Mutex<(u64, u64)>,
+    threshold_permille: u32,
+    fired: AtomicBool,
+    notify: Sender<Msg>,
+}
+
+impl LossTap {
+    /// A multicast operation completed with `s`.
+    pub(crate) fn observe(&self, s: &OpStats) {
+        if self.fired.load(Ordering::Relaxed) || self.threshold_permille >= 1000 {
+            return;
+        }
+        let mut w = self.window.lock().unwrap_or_else(PoisonError::into_inner);
+        w.0 = w.0.saturating_add(s.counters.chunks_fetched);
+        w.1 = w.1.saturating_add(s.counters.chunks_received);
+        let total = w.0.saturating_add(w.1);
+        if total < MIN_SAMPLE {
+            return;
+        }
+        let permille = (w.0.saturating_mul(1000) / total) as u32;
+        *w = (0, 0);
+        if permille > self.threshold_permille && !self.fired.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                op = s.op,
+                lost_permille = permille,
+                threshold_permille = self.threshold_permille,
+                "multicast loss above the fallback threshold: asking to switch to TCP"
+            );
+            let _ = self.notify.send(Msg::Loss { op: s.op, permille });
+        }
+    }
+}
+
+/// The communicator's end of the fallback: routes posts, owns the dispatcher thread.
+#[derive(Debug)]
+pub(crate) struct Handle {
+    shared: Arc<Shared>,
+    tap: Arc<LossTap>,
+    tx: Sender<Msg>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Starts the dispatcher over `mesh`. `engine` is the multicast engine's post channel, `None`
+/// when every operation runs over TCP (`mode` then says why).
+pub(crate) fn start(
+    cfg: FallbackConfig,
+    mesh: TcpControl,
+    engine: Option<SyncSender<Command>>,
+    mode: TransportMode,
+) -> std::io::Result<Handle> {
+    let switch_at = match mode {
+        TransportMode::Tcp { from_op, .. } => Some(from_op),
+        TransportMode::Multicast => None,
+    };
+    let shared = Arc::new(Shared {
+        route: Mutex::new(Route {
+            next: 0,
+            frozen: false,
+            switch_at,
+            mode,
+            engine,
+        }),
+        counters: TcpCounters::default(),
+    });
+    let (tx, rx) = mpsc::channel();
+    let tap = Arc::new(LossTap {
+        window: Mutex::new((0, 0)),
+        threshold_permille: cfg.threshold_permille,
+        fired: AtomicBool::new(false),
+        notify: tx.clone(),
+    });
+    let d = Dispatcher {
+        cfg,
+        shared: shared.clone(),
+        rx,
+        mesh,
+        held: VecDeque::new(),
+        active: Vec::new(),
+        early: HashMap::new(),
+        next_tcp: switch_at.unwrap_or(0),
+        lost: None,
+        loss_asked: false,
+        agreement: None,
+        stopping: false,
+        buf: Vec::new(),
+        scratch: Vec::new(),
+    };
+    let thread = thread::Builder::new()
+        .name(format!("ringcast-tcp-r{}", cfg.rank))
+        .spawn(move || d.run())?;
+    Ok(Handle {
+        shared,
+        tap,
+        tx,
+        thread: Some(thread),
+    })
+}
+
+impl Handle {
+    fn route(&self) -> std::sync::MutexGuard<'_, Route> {
+        self.shared
+            .route
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Routes one post (see the module docs).
+    pub(crate) fn post<T: Pod>(
+        &self,
+        kind: Kind,
+        buf: Vec<u8>,
+        typed: Option<Vec<T>>,
+        span: tracing::Span,
+    ) -> Result<Request<T>, CommError> {
+        let (reply, rx) = mpsc::sync_channel(1);
+        let post = Post {
+            kind,
+            buf,
+            reply,
+            span,
+        };
+        let mut r = self.route();
+        let k = r.next;
+        let to_engine = !r.frozen && r.switch_at.is_none_or(|s| k < s);
+        if to_engine {
+            let Some(engine) = &r.engine else {
+                return Err(CommError::Cancelled);
+            };
+            engine
+                .send(Command::Post(post))
+                .map_err(|_| CommError::Cancelled)?;
+            r.next += 1;
+            return Ok(Request::new(rx, typed).with_tap(self.tap.clone()));
+        }
+        self.tx
+            .send(Msg::Post(k, post))
+            .map_err(|_| CommError::Cancelled)?;
+        r.next += 1;
+        Ok(Request::new(rx, typed))
+    }
+
+    /// The transport operations run on from now on.
+    pub(crate) fn mode(&self) -> TransportMode {
+        self.route().mode
+    }
+
+    /// Adds the TCP side's counters and the mode to `s`.
+    pub(crate) fn add_to(&self, s: &mut CommStats) {
+        let c = &self.shared.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        s.mode = self.mode();
+        s.counters.tcp_bytes_sent += g(&c.bytes_sent);
+        s.counters.tcp_bytes_received += g(&c.bytes_received);
+        s.ops_completed += g(&c.completed);
+        s.ops_failed += g(&c.failed);
+        s.ops_cancelled += g(&c.cancelled);
+    }
+}
+
+impl Drop for Handle {
+    /// Cancels the TCP operations in flight, closes the mesh and joins the dispatcher; then
+    /// lets go of the engine's post channel (the engine stops once the communicator's goes).
+    fn drop(&mut self) {
+        let _ = self.tx.send(Msg::Shutdown);
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            tracing::error!("the TCP fallback thread panicked");
+        }
+        self.route().engine = None;
+    }
+}
+
+/// What a TCP operation does.
+#[derive(Debug)]
+enum Shape {
+    /// Broadcast from `root`.
+    Chain { root: u32 },
+    /// Allgather(v): block `r` at `displs[r]`, `sizes[r]` bytes.
+    Ring { displs: Vec<u64>, sizes: Vec<u64> },
+}
+
+#[derive(Debug)]
+struct TcpOp {
+    k: u64,
+    shape: Shape,
+    buf: Vec<u8>,
+    reply: SyncSender<Completion>,
+    span: tracing::Span,
+    started: Instant,
+    last: Instant,
+    /// Bytes still to receive.
+    want: u64,
+    sent: u64,
+    received: u64,
+}
+
+/// Rank 0's agreement on the switch point.
+#[derive(Debug)]
+struct Agreement {
+    frozen: Vec<Option<u64>>,
+    reason: FallbackReason,
+}
+
+struct Dispatcher {
+    cfg: FallbackConfig,
+    shared: Arc<Shared>,
+    rx: Receiver<Msg>,
+    mesh: TcpControl,
+    /// Posts held while a switch is agreed.
+    held: VecDeque<(u64, Post)>,
+    active: Vec<TcpOp>,
+    /// Pieces of TCP operations not posted here yet.
+    early: HashMap<u64, Vec<Vec<u8>>>,
+    /// Index of the next TCP operation to start: pieces of operations from it on are kept
+    /// until they start (before the switch point is known here, any piece may be early: a
+    /// peer may have learnt it first).
+    next_tcp: u64,
+    /// A peer lost, and the first TCP operation it did not finish when it left cleanly.
+    lost: Option<(u32, Option<u64>)>,
+    loss_asked: bool,
+    agreement: Option<Agreement>,
+    /// A shutdown was taken out of the channel while switching.
+    stopping: bool,
+    buf: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+impl Dispatcher {
+    fn left(&self) -> u32 {
+        (self.cfg.rank + self.cfg.size - 1) % self.cfg.size
+    }
+
+    fn right(&self) -> u32 {
+        (self.cfg.rank + 1) % self.cfg.size
+    }
+
+    fn run(mut self) {
+        while !self.stopping {
+            let moved = self.poll_mesh();
+            self.check_lost();
+            self.check_timeouts();
+            let msg = if moved {
+                match self.rx.try_recv() {
+                    Ok(m) => Some(m),
+                    Err(TryRecvError::Empty) => None,
+                    Err(TryRecvError::Disconnected) => Some(Msg::Shutdown),
+                }
+            } else {
+                let busy =
+                    !self.active.is_empty() || self.agreement.is_some() || !self.held.is_empty();
+                match self
+                    .rx
+                    .recv_timeout(if busy { BUSY_WAIT } else { IDLE_WAIT })
+                {
+                    Ok(m) => Some(m),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => Some(Msg::Shutdown),
+                }
+            };
+            match msg {
+                Some(Msg::Shutdown) => break,
+                Some(m) => self.msg(m),
+                None => {}
+            }
+        }
+        self.shutdown();
+    }
+
+    fn msg(&mut self, m: Msg) {
+        match m {
+            Msg::Post(k, p) => self.post(k, p),
+            Msg::Loss { op, permille } => {
+                if self.loss_asked {
+                    return;
+                }
+                self.loss_asked = true;
+                let reason = FallbackReason::Loss {
+                    rank: self.cfg.rank,
+                    op,
+                    lost_permille: permille,
+                };
+                if self.cfg.rank == 0 {
+                    self.begin_agreement(reason);
+                } else {
+                    let mut b = vec![KIND_LOSS, 0, 0, 0];
+                    b.extend_from_slice(&permille.to_be_bytes());
+                    b.extend_from_slice(&op.to_be_bytes());
+                    self.mesh.send_control(Rank(0), &b);
+                }
+            }
+            Msg::Shutdown => {}
+        }
+    }
+
+    /// The lost peer that dooms TCP operation `k`, if any.
+    fn dooms(&self, k: u64) -> Option<u32> {
+        match self.lost {
+            Some((peer, mark)) if mark.is_none_or(|m| k >= m) => Some(peer),
+            _ => None,
+        }
+    }
+
+    fn post(&mut self, k: u64, p: Post) {
+        if let Some(peer) = self.dooms(k) {
+            self.fail(p.reply, CommError::PeerLost { peer });
+            return;
+        }
+        let switch_at = self.route().switch_at;
+        match switch_at {
+            Some(s) if k >= s => self.start(k, p),
+            // Frozen (or routed here before the switch point was known): held.
+            _ => self.held.push_back((k, p)),
+        }
+    }
+
+    fn route(&self) -> std::sync::MutexGuard<'_, Route> {
+        self.shared
+            .route
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn fail(&self, reply: SyncSender<Completion>, e: CommError) {
+        let c = &self.shared.counters;
+        if e == CommError::Cancelled {
+            c.cancelled.fetch_add(1, Ordering::Relaxed);
+        } else {
+            c.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        let _ = reply.send(Err(e));
+    }
+
+    // ---- the switch ----
+
+    /// Stops routing posts to the engine; returns how many were posted so far.
+    fn freeze(&self) -> u64 {
+        let mut r = self.route();
+        r.frozen = true;
+        r.next
+    }
+
+    fn begin_agreement(&mut self, reason: FallbackReason) {
+        if self.agreement.is_some() || self.route().switch_at.is_some() {
+            return;
+        }
+        let mut frozen = vec![None; self.cfg.size as usize];
+        frozen[0] = Some(self.freeze());
+        tracing::debug!(
+            ?reason,
+            "fallback: freezing every rank to agree on the switch"
+        );
+        for peer in 1..self.cfg.size {
+            self.mesh.send_control(Rank(peer), &[KIND_FREEZE]);
+        }
+        self.agreement = Some(Agreement { frozen, reason });
+        self.try_conclude();
+    }
+
+    fn try_conclude(&mut self) {
+        let Some(a) = &self.agreement else {
+            return;
+        };
+        if a.frozen.iter().any(Option::is_none) {
+            return;
+        }
+        let at = a.frozen.iter().flatten().copied().max().unwrap_or(0);
+        let reason = a.reason;
+        self.agreement = None;
+        let mut b = vec![KIND_SWITCH, 0, 0, 0];
+        let (rank, op, permille) = match reason {
+            FallbackReason::Loss {
+                rank,
+                op,
+                lost_permille,
+            } => (rank, op, lost_permille),
+            FallbackReason::StartupCheck => (0, 0, 0),
+        };
+        b.extend_from_slice(&rank.to_be_bytes());
+        b.extend_from_slice(&at.to_be_bytes());
+        b.extend_from_slice(&op.to_be_bytes());
+        b.extend_from_slice(&permille.to_be_bytes());
+        for peer in 1..self.cfg.size {
+            self.mesh.send_control(Rank(peer), &b);
+        }
+        self.switch(at, reason);
+    }
+
+    /// Operations from `at` on run over TCP; held ones before it go to the engine now.
+    fn switch(&mut self, at: u64, reason: FallbackReason) {
+        let mut tcp = Vec::new();
+        {
+            let mut r = self
+                .shared
+                .route
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if r.switch_at.is_some() {
+                return;
+            }
+            // Posts the application sent while frozen are all in the channel (sent under
+            // the lock): take them before releasing the rest.
+            loop {
+                match self.rx.try_recv() {
+                    Ok(Msg::Post(k, p)) => self.held.push_back((k, p)),
+                    Ok(Msg::Shutdown) => self.stopping = true,
+                    Ok(Msg::Loss { .. }) => {}
+                    Err(_) => break,
+                }
+            }
+            for (k, p) in self.held.drain(..) {
+                if k < at {
+                    let engine = r.engine.as_ref();
+                    let sent = engine.map(|e| e.send(Command::Post(p)));
+                    match sent {
+                        Some(Ok(())) => {}
+                        Some(Err(mpsc::SendError(Command::Post(p)))) => {
+                            let _ = p.reply.send(Err(CommError::Cancelled));
+                        }
+                        Some(Err(_)) | None => {}
+                    }
+                } else {
+                    tcp.push((k, p));
+                }
+            }
+            r.frozen = false;
+            r.switch_at = Some(at);
+            r.mode = TransportMode::Tcp {
+                from_op: at,
+                reason,
+            };
+        }
+        self.next_tcp = at;
+        tracing::warn!(
+            rank = self.cfg.rank,
+            from_op = at,
+            ?reason,
+            "ringcast falls back to TCP: operations from {at} on run as a TCP ring Allgather / \
+             chain Broadcast"
+        );
+        for (k, p) in tcp {
+            self.start(k, p);
+        }
+    }
+
+    // ---- the mesh ----
+
+    /// Handles every message the mesh holds; whether there was any.
+    fn poll_mesh(&mut self) -> bool {
+        let mut moved = false;
+        let mut buf = std::mem::take(&mut self.buf);
+        while let Some(input) = self.mesh.poll_control(&mut buf) {
+            moved = true;
+            let ControlInput::Message { from, len } = input else {
+                continue;
+            };
+            let b = &buf[..len.min(buf.len())];
+            self.message(from.0, b);
+        }
+        self.buf = buf;
+        moved
+    }
+
+    fn message(&mut self, from: u32, b: &[u8]) {
+        match b.first().copied() {
+            Some(KIND_PIECE) => self.piece(from, b.to_vec()),
+            Some(KIND_LOSS) if self.cfg.rank == 0 => {
+                let (Some(permille), Some(op)) = (u32_at(b, 4), u64_at(b, 8)) else {
+                    return;
+                };
+                self.begin_agreement(FallbackReason::Loss {
+                    rank: from,
+                    op,
+                    lost_permille: permille,
+                });
+            }
+            Some(KIND_FREEZE) if from == 0 => {
+                let n = self.freeze();
+                let mut m = vec![KIND_FROZEN, 0, 0, 0, 0, 0, 0, 0];
+                m.extend_from_slice(&n.to_be_bytes());
+                self.mesh.send_control(Rank(0), &m);
+            }
+            Some(KIND_FROZEN) if self.cfg.rank == 0 => {
+                if let (Some(a), Some(n)) = (&mut self.agreement, u64_at(b, 8))
+                    && let Some(slot) = a.frozen.get_mut(from as usize)
+                {
+                    *slot = Some(n);
+                }
+                self.try_conclude();
+            }
+            Some(KIND_SWITCH) if from == 0 => {
+                let (Some(rank), Some(at), Some(op), Some(permille)) =
+                    (u32_at(b, 4), u64_at(b, 8), u64_at(b, 16), u32_at(b, 24))
+                else {
+                    return;
+                };
+                self.switch(
+                    at,
+                    FallbackReason::Loss {
+                        rank,
+                        op,
+                        lost_permille: permille,
+                    },
+                );
+            }
+            _ => tracing::debug!(from, "fallback: unexpected message ignored"),
+        }
+    }
+
+    /// A piece from the left neighbour.
+    fn piece(&mut self, from: u32, msg: Vec<u8>) {
+        let Some(k) = u64_at(&msg, 8) else {
+            return;
+        };
+        if from != self.left() {
+            tracing::debug!(
+                from,
+                "fallback: piece from a rank that is not the left neighbour"
+            );
+            return;
+        }
+        match self.active.iter().position(|o| o.k == k) {
+            Some(i) => self.place(i, &msg),
+            None if k >= self.next_tcp => self.early.entry(k).or_default().push(msg),
+            None => tracing::debug!(op = k, "fallback: piece of a finished operation ignored"),
+        }
+        self.reap();
+    }
+
+    /// Writes a piece into operation `i` and passes it on.
+    fn place(&mut self, i: usize, msg: &[u8]) {
+        let (me, right, size) = (self.cfg.rank, self.right(), self.cfg.size);
+        let (Some(block), Some(offset)) = (u32_at(msg, 4), u64_at(msg, 16)) else {
+            return;
+        };
+        let data = &msg[PIECE_HEADER.min(msg.len())..];
+        let op = &mut self.active[i];
+        let (at, limit, pass_on) = match &op.shape {
+            Shape::Chain { root } if block == *root && *root != me => {
+                (offset, op.buf.len() as u64, right != *root)
+            }
+            Shape::Ring { displs, sizes } if block != me && block < size => {
+                let b = block as usize;
+                (displs[b] + offset, displs[b] + sizes[b], right != block)
+            }
+            _ => {
+                tracing::debug!(
+                    op = op.k,
+                    block,
+                    "fallback: piece for no block of this rank"
+                );
+                return;
+            }
+        };
+        let end = at.checked_add(data.len() as u64);
+        let Some(end) = end.filter(|&e| e <= limit) else {
+            tracing::debug!(op = op.k, block, offset, "fallback: piece out of range");
+            return;
+        };
+        op.buf[at as usize..end as usize].copy_from_slice(data);
+        op.want = op.want.saturating_sub(data.len() as u64);
+        op.received += data.len() as u64;
+        op.last = Instant::now();
+        self.shared
+            .counters
+            .bytes_received
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        if pass_on {
+            op.sent += data.len() as u64;
+            self.shared
+                .counters
+                .bytes_sent
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            self.mesh.send_control(Rank(right), msg);
+        }
+    }
+
+    /// Starts TCP operation `k`: sends this rank's pieces, takes the early ones.
+    fn start(&mut self, k: u64, p: Post) {
+        let (me, size) = (self.cfg.rank, self.cfg.size);
+        let len = p.buf.len() as u64;
+        let (shape, own_block, own_at, own_len, want) = match p.kind {
+            Kind::Broadcast { root } => {
+                let want = if root == me { 0 } else { len };
+                let own = if root == me { len } else { 0 };
+                (Shape::Chain { root }, root, 0, own, want)
+            }
+            Kind::Allgather { sizes } => {
+                let mut displs = Vec::with_capacity(sizes.len());
+                let mut at = 0u64;
+                for s in &sizes {
+                    displs.push(at);
+                    at += s;
+                }
+                let mine = sizes.get(me as usize).copied().unwrap_or(0);
+                let own_at = displs.get(me as usize).copied().unwrap_or(0);
+                (Shape::Ring { displs, sizes }, me, own_at, mine, len - mine)
+            }
+        };
+        let now = Instant::now();
+        let mut op = TcpOp {
+            k,
+            shape,
+            buf: p.buf,
+            reply: p.reply,
+            span: p.span,
+            started: now,
+            last: now,
+            want,
+            sent: 0,
+            received: 0,
+        };
+        op.span
+            .in_scope(|| tracing::debug!(op = k, len, "started over TCP"));
+        if size > 1 && own_len > 0 {
+            let right = Rank(self.right());
+            let mut off = 0u64;
+            while off < own_len {
+                let n = (own_len - off).min(self.cfg.piece as u64);
+                self.scratch.clear();
+                self.scratch.extend_from_slice(&[KIND_PIECE, 0, 0, 0]);
+                self.scratch.extend_from_slice(&own_block.to_be_bytes());
+                self.scratch.extend_from_slice(&k.to_be_bytes());
+                self.scratch.extend_from_slice(&off.to_be_bytes());
+                let s = (own_at + off) as usize;
+                self.scratch.extend_from_slice(&op.buf[s..s + n as usize]);
+                self.mesh.send_control(right, &self.scratch);
+                off += n;
+            }
+            op.sent += own_len;
+            self.shared
+                .counters
+                .bytes_sent
+                .fetch_add(own_len, Ordering::Relaxed);
+        }
+        self.next_tcp = self.next_tcp.max(k + 1);
+        self.active.push(op);
+        let i = self.active.len() - 1;
+        for m in self.early.remove(&k).unwrap_or_default() {
+            self.place(i, &m);
+        }
+        self.reap();
+    }
+
+    /// Answers the operations that have everything.
+    fn reap(&mut self) {
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].want > 0 {
+                i += 1;
+                continue;
+            }
+            let op = self.active.swap_remove(i);
+            let stats = OpStats {
+                op: op.k,
+                bytes: op.buf.len() as u64,
+                elapsed: op.started.elapsed(),
+                counters: Counters {
+                    tcp_bytes_sent: op.sent,
+                    tcp_bytes_received: op.received,
+                    ..Counters::default()
+                },
+            };
+            op.span.in_scope(
+                || tracing::debug!(op = op.k, elapsed = ?stats.elapsed, "completed over TCP"),
+            );
+            self.shared
+                .counters
+                .completed
+                .fetch_add(1, Ordering::Relaxed);
+            let _ = op.reply.send(Ok((op.buf, stats)));
+        }
+    }
+
+    /// A peer's connection closed: every TCP operation it can no longer serve fails now. A
+    /// peer that left cleanly finished (and flushed) every operation before its goodbye mark:
+    /// those still complete here.
+    fn check_lost(&mut self) {
+        let Some(lost) = self.mesh.take_lost() else {
+            return;
+        };
+        let peer = lost.0.0;
+        let mark = self.mesh.departed(lost.0);
+        if self.lost.is_none() {
+            tracing::warn!(rank = self.cfg.rank, peer, ?mark, "fallback: peer lost");
+            self.lost = Some((peer, mark));
+        }
+        let (doomed, kept): (Vec<TcpOp>, Vec<TcpOp>) = std::mem::take(&mut self.active)
+            .into_iter()
+            .partition(|op| self.dooms(op.k).is_some());
+        self.active = kept;
+        for op in doomed {
+            self.fail(op.reply, CommError::PeerLost { peer });
+        }
+        // A switch can no longer be agreed: held posts fail too.
+        if self.agreement.is_some() || self.route().frozen {
+            self.agreement = None;
+            for (_, p) in std::mem::take(&mut self.held) {
+                self.fail(p.reply, CommError::PeerLost { peer });
+            }
+        }
+    }
+
+    fn check_timeouts(&mut self) {
+        let limit = self.cfg.peer_timeout;
+        let left = self.left();
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].last.elapsed() <= limit {
+                i += 1;
+                continue;
+            }
+            let op = self.active.swap_remove(i);
+            op.span
+                .in_scope(|| tracing::warn!(op = op.k, peer = left, "TCP operation timed out"));
+            self.fail(op.reply, CommError::PeerUnresponsive { peer: left });
+        }
+    }
+
+    fn shutdown(mut self) {
+        while let Ok(m) = self.rx.try_recv() {
+            if let Msg::Post(k, p) = m {
+                self.held.push_back((k, p));
+            }
+        }
+        // The first TCP operation this rank did not finish: the peers fail it and later
+        // ones, and let earlier ones finish (their pieces are flushed by `close`).
+        let mark = self
+            .active
+            .iter()
+            .map(|o| o.k)
+            .chain(self.held.iter().map(|(k, _)| *k))
+            .fold(self.next_tcp, u64::min);
+        for (_, p) in std::mem::take(&mut self.held) {
+            self.fail(p.reply, CommError::Cancelled);
+        }
+        for op in std::mem::take(&mut self.active) {
+            self.fail(op.reply, CommError::Cancelled);
+        }
+        tracing::debug!(rank = self.cfg.rank, mark, "TCP fallback stopping");
+        self.mesh.close(mark, LINGER);
+    }
+}

@@ -1,0 +1,760 @@
+//! The start-up check: does multicast actually arrive?
+//!
+//! Run by [`CommBuilder::build`](super::CommBuilder::build) after the control mesh is up and
+//! every lane's data sockets joined their groups, before the engine starts.
+//!
+//! ## Protocol
+//! 1. Every rank multicasts a **probe datagram** on every lane, again every
+//!    [`PROBE_INTERVAL`], from the lane's own send socket (same interface, TTL and loop
+//!    settings as the data), and reads its own lane sockets, noting which ranks it heard on
+//!    which lane.
+//! 2. Once it heard every other rank on every lane, or once the window (default 2 s,
+//!    [`CommBuilder::startup_check`](super::CommBuilder::startup_check)) is over, it stops
+//!    reading its data sockets and sends a **report** to every peer over the TCP control mesh:
+//!    what it heard, its interface, UDP port and groups, its fallback setting (and, with
+//!    `fallback = tcp`, the address of its fallback listener). It keeps sending probes until
+//!    every report is in, so a late joiner still hears it.
+//! 3. With every report in, every rank judges the same matrix the same way
+//!    ([`judge`]): all heard → multicast is fine; otherwise a [`ProbeFailure`] naming who did
+//!    not hear whom, where, and what to check. No coordinator is needed and every rank reaches
+//!    the same verdict.
+//!
+//! A rank starts its engine only after every report is in, i.e. after every rank stopped
+//! reading its data sockets: no real chunk is ever consumed by the check. Control messages of
+//! a peer whose engine already started are kept and replayed to the engine
+//! ([`Exchange::stash`]).
+//!
+//! ## The probe datagram (what the core sees of a late one)
+//! A valid RoCEv2 UD `SEND_ONLY_WITH_IMMEDIATE` of the job (its P_Key, Q_Key, DestQP), so that
+//! it crosses exactly the filters the data crosses, with **ImmDt `0xFFFF_FFFF`**
+//! ([`PROBE_IMM`]) and a 16-byte payload `"RCPROBE1" | rank u32 | lane u16 | round u16`.
+//! Probes still queued when the engine starts reach the core's receive path, which drops them
+//! cleanly: the op tag is all ones, so no operation is open for it until the 4095th one
+//! (default layout) and the chunk is counted **stale**; should a late probe ever meet an open
+//! operation with that tag, its chunk index (all ones, `2^chunk_bits - 1`) lies outside every
+//! block shorter than `2^chunk_bits` chunks (out of range / wrong lane) and its 16-byte length
+//! matches no chunk of any longer block (bad length). It is never placed.
+//!
+//! ## Reports on the control mesh
+//! A control message whose first byte is [`REPORT_KIND`] (`0xF0`; the core's kinds are small
+//! integers, 1 to 9 today, so the core would reject one as malformed): `kind, version, flags, 0, rank u32, ranks u32,
+//! lanes u16, port u16, interface [4], groups [4] x lanes, heard bitmap (lane-major,
+//! ceil(lanes x ranks / 8) bytes), extra_len u16, extra`.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ringcast_core::lane::Multicast;
+use ringcast_core::port::{ControlInput, ControlPort, LaneRxPort, LaneTxPort, RxToken};
+use ringcast_core::{DropReason, OpId, Placement, Rank};
+use ringcast_transport_rocev2_udp::{OpBuffer, Registry, TcpControl, UdpRx, UdpTx};
+
+use super::error::BuildError;
+
+/// The immediate every probe datagram carries (see the module docs).
+pub(crate) const PROBE_IMM: u32 = u32::MAX;
+/// Probe payload: magic, rank, lane, round.
+const PROBE_MAGIC: [u8; 8] = *b"RCPROBE1";
+const PROBE_LEN: usize = 16;
+/// Registry ids of the probe's send and receive scratch buffers (no operation gets near them).
+const PROBE_TX_OP: OpId = OpId(u64::MAX);
+const PROBE_RX_OP: OpId = OpId(u64::MAX - 1);
+/// First byte of a report on the control mesh.
+pub(crate) const REPORT_KIND: u8 = 0xF0;
+const REPORT_VERSION: u8 = 1;
+const FLAG_CHECKED: u8 = 1;
+const FLAG_FALLBACK_TCP: u8 = 2;
+/// How often a rank multicasts its probes.
+pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(20);
+/// Sleep between polls of the sockets and the control mesh.
+const POLL: Duration = Duration::from_millis(1);
+
+/// What the check needs from the builder.
+#[derive(Clone, Debug)]
+pub(crate) struct ProbeSetup {
+    pub(crate) rank: u32,
+    pub(crate) ranks: u32,
+    pub(crate) lanes: u16,
+    /// This rank's lane groups (address and port).
+    pub(crate) groups: Vec<SocketAddrV4>,
+    pub(crate) interface: Ipv4Addr,
+    /// How long to listen for probes; zero skips the multicast check (reports still go out).
+    pub(crate) window: Duration,
+    /// How long after the window a missing report is waited for.
+    pub(crate) report_wait: Duration,
+    pub(crate) fallback_tcp: bool,
+    /// Opaque bytes handed to every peer (the fallback listener's address).
+    pub(crate) extra: Vec<u8>,
+}
+
+/// What the start-up exchange produced.
+#[derive(Debug, Default)]
+pub(crate) struct Exchange {
+    /// `Some` when multicast does not reach every rank.
+    pub(crate) failure: Option<ProbeFailure>,
+    /// Control messages that were not reports (a peer's engine already started): the engine
+    /// must see them first.
+    pub(crate) stash: VecDeque<(Rank, Vec<u8>)>,
+    /// Every rank's extra bytes, by rank.
+    pub(crate) extras: Vec<Vec<u8>>,
+    /// How long the check took.
+    pub(crate) elapsed: Duration,
+}
+
+/// One rank's report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Report {
+    pub(crate) rank: u32,
+    pub(crate) ranks: u32,
+    pub(crate) checked: bool,
+    pub(crate) fallback_tcp: bool,
+    pub(crate) interface: Ipv4Addr,
+    pub(crate) port: u16,
+    pub(crate) groups: Vec<Ipv4Addr>,
+    /// `heard[lane * ranks + sender]`.
+    pub(crate) heard: Vec<bool>,
+    pub(crate) extra: Vec<u8>,
+}
+
+impl Report {
+    fn lanes(&self) -> usize {
+        self.groups.len()
+    }
+
+    fn heard(&self, lane: usize, from: u32) -> bool {
+        self.heard
+            .get(lane * self.ranks as usize + from as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let bits = self.heard.len();
+        let mut b = Vec::with_capacity(24 + 4 * self.lanes() + bits.div_ceil(8) + self.extra.len());
+        let flags = if self.checked { FLAG_CHECKED } else { 0 }
+            | if self.fallback_tcp {
+                FLAG_FALLBACK_TCP
+            } else {
+                0
+            };
+        b.extend_from_slice(&[REPORT_KIND, REPORT_VERSION, flags, 0]);
+        b.extend_from_slice(&self.rank.to_be_bytes());
+        b.extend_from_slice(&self.ranks.to_be_bytes());
+        b.extend_from_slice(&(self.lanes() as u16).to_be_bytes());
+        b.extend_from_slice(&self.port.to_be_bytes());
+        b.extend_from_slice(&self.interface.octets());
+        for g in &self.groups {
+            b.extend_from_slice(&g.octets());
+        }
+        let mut map = vec![0u8; bits.div_ceil(8)];
+        for (i, _) in self.heard.iter().enumerate().filter(|(_, h)| **h) {
+            map[i / 8] |= 1 << (i % 8);
+        }
+        b.extend_from_slice(&map);
+        b.extend_from_slice(&(self.extra.len() as u16).to_be_bytes());
+        b.extend_from_slice(&self.extra);
+        b
+    }
+
+    /// Decodes a report; `None` when it is not one this version understands.
+    pub(crate) fn decode(b: &[u8]) -> Option<Report> {
+        let take = |at: &mut usize, n: usize| -> Option<&[u8]> {
+            let s = b.get(*at..at.checked_add(n)?)?;
+            *at += n;
+            Some(s)
+        };
+        let mut at = 0;
+        let head = take(&mut at, 4)?;
+        if head[0] != REPORT_KIND || head[1] != REPORT_VERSION {
+            return None;
+        }
+        let flags = head[2];
+        let u32_ = |s: &[u8]| u32::from_be_bytes([s[0], s[1], s[2], s[3]]);
+        let u16_ = |s: &[u8]| u16::from_be_bytes([s[0], s[1]]);
+        let rank = u32_(take(&mut at, 4)?);
+        let ranks = u32_(take(&mut at, 4)?);
+        let lanes = usize::from(u16_(take(&mut at, 2)?));
+        let port = u16_(take(&mut at, 2)?);
+        let i = take(&mut at, 4)?;
+        let interface = Ipv4Addr::new(i[0], i[1], i[2], i[3]);
+        let mut groups = Vec::with_capacity(lanes);
+        for _ in 0..lanes {
+            let g = take(&mut at, 4)?;
+            groups.push(Ipv4Addr::new(g[0], g[1], g[2], g[3]));
+        }
+        let bits = lanes.checked_mul(ranks as usize)?;
+        if rank >= ranks || bits > 1 << 24 {
+            return None;
+        }
+        let map = take(&mut at, bits.div_ceil(8))?;
+        let heard = (0..bits)
+            .map(|i| map[i / 8] & (1 << (i % 8)) != 0)
+            .collect();
+        let n = usize::from(u16_(take(&mut at, 2)?));
+        let extra = take(&mut at, n)?.to_vec();
+        if at != b.len() {
+            return None;
+        }
+        Some(Report {
+            rank,
+            ranks,
+            checked: flags & FLAG_CHECKED != 0,
+            fallback_tcp: flags & FLAG_FALLBACK_TCP != 0,
+            interface,
+            port,
+            groups,
+            heard,
+            extra,
+        })
+    }
+}
+
+/// One receiver that did not hear some senders on one lane.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Unheard {
+    /// The rank that listened.
+    pub rank: u32,
+    /// The interface it joined on.
+    pub interface: Ipv4Addr,
+    /// The lane.
+    pub lane: u16,
+    /// The group and port it listened on.
+    pub group: SocketAddrV4,
+    /// The ranks it heard nothing from, ascending.
+    pub from: Vec<u32>,
+}
+
+/// Multicast does not reach every rank: who did not hear whom, and where. Its `Display` says
+/// what to check (route, IGMP snooping querier, firewall) and how to fall back to TCP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProbeFailure {
+    /// How long the ranks listened.
+    pub window: Duration,
+    /// Every (receiver, lane) that missed some sender.
+    pub unheard: Vec<Unheard>,
+    /// Ranks no other rank heard on any lane (their multicast does not leave, or goes out the
+    /// wrong interface).
+    pub unheard_by_all: Vec<u32>,
+    /// Ranks that heard no other rank on any lane (they do not receive).
+    pub deaf: Vec<u32>,
+    /// UDP port by rank, when the ranks disagree on it (a configuration mismatch).
+    pub port_mismatch: Vec<(u32, u16)>,
+}
+
+fn list(r: &[u32]) -> String {
+    let v: Vec<String> = r.iter().map(u32::to_string).collect();
+    v.join(", ")
+}
+
+fn ranks_word(n: usize) -> &'static str {
+    if n == 1 { "rank" } else { "ranks" }
+}
+
+impl fmt::Display for ProbeFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "multicast start-up check failed (listened {:.1} s): ",
+            self.window.as_secs_f64()
+        )?;
+        // One line per receiver: lanes with the same missing senders are merged.
+        let mut first = true;
+        let mut i = 0;
+        while i < self.unheard.len() {
+            let u = &self.unheard[i];
+            let mut j = i + 1;
+            while j < self.unheard.len()
+                && self.unheard[j].rank == u.rank
+                && self.unheard[j].from == u.from
+            {
+                j += 1;
+            }
+            let groups: Vec<String> = self.unheard[i..j]
+                .iter()
+                .map(|x| x.group.to_string())
+                .collect();
+            if !first {
+                f.write_str("; ")?;
+            }
+            first = false;
+            write!(
+                f,
+                "rank {} heard no multicast from {} {} on {} via {}",
+                u.rank,
+                ranks_word(u.from.len()),
+                list(&u.from),
+                groups.join(", "),
+                u.interface
+            )?;
+            i = j;
+        }
+        f.write_str(".")?;
+        if !self.port_mismatch.is_empty() {
+            let v: Vec<String> = self
+                .port_mismatch
+                .iter()
+                .map(|(r, p)| format!("rank {r}: {p}"))
+                .collect();
+            write!(
+                f,
+                " The ranks use different UDP ports ({}): set RINGCAST_PORT \
+                 (CommBuilder::udp_port) the same on every rank.",
+                v.join(", ")
+            )?;
+        }
+        if !self.unheard_by_all.is_empty() {
+            write!(
+                f,
+                " Nobody heard {} {}: their multicast does not leave the host or goes out \
+                 the wrong interface (set RINGCAST_IFNAME to the interface that reaches the \
+                 peers; check `ip route get <group>` and an output firewall).",
+                ranks_word(self.unheard_by_all.len()),
+                list(&self.unheard_by_all)
+            )?;
+        }
+        if !self.deaf.is_empty() {
+            write!(
+                f,
+                " {} {} heard nobody: multicast does not reach {} (joined on the wrong \
+                 interface, a snooping switch that never learnt the membership, or an input \
+                 firewall).",
+                if self.deaf.len() == 1 {
+                    "Rank"
+                } else {
+                    "Ranks"
+                },
+                list(&self.deaf),
+                if self.deaf.len() == 1 { "it" } else { "them" }
+            )?;
+        }
+        let port = self
+            .unheard
+            .first()
+            .map_or(ringcast_transport_rocev2_udp::addr::ROCEV2_PORT, |u| {
+                u.group.port()
+            });
+        write!(
+            f,
+            " Check: no multicast route on the chosen interface (set RINGCAST_IFNAME, or \
+             `ip route add 224.0.0.0/4 dev <if>`); an IGMP-snooping switch or bridge without a \
+             querier (enable one, e.g. `ip link set <bridge> type bridge mcast_querier 1`, or \
+             turn snooping off); a firewall dropping UDP port {port} (allow it, e.g. \
+             `nft add rule inet filter input udp dport {port} accept`). To run over TCP instead, \
+             set RINGCAST_FALLBACK=tcp (CommBuilder::fallback(Fallback::Tcp))."
+        )
+    }
+}
+
+impl std::error::Error for ProbeFailure {}
+
+/// The verdict on every rank's report (the same on every rank: the same reports in).
+/// `Err` (for [`BuildError::StartupCheck`]) when the ranks disagree on settings that must
+/// match.
+pub(crate) fn judge(reports: &[Report], window: Duration) -> Result<Option<ProbeFailure>, String> {
+    let Some(first) = reports.first() else {
+        return Ok(None);
+    };
+    let ranks = reports.len() as u32;
+    for r in reports {
+        if r.ranks != ranks || r.lanes() != first.lanes() {
+            return Err(format!(
+                "rank {} runs {} ranks with {} lanes, rank {} runs {} ranks with {} lanes: \
+                 set RINGCAST_WORLD_SIZE and RINGCAST_LANES the same on every rank",
+                first.rank,
+                first.ranks,
+                first.lanes(),
+                r.rank,
+                r.ranks,
+                r.lanes()
+            ));
+        }
+        if r.fallback_tcp != first.fallback_tcp {
+            let name = |t: bool| if t { "tcp" } else { "off" };
+            return Err(format!(
+                "rank {} has fallback = {}, rank {} has fallback = {}: set RINGCAST_FALLBACK \
+                 the same on every rank",
+                first.rank,
+                name(first.fallback_tcp),
+                r.rank,
+                name(r.fallback_tcp)
+            ));
+        }
+    }
+    if reports.iter().any(|r| !r.checked) {
+        return Ok(None);
+    }
+    let lanes = first.lanes();
+    let mut unheard = Vec::new();
+    for r in reports {
+        for lane in 0..lanes {
+            let from: Vec<u32> = (0..ranks)
+                .filter(|&s| s != r.rank && !r.heard(lane, s))
+                .collect();
+            if !from.is_empty() {
+                unheard.push(Unheard {
+                    rank: r.rank,
+                    interface: r.interface,
+                    lane: lane as u16,
+                    group: SocketAddrV4::new(r.groups[lane], r.port),
+                    from,
+                });
+            }
+        }
+    }
+    if unheard.is_empty() {
+        return Ok(None);
+    }
+    let heard_any = |r: &Report, s: u32| (0..lanes).any(|l| r.heard(l, s));
+    let unheard_by_all = if ranks > 2 {
+        (0..ranks)
+            .filter(|&s| {
+                reports
+                    .iter()
+                    .filter(|r| r.rank != s)
+                    .all(|r| !heard_any(r, s))
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let deaf = if ranks > 2 {
+        reports
+            .iter()
+            .filter(|r| {
+                (0..ranks)
+                    .filter(|&s| s != r.rank)
+                    .all(|s| !heard_any(r, s))
+            })
+            .map(|r| r.rank)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let port_mismatch = if reports.iter().any(|r| r.port != first.port) {
+        reports.iter().map(|r| (r.rank, r.port)).collect()
+    } else {
+        Vec::new()
+    };
+    Ok(Some(ProbeFailure {
+        window,
+        unheard,
+        unheard_by_all,
+        deaf,
+        port_mismatch,
+    }))
+}
+
+fn startup(why: String) -> BuildError {
+    BuildError::StartupCheck(why)
+}
+
+/// Runs the check (see the module docs) on the lanes' own sockets and the control mesh.
+pub(crate) fn run(
+    s: &ProbeSetup,
+    rx: &mut [UdpRx],
+    tx: &mut [UdpTx],
+    control: &mut TcpControl,
+) -> Result<Exchange, BuildError> {
+    let started = Instant::now();
+    let n = s.ranks as usize;
+    let lanes = usize::from(s.lanes);
+    let mut heard = vec![false; lanes * n];
+    let mut ex = Exchange::default();
+    if n <= 1 {
+        ex.extras = vec![s.extra.clone()];
+        return Ok(ex);
+    }
+    let registry: Registry = control.registry().clone();
+    let out = OpBuffer::zeroed(PROBE_LEN * lanes);
+    let inbox = OpBuffer::zeroed(PROBE_LEN);
+    registry.register(PROBE_TX_OP, out.clone());
+    registry.register(PROBE_RX_OP, inbox.clone());
+    let result = exchange(
+        s, rx, tx, control, &out, &inbox, &mut heard, started, &mut ex,
+    );
+    registry.unregister(PROBE_TX_OP);
+    registry.unregister(PROBE_RX_OP);
+    // Drain what the senders report done (all were sent synchronously).
+    for t in tx.iter_mut() {
+        while t.poll_send_done().is_some() {}
+    }
+    result?;
+    ex.elapsed = started.elapsed();
+    Ok(ex)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn exchange(
+    s: &ProbeSetup,
+    rx: &mut [UdpRx],
+    tx: &mut [UdpTx],
+    control: &mut TcpControl,
+    out: &OpBuffer,
+    inbox: &OpBuffer,
+    heard: &mut [bool],
+    started: Instant,
+    ex: &mut Exchange,
+) -> Result<(), BuildError> {
+    let n = s.ranks as usize;
+    let lanes = usize::from(s.lanes);
+    let window_end = started + s.window;
+    let deadline = window_end + s.report_wait;
+    let checking = !s.window.is_zero();
+    let mut reports: Vec<Option<Report>> = vec![None; n];
+    let mut reported = false;
+    let mut round: u16 = 0;
+    let mut next_probe = started;
+    let mut buf = Vec::new();
+    loop {
+        let now = Instant::now();
+        let all_in = reports
+            .iter()
+            .enumerate()
+            .all(|(r, x)| r == s.rank as usize || x.is_some());
+        // 1. Probes, until every report is in (a slow peer may still be listening).
+        if checking && !all_in && now >= next_probe {
+            send_probes(s, tx, out, round);
+            round = round.wrapping_add(1);
+            next_probe = now + PROBE_INTERVAL;
+        }
+        // 2. Listen, until this rank reports.
+        if checking && !reported {
+            for (lane, r) in rx.iter_mut().enumerate() {
+                listen(s, lane, r, inbox, heard);
+            }
+        }
+        // 3. Report once everything was heard, or the window is over.
+        let heard_all =
+            (0..lanes).all(|l| (0..n).all(|from| from == s.rank as usize || heard[l * n + from]));
+        if !reported && (!checking || heard_all || now >= window_end) {
+            let me = Report {
+                rank: s.rank,
+                ranks: s.ranks,
+                checked: checking,
+                fallback_tcp: s.fallback_tcp,
+                interface: s.interface,
+                port: s.groups.first().map_or(0, SocketAddrV4::port),
+                groups: s.groups.iter().map(|g| *g.ip()).collect(),
+                heard: heard.to_vec(),
+                extra: s.extra.clone(),
+            };
+            let bytes = me.encode();
+            for peer in (0..s.ranks).filter(|&p| p != s.rank) {
+                control.send_control(Rank(peer), &bytes);
+            }
+            tracing::debug!(
+                rank = s.rank,
+                heard_all,
+                after = ?now.duration_since(started),
+                "start-up check: reported"
+            );
+            reports[s.rank as usize] = Some(me);
+            reported = true;
+        }
+        // 4. Peers' reports; anything else is kept for the engine.
+        while let Some(input) = control.poll_control(&mut buf) {
+            let ControlInput::Message { from, len } = input else {
+                continue;
+            };
+            let bytes = &buf[..len.min(buf.len())];
+            if bytes.first() != Some(&REPORT_KIND) {
+                ex.stash.push_back((from, bytes.to_vec()));
+                continue;
+            }
+            let rep = Report::decode(bytes).ok_or_else(|| {
+                startup(format!(
+                    "rank {} sent a start-up report this rank cannot read (a different \
+                     ringcast version?)",
+                    from.0
+                ))
+            })?;
+            if rep.rank != from.0 {
+                return Err(startup(format!(
+                    "rank {} sent a start-up report in the name of rank {}",
+                    from.0, rep.rank
+                )));
+            }
+            if let Some(slot) = reports.get_mut(from.index()) {
+                slot.get_or_insert(rep);
+            }
+        }
+        // A peer that already reported may leave (its verdict failed the build): only a
+        // missing report is a problem.
+        if let Some(gone) = control
+            .lost_peers()
+            .iter()
+            .find(|p| reports.get(p.index()).is_some_and(Option::is_none))
+        {
+            return Err(startup(format!(
+                "rank {}'s control connection closed during the start-up check",
+                gone.0
+            )));
+        }
+        if reported && reports.iter().all(Option::is_some) {
+            break;
+        }
+        if now >= deadline {
+            let missing: Vec<u32> = reports
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.is_none())
+                .map(|(r, _)| r as u32)
+                .collect();
+            return Err(startup(format!(
+                "no start-up report from {} {} within {:.1} s (is every rank running and \
+                 reachable over TCP?)",
+                ranks_word(missing.len()),
+                list(&missing),
+                (s.window + s.report_wait).as_secs_f64()
+            )));
+        }
+        thread::sleep(POLL);
+    }
+    let reports: Vec<Report> = reports.into_iter().flatten().collect();
+    ex.failure = judge(&reports, s.window).map_err(startup)?;
+    ex.extras = reports.into_iter().map(|r| r.extra).collect();
+    Ok(())
+}
+
+/// One probe per lane, through the lane's own send half.
+fn send_probes(s: &ProbeSetup, tx: &mut [UdpTx], out: &OpBuffer, round: u16) {
+    for (lane, t) in tx.iter_mut().enumerate() {
+        let mut p = [0u8; PROBE_LEN];
+        p[..8].copy_from_slice(&PROBE_MAGIC);
+        p[8..12].copy_from_slice(&s.rank.to_be_bytes());
+        p[12..14].copy_from_slice(&(lane as u16).to_be_bytes());
+        p[14..16].copy_from_slice(&round.to_be_bytes());
+        let offset = (lane * PROBE_LEN) as u64;
+        out.write_at(offset, &p);
+        t.post_multicast(&Multicast {
+            op: PROBE_TX_OP,
+            lane: lane as u16,
+            imm: PROBE_IMM,
+            chunk: 0,
+            offset,
+            len: PROBE_LEN as u32,
+        });
+        // Sends the queued batch.
+        while t.poll_send_done().is_some() {}
+    }
+}
+
+/// Reads what lane `lane`'s socket holds; notes every valid probe's sender.
+fn listen(s: &ProbeSetup, lane: usize, rx: &mut UdpRx, inbox: &OpBuffer, heard: &mut [bool]) {
+    let n = s.ranks as usize;
+    while let Some(token) = rx.receive() {
+        let m = token.meta();
+        if m.imm != PROBE_IMM || m.len != PROBE_LEN {
+            // Nothing else is sent before every report is in; ignore it.
+            token.consume(&Placement::Drop(DropReason::Stale));
+            continue;
+        }
+        token.consume(&Placement::Place {
+            op: PROBE_RX_OP,
+            offset: 0,
+            len: PROBE_LEN as u32,
+        });
+        let p = inbox.to_vec();
+        let rank = u32::from_be_bytes([p[8], p[9], p[10], p[11]]);
+        let on = u16::from_be_bytes([p[12], p[13]]);
+        if p[..8] == PROBE_MAGIC
+            && rank == m.from.0
+            && usize::from(on) == lane
+            && m.from.index() < n
+        {
+            heard[lane * n + m.from.index()] = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(rank: u32, ranks: u32, heard_from: &[u32]) -> Report {
+        let mut heard = vec![false; ranks as usize];
+        for &h in heard_from {
+            heard[h as usize] = true;
+        }
+        Report {
+            rank,
+            ranks,
+            checked: true,
+            fallback_tcp: false,
+            interface: Ipv4Addr::new(10, 0, 0, 1 + rank as u8),
+            port: 4791,
+            groups: vec![Ipv4Addr::new(239, 1, 2, 3)],
+            heard,
+            extra: b"10.0.0.1:5555".to_vec(),
+        }
+    }
+
+    #[test]
+    fn report_round_trips_and_rejects_garbage() {
+        let mut r = report(2, 4, &[0, 3]);
+        r.fallback_tcp = true;
+        r.groups.push(Ipv4Addr::new(239, 9, 9, 9));
+        r.heard.extend([true, false, true, true]);
+        let b = r.encode();
+        assert_eq!(Report::decode(&b), Some(r));
+        for cut in 0..b.len() {
+            assert_eq!(Report::decode(&b[..cut]), None, "{cut}");
+        }
+        let mut long = b.clone();
+        long.push(0);
+        assert_eq!(Report::decode(&long), None);
+        let mut v2 = b;
+        v2[1] = 2;
+        assert_eq!(Report::decode(&v2), None);
+    }
+
+    #[test]
+    fn all_heard_is_fine_and_self_is_not_required() {
+        let rs: Vec<Report> = (0..3)
+            .map(|r| report(r, 3, &[0, 1, 2].map(|x| (x + r + 1) % 3)[..2]))
+            .collect();
+        assert_eq!(judge(&rs, Duration::from_secs(2)), Ok(None));
+    }
+
+    #[test]
+    fn a_deaf_rank_is_named_with_what_to_check() {
+        // Rank 2 hears nobody and nobody hears rank 2.
+        let mut rs = vec![report(0, 3, &[1]), report(1, 3, &[0]), report(2, 3, &[])];
+        rs[2].port = 5000;
+        let f = judge(&rs, Duration::from_secs(2))
+            .expect("settings agree")
+            .expect("a failure");
+        assert_eq!(f.deaf, vec![2]);
+        assert_eq!(f.unheard_by_all, vec![2]);
+        assert_eq!(f.unheard.len(), 3);
+        let msg = f.to_string();
+        for want in [
+            "rank 2 heard no multicast from ranks 0, 1 on 239.1.2.3:5000 via 10.0.0.3",
+            "rank 0 heard no multicast from rank 2 on 239.1.2.3:4791 via 10.0.0.1",
+            "different UDP ports",
+            "RINGCAST_IFNAME",
+            "querier",
+            "firewall dropping UDP port",
+            "RINGCAST_FALLBACK=tcp",
+        ] {
+            assert!(msg.contains(want), "{want:?} not in {msg}");
+        }
+    }
+
+    #[test]
+    fn mismatched_settings_are_refused() {
+        let mut rs = vec![report(0, 2, &[1]), report(1, 2, &[0])];
+        rs[1].fallback_tcp = true;
+        let e = judge(&rs, Duration::ZERO).expect_err("mismatch");
+        assert!(e.contains("RINGCAST_FALLBACK"), "{e}");
+        // Unchecked reports (the check is off) never fail the multicast verdict.
+        let mut rs = vec![report(0, 2, &[]), report(1, 2, &[])];
+        rs[0].checked = false;
+        assert_eq!(judge(&rs, Duration::ZERO), Ok(None));
+    }
+}

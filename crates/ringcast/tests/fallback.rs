@@ -1,0 +1,401 @@
+//! The start-up check and the TCP fallback, 4 ranks as threads in one process on loopback.
+//!
+//! Multicast that cannot arrive is made without root: one rank binds its data path to another
+//! UDP port, so it listens where nobody sends and sends where nobody listens (what a firewall
+//! dropping its traffic, or a snooping switch without a querier, looks like to the ranks).
+//!
+//! Every test draws its own nonce, TCP and UDP ports; every wait has a deadline.
+#![cfg(feature = "rocev2-udp")]
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ringcast::comm::{BuildError, CommBuilder, Fallback, FallbackReason, OpStats, TransportMode};
+use ringcast::{CommError, Communicator};
+
+const RANKS: u32 = 4;
+const DEADLINE: Duration = Duration::from_secs(120);
+
+fn free_udp_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn nonce(salt: u64) -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    splitmix(t ^ (u64::from(std::process::id()) << 32) ^ salt)
+}
+
+/// Rank `r`'s bytes for operation `salt`.
+fn pattern(salt: u64, r: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (splitmix(salt ^ (u64::from(r) << 40) ^ (i as u64 >> 8)) as u8) ^ (i as u8))
+        .collect()
+}
+
+fn check(what: &str, got: &[u8], want: &[u8]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{what}: {} bytes, want {}", got.len(), want.len()));
+    }
+    match got.iter().zip(want).position(|(a, b)| a != b) {
+        None => Ok(()),
+        Some(i) => Err(format!("{what}: byte {i} is {}, want {}", got[i], want[i])),
+    }
+}
+
+fn e(x: CommError) -> String {
+    x.to_string()
+}
+
+/// Builds `RANKS` communicators on threads (`setup` adds settings per rank) and runs `f` on
+/// each build's result; fails at the deadline.
+fn world<R: Send + 'static>(
+    salt: u64,
+    setup: impl Fn(u32, CommBuilder, u16) -> CommBuilder + Send + Sync + Clone + 'static,
+    f: impl Fn(u32, Result<Communicator, BuildError>) -> Result<R, String>
+    + Send
+    + Sync
+    + Clone
+    + 'static,
+) -> Vec<R> {
+    let nonce = nonce(salt);
+    let port = free_udp_port();
+    let listeners: Vec<TcpListener> = (0..RANKS)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind control"))
+        .collect();
+    let table: Vec<SocketAddr> = listeners
+        .iter()
+        .map(|l| l.local_addr().expect("addr"))
+        .collect();
+    let (tx, rx) = mpsc::channel();
+    for (r, l) in listeners.into_iter().enumerate() {
+        let (table, tx, f, setup) = (table.clone(), tx.clone(), f.clone(), setup.clone());
+        thread::Builder::new()
+            .name(format!("test-rank{r}"))
+            .spawn(move || {
+                let r = r as u32;
+                let b = Communicator::builder()
+                    .rank(r)
+                    .world_size(RANKS)
+                    .peer_table(table, nonce)
+                    .control_listener(l)
+                    .interface(Ipv4Addr::LOCALHOST)
+                    .udp_port(port)
+                    .lanes(2)
+                    .peer_timeout(Duration::from_secs(10))
+                    .link_bandwidth(100_000_000)
+                    .cutoff_alpha(Duration::from_millis(20));
+                let out = f(r, setup(r, b, port).build());
+                let _ = tx.send((r, out));
+            })
+            .expect("spawn");
+    }
+    drop(tx);
+    let end = Instant::now() + DEADLINE;
+    let mut out: Vec<Option<R>> = (0..RANKS).map(|_| None).collect();
+    let mut errors = Vec::new();
+    for _ in 0..RANKS {
+        let left = end.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((r, Ok(v))) => out[r as usize] = Some(v),
+            Ok((r, Err(e))) => errors.push(format!("rank {r}: {e}")),
+            Err(_) => panic!("ranks did not finish within {DEADLINE:?}: {errors:?}"),
+        }
+    }
+    assert!(errors.is_empty(), "{errors:#?}");
+    out.into_iter()
+        .map(|v| v.expect("every rank reported"))
+        .collect()
+}
+
+/// Rank 3 binds its lanes to another UDP port: nobody hears it, it hears nobody.
+fn rank3_elsewhere(r: u32, b: CommBuilder, port: u16) -> CommBuilder {
+    if r == 3 {
+        b.udp_port(port.wrapping_add(1).max(1024))
+    } else {
+        b
+    }
+}
+
+/// Broadcast, Allgather, Allgatherv (zero-sized blocks), then several in flight at once,
+/// checked byte for byte; the ops' stats.
+fn collectives(comm: &Communicator, salt: u64) -> Result<Vec<OpStats>, String> {
+    let me = comm.rank();
+    let n = comm.size();
+    let mut stats = Vec::new();
+    // Broadcast from rank 2, several pieces and an odd tail.
+    let len = (1 << 20) + 13;
+    let want = pattern(salt, 2, len);
+    let mut buf = if me == 2 {
+        want.clone()
+    } else {
+        vec![0u8; len]
+    };
+    stats.push(comm.broadcast(2, &mut buf).map_err(e)?);
+    check("broadcast", &buf, &want)?;
+    // Allgather of u32s (a typed, copied buffer).
+    let per = 70_001usize;
+    let mine: Vec<u32> = (0..per as u32).map(|i| i ^ (me << 24)).collect();
+    let mut all = vec![0u32; per * n as usize];
+    stats.push(comm.allgather(&mine, &mut all).map_err(e)?);
+    for r in 0..n {
+        let want: Vec<u32> = (0..per as u32).map(|i| i ^ (r << 24)).collect();
+        if all[r as usize * per..(r as usize + 1) * per] != want[..] {
+            return Err(format!("allgather: block {r} differs"));
+        }
+    }
+    // Allgatherv with zero-sized blocks.
+    let counts = [0usize, 300_000, 7, 0];
+    let send = pattern(salt ^ 1, me, counts[me as usize]);
+    let mut recv = vec![0u8; counts.iter().sum()];
+    stats.push(comm.allgatherv(&send, &mut recv, &counts).map_err(e)?);
+    let want: Vec<u8> = (0..n)
+        .flat_map(|r| pattern(salt ^ 1, r, counts[r as usize]))
+        .collect();
+    check("allgatherv", &recv, &want)?;
+    // Several in flight, interleaved.
+    let mut reqs = Vec::new();
+    for i in 0..3u32 {
+        let root = i % n;
+        let len = 200_000 + i as usize;
+        let b = if me == root {
+            pattern(salt ^ 10 ^ u64::from(i), root, len)
+        } else {
+            vec![0u8; len]
+        };
+        reqs.push((true, root, len, comm.ibroadcast(root, b).map_err(e)?));
+        let send = pattern(salt ^ 20 ^ u64::from(i), me, 50_000);
+        let req = comm
+            .iallgather(&send, vec![0u8; 50_000 * n as usize])
+            .map_err(e)?;
+        reqs.push((false, i, 50_000, req));
+    }
+    for (bcast, i, len, req) in reqs {
+        let (got, s) = req.wait_with_stats().map_err(e)?;
+        stats.push(s);
+        if bcast {
+            let root = i;
+            let salt = salt ^ 10 ^ u64::from(root);
+            check("ibroadcast", &got, &pattern(salt, root, len))?;
+        } else {
+            let want: Vec<u8> = (0..n)
+                .flat_map(|r| pattern(salt ^ 20 ^ u64::from(i), r, len))
+                .collect();
+            check("iallgather", &got, &want)?;
+        }
+    }
+    Ok(stats)
+}
+
+#[test]
+fn the_check_passes_on_loopback_and_ends_early() {
+    let took = world(
+        1,
+        |_, b, _| {
+            // Loopback under load loses some multicast (the ring recovers it): this test is
+            // about the start-up check, so the loss switch is off.
+            b.fallback(Fallback::Tcp)
+                .startup_check(Duration::from_secs(10))
+                .fallback_loss_threshold(1.0)
+        },
+        |_, comm| {
+            let t = Instant::now();
+            let comm = comm.map_err(|e| format!("build: {e}"))?;
+            if comm.transport_mode() != TransportMode::Multicast {
+                return Err(format!("mode {:?}", comm.transport_mode()));
+            }
+            let s = collectives(&comm, 1)?;
+            if s.iter().any(|s| s.counters.tcp_bytes_sent != 0) {
+                return Err("an operation went over TCP".into());
+            }
+            let st = comm.stats().map_err(e)?;
+            if st.mode != TransportMode::Multicast || st.counters.tcp_bytes_received != 0 {
+                return Err(format!("stats say {:?}", st.mode));
+            }
+            Ok(t.elapsed())
+        },
+    );
+    assert_eq!(took.len(), RANKS as usize);
+}
+
+#[test]
+fn the_check_ends_well_before_its_window() {
+    let start = Instant::now();
+    world(
+        2,
+        |_, b, _| b.startup_check(Duration::from_secs(20)),
+        |_, comm| comm.map(drop).map_err(|e| format!("build: {e}")),
+    );
+    // Every rank heard every other at once: nobody waited for the 20 s window.
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn multicast_that_cannot_arrive_is_a_clear_error() {
+    let start = Instant::now();
+    let msgs = world(
+        3,
+        |r, b, port| rank3_elsewhere(r, b, port).startup_check(Duration::from_millis(800)),
+        |r, comm| match comm {
+            Ok(_) => Err("built although rank 3 hears nobody".into()),
+            Err(BuildError::MulticastUnreachable(f)) => {
+                let deaf: Vec<u32> = f.deaf.clone();
+                if deaf != [3] || f.unheard_by_all != [3] {
+                    return Err(format!("rank {r}: {f:?}"));
+                }
+                Ok(f.to_string())
+            }
+            Err(other) => Err(format!("rank {r}: another error: {other}")),
+        },
+    );
+    // Within the window plus the report exchange.
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+    for m in &msgs {
+        assert_eq!(m, &msgs[0], "every rank reaches the same verdict");
+    }
+    let m = &msgs[0];
+    for want in [
+        "rank 3 heard no multicast from ranks 0, 1, 2 on 239.",
+        "rank 0 heard no multicast from rank 3 on 239.",
+        "via 127.0.0.1",
+        "different UDP ports",
+        "Nobody heard rank 3",
+        "RINGCAST_IFNAME",
+        "querier",
+        "firewall dropping UDP port",
+        "RINGCAST_FALLBACK=tcp",
+    ] {
+        assert!(m.contains(want), "{want:?} not in:\n{m}");
+    }
+}
+
+#[test]
+fn with_fallback_the_collectives_run_over_tcp_and_say_so() {
+    world(
+        4,
+        |r, b, port| {
+            rank3_elsewhere(r, b, port)
+                .startup_check(Duration::from_millis(800))
+                .fallback(Fallback::Tcp)
+        },
+        |r, comm| {
+            let comm = comm.map_err(|e| format!("build: {e}"))?;
+            let want = TransportMode::Tcp {
+                from_op: 0,
+                reason: FallbackReason::StartupCheck,
+            };
+            if comm.transport_mode() != want {
+                return Err(format!("mode {:?}", comm.transport_mode()));
+            }
+            let stats = collectives(&comm, 4)?;
+            for (i, s) in stats.iter().enumerate() {
+                if s.op != i as u64 {
+                    return Err(format!("op {i} reported as {}", s.op));
+                }
+                if s.counters.chunks_sent != 0 {
+                    return Err(format!("op {i} multicast"));
+                }
+            }
+            // Rank 3 is last in the chain from 2... every rank but the root received.
+            if r != 2 && stats[0].counters.tcp_bytes_received != (1 << 20) + 13 {
+                return Err(format!("broadcast received {:?}", stats[0].counters));
+            }
+            let st = comm.stats().map_err(e)?;
+            if st.mode != want || st.counters.tcp_bytes_sent == 0 || st.ops_completed != 9 {
+                return Err(format!("stats: {st:?}"));
+            }
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn loss_during_the_run_switches_every_rank_at_the_same_operation() {
+    // No start-up check: multicast to and from rank 3 silently fails, the ring recovery
+    // fetches everything, the loss window trips and the ranks agree on a switch point.
+    let got = world(
+        5,
+        |r, b, port| {
+            rank3_elsewhere(r, b, port)
+                .startup_check(Duration::ZERO)
+                .fallback(Fallback::Tcp)
+                .fallback_loss_threshold(0.1)
+        },
+        |_, comm| {
+            let comm = comm.map_err(|e| format!("build: {e}"))?;
+            let me = comm.rank();
+            let mut ops = Vec::new();
+            for i in 0..12u32 {
+                let root = i % RANKS;
+                let len = 256 << 10;
+                let want = pattern(500 + u64::from(i), root, len);
+                let mut buf = if me == root {
+                    want.clone()
+                } else {
+                    vec![0u8; len]
+                };
+                let s = comm.broadcast(root, &mut buf).map_err(e)?;
+                check(&format!("broadcast {i}"), &buf, &want)?;
+                ops.push(s);
+            }
+            Ok((comm.transport_mode(), ops))
+        },
+    );
+    let mode = got[0].0;
+    let TransportMode::Tcp {
+        from_op,
+        reason: FallbackReason::Loss { lost_permille, .. },
+    } = mode
+    else {
+        panic!("no switch: {mode:?}");
+    };
+    assert!(lost_permille > 100, "{mode:?}");
+    assert!(from_op <= 8, "switched late: {mode:?}");
+    for (r, (m, ops)) in got.iter().enumerate() {
+        assert_eq!(*m, mode, "rank {r} switched elsewhere");
+        for s in &ops[from_op as usize..] {
+            assert_eq!(s.counters.chunks_sent, 0, "rank {r}: op {} multicast", s.op);
+            assert!(s.op >= from_op, "rank {r}: {s:?}");
+        }
+    }
+}
+
+#[test]
+fn the_fallback_setting_must_match() {
+    world(
+        6,
+        |r, b, _| {
+            if r == 0 { b.fallback(Fallback::Tcp) } else { b }
+        },
+        |r, comm| match comm {
+            Err(BuildError::StartupCheck(m)) if m.contains("RINGCAST_FALLBACK") => Ok(()),
+            Err(other) => Err(format!("rank {r}: {other}")),
+            Ok(_) => Err(format!("rank {r}: built with mismatched fallbacks")),
+        },
+    );
+    assert_eq!("tcp".parse::<Fallback>(), Ok(Fallback::Tcp));
+    assert_eq!(" Off ".parse::<Fallback>(), Ok(Fallback::Off));
+    assert!("udp".parse::<Fallback>().is_err());
+}
