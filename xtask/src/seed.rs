@@ -96,6 +96,7 @@ fn control_seeds() -> Result<Vec<(String, Vec<u8>)>, StepError> {
             },
         ),
         ("fetch-nack", ControlRepr::FetchNack { op: 3 }),
+        ("lacking", ControlRepr::Lacking { op: 3 }),
         ("fin", ControlRepr::Fin { op: u64::MAX }),
         ("abort", ControlRepr::Abort { op: 4, culprit: 1 }),
     ];

@@ -19,6 +19,8 @@ use alloc::vec::Vec;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Piece {
     pub(crate) run: ChunkRun,
+    /// The block (root) the piece belongs to.
+    pub(crate) root: u32,
     pub(crate) offset: u64,
     pub(crate) len: u64,
 }
@@ -206,6 +208,7 @@ impl Layout {
                     start: g,
                     len: stop - g,
                 },
+                root: r as u32,
                 offset,
                 len: last_off + last_len - offset,
             });
@@ -251,16 +254,19 @@ mod tests {
             vec![
                 Piece {
                     run: ChunkRun { start: 1, len: 2 },
+                    root: 0,
                     offset: 10,
                     len: 20
                 },
                 Piece {
                     run: ChunkRun { start: 3, len: 2 },
+                    root: 2,
                     offset: 45,
                     len: 20
                 },
                 Piece {
                     run: ChunkRun { start: 5, len: 2 },
+                    root: 0,
                     offset: 30,
                     len: 15
                 },

@@ -194,8 +194,8 @@ impl Collective {
             ),
             (Timer::Go, self.barrier.hub()),
             (Timer::Fetch, self.pred),
-            (Timer::Reads, self.pred),
-            (Timer::Fin, self.succ),
+            (Timer::Reads, self.ring.reads_peer(self.pred)),
+            (Timer::Fin, self.ring.fin_owed(self.succ)),
         ];
         if let Some((_, peer)) = blame.iter().find(|(t, _)| self.timers.expired(*t, now)) {
             return Some(Outcome::Failed {
@@ -251,6 +251,8 @@ impl Collective {
             return None;
         }
         self.answer_deferred(cx);
+        self.tell_lacking(cx);
+        self.answer_requesters(cx);
         self.start_fetch(cx, None);
         self.progress(cx)
     }
@@ -265,8 +267,9 @@ impl Collective {
             .is_some_and(|d| d.iter().all(|r| self.rx.holds(&self.layout, *r)));
         if let Some(d) = self.ring.deferred.take_if(|_| answerable) {
             self.timers.stop(Timer::Keepalive);
-            self.send_ack(cx, d);
+            self.send_ack(cx, self.succ, d);
         }
+        self.answer_requesters(cx);
         if self.phase == Phase::Data {
             self.send
                 .start(cx, self.id, self.tag, &self.layout, self.me);
@@ -274,12 +277,12 @@ impl Collective {
         self.send.pass_token(cx, self.id);
         if self.ring.reads_idle() && self.phase == Phase::Data && self.rx.complete() {
             // An outstanding request is no longer needed, nor are its deadlines.
-            if self.ring.fetch.take().is_some() {
+            if self.ring.drop_fetches() {
                 self.timers.stop(Timer::Fetch);
                 self.timers.stop(Timer::Reads);
             }
             self.ring.send_fin(cx, self.id, self.pred);
-            if self.ring.fin_received {
+            if self.ring.fins_done() {
                 if self.send.done() {
                     return Some(Outcome::Completed);
                 }
@@ -310,9 +313,11 @@ impl Collective {
         }
         if from == self.pred {
             self.timers.extend(Timer::Fetch, later);
+        }
+        if from == self.pred || self.ring.reads_from(from) {
             self.timers.extend(Timer::Reads, later);
         }
-        if from == self.succ {
+        if from == self.succ || self.ring.owes_fin(from) {
             self.timers.extend(Timer::Fin, later);
         }
     }

@@ -46,6 +46,7 @@ impl ControlMsg {
                 culprit: self.arg,
             },
             ControlKind::Activate => ControlRepr::Activate { op },
+            ControlKind::Lacking => ControlRepr::Lacking { op },
         }
     }
 }

@@ -24,46 +24,161 @@ use crate::timer::Timer;
 use crate::wire::{ChunkRun, ControlKind, RunList};
 use alloc::vec::Vec;
 
-/// A fetch request outstanding at our ring predecessor.
+/// Skip distances are `m * SKIP_BASE^k` for `m` in `1..SKIP_BASE`, `k >= 0`, at least 2.
+pub(crate) const SKIP_BASE: u32 = 8;
+
+/// Whether a rank `d` places further ahead on the ring may probe us (`d` is a skip distance).
+pub(crate) fn is_skip(d: u32) -> bool {
+    if d < 2 {
+        return false;
+    }
+    let mut x = d;
+    while x.is_multiple_of(SKIP_BASE) {
+        x /= SKIP_BASE;
+    }
+    x < SKIP_BASE
+}
+
+/// The skip distances up to `limit` (inclusive), ascending.
+fn skips_up_to(limit: u32) -> impl Iterator<Item = u32> {
+    let mut pow = 1u32;
+    let mut m = 1u32;
+    core::iter::from_fn(move || {
+        loop {
+            if m == SKIP_BASE {
+                m = 1;
+                pow = pow.checked_mul(SKIP_BASE)?;
+            }
+            let d = m.checked_mul(pow)?;
+            m += 1;
+            if d > limit {
+                return None;
+            }
+            if d >= 2 {
+                return Some(d);
+            }
+        }
+    })
+}
+
+/// A fetch request outstanding at one peer: our ring predecessor, or (a probe) a rank a skip
+/// distance further back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Fetch {
+    peer: Rank,
     /// Requested runs not acknowledged yet.
     pending: Vec<ChunkRun>,
     /// Reads in flight, each with the recovery depth its data will have.
     reads: Vec<(ReadId, ChunkRun, u32)>,
 }
 
-/// The ring recovery's own state: our request upstream, our successor's request to us, what
-/// we recovered, and the `Fin` handshake.
+impl Fetch {
+    fn new(peer: Rank, pending: Vec<ChunkRun>) -> Self {
+        Fetch {
+            peer,
+            pending,
+            reads: Vec::new(),
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.pending.is_empty() && self.reads.is_empty()
+    }
+}
+
+/// A rank a skip distance further ahead that probed us: it may read what we acknowledge, so
+/// we keep our buffer until its `Fin`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Requester {
+    rank: Rank,
+    /// Runs it asked for that we did not hold yet.
+    deferred: Vec<ChunkRun>,
+    fin: bool,
+}
+
+/// The ring recovery's own state: our requests upstream, the requests made to us, what we
+/// recovered, and the `Fin` handshakes.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Recovery {
+    /// Our request at the predecessor: the reliable path, with deadlines.
     pub(crate) fetch: Option<Fetch>,
+    /// The predecessor said it lacks part of `fetch` and we probed further back for it.
+    fanned: bool,
+    /// Probes at ranks further back: best effort, no deadline.
+    skips: Vec<Fetch>,
+    /// Every rank we probed in this operation: each one is owed our `Fin`.
+    probed: Vec<Rank>,
     /// Runs our successor asked for that we did not hold (or could not vouch for) yet.
     pub(crate) deferred: Option<Vec<ChunkRun>>,
+    /// Ranks further ahead that probed us.
+    requesters: Vec<Requester>,
     /// What we recovered by reads, with the length of the chain of reads behind each piece.
     recovered: Vec<(ChunkRun, u32)>,
     fin_sent: bool,
-    pub(crate) fin_received: bool,
+    fin_received: bool,
 }
 
 impl Recovery {
+    fn fetches(&self) -> impl Iterator<Item = &Fetch> {
+        self.fetch.iter().chain(self.skips.iter())
+    }
+
     /// No read in flight.
     pub(crate) fn reads_idle(&self) -> bool {
-        self.fetch.as_ref().is_none_or(|f| f.reads.is_empty())
+        self.fetches().all(|f| f.reads.is_empty())
     }
 
     /// Whether read `id` is ours.
     pub(crate) fn has_read(&self, id: ReadId) -> bool {
-        self.fetch
-            .as_ref()
-            .is_some_and(|f| f.reads.iter().any(|r| r.0 == id))
+        self.fetches().any(|f| f.reads.iter().any(|r| r.0 == id))
     }
 
-    /// Sends `Fin` to the predecessor, once.
+    /// Whether we have reads in flight from `peer`.
+    pub(crate) fn reads_from(&self, peer: Rank) -> bool {
+        self.fetches()
+            .any(|f| f.peer == peer && !f.reads.is_empty())
+    }
+
+    /// Whom to blame when reads stall: the first peer with reads in flight.
+    pub(crate) fn reads_peer(&self, pred: Rank) -> Rank {
+        self.fetches()
+            .find(|f| !f.reads.is_empty())
+            .map_or(pred, |f| f.peer)
+    }
+
+    /// Every rank that may read from us said it will not any more.
+    pub(crate) fn fins_done(&self) -> bool {
+        self.fin_received && self.requesters.iter().all(|r| r.fin)
+    }
+
+    /// Whom to blame when a `Fin` does not come: the successor, else a requester.
+    pub(crate) fn fin_owed(&self, succ: Rank) -> Rank {
+        match self.requesters.iter().find(|r| !r.fin) {
+            Some(r) if self.fin_received => r.rank,
+            _ => succ,
+        }
+    }
+
+    /// Whether `from` (not our successor) still owes us a `Fin`.
+    pub(crate) fn owes_fin(&self, from: Rank) -> bool {
+        self.requesters.iter().any(|r| r.rank == from && !r.fin)
+    }
+
+    /// Drops every request we made (we hold everything).
+    pub(crate) fn drop_fetches(&mut self) -> bool {
+        self.skips.clear();
+        self.fanned = false;
+        self.fetch.take().is_some()
+    }
+
+    /// Sends `Fin` to the predecessor and to every rank we probed, once.
     pub(crate) fn send_fin(&mut self, cx: &mut Ctx<'_>, op: OpId, pred: Rank) {
         if !self.fin_sent {
             self.fin_sent = true;
             cx.send(pred, ControlMsg::simple(ControlKind::Fin, op.0));
+            for &q in self.probed.iter().filter(|q| **q != pred) {
+                cx.send(q, ControlMsg::simple(ControlKind::Fin, op.0));
+            }
         }
     }
 
@@ -79,6 +194,22 @@ impl Recovery {
 }
 
 impl Collective {
+    /// How many places ahead of us on the ring `r` is.
+    fn ahead(&self, r: Rank) -> u32 {
+        let p = self.layout.ranks();
+        (r.0 + p - self.me.0) % p
+    }
+
+    /// The answer to a request we cannot serve in full yet: `Lacking` once our fast path is
+    /// over (we know we miss it), `FetchNack` before.
+    fn nack_kind(&self) -> ControlKind {
+        if self.cutoff_fired && self.rx.known() {
+            ControlKind::Lacking
+        } else {
+            ControlKind::FetchNack
+        }
+    }
+
     /// Asks the predecessor for missing chunks, unless a request is outstanding already or
     /// the lanes have not handed their bitmaps back yet.
     ///
@@ -114,27 +245,42 @@ impl Collective {
             runs: runs.clone(),
         };
         cx.send(self.pred, msg);
-        self.ring.fetch = Some(Fetch {
-            pending: runs,
-            reads: Vec::new(),
-        });
+        self.ring.fetch = Some(Fetch::new(self.pred, runs));
+        self.ring.fanned = false;
         self.timers
             .set(Timer::Fetch, cx.now + cx.config.peer_timeout);
     }
 
-    /// Our successor asks for runs.
+    /// Our successor asks for runs, or a rank a skip distance ahead probes us.
     pub(crate) fn on_fetch(
         &mut self,
         cx: &mut Ctx<'_>,
         from: Rank,
         runs: RunList<'_>,
     ) -> Option<Outcome> {
-        if from != self.succ || from == self.me {
+        let probe = from != self.succ;
+        if from == self.me || (probe && !is_skip(self.ahead(from))) {
             bump(&mut cx.stats.control_unexpected);
             return None;
         }
         if runs.iter().any(|r| r.end() > self.layout.total()) {
             bump(&mut cx.stats.control_malformed);
+            return None;
+        }
+        if probe {
+            let asked: Vec<ChunkRun> = runs.iter().collect();
+            match self.ring.requesters.iter_mut().find(|r| r.rank == from) {
+                Some(r) => {
+                    r.deferred = asked;
+                    r.fin = false;
+                }
+                None => self.ring.requesters.push(Requester {
+                    rank: from,
+                    deferred: asked,
+                    fin: false,
+                }),
+            }
+            self.answer_requesters(cx);
             return None;
         }
         self.timers
@@ -143,10 +289,7 @@ impl Collective {
         let lacking = self.answer_deferred(cx);
         if !lacking.is_empty() {
             bump(&mut cx.stats.fetch_nacks);
-            cx.send(
-                self.succ,
-                ControlMsg::simple(ControlKind::FetchNack, self.id.0),
-            );
+            cx.send(self.succ, ControlMsg::simple(self.nack_kind(), self.id.0));
             self.start_fetch(cx, Some(&lacking));
         }
         None
@@ -159,6 +302,30 @@ impl Collective {
         let Some(asked) = self.ring.deferred.take() else {
             return Vec::new();
         };
+        let lacking = self.answer(cx, self.succ, asked);
+        if lacking.is_empty() {
+            self.timers.stop(Timer::Keepalive);
+        } else {
+            self.ring.deferred = Some(lacking.clone());
+        }
+        lacking
+    }
+
+    /// Acknowledges to every requester what it waits for and we hold now.
+    pub(crate) fn answer_requesters(&mut self, cx: &mut Ctx<'_>) {
+        if self.ring.requesters.iter().all(|r| r.deferred.is_empty()) {
+            return;
+        }
+        let mut reqs = core::mem::take(&mut self.ring.requesters);
+        for r in reqs.iter_mut().filter(|r| !r.deferred.is_empty()) {
+            let asked = core::mem::take(&mut r.deferred);
+            r.deferred = self.answer(cx, r.rank, asked);
+        }
+        self.ring.requesters = reqs;
+    }
+
+    /// Acknowledges to `to` the runs of `asked` we hold; returns the rest.
+    fn answer(&mut self, cx: &mut Ctx<'_>, to: Rank, asked: Vec<ChunkRun>) -> Vec<ChunkRun> {
         let mut held = Vec::new();
         for r in &asked {
             self.rx
@@ -169,19 +336,14 @@ impl Collective {
             subtract(&mut lacking, *h);
         }
         if !held.is_empty() {
-            self.send_ack(cx, held);
-        }
-        if lacking.is_empty() {
-            self.timers.stop(Timer::Keepalive);
-        } else {
-            self.ring.deferred = Some(lacking.clone());
+            self.send_ack(cx, to, held);
         }
         lacking
     }
 
-    /// Acknowledges `runs`, in as many messages as the control size limit needs. Each message
-    /// carries the longest recovery chain behind the chunks it names.
-    pub(crate) fn send_ack(&mut self, cx: &mut Ctx<'_>, runs: Vec<ChunkRun>) {
+    /// Acknowledges `runs` to `to`, in as many messages as the control size limit needs. Each
+    /// message carries the longest recovery chain behind the chunks it names.
+    pub(crate) fn send_ack(&mut self, cx: &mut Ctx<'_>, to: Rank, runs: Vec<ChunkRun>) {
         for batch in runs.chunks(cx.config.max_fetch_runs()) {
             let msg = ControlMsg {
                 kind: ControlKind::FetchAck,
@@ -189,7 +351,7 @@ impl Collective {
                 arg: self.ring.hops(batch),
                 runs: batch.to_vec(),
             };
-            cx.send(self.succ, msg);
+            cx.send(to, msg);
         }
     }
 
@@ -197,16 +359,21 @@ impl Collective {
     pub(crate) fn keepalive(&mut self, cx: &mut Ctx<'_>) {
         self.timers.stop(Timer::Keepalive);
         if !self.answer_deferred(cx).is_empty() {
-            cx.send(
-                self.succ,
-                ControlMsg::simple(ControlKind::FetchNack, self.id.0),
-            );
+            cx.send(self.succ, ControlMsg::simple(self.nack_kind(), self.id.0));
             self.timers
                 .set(Timer::Keepalive, cx.now + keepalive_interval(cx.config));
         }
     }
 
-    /// The predecessor holds these runs: read those we still miss.
+    /// Our fast path is over: tell a successor still waiting that we lack what it asked for.
+    pub(crate) fn tell_lacking(&mut self, cx: &mut Ctx<'_>) {
+        if self.ring.deferred.as_ref().is_some_and(|d| !d.is_empty()) {
+            cx.send(self.succ, ControlMsg::simple(self.nack_kind(), self.id.0));
+        }
+    }
+
+    /// The predecessor (or a probed rank) holds these runs: read those we still miss and are
+    /// not reading already.
     pub(crate) fn on_fetch_ack(
         &mut self,
         cx: &mut Ctx<'_>,
@@ -214,20 +381,25 @@ impl Collective {
         runs: RunList<'_>,
         hops: u32,
     ) -> Option<Outcome> {
-        let expected = from == self.pred
-            && self
-                .ring
-                .fetch
-                .as_ref()
-                .is_some_and(|f| runs.iter().all(|r| covered(&f.pending, r)));
-        if !expected {
+        let asked = |f: &Fetch| f.peer == from && runs.iter().all(|r| covered(&f.pending, r));
+        let which = if from == self.pred && self.ring.fetch.as_ref().is_some_and(asked) {
+            None
+        } else if let Some(i) = self.ring.skips.iter().position(asked) {
+            Some(i)
+        } else {
             bump(&mut cx.stats.control_unexpected);
             return None;
-        }
+        };
         let (mut still, mut pieces) = (Vec::new(), Vec::new());
         for r in runs.iter() {
             self.rx
                 .runs_within(&self.layout, r, false, usize::MAX, &mut still);
+        }
+        // A chunk on its way from another peer is not read twice.
+        for f in self.ring.fetches() {
+            for (_, r, _) in &f.reads {
+                subtract(&mut still, *r);
+            }
         }
         for m in &still {
             self.layout.pieces(*m, &mut pieces);
@@ -237,7 +409,10 @@ impl Collective {
         }
         let depth = hops.saturating_add(1);
         let bytes: u64 = pieces.iter().map(|p| p.len).sum();
-        let f = self.ring.fetch.as_mut()?;
+        let f = match which {
+            None => self.ring.fetch.as_mut()?,
+            Some(i) => &mut self.ring.skips[i],
+        };
         for p in &pieces {
             let id = cx.read_id();
             cx.out.push_back(Outgoing::Ready(Transmit::Read {
@@ -255,12 +430,6 @@ impl Collective {
             subtract(&mut f.pending, r);
         }
         let (reads_done, pending_done) = (f.reads.is_empty(), f.pending.is_empty());
-        if reads_done && pending_done {
-            return self.fetch_round_done(cx);
-        }
-        if pending_done {
-            self.timers.stop(Timer::Fetch);
-        }
         if !pieces.is_empty() {
             // The reads are one-sided: allow for moving the bytes before blaming the peer.
             let at = cx.now + cx.config.peer_timeout + transfer_time(cx.config, bytes);
@@ -269,11 +438,31 @@ impl Collective {
                 None => self.timers.set(Timer::Reads, at),
             }
         }
-        None
+        match which {
+            Some(i) => {
+                if reads_done && pending_done {
+                    self.ring.skips.swap_remove(i);
+                }
+                None
+            }
+            None if reads_done && pending_done => self.fetch_round_done(cx),
+            None => {
+                if pending_done {
+                    self.timers.stop(Timer::Fetch);
+                }
+                None
+            }
+        }
     }
 
-    /// The predecessor is recovering on our behalf and is alive.
-    pub(crate) fn on_fetch_nack(&mut self, cx: &mut Ctx<'_>, from: Rank) -> Option<Outcome> {
+    /// The predecessor is recovering on our behalf and is alive. With `known`, it misses part
+    /// of what we asked for: probe ranks further back for that part, once per request.
+    pub(crate) fn on_fetch_nack(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        from: Rank,
+        known: bool,
+    ) -> Option<Outcome> {
         let pending = self
             .ring
             .fetch
@@ -281,8 +470,63 @@ impl Collective {
             .is_some_and(|f| !f.pending.is_empty());
         if from != self.pred || !pending {
             bump(&mut cx.stats.control_unexpected);
+            return None;
+        }
+        if known && !self.ring.fanned {
+            self.fan_out(cx);
         }
         None
+    }
+
+    /// Probes the ranks at every skip distance behind us for what the predecessor lacks, each
+    /// for the runs whose root is at least that far back (the root itself holds its block, and
+    /// a rank beyond it would be at the end of the root's ring, the last to recover).
+    fn fan_out(&mut self, cx: &mut Ctx<'_>) {
+        self.ring.fanned = true;
+        let Some(f) = self.ring.fetch.as_ref() else {
+            return;
+        };
+        let (p, me) = (self.layout.ranks(), self.me.0);
+        let back = |root: u32| (me + p - root) % p;
+        let mut pieces = Vec::new();
+        for r in &f.pending {
+            self.layout.pieces(*r, &mut pieces);
+        }
+        pieces.retain(|pc| pc.root != me);
+        let Some(far) = pieces.iter().map(|pc| back(pc.root)).max() else {
+            return;
+        };
+        let max = cx.config.max_fetch_runs();
+        for d in skips_up_to(far.min(p - 1)) {
+            let q = Rank((me + p - d) % p);
+            if q == self.pred || self.ring.skips.iter().any(|s| s.peer == q) {
+                continue;
+            }
+            let mut runs: Vec<ChunkRun> = Vec::new();
+            for pc in pieces.iter().filter(|pc| back(pc.root) >= d) {
+                let full = runs.len() >= max;
+                match runs.last_mut() {
+                    Some(last) if last.end() == pc.run.start => last.len += pc.run.len,
+                    _ if full => break,
+                    _ => runs.push(pc.run),
+                }
+            }
+            if runs.is_empty() {
+                continue;
+            }
+            bump(&mut cx.stats.fetch_requests);
+            let msg = ControlMsg {
+                kind: ControlKind::Fetch,
+                op: self.id.0,
+                arg: 0,
+                runs: runs.clone(),
+            };
+            cx.send(q, msg);
+            self.ring.skips.push(Fetch::new(q, runs));
+            if !self.ring.probed.contains(&q) {
+                self.ring.probed.push(q);
+            }
+        }
     }
 
     /// A read we issued finished.
@@ -292,41 +536,56 @@ impl Collective {
         id: ReadId,
         ok: bool,
     ) -> Option<Outcome> {
-        let issued = self.ring.fetch.as_mut().and_then(|f| {
+        let take = |f: &mut Fetch| {
             let i = f.reads.iter().position(|r| r.0 == id)?;
-            Some(f.reads.swap_remove(i))
-        });
-        let Some((_, run, hops)) = issued else {
+            let (_, run, hops) = f.reads.swap_remove(i);
+            Some((f.peer, run, hops))
+        };
+        let mut issued = self.ring.fetch.as_mut().and_then(take);
+        let from_pred = issued.is_some();
+        let mut skip_idle = None;
+        if issued.is_none() {
+            for (i, f) in self.ring.skips.iter_mut().enumerate() {
+                issued = take(f);
+                if issued.is_some() {
+                    skip_idle = f.idle().then_some(i);
+                    break;
+                }
+            }
+        }
+        let Some((peer, run, hops)) = issued else {
             bump(&mut cx.stats.control_unexpected);
             return None;
         };
+        if let Some(i) = skip_idle {
+            self.ring.skips.swap_remove(i);
+        }
         if !ok {
-            let error = OpError::ReadFailed { peer: self.pred };
+            let error = OpError::ReadFailed { peer };
             return Some(Outcome::Failed { error, abort: true });
         }
         let new = self.rx.record_fetched(&self.layout, run);
         self.ring.recovered.push((run, hops));
         cx.stats.chunks_fetched = cx.stats.chunks_fetched.saturating_add(u64::from(new));
-        // Pass it on at once: our successor may be waiting for exactly this piece.
+        // Pass it on at once: our successor (or a requester) may be waiting for exactly this.
         self.answer_deferred(cx);
-        let (reads_done, pending_done) = self
-            .ring
-            .fetch
-            .as_ref()
-            .map_or((true, true), |f| (f.reads.is_empty(), f.pending.is_empty()));
-        if reads_done {
+        self.answer_requesters(cx);
+        if self.ring.reads_idle() {
             self.timers.stop(Timer::Reads);
-            if pending_done {
-                return self.fetch_round_done(cx);
-            }
+        }
+        if from_pred && self.ring.fetch.as_ref().is_none_or(Fetch::idle) {
+            return self.fetch_round_done(cx);
         }
         self.progress(cx)
     }
 
     fn fetch_round_done(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
         self.ring.fetch = None;
+        self.ring.fanned = false;
         self.timers.stop(Timer::Fetch);
-        self.timers.stop(Timer::Reads);
+        if self.ring.reads_idle() {
+            self.timers.stop(Timer::Reads);
+        }
         // More runs than one message held, or a deferred request still unanswered.
         if self.cutoff_fired {
             self.start_fetch(cx, None);
@@ -336,16 +595,27 @@ impl Collective {
         self.progress(cx)
     }
 
-    /// Our successor will not read from us again.
+    /// Our successor (or a rank that probed us) will not read from us again.
     pub(crate) fn on_fin(&mut self, cx: &mut Ctx<'_>, from: Rank) -> Option<Outcome> {
-        if from != self.succ || self.ring.fin_received {
+        if from == self.succ && !self.ring.fin_received {
+            self.ring.fin_received = true;
+            self.ring.deferred = None;
+            self.timers.stop(Timer::Keepalive);
+        } else if let Some(r) = self
+            .ring
+            .requesters
+            .iter_mut()
+            .find(|r| r.rank == from && !r.fin)
+        {
+            r.fin = true;
+            r.deferred.clear();
+        } else {
             bump(&mut cx.stats.control_unexpected);
             return None;
         }
-        self.ring.fin_received = true;
-        self.timers.stop(Timer::Fin);
-        self.ring.deferred = None;
-        self.timers.stop(Timer::Keepalive);
+        if self.ring.fins_done() {
+            self.timers.stop(Timer::Fin);
+        }
         self.progress(cx)
     }
 }

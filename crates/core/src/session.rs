@@ -201,7 +201,8 @@ impl Session {
             ControlRepr::Go { .. } => op.on_go(&mut cx, from),
             ControlRepr::Fetch { runs, .. } => op.on_fetch(&mut cx, from, runs),
             ControlRepr::FetchAck { runs, hops, .. } => op.on_fetch_ack(&mut cx, from, runs, hops),
-            ControlRepr::FetchNack { .. } => op.on_fetch_nack(&mut cx, from),
+            ControlRepr::FetchNack { .. } => op.on_fetch_nack(&mut cx, from, false),
+            ControlRepr::Lacking { .. } => op.on_fetch_nack(&mut cx, from, true),
             ControlRepr::Fin { .. } => op.on_fin(&mut cx, from),
             ControlRepr::Activate { .. } => op.on_activate(&mut cx, from),
             ControlRepr::Abort { culprit, .. } if culprit < self.config.ranks => {

@@ -17,6 +17,8 @@ enum Pattern {
     OverlappingChain,
     /// Every chunk of the first operation arrives again, late, while a second one runs.
     StaleReplay,
+    /// The root's uplink drops 4 consecutive chunks of its block: every leaf misses them.
+    RootUplink(u32),
 }
 
 fn pattern() -> impl Strategy<Value = Pattern> {
@@ -26,6 +28,7 @@ fn pattern() -> impl Strategy<Value = Pattern> {
         1 => (0u32..64).prop_map(Pattern::SameChunkEverywhere),
         1 => Just(Pattern::OverlappingChain),
         1 => Just(Pattern::StaleReplay),
+        2 => (0u32..64).prop_map(Pattern::RootUplink),
     ]
 }
 
@@ -118,6 +121,13 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
         Pattern::SameChunkEverywhere(k) => {
             net.faults.rules.push(Box::new(move |_, _, ch, _| ch == k))
         }
+        Pattern::RootUplink(first) => {
+            // In an Allgather, the uplink of rank `c.root`.
+            let root = c.root;
+            net.faults.rules.push(Box::new(move |_, r, ch, _| {
+                r == root && (first..first + 4).contains(&ch)
+            }))
+        }
         Pattern::OverlappingChain => {
             // Relative to each chunk's own root, so it bites in an Allgather too.
             net.faults.rules.push(Box::new(move |_, root, ch, to| {
@@ -162,6 +172,18 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
             Outcome::Pending => prop_assert!(false, "r{} hangs in op {}", r, op),
         }
     }
+    if matches!(c.pattern, Pattern::RootUplink(_)) && c.crash.is_none() && c.loss == 0.0 {
+        // Ranks whose predecessor lacks the chunks too probe further back: no chunk passes
+        // through more than log2(P) ranks' recovery (the ring alone walked up to P - 2).
+        let depth = net
+            .sessions
+            .iter()
+            .map(|s| s.stats().max_fetch_depth)
+            .max()
+            .unwrap_or(0);
+        let bound = 32 - (p - 1).leading_zeros();
+        prop_assert!(depth <= bound, "depth {} > log2({})", depth, p);
+    }
     if matches!(c.pattern, Pattern::StaleReplay) && c.crash.is_none() {
         let replayed: u64 = net
             .sessions
@@ -186,8 +208,9 @@ fn inject_hostile(net: &mut Net, seed: u64, root: u32) {
             rng.below(u64::from(p)) as u32,
         );
         let (pred, succ) = ((to + p - 1) % p, (to + 1) % p);
-        let msg = match rng.below(5) {
+        let msg = match rng.below(6) {
             0 => ControlRepr::Fin { op },
+            5 => ControlRepr::Lacking { op },
             1 => ControlRepr::FetchAck {
                 op,
                 runs: RunList::Slice(&runs),
@@ -202,9 +225,13 @@ fn inject_hostile(net: &mut Net, seed: u64, root: u32) {
         };
         // Peers are trusted on the control path: inject only what no correct peer could send
         // from that position (e.g. a Fin from a rank that is not our successor).
+        // A rank a skip distance ahead may probe us (Fetch) and then owes us a Fin; one a
+        // skip distance behind may answer our probe (FetchAck).
+        let (ahead, behind) = ((from + p - to) % p, (to + p - from) % p);
         let legit = match msg {
-            ControlRepr::Fin { .. } | ControlRepr::Fetch { .. } => from == succ,
-            ControlRepr::FetchAck { .. } | ControlRepr::FetchNack { .. } => from == pred,
+            ControlRepr::Fin { .. } | ControlRepr::Fetch { .. } => from == succ || is_skip(ahead),
+            ControlRepr::FetchAck { .. } => from == pred || is_skip(behind),
+            ControlRepr::FetchNack { .. } | ControlRepr::Lacking { .. } => from == pred,
             _ => from == root,
         };
         if legit {
@@ -214,6 +241,16 @@ fn inject_hostile(net: &mut Net, seed: u64, root: u32) {
         msg.emit_vec(&mut bytes).expect("valid");
         net.inject_control(rng.below(100_000), from, to, bytes);
     }
+}
+
+/// The ring's skip distances (`m * 8^k`, `m` in `1..8`, at least 2): ranks that far apart
+/// may probe.
+fn is_skip(d: u32) -> bool {
+    let mut x = d;
+    while x >= 8 && x.is_multiple_of(8) {
+        x /= 8;
+    }
+    d >= 2 && x < 8
 }
 
 /// 96 cases by default; `PROPTEST_CASES` asks for a longer campaign.

@@ -44,6 +44,8 @@ pub(crate) struct Fabric {
     /// Queueing delay a switch egress port absorbs before it pauses the senders upstream
     /// (the switch buffer in time); `Ps::MAX`: unbounded buffers.
     pub(crate) pause_after: Ps,
+    /// Links down for a window: `(link, from, until)`.
+    pub(crate) down: Vec<(LinkId, Ps, Ps)>,
     pub(crate) counters: FabricCounters,
 }
 
@@ -75,6 +77,7 @@ impl Fabric {
             depth_time: vec![0; topo.nodes as usize + 1],
             path: Vec::new(),
             pause_after: Ps::MAX,
+            down: Vec::new(),
             counters: FabricCounters::default(),
             topo,
         }
@@ -111,6 +114,7 @@ impl Fabric {
             counters,
             chunk_bits,
             pause_after,
+            down,
             ..
         } = self;
         let Some(steps) = trees[ti].as_deref() else {
@@ -131,6 +135,15 @@ impl Fabric {
                 sent = left;
             } else {
                 worst_wait = worst_wait.max(left.saturating_sub(ready));
+            }
+            if !down.is_empty()
+                && down
+                    .iter()
+                    .any(|&(l, a, b)| l == s.link && (a..b).contains(&ready))
+            {
+                counters.lost += 1;
+                i = s.skip as usize;
+                continue;
             }
             if lossy && let Some(burst) = link.lose(link_faults, rng) {
                 if burst {

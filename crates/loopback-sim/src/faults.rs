@@ -55,6 +55,23 @@ pub struct Crash {
     pub at: Duration,
 }
 
+/// A directed link that drops every multicast packet entering it during a window (a link or
+/// port going down and coming back). Links are named by their end nodes as the topology names
+/// them: `h3` for host 3, switches as in [`crate::TopologySpec`]'s docs (`leaf1`, `spine0`,
+/// `p0e1`, `p1a3`, `core17`). Reads and control messages are on reliable connections and are
+/// not affected.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LinkDown {
+    /// Node the link leaves.
+    pub from: String,
+    /// Node the link enters.
+    pub to: String,
+    /// Down from this time...
+    pub at: Duration,
+    /// ...until this one.
+    pub until: Duration,
+}
+
 /// Every fault the simulator can inject. The default injects nothing.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Faults {
@@ -78,6 +95,8 @@ pub struct Faults {
     pub rx_slots: Option<RxSlots>,
     /// Node crashes.
     pub crashes: Vec<Crash>,
+    /// Links down for a window.
+    pub links_down: Vec<LinkDown>,
 }
 
 /// Per-link loss probabilities as integer thresholds.

@@ -58,7 +58,7 @@ mod topology;
 mod workload;
 
 pub use config::{SimConfig, SimError};
-pub use faults::{Crash, Faults, GilbertElliott, Reorder, RxSlots};
+pub use faults::{Crash, Faults, GilbertElliott, LinkDown, Reorder, RxSlots};
 pub use report::{
     CoreDrops, FabricCounters, Failure, LevelReport, LinkReport, OpReport, Outcome, RankReport,
     Report,

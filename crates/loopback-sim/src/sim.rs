@@ -133,6 +133,15 @@ impl Sim {
             let n = Node::new(c)?;
             hosts.push(Host::new(n, cfg.faults.rx_slots, ops.len()));
         }
+        let mut down = Vec::new();
+        for d in &cfg.faults.links_down {
+            let link = topo
+                .edges
+                .iter()
+                .position(|e| topo.name(e.from) == d.from && topo.name(e.to) == d.to)
+                .ok_or(SimError::Invalid("a link that is down does not exist"))?;
+            down.push((link as u32, ps(d.at), ps(d.until)));
+        }
         let mut fabric = Fabric::new(
             topo,
             cfg.bandwidth,
@@ -142,6 +151,7 @@ impl Sim {
             bits,
             cfg.seed,
         );
+        fabric.down = down;
         fabric.pause_after = Link::new(cfg.bandwidth, 0)
             .serialize(cfg.switch_buffer.min(u64::MAX >> 24))
             .saturating_add(ps(cfg.latency));

@@ -8,6 +8,11 @@
 //! ```
 //! All integers are big-endian. `arg` is the recovery hop count for `FetchAck`, the culprit rank
 //! for `Abort`, and zero otherwise. Runs are sorted, non-empty, disjoint and non-adjacent.
+//!
+//! `Lacking` (kind 9) is a `FetchNack` with knowledge: the sender's fast path is over, so it
+//! knows it misses some of the runs asked for. A `FetchNack` only says "not yet". The
+//! requester answers a `Lacking` from its predecessor by probing ranks further back the ring
+//! (see the ring module).
 
 use super::{ChunkRun, EmitError, Error, Result, emit_buf};
 use core::fmt;
@@ -48,6 +53,9 @@ pub enum ControlKind {
     Abort = 7,
     /// Allgather chain token: the sender's block is sent, the receiver's turn.
     Activate = 8,
+    /// Predecessor's fast path is over and it misses some requested chunks: it is recovering
+    /// them; look further back the ring meanwhile.
+    Lacking = 9,
 }
 
 impl ControlKind {
@@ -61,6 +69,7 @@ impl ControlKind {
             6 => ControlKind::Fin,
             7 => ControlKind::Abort,
             8 => ControlKind::Activate,
+            9 => ControlKind::Lacking,
             _ => return None,
         })
     }
@@ -276,6 +285,11 @@ pub enum ControlRepr<'a> {
         /// Operation sequence number.
         op: u64,
     },
+    /// See [`ControlKind::Lacking`].
+    Lacking {
+        /// Operation sequence number.
+        op: u64,
+    },
     /// See [`ControlKind::Abort`].
     Abort {
         /// Operation sequence number.
@@ -313,6 +327,7 @@ impl<'a> ControlRepr<'a> {
             ControlKind::Fin => ControlRepr::Fin { op },
             ControlKind::Abort => ControlRepr::Abort { op, culprit: arg },
             ControlKind::Activate => ControlRepr::Activate { op },
+            ControlKind::Lacking => ControlRepr::Lacking { op },
         })
     }
 
@@ -331,6 +346,7 @@ impl<'a> ControlRepr<'a> {
             | ControlRepr::FetchNack { op }
             | ControlRepr::Fin { op }
             | ControlRepr::Activate { op }
+            | ControlRepr::Lacking { op }
             | ControlRepr::Abort { op, .. } => op,
         }
     }
@@ -346,6 +362,7 @@ impl<'a> ControlRepr<'a> {
             ControlRepr::Fin { .. } => ControlKind::Fin,
             ControlRepr::Abort { .. } => ControlKind::Abort,
             ControlRepr::Activate { .. } => ControlKind::Activate,
+            ControlRepr::Lacking { .. } => ControlKind::Lacking,
         }
     }
 
@@ -462,6 +479,12 @@ mod tests {
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x04,
     ];
 
+    const LACKING: [u8; 16] = [
+        0x09, 0x01, 0x00, 0x00, // kind Lacking, version 1, no runs
+        0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x0c, // op 268
+    ];
+
     const FETCH_RUNS: [ChunkRun; 2] = [
         ChunkRun { start: 1, len: 2 },
         ChunkRun {
@@ -475,7 +498,7 @@ mod tests {
     }];
 
     /// Every kind once, with the bytes it must have.
-    fn vectors() -> [(&'static [u8], ControlRepr<'static>); 8] {
+    fn vectors() -> [(&'static [u8], ControlRepr<'static>); 9] {
         [
             (
                 &READY,
@@ -509,6 +532,7 @@ mod tests {
                 },
             ),
             (&ACTIVATE, ControlRepr::Activate { op: 4 }),
+            (&LACKING, ControlRepr::Lacking { op: 268 }),
         ]
     }
 
@@ -545,9 +569,9 @@ mod tests {
     #[test]
     fn every_kind_is_covered() {
         let kinds: Vec<u8> = vectors().iter().map(|(_, r)| r.kind() as u8).collect();
-        assert_eq!(kinds, [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(kinds, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
         for k in 0..=u8::MAX {
-            assert_eq!(ControlKind::from_u8(k).is_some(), (1..=8).contains(&k));
+            assert_eq!(ControlKind::from_u8(k).is_some(), (1..=9).contains(&k));
         }
     }
 
@@ -574,14 +598,25 @@ mod tests {
         0x06, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
     ];
-    /// Kind 0 and kind 9 do not exist.
+    /// Kind 0 and kind 10 do not exist.
     const BAD_KIND_0: [u8; 16] = [
         0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
     ];
-    const BAD_KIND_9: [u8; 16] = [
-        0x09, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
+    const BAD_KIND_10: [u8; 16] = [
+        0x0a, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
+    ];
+    /// Lacking with an argument.
+    const ARG_ON_LACKING: [u8; 16] = [
+        0x09, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
+    ];
+    /// Lacking carrying a run.
+    const RUNS_ON_LACKING: [u8; 24] = [
+        0x09, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, //
+        0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01,
     ];
     /// Fin with an argument.
     const ARG_ON_FIN: [u8; 16] = [
@@ -672,10 +707,12 @@ mod tests {
 
     #[test]
     fn rejects_fixed_negative_vectors() {
-        let cases: [(&str, &[u8]); 17] = [
+        let cases: [(&str, &[u8]); 19] = [
+            ("arg on Lacking", &ARG_ON_LACKING),
+            ("runs on Lacking", &RUNS_ON_LACKING),
             ("bad version", &BAD_VERSION),
             ("kind 0", &BAD_KIND_0),
-            ("kind 9", &BAD_KIND_9),
+            ("kind 10", &BAD_KIND_10),
             ("arg on Fin", &ARG_ON_FIN),
             ("arg on Fetch", &ARG_ON_FETCH),
             ("runs on Go", &RUNS_ON_GO),

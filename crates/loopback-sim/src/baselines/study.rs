@@ -270,6 +270,12 @@ pub struct LossRow {
     pub lost: u64,
     /// Recovery work: chunks fetched from a neighbour (ringcast), packets resent (baselines).
     pub recovered: u64,
+    /// ringcast: the deepest chain of ring reads behind any recovered chunk (`max_fetch_depth`
+    /// over every rank); `None` for the baselines.
+    pub max_depth: Option<u32>,
+    /// Bytes the root put on its link (multicasts, resends, and for ringcast the reads it
+    /// served) over the buffer's size.
+    pub root_sent: f64,
 }
 
 const LOSS_ALGOS: [&str; 3] = [
@@ -296,7 +302,12 @@ pub fn loss(
         Ok(match a {
             "ringcast" => {
                 let r = sim(spec, Workload::new().broadcast(Duration::ZERO, 0, len), l)?;
-                (sim_time(&r), r.fabric.lost, r.chunks_fetched)
+                let root = r
+                    .per_rank
+                    .first()
+                    .map_or(0, |x| x.bytes_sent + x.bytes_served);
+                let depth = r.per_rank.iter().map(|x| x.max_fetch_depth).max();
+                (sim_time(&r), r.fabric.lost, r.chunks_fetched, depth, root)
             }
             _ => {
                 let b = if a == "chain broadcast" {
@@ -305,7 +316,8 @@ pub fn loss(
                     Baseline::GoBackNMulticast { root: 0, len }
                 };
                 let r = baseline(spec, b, l)?;
-                (done(r.clone()), r.lost, r.retransmissions)
+                let root = r.per_rank.first().map_or(0, |x| x.sent);
+                (done(r.clone()), r.lost, r.retransmissions, None, root)
             }
         })
     });
@@ -316,18 +328,22 @@ pub fn loss(
         .zip(&runs)
         .enumerate()
         .filter(|(i, _)| *i >= LOSS_ALGOS.len())
-        .map(|(i, (&(l, a), &(t, lost, recovered)))| LossRow {
-            ranks: spec.hosts(),
-            loss: l,
-            algorithm: a.to_owned(),
-            completion_ns: t,
-            normalised_throughput: match (clean[i % LOSS_ALGOS.len()], t) {
-                (Some(c), Some(t)) if t > 0 => Some(c as f64 / t as f64),
-                _ => None,
+        .map(
+            |(i, (&(l, a), &(t, lost, recovered, max_depth, root)))| LossRow {
+                ranks: spec.hosts(),
+                loss: l,
+                algorithm: a.to_owned(),
+                completion_ns: t,
+                normalised_throughput: match (clean[i % LOSS_ALGOS.len()], t) {
+                    (Some(c), Some(t)) if t > 0 => Some(c as f64 / t as f64),
+                    _ => None,
+                },
+                lost,
+                recovered,
+                max_depth,
+                root_sent: root as f64 / len.max(1) as f64,
             },
-            lost,
-            recovered,
-        })
+        )
         .collect())
 }
 
@@ -527,6 +543,8 @@ pub fn loss_markdown(rows: &[LossRow]) -> String {
         "normalised throughput",
         "packets lost",
         "recovered (fetched / resent)",
+        "max fetch depth",
+        "root sends (x buffer)",
     ];
     let body: Vec<Vec<String>> = rows
         .iter()
@@ -540,6 +558,8 @@ pub fn loss_markdown(rows: &[LossRow]) -> String {
                     .map_or_else(|| "-".into(), |x| format!("{x:.3}")),
                 r.lost.to_string(),
                 r.recovered.to_string(),
+                r.max_depth.map_or_else(|| "-".into(), |d| d.to_string()),
+                format!("{:.4}", r.root_sent),
             ]
         })
         .collect();
