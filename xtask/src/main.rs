@@ -8,6 +8,7 @@ mod figures;
 mod fuzz;
 mod run;
 mod seed;
+mod soak;
 
 use run::{Step, StepError};
 use std::path::{Path, PathBuf};
@@ -30,6 +31,11 @@ commands:
                               needs a nightly toolchain and cargo-fuzz (installed if missing)
   fuzz-seed                   rewrite the seed corpora under fuzz/corpus/
   figures [--quick|--full]    regenerate the study's tables and plots in docs/figures/ (quick default)
+  soak [--runs N] [--first SEED] [--threads T]
+                              randomized simulator campaign (default 100000 runs from seed 0 on 2
+                              threads): loss up to 30%, bursts, reordering, duplication,
+                              corruption, overruns, links down, crashes; Broadcast, Allgather(v);
+                              fails on any wrong buffer, hang or unexplained failure
   help                        this message
 ";
 
@@ -98,6 +104,10 @@ fn dispatch(args: &[String]) -> Result<(), StepError> {
                 "usage: figures [--quick|--full]\n\n{USAGE}"
             ))),
         },
+        "soak" => {
+            let o = soak::parse(rest).map_err(|e| StepError::Other(format!("{e}\n\n{USAGE}")))?;
+            soak::run(&o)
+        }
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

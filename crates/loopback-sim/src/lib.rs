@@ -52,6 +52,7 @@ mod queue;
 mod report;
 mod rng;
 mod sim;
+pub mod soak;
 mod slots;
 mod store;
 mod topology;
