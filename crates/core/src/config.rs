@@ -67,6 +67,12 @@ pub struct Config {
     pub cutoff_alpha: Duration,
     /// How long to wait for a peer that owes an answer before failing the operation.
     pub peer_timeout: Duration,
+    /// `Some(d)`: when the cutoff fires while the lanes are still receiving (more chunks
+    /// written than at the last look), the fast path goes on for `d` more instead of ending.
+    /// For transports whose real rate is below `link_bandwidth` (kernel UDP on busy cores):
+    /// the cutoff then only ends a fast path that has stalled. `None` (the default): the
+    /// cutoff ends it, as on a hardware fabric.
+    pub cutoff_extension: Option<Duration>,
     /// Most multicast chunks handed to the transport and not yet reported sent.
     pub send_window: u32,
     /// Allgather broadcast chains `M`: how many roots multicast at once.
@@ -89,6 +95,7 @@ impl Config {
             link_bandwidth: 100_000_000_000 / 8,
             cutoff_alpha: Duration::from_micros(20),
             peer_timeout: Duration::from_secs(1),
+            cutoff_extension: None,
             send_window: 64,
             chains: 4,
             limits: Limits::default(),
@@ -115,6 +122,9 @@ impl Config {
         }
         if self.peer_timeout.is_zero() {
             return Err(ConfigError::PeerTimeout);
+        }
+        if self.cutoff_extension.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::CutoffExtension);
         }
         if self.send_window == 0 {
             return Err(ConfigError::SendWindow);
@@ -159,6 +169,8 @@ pub enum ConfigError {
     PeerTimeout,
     /// `send_window` is zero.
     SendWindow,
+    /// `cutoff_extension` is `Some(0)`.
+    CutoffExtension,
     /// `chains` is zero.
     Chains,
     /// `max_inflight_ops` is zero or needs more than a quarter of the op tag space.
@@ -179,6 +191,7 @@ impl fmt::Display for ConfigError {
             ConfigError::Bandwidth => "link_bandwidth must be positive",
             ConfigError::PeerTimeout => "peer_timeout must be positive",
             ConfigError::SendWindow => "send_window must be positive",
+            ConfigError::CutoffExtension => "cutoff_extension must be positive when set",
             ConfigError::Chains => "chains must be positive",
             ConfigError::InflightOps => {
                 "max_inflight_ops must be positive and at most a quarter of the op tags"

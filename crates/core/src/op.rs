@@ -59,6 +59,11 @@ pub(crate) struct Collective {
     pub(crate) cutoff_at: Option<Instant>,
     pub(crate) cutoff_fired: bool,
     cutoff_after: Duration,
+    /// With `Config::cutoff_extension`: chunks written on the open lanes at the last look,
+    /// and the lanes whose count is still awaited.
+    cutoff_seen: u64,
+    counting: u32,
+    counted: u64,
 }
 
 impl Collective {
@@ -136,6 +141,9 @@ impl Collective {
             cutoff_at: None,
             cutoff_fired: false,
             cutoff_after: wire + c.cutoff_alpha,
+            cutoff_seen: 0,
+            counting: 0,
+            counted: 0,
         })
     }
 
@@ -205,9 +213,13 @@ impl Collective {
         }
         if self.timers.expired(Timer::Cutoff, now) && !self.cutoff_fired {
             self.timers.stop(Timer::Cutoff);
-            self.cutoff_fired = true;
-            if let Some(o) = self.end_fast_path(cx) {
-                return Some(o);
+            if cx.config.cutoff_extension.is_some() && !self.rx.known() {
+                self.count_lanes(cx);
+            } else {
+                self.cutoff_fired = true;
+                if let Some(o) = self.end_fast_path(cx) {
+                    return Some(o);
+                }
             }
         }
         if self.timers.expired(Timer::Keepalive, now) {
@@ -226,6 +238,44 @@ impl Collective {
             });
         }
         self.lanes_known(cx)
+    }
+
+    /// The cutoff fired with `cutoff_extension` set: ask the open lanes how far they got.
+    fn count_lanes(&mut self, cx: &mut Ctx<'_>) {
+        let id = self.id;
+        self.counted = 0;
+        self.counting = 0;
+        for l in self.rx.open_unfilled() {
+            self.counting += 1;
+            cx.lane(LaneCommand::Rx {
+                lane: l as u16,
+                cmd: RxCommand::Count { op: id },
+            });
+        }
+    }
+
+    /// A lane said how many chunks it wrote. Once every open lane answered: chunks still
+    /// arriving push the cutoff out; a stalled fast path ends.
+    pub(crate) fn on_lane_count(&mut self, cx: &mut Ctx<'_>, committed: u32) -> Option<Outcome> {
+        if self.counting == 0 || self.cutoff_fired {
+            return None;
+        }
+        self.counting -= 1;
+        self.counted += u64::from(committed);
+        if self.counting > 0 {
+            return None;
+        }
+        match cx.config.cutoff_extension {
+            Some(d) if self.counted > self.cutoff_seen => {
+                self.cutoff_seen = self.counted;
+                self.timers.set(Timer::Cutoff, cx.now + d);
+                None
+            }
+            _ => {
+                self.cutoff_fired = true;
+                self.end_fast_path(cx)
+            }
+        }
     }
 
     /// A lane's receive half filled up.

@@ -70,6 +70,14 @@ impl RxView {
         }
     }
 
+    /// The lanes still open and not known to be full.
+    pub(crate) fn open_unfilled(&self) -> impl Iterator<Item = usize> + '_ {
+        self.lanes
+            .iter()
+            .enumerate()
+            .filter_map(|(l, s)| (*s == Lane::Open).then_some(l))
+    }
+
     /// Marks every open, not full lane as closing and returns them: their bitmaps are needed.
     pub(crate) fn close_unfilled(&mut self) -> impl Iterator<Item = usize> + '_ {
         self.lanes.iter_mut().enumerate().filter_map(|(l, s)| {

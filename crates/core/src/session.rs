@@ -280,7 +280,9 @@ impl Session {
     pub fn handle_lane_note(&mut self, now: Instant, note: LaneNote) {
         self.timeout.set(None);
         let op = match &note {
-            LaneNote::Rx(RxNote::Full { op, .. } | RxNote::Closed { op, .. })
+            LaneNote::Rx(
+                RxNote::Full { op, .. } | RxNote::Closed { op, .. } | RxNote::Count { op, .. },
+            )
             | LaneNote::Tx(TxNote::SendsDone { op, .. }) => *op,
         };
         let Some(i) = self.ops.iter().position(|o| o.id == op) else {
@@ -293,6 +295,7 @@ impl Session {
             LaneNote::Rx(RxNote::Closed { lane, bitmap, .. }) => {
                 c.on_lane_closed(&mut cx, lane, bitmap.0)
             }
+            LaneNote::Rx(RxNote::Count { committed, .. }) => c.on_lane_count(&mut cx, committed),
             LaneNote::Tx(TxNote::SendsDone { .. }) => {
                 c.send.on_sends_done();
                 c.progress(&mut cx)

@@ -90,6 +90,11 @@ pub enum RxCommand {
         /// Operation.
         op: OpId,
     },
+    /// How many chunks of an operation are written? The lane answers [`RxNote::Count`].
+    Count {
+        /// Operation.
+        op: OpId,
+    },
 }
 
 /// Starts an active root's multicasts of its own block on one lane. Opaque to drivers.
@@ -171,6 +176,16 @@ pub enum RxNote {
         lane: u16,
         /// Operation.
         op: OpId,
+    },
+    /// Chunks of the operation written on this lane so far (our own included), for
+    /// [`RxCommand::Count`].
+    Count {
+        /// Lane.
+        lane: u16,
+        /// Operation.
+        op: OpId,
+        /// Chunks present and written.
+        committed: u32,
     },
     /// The operation was closed on this lane: here is what arrived.
     Closed {

@@ -239,6 +239,18 @@ impl LaneRx {
     pub fn handle_command(&mut self, cmd: RxCommand) {
         match cmd {
             RxCommand::Open(o) => self.open(o),
+            RxCommand::Count { op } => {
+                let committed = self
+                    .ops
+                    .iter()
+                    .find(|o| o.id == op)
+                    .map_or(0, |o| o.committed);
+                self.notes.push_back(RxNote::Count {
+                    lane: self.lane,
+                    op,
+                    committed,
+                });
+            }
             RxCommand::Close { op } => {
                 let Some(i) = self.ops.iter().position(|o| o.id == op) else {
                     return;

@@ -434,6 +434,9 @@ impl CommBuilder {
         cfg.peer_timeout = self.peer_timeout;
         cfg.link_bandwidth = self.link_bandwidth;
         cfg.cutoff_alpha = self.cutoff_alpha;
+        // Kernel UDP on shared cores runs below any configured link rate: end the fast path
+        // when it stalls, not when the link rate says it should be over.
+        cfg.cutoff_extension = Some(self.cutoff_alpha);
         let node = Node::new(cfg).map_err(BuildError::Config)?;
         let port = UdpPort::open(&pc, tcp)?;
         let p = port.into_ports();

@@ -373,6 +373,13 @@ impl Engine {
     fn turn(&mut self) -> bool {
         let now = self.clock.now();
         let mut moved = false;
+        // Losses first, handled last: a connection's reader queues every frame it read before
+        // it reports the loss, so an `Abort` a failing peer sent before leaving is handled
+        // before its departure (the culprit it names is the one to blame).
+        let mut lost = Vec::new();
+        while let Some(PeerLost(r)) = self.control.inner.take_lost() {
+            lost.push(r.0);
+        }
         for l in &self.lanes {
             for q in [&l.rx_notes, &l.tx_notes] {
                 while let Ok(n) = q.try_recv() {
@@ -404,13 +411,13 @@ impl Engine {
         if self.session.poll_timeout().is_some_and(|t| t <= now) {
             self.session.handle_timeout(now);
         }
+        for r in lost {
+            moved = true;
+            self.peer_lost(now, r);
+        }
         if self.session.has_output() {
             moved = true;
             self.outputs();
-        }
-        while let Some(PeerLost(r)) = self.control.inner.take_lost() {
-            moved = true;
-            self.peer_lost(r.0);
         }
         self.reap();
         moved
@@ -506,22 +513,15 @@ impl Engine {
         r
     }
 
-    /// `rank`'s control connection closed: every operation it can no longer finish fails now.
-    fn peer_lost(&mut self, rank: u32) {
+    /// `rank`'s control connection closed: every operation it can no longer finish fails now,
+    /// through the session, which also tells the other ranks (`Abort` naming it).
+    fn peer_lost(&mut self, now: ringcast_core::Instant, rank: u32) {
         let mark = self.control.inner.departed(Rank(rank));
         let lost = Lost { rank, mark };
         tracing::warn!(rank, ?mark, "peer lost");
         self.lost.push(lost);
-        let now = StdInstant::now();
-        for live in &mut self.live {
-            if lost.dooms(live.op.0)
-                && let Some(reply) = live.reply.take()
-            {
-                live.failed_at = Some(now);
-                self.failed += 1;
-                let _ = reply.send(Err(CommError::PeerLost { peer: rank }));
-            }
-        }
+        self.session
+            .handle_peer_lost(now, Rank(rank), OpId(mark.unwrap_or(0)));
         for p in self.queued.drain(..) {
             self.failed += 1;
             let _ = p.reply.send(Err(CommError::PeerLost { peer: rank }));

@@ -96,6 +96,7 @@ impl From<OpError> for CommError {
                 reported_by: reported_by.0,
             },
             OpError::ReadFailed { peer } => CommError::ReadFailed { peer: peer.0 },
+            OpError::PeerLost { peer } => CommError::PeerLost { peer: peer.0 },
             // `PeerUnresponsive`, and any later variant, blame `peer()`.
             other => CommError::PeerUnresponsive {
                 peer: other.peer().0,

@@ -1,0 +1,51 @@
+//! `Config::cutoff_extension`: a cutoff that fires while chunks are still arriving (the
+//! transport is slower than `link_bandwidth` says) pushes itself out instead of sending the
+//! rest of the buffer through the slow path; a stalled fast path still ends.
+
+mod util;
+
+use std::time::Duration;
+use util::Net;
+
+/// 4 ranks, a 64 KiB Broadcast whose chunks take 1 ns per byte to send, while the cutoff
+/// believes links are 100x faster.
+fn net(extension: Option<Duration>) -> Net {
+    let mut net = Net::new(4, |c| {
+        c.link_bandwidth = 100_000_000_000;
+        c.cutoff_extension = extension;
+    });
+    net.broadcast_at(0, 0, 0, 64 << 10);
+    net
+}
+
+fn fetched(net: &Net) -> u64 {
+    net.sessions.iter().map(|s| s.stats().chunks_fetched).sum()
+}
+
+#[test]
+fn a_cutoff_that_fires_while_chunks_arrive_is_pushed_out() {
+    let mut early = net(None);
+    early.run(100_000);
+    early.assert_all_completed();
+    assert!(
+        fetched(&early) > 0,
+        "the early cutoff sends chunks through the slow path"
+    );
+
+    let mut patient = net(Some(Duration::from_micros(10)));
+    patient.run(100_000);
+    patient.assert_all_completed();
+    assert_eq!(fetched(&patient), 0, "every chunk came by multicast");
+}
+
+#[test]
+fn a_stalled_fast_path_still_ends_with_the_extension() {
+    // One chunk never arrives at rank 2: the extension must not wait for it forever.
+    let mut n = net(Some(Duration::from_micros(10)));
+    n.faults
+        .rules
+        .push(Box::new(|_, _, chunk, to| chunk == 5 && to == 2));
+    n.run(100_000);
+    n.assert_all_completed();
+    assert_eq!(n.sessions[2].stats().chunks_fetched, 1);
+}
