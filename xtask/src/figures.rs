@@ -79,11 +79,8 @@ pub(crate) fn run(root: &Path, mode: Mode) -> Result<(), StepError> {
     let mut loss = Vec::new();
     for hosts in [64, 512] {
         let spec = TopologySpec::FatTree { radix: 32, hosts };
-        let losses = if mode == Mode::Full || hosts == 64 {
-            study::loss_decades()
-        } else {
-            vec![1e-8, 1e-6, 1e-4]
-        };
+        // Every decade at both sizes: issue 9's goals are judged at each loss point.
+        let losses = study::loss_decades();
         loss.extend(study::loss(spec, 128 * MIB, &losses, th).map_err(err)?);
     }
     eprintln!("figures: loss done in {:.0}s", t.elapsed().as_secs_f64());
@@ -394,9 +391,13 @@ fn write_loss(dir: &Path, rows: &[LossRow]) -> Result<(), StepError> {
         "# Loss tolerance: 128 MiB Broadcast under Bernoulli link loss\n\n\
          Radix-32 fat tree filled with 64 and 512 hosts, loss per packet per link, throughput \
          normalised to each algorithm's own loss-free run. ringcast (real core) recovers by \
-         reads from its ring neighbour after the cutoff; the go-back-N multicast (Cepheus \
-         model) resends from the first loss on the aggregated NACK or a timeout, to the whole \
-         tree; the chain resends single unicast packets after a timeout.\n\n",
+         reads from its ring neighbour after the cutoff, and where the neighbour lacks the \
+         chunks too, from ranks a skip distance (m * 8^k) further back; the go-back-N multicast \
+         (Cepheus model) resends from the first loss on the aggregated NACK or a timeout, to \
+         the whole tree; the chain resends single unicast packets after a timeout. \
+         *max fetch depth*: the longest chain of ranks a recovered chunk was read through \
+         before the last read (over every rank; ringcast only). *root sends*: bytes the root \
+         put on its link (multicasts, resends, reads it served) over the buffer.\n\n",
     );
     md.push_str(&study::loss_markdown(rows));
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
@@ -545,11 +546,7 @@ fn write_index(dir: &Path, mode: Mode, sizes: &[u64]) -> Result<(), StepError> {
         mode.name(),
         study::SEED,
         sizes.join(", "),
-        if mode == Mode::Full {
-            ", loss 1e-8 .. 1e-4"
-        } else {
-            " (512 ranks: loss 1e-8, 1e-6, 1e-4 only)"
-        },
+        ", loss 1e-8 .. 1e-4",
         if mode == Mode::Full {
             "64 MiB"
         } else {
