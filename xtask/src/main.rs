@@ -6,6 +6,8 @@
 
 mod figures;
 mod fuzz;
+mod netns;
+mod netns_lab;
 mod run;
 mod seed;
 mod soak;
@@ -31,6 +33,11 @@ commands:
                               needs a nightly toolchain and cargo-fuzz (installed if missing)
   fuzz-seed                   rewrite the seed corpora under fuzz/corpus/
   figures [--quick|--full]    regenerate the study's tables and plots in docs/figures/ (quick default)
+  netns [--ranks N] [--long] [--only NAME,...]
+                              the namespace lab (needs root): N ranks (default 4, at most 8) on an
+                              IGMPv3-snooping bridge: correctness, loss, hostile traffic, failures,
+                              fallback, wire checks, mpirun; removes all it created, even on
+                              Ctrl-C; skips with a message where namespaces cannot be created
   soak [--runs N] [--first SEED] [--threads T]
                               randomized simulator campaign (default 100000 runs from seed 0 on 2
                               threads): loss up to 30%, bursts, reordering, duplication,
@@ -108,6 +115,7 @@ fn dispatch(args: &[String]) -> Result<(), StepError> {
             let o = soak::parse(rest).map_err(|e| StepError::Other(format!("{e}\n\n{USAGE}")))?;
             soak::run(&o)
         }
+        "netns" => netns::run(&root, rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

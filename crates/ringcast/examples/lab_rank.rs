@@ -1,0 +1,338 @@
+//! One rank of `cargo xtask netns` (the namespace lab): runs collectives with several in
+//! flight, checks every buffer byte for byte, and reports on stdout in `TAG key=value ...`
+//! lines that the harness parses (no JSON dependency in xtask).
+//!
+//! The rank and the rendezvous come from the environment (`RINGCAST_RANK`,
+//! `RINGCAST_WORLD_SIZE`, `RINGCAST_BOOTSTRAP`, `RINGCAST_IFNAME`, ...), like any launcher's
+//! rank. Modes:
+//! * `check --rounds R --inflight K --size B`: R rounds of K operations posted at once
+//!   (Broadcasts from rotating roots, Allgathers, Allgathervs with zero-sized blocks), each
+//!   verified; then `STATS`.
+//! * `hold --size B --hold-secs S`: a verified warm-up round, `STATS` (before), then one
+//!   Allgather that the last rank posts S seconds late (so every other rank holds it open:
+//!   the window the harness injects hostile packets into; rank 0 prints `HOLD seq=N` as it
+//!   posts), verified, then `STATS` (after).
+//! * `loop --size B --secs T`: Allgathers until one fails or T seconds pass; `RUNNING` after
+//!   the first, `FAILED ...` naming the blamed rank on an error.
+//!
+//! Exit status: 0 done, 1 a collective failed or delivered wrong bytes, 3 the communicator
+//! could not be built (`BUILD_ERROR` line).
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use ringcast::comm::{CommBuilder, CommStats, TransportMode};
+use ringcast::{CommError, Communicator, Request};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(mode) = args.first().cloned() else {
+        eprintln!("usage: lab_rank check|hold|loop [--size B] [--rounds R] [--inflight K] ...");
+        return ExitCode::from(2);
+    };
+    let num = |name: &str, default: u64| -> u64 {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let size = num("--size", 256 << 10) as usize;
+    let started = Instant::now();
+    let comm = match CommBuilder::from_env().and_then(CommBuilder::build) {
+        Ok(c) => c,
+        Err(e) => {
+            say(&format!(
+                "BUILD_ERROR kind={} msg={}",
+                build_kind(&e),
+                one_line(&e.to_string())
+            ));
+            return ExitCode::from(3);
+        }
+    };
+    say(&format!(
+        "READY rank={} size={} mode={} build_ms={}",
+        comm.rank(),
+        comm.size(),
+        mode_name(comm.transport_mode()),
+        started.elapsed().as_millis()
+    ));
+    let r = match mode.as_str() {
+        "check" => check(
+            &comm,
+            num("--rounds", 3),
+            num("--inflight", 4) as usize,
+            size,
+        ),
+        "hold" => hold(&comm, size, Duration::from_secs(num("--hold-secs", 2))),
+        "loop" => run_loop(&comm, size, Duration::from_secs(num("--secs", 30))),
+        other => Err(Fail::Other(format!("unknown mode {other}"))),
+    };
+    match r {
+        Ok(()) => {
+            say(&format!("DONE rank={}", comm.rank()));
+            ExitCode::SUCCESS
+        }
+        Err(Fail::Comm(e)) => {
+            say(&format!(
+                "FAILED rank={} peer={} error={} msg={}",
+                comm.rank(),
+                e.peer().map_or("none".to_owned(), |p| p.to_string()),
+                variant(&e),
+                one_line(&e.to_string())
+            ));
+            ExitCode::from(1)
+        }
+        Err(Fail::Other(m)) => {
+            say(&format!("WRONG rank={} msg={}", comm.rank(), one_line(&m)));
+            ExitCode::from(1)
+        }
+    }
+}
+
+enum Fail {
+    Comm(CommError),
+    Other(String),
+}
+
+impl From<CommError> for Fail {
+    fn from(e: CommError) -> Self {
+        Fail::Comm(e)
+    }
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn one_line(s: &str) -> String {
+    s.replace('\n', " | ")
+}
+
+/// The error's variant name (`PeerLost`, `PeerUnresponsive`, ...).
+fn variant(e: &CommError) -> String {
+    let d = format!("{e:?}");
+    d.split([' ', '(', '{']).next().unwrap_or("").to_owned()
+}
+
+fn build_kind(e: &ringcast::BuildError) -> String {
+    let d = format!("{e:?}");
+    d.split([' ', '(', '{']).next().unwrap_or("").to_owned()
+}
+
+fn mode_name(m: TransportMode) -> String {
+    match m {
+        TransportMode::Multicast => "multicast".to_owned(),
+        TransportMode::Tcp { from_op, reason } => format!("tcp(from_op={from_op},{reason:?})"),
+        other => format!("{other:?}").replace(' ', ""),
+    }
+}
+
+/// Rank `rank`'s bytes for `salt`: every 8-byte word differs between salts, ranks and offsets.
+fn pattern(salt: u64, rank: u32, len: usize) -> Vec<u8> {
+    let seed = salt.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (u64::from(rank) << 48);
+    let mut v = Vec::with_capacity(len + 8);
+    let mut i = 0u64;
+    while v.len() < len {
+        let mut z = seed ^ i;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        v.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+        i += 1;
+    }
+    v.truncate(len);
+    v
+}
+
+/// One posted operation and what its buffer must hold when it completes.
+struct Pending {
+    what: String,
+    req: Request<u8>,
+    want: Vec<u8>,
+}
+
+/// Operation `j` of round `round`: a Broadcast, an Allgather or an Allgatherv with zero-sized
+/// blocks, by turns.
+fn post(comm: &Communicator, round: u64, j: u64, size: usize) -> Result<Pending, CommError> {
+    let (me, p) = (comm.rank(), comm.size());
+    let salt = round * 1000 + j;
+    match (round + j) % 3 {
+        0 => {
+            let root = ((round + j) % u64::from(p)) as u32;
+            let want = pattern(salt, root, size);
+            let buf = if me == root {
+                want.clone()
+            } else {
+                vec![0; size]
+            };
+            Ok(Pending {
+                what: format!("broadcast of {size} B from rank {root} (round {round}, op {j})"),
+                req: comm.ibroadcast(root, buf)?,
+                want,
+            })
+        }
+        k => {
+            let counts: Vec<usize> = (0..p)
+                .map(|r| {
+                    if k == 1 {
+                        size / p as usize
+                    } else if (u64::from(r) + round + j).is_multiple_of(3) {
+                        0
+                    } else {
+                        // Uneven, not a multiple of the chunk size.
+                        size / p as usize + 13 * r as usize
+                    }
+                })
+                .collect();
+            let want: Vec<u8> = (0..p)
+                .flat_map(|r| pattern(salt, r, counts[r as usize]))
+                .collect();
+            let mine = pattern(salt, me, counts[me as usize]);
+            let name = if k == 1 { "allgather" } else { "allgatherv" };
+            Ok(Pending {
+                what: format!("{name} of blocks {counts:?} (round {round}, op {j})"),
+                req: comm.iallgatherv(&mine, vec![0; want.len()], &counts)?,
+                want,
+            })
+        }
+    }
+}
+
+/// Waits for `p`, checks its bytes; returns its sequence number.
+fn finish(p: Pending) -> Result<u64, Fail> {
+    let (got, st) = p.req.wait_with_stats()?;
+    if got.len() != p.want.len() {
+        return Err(Fail::Other(format!(
+            "{}: {} bytes, want {}",
+            p.what,
+            got.len(),
+            p.want.len()
+        )));
+    }
+    if let Some(i) = got.iter().zip(&p.want).position(|(a, b)| a != b) {
+        return Err(Fail::Other(format!(
+            "{}: byte {i} is {:#04x}, want {:#04x}",
+            p.what, got[i], p.want[i]
+        )));
+    }
+    Ok(st.op)
+}
+
+/// Posts `inflight` operations, waits for all, checks them; the highest sequence number.
+fn round(comm: &Communicator, r: u64, inflight: usize, size: usize) -> Result<u64, Fail> {
+    let posted = (0..inflight as u64)
+        .map(|j| post(comm, r, j, size))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut last = 0;
+    for p in posted {
+        last = last.max(finish(p)?);
+    }
+    Ok(last)
+}
+
+fn check(comm: &Communicator, rounds: u64, inflight: usize, size: usize) -> Result<(), Fail> {
+    let t = Instant::now();
+    for r in 0..rounds {
+        round(comm, r, inflight, size)?;
+    }
+    say(&format!(
+        "CHECKED rank={} ops={} ms={}",
+        comm.rank(),
+        rounds * inflight as u64,
+        t.elapsed().as_millis()
+    ));
+    stats(comm, "after")
+}
+
+fn hold(comm: &Communicator, size: usize, hold: Duration) -> Result<(), Fail> {
+    let last = round(comm, 0, 3, size)?;
+    stats(comm, "before")?;
+    let (me, p) = (comm.rank(), comm.size());
+    if me == p - 1 {
+        std::thread::sleep(hold);
+    }
+    let block = size / p as usize;
+    if me == 0 {
+        say(&format!(
+            "HOLD seq={} block={block} late_rank={}",
+            last + 1,
+            p - 1
+        ));
+    }
+    let want: Vec<u8> = (0..p).flat_map(|r| pattern(7777, r, block)).collect();
+    let req = comm.iallgatherv(
+        &pattern(7777, me, block),
+        vec![0; want.len()],
+        &vec![block; p as usize],
+    )?;
+    let seq = finish(Pending {
+        what: format!("held allgather of {block} B per rank"),
+        req,
+        want,
+    })?;
+    if seq != last + 1 {
+        say(&format!(
+            "NOTE held op had seq {seq}, announced {}",
+            last + 1
+        ));
+    }
+    stats(comm, "after")
+}
+
+fn run_loop(comm: &Communicator, size: usize, secs: Duration) -> Result<(), Fail> {
+    let t = Instant::now();
+    let mut r = 0;
+    while t.elapsed() < secs {
+        round(comm, r, 2, size)?;
+        if r == 0 {
+            say(&format!("RUNNING rank={}", comm.rank()));
+        }
+        r += 1;
+    }
+    Ok(())
+}
+
+fn stats(comm: &Communicator, when: &str) -> Result<(), Fail> {
+    let s: CommStats = comm.stats()?;
+    let (rx, c) = (&s.rx, &s.core);
+    say(&format!(
+        "STATS rank={} when={when} mode={} datagrams={} accepted={} truncated={} oversize={} \
+         opcode={} pkey={} qkey={} destqp={} version={} malformed={} unknown_source={} \
+         bad_icrc={} stale={} out_of_range={} duplicate={} own={} wrong_source={} \
+         wrong_lane={} bad_length={} fetched={} socket_drops={} tcp_sent={} tcp_received={} \
+         ops_completed={} ops_failed={}",
+        comm.rank(),
+        mode_name(s.mode),
+        rx.datagrams,
+        rx.accepted,
+        rx.truncated,
+        rx.oversize,
+        rx.opcode,
+        rx.pkey,
+        rx.qkey,
+        rx.destqp,
+        rx.version,
+        rx.malformed,
+        rx.unknown_source,
+        rx.bad_icrc,
+        c.dropped_stale,
+        c.dropped_out_of_range,
+        c.dropped_duplicate,
+        c.dropped_own,
+        c.dropped_wrong_source,
+        c.dropped_wrong_lane,
+        c.dropped_bad_length,
+        s.counters.chunks_fetched,
+        s.socket_drops,
+        s.counters.tcp_bytes_sent,
+        s.counters.tcp_bytes_received,
+        s.ops_completed,
+        s.ops_failed,
+    ));
+    Ok(())
+}

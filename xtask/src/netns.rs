@@ -1,0 +1,1041 @@
+//! `cargo xtask netns`: ringcast on a switched (bridged) fabric of network namespaces:
+//! correctness with several operations in flight, random loss, hostile traffic, killed ranks,
+//! blocked control connections, multicast that cannot arrive (and the TCP fallback), wire
+//! checks with tshark and scapy, and Open MPI's mpirun locally and across the namespaces.
+//! See `netns_lab` for the lab and how it is always removed.
+
+use crate::netns_lab::{Bg, Lab, Launch, Querier, Ranks, in_ns, kv, leftovers, log, sh};
+use crate::run::{Step, StepError};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "netns [--ranks N] [--long] [--only NAME,...]";
+
+/// The data port every lab job uses (RoCEv2's).
+const DATA_PORT: u16 = 4791;
+
+struct Opts {
+    ranks: usize,
+    long: bool,
+    only: Vec<String>,
+    lab_only: Option<u64>,
+}
+
+fn parse(args: &[String]) -> Result<Opts, StepError> {
+    let mut o = Opts {
+        ranks: 4,
+        long: false,
+        only: Vec::new(),
+        lab_only: None,
+    };
+    let mut it = args.iter();
+    let bad = |m: String| StepError::Other(format!("{m}\n\nusage: cargo xtask {USAGE}"));
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--ranks" => {
+                o.ranks = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|n| (2..=8).contains(n))
+                    .ok_or_else(|| bad("`--ranks` wants 2 to 8".to_owned()))?;
+            }
+            "--long" => o.long = true,
+            "--only" => {
+                o.only = it
+                    .next()
+                    .ok_or_else(|| bad("`--only` wants names".to_owned()))?
+                    .split(',')
+                    .map(str::to_owned)
+                    .collect();
+            }
+            // Internal: build a lab, say so, wait (the Ctrl-C self-test's child).
+            "--lab-only" => {
+                o.lab_only = Some(
+                    it.next()
+                        .and_then(|v| v.parse().ok())
+                        .ok_or_else(|| bad("`--lab-only` wants seconds".to_owned()))?,
+                );
+            }
+            other => return Err(bad(format!("unknown option `{other}`"))),
+        }
+    }
+    Ok(o)
+}
+
+/// Everything a check needs.
+struct Ctx<'a> {
+    lab: &'a Lab,
+    root: &'a Path,
+    rank_bin: PathBuf,
+    cli_bin: Result<PathBuf, String>,
+    long: bool,
+    next_port: std::cell::Cell<u16>,
+}
+
+impl Ctx<'_> {
+    fn port(&self) -> u16 {
+        let p = self.next_port.get();
+        self.next_port.set(p + 1);
+        p
+    }
+
+    fn p(&self) -> usize {
+        self.lab.ns.len()
+    }
+
+    fn start(&self, tag: &str, args: &[&str], env: &[(&str, String)]) -> Result<Ranks, String> {
+        let l = Launch {
+            program: &self.rank_bin,
+            args,
+            env,
+            tag,
+        };
+        Ranks::start(self.lab, &l, self.port())
+    }
+}
+
+pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
+    let o = parse(args)?;
+    if let Err(why) = can_create_namespaces() {
+        eprintln!(
+            "netns: SKIPPED -- this machine does not let us create network namespaces ({why}).\n\
+             netns: nothing was tested; run as root (or with CAP_SYS_ADMIN and CAP_NET_ADMIN)."
+        );
+        return Ok(());
+    }
+    let missing: Vec<&str> = ["nft", "tshark", "tcpdump", "ethtool", "bridge", "timeout"]
+        .into_iter()
+        .filter(|t| sh("sh", &["-c", &format!("command -v {t}")]).is_err())
+        .collect();
+    if !missing.is_empty() {
+        return Err(StepError::Other(format!(
+            "netns needs {} (apt-get install iproute2 nftables ethtool tshark tcpdump \
+             python3-scapy openmpi-bin)",
+            missing.join(", ")
+        )));
+    }
+    let out = root.join("target").join("netns");
+    if let Some(secs) = o.lab_only {
+        return lab_only(&out, o.ranks, secs);
+    }
+    let cargo = crate::cargo();
+    Step::new(
+        root,
+        &cargo,
+        &["build", "-p", "ringcast", "--example", "lab_rank"],
+        crate::minutes(20),
+    )
+    .run()?;
+    let cli_bin = Step::new(
+        root,
+        &cargo,
+        &[
+            "build",
+            "-p",
+            "ringcast",
+            "--features",
+            "cli",
+            "--bin",
+            "ringcast",
+        ],
+        crate::minutes(20),
+    )
+    .run()
+    .map(|()| root.join("target/debug/ringcast"))
+    .map_err(|e| e.to_string());
+    let started = Instant::now();
+    let mut results: Vec<(String, Duration, Result<String, String>)> = Vec::new();
+    let wanted = |n: &str| o.only.is_empty() || o.only.iter().any(|w| n.starts_with(w.as_str()));
+    let id;
+    {
+        let t = Instant::now();
+        let lab = Lab::new(o.ranks, &out, Querier::On).map_err(StepError::Other)?;
+        id = lab.id.clone();
+        eprintln!(
+            "netns: lab {} ({} ranks, bridge {}, output in {})",
+            lab.id,
+            o.ranks,
+            lab.bridge,
+            lab.dir.display()
+        );
+        let canary = lab.canary("239.77.77.1", Duration::from_secs(15));
+        results.push((
+            "lab: IGMPv3 joins of every rank in the bridge mdb".to_owned(),
+            t.elapsed(),
+            canary.map(|d| format!("canary group learned on all ports in {d:.1?}")),
+        ));
+        let ctx = Ctx {
+            lab: &lab,
+            root,
+            rank_bin: root.join("target/debug/examples/lab_rank"),
+            cli_bin,
+            long: o.long,
+            next_port: std::cell::Cell::new(29_400),
+        };
+        type Check = fn(&Ctx<'_>) -> Result<String, String>;
+        let checks: &[(&str, Check)] = &[
+            ("correctness+wire", correctness),
+            ("loss", loss),
+            ("hostile", hostile),
+            ("kill", kill),
+            ("tcp-block", tcp_block),
+            ("unreachable", unreachable),
+            ("no-querier", no_querier),
+            ("mpirun-local", mpirun_local),
+            ("mpirun-netns", mpirun_netns),
+        ];
+        for (name, f) in checks {
+            if !wanted(name) {
+                continue;
+            }
+            eprintln!("netns: {name} ...");
+            let t = Instant::now();
+            let r = f(&ctx);
+            let d = t.elapsed();
+            match &r {
+                Ok(m) => eprintln!("netns: {name}: ok ({:.1}s): {m}", d.as_secs_f64()),
+                Err(m) => eprintln!("netns: {name}: FAILED ({:.1}s): {m}", d.as_secs_f64()),
+            }
+            log(&lab.dir, &format!("{name}: {r:?}"));
+            results.push(((*name).to_owned(), d, r));
+        }
+        // The lab is dropped here: the watchdog removes it.
+    }
+    let left = leftovers(&id);
+    results.push((
+        "cleanup: nothing of the lab left".to_owned(),
+        Duration::ZERO,
+        if left.is_empty() {
+            Ok(format!("no namespace, link or nft table named {id}*"))
+        } else {
+            Err(format!("left behind: {left:?}"))
+        },
+    ));
+    if wanted("interrupt") {
+        let t = Instant::now();
+        let r = interrupt_selftest(&out);
+        results.push(("cleanup on Ctrl-C (SIGINT)".to_owned(), t.elapsed(), r));
+    }
+    eprintln!("\nnetns summary ({:.0}s):", started.elapsed().as_secs_f64());
+    let mut failed = 0;
+    for (name, d, r) in &results {
+        let (word, msg) = match r {
+            Ok(m) => ("ok    ", m),
+            Err(m) => {
+                failed += 1;
+                ("FAILED", m)
+            }
+        };
+        eprintln!("  {word} {:>6.1}s  {name}: {msg}", d.as_secs_f64());
+    }
+    if failed > 0 {
+        Err(StepError::Other(format!("netns: {failed} check(s) failed")))
+    } else {
+        Ok(())
+    }
+}
+
+/// `ip netns add` of a throwaway name, then its removal.
+fn can_create_namespaces() -> Result<(), String> {
+    let name = format!("rcprobe{}", std::process::id());
+    sh("ip", &["netns", "add", &name])?;
+    sh("ip", &["netns", "del", &name]).map(|_| ())
+}
+
+fn lab_only(out: &Path, ranks: usize, secs: u64) -> Result<(), StepError> {
+    let lab = Lab::new(ranks, out, Querier::On).map_err(StepError::Other)?;
+    println!("LAB {} ready", lab.id);
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(secs) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// Starts `xtask netns --lab-only`, SIGINTs it once its lab is up, and checks that nothing of
+/// the lab remains.
+fn interrupt_selftest(out: &Path) -> Result<String, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(out).map_err(|e| e.to_string())?;
+    let file = out.join("interrupt-child.out");
+    let f = std::fs::File::create(&file).map_err(|e| e.to_string())?;
+    let mut child = Bg(Command::new(exe)
+        .args(["netns", "--lab-only", "120", "--ranks", "2"])
+        .stdin(Stdio::null())
+        .stdout(f)
+        .spawn()
+        .map_err(|e| e.to_string())?);
+    let t = Instant::now();
+    let id = loop {
+        let s = std::fs::read_to_string(&file).unwrap_or_default();
+        if let Some(id) = s.lines().find_map(|l| l.strip_prefix("LAB ")) {
+            break id.split_whitespace().next().unwrap_or("").to_owned();
+        }
+        if t.elapsed() > Duration::from_secs(60) || matches!(child.0.try_wait(), Ok(Some(_))) {
+            return Err("the child lab did not come up".to_owned());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let before = leftovers(&id).len();
+    if before == 0 {
+        return Err(format!("lab {id} reported ready but none of it is visible"));
+    }
+    sh("sh", &["-c", &format!("kill -INT {}", child.0.id())])?;
+    let t = Instant::now();
+    let status = loop {
+        if let Ok(Some(s)) = child.0.try_wait() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            return Err("the child did not exit on SIGINT".to_owned());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    loop {
+        let left = leftovers(&id);
+        if left.is_empty() {
+            return Ok(format!(
+                "lab {id} ({before} objects) SIGINTed ({status}); all removed {:.1?} later",
+                t.elapsed()
+            ));
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            return Err(format!("after SIGINT, left behind: {left:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// STATS lines of a rank's output, by their `when=`.
+fn stats(out: &str) -> HashMap<String, HashMap<String, String>> {
+    out.lines()
+        .filter(|l| l.starts_with("STATS "))
+        .map(|l| {
+            let m = kv(l);
+            (m.get("when").cloned().unwrap_or_default(), m)
+        })
+        .collect()
+}
+
+fn num(m: &HashMap<String, String>, k: &str) -> u64 {
+    m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// Every rank exited 0 and printed `CHECKED`; `Err` with the first rank's story otherwise.
+fn all_checked(r: &Ranks, p: usize) -> Result<Vec<String>, String> {
+    (0..p)
+        .map(|i| {
+            let out = r.out(i);
+            let ok = r.status[i].is_some_and(|s| s.success());
+            match out.lines().find(|l| l.starts_with("CHECKED")) {
+                Some(_) if ok => Ok(out),
+                _ => Err(format!(
+                    "rank {i} ({:?}): {} {}",
+                    r.status[i],
+                    out.lines()
+                        .filter(|l| !l.starts_with("STATS"))
+                        .collect::<Vec<_>>()
+                        .join(" | "),
+                    r.err_tail(i)
+                )),
+            }
+        })
+        .collect()
+}
+
+fn tcpdump(ctx: &Ctx<'_>, name: &str, filter: &str, count: u32) -> Result<(Bg, PathBuf), String> {
+    let pcap = ctx.lab.dir.join(format!("{name}.pcap"));
+    let mut cmd = Command::new("tcpdump");
+    cmd.args(["-i", &ctx.lab.veths[0], "-s", "0", "-U", "-n", "-c"])
+        .arg(count.to_string())
+        .arg("-w")
+        .arg(&pcap)
+        .arg(filter);
+    let bg = Bg::spawn(&mut cmd, &ctx.lab.dir.join(format!("{name}.tcpdump.log")))?;
+    // tcpdump says "listening on" once it captures.
+    let t = Instant::now();
+    let log = ctx.lab.dir.join(format!("{name}.tcpdump.log"));
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("listening on")
+    {
+        if t.elapsed() > Duration::from_secs(10) {
+            return Err("tcpdump did not start".to_owned());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok((bg, pcap))
+}
+
+/// Broadcast, Allgather, Allgatherv (zero-sized blocks), 6 in flight, 1 MiB, byte for byte,
+/// captured on rank 0's sending side and checked with tshark and scapy.
+fn correctness(ctx: &Ctx<'_>) -> Result<String, String> {
+    let filter = format!("udp dst port {DATA_PORT} and src host {}", ctx.lab.ip(0));
+    let (cap, pcap) = tcpdump(ctx, "wire", &filter, 200_000)?;
+    let rounds = if ctx.long { "10" } else { "3" };
+    let mut r = ctx.start(
+        "check",
+        &[
+            "check",
+            "--rounds",
+            rounds,
+            "--inflight",
+            "6",
+            "--size",
+            "1048576",
+        ],
+        &[],
+    )?;
+    let joined = ctx
+        .lab
+        .wait_joins(&["239.77.77.1"], Duration::from_secs(20));
+    let done = r.wait_all(Duration::from_secs(180));
+    std::thread::sleep(Duration::from_millis(300));
+    cap.stop();
+    let outs = all_checked(&r, ctx.p())?;
+    if !done {
+        return Err("ranks ran past 180 s".to_owned());
+    }
+    let group = joined?;
+    let ops = kv(outs[0]
+        .lines()
+        .find(|l| l.starts_with("CHECKED"))
+        .unwrap_or(""));
+    let wire = wire_checks(ctx, &pcap)?;
+    Ok(format!(
+        "{} ops per rank (bcast/allgather/allgatherv, 6 in flight, 1 MiB) byte for byte on \
+         {} ranks in {} ms; group {group} joined on every port; {wire}",
+        ops.get("ops").map_or("?", String::as_str),
+        ctx.p(),
+        ops.get("ms").map_or("?", String::as_str),
+    ))
+}
+
+/// tshark decodes every datagram with the expected BTH/DETH/ImmDt; scapy recomputes every
+/// ICRC (wire.py).
+fn wire_checks(ctx: &Ctx<'_>, pcap: &Path) -> Result<String, String> {
+    let pcap_s = pcap.to_string_lossy();
+    let udp = sh(
+        "tshark",
+        &[
+            "-r",
+            &pcap_s,
+            "-Y",
+            &format!("udp.dstport == {DATA_PORT}"),
+            "-T",
+            "fields",
+            "-e",
+            "frame.number",
+        ],
+    )?;
+    let n_udp = udp.lines().filter(|l| !l.trim().is_empty()).count();
+    let fields = sh(
+        "tshark",
+        &[
+            "-r",
+            &pcap_s,
+            "-Y",
+            "infiniband",
+            "-T",
+            "fields",
+            "-E",
+            "separator=,",
+            "-E",
+            "occurrence=f",
+            "-e",
+            "infiniband.bth.opcode",
+            "-e",
+            "infiniband.bth.p_key",
+            "-e",
+            "infiniband.bth.destqp",
+            "-e",
+            "infiniband.deth.q_key",
+            "-e",
+            "infiniband.deth.srcqp",
+            "-e",
+            "infiniband.immdt",
+        ],
+    )?;
+    let rows: Vec<Vec<&str>> = fields
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.split(',').collect())
+        .collect();
+    if n_udp == 0 || rows.len() != n_udp {
+        return Err(format!(
+            "tshark decoded {} of {n_udp} captured datagrams as InfiniBand",
+            rows.len()
+        ));
+    }
+    let int = |s: &str| {
+        let s = s.trim();
+        s.strip_prefix("0x").map_or_else(
+            || s.parse::<u64>().ok(),
+            |h| u64::from_str_radix(h, 16).ok(),
+        )
+    };
+    let qkey0 = rows[0].get(3).copied().unwrap_or("");
+    for (i, row) in rows.iter().enumerate() {
+        let bad = row.len() != 6
+            || int(row[0]) != Some(0x65)
+            || int(row[1]) != Some(0xFFFF)
+            || int(row[2]) != Some(0xFF_FFFF)
+            || row[3] != qkey0
+            || int(row[4]) != Some(0)
+            || row[5].trim().is_empty();
+        if bad {
+            return Err(format!("tshark: datagram {i} has fields {row:?}"));
+        }
+    }
+    let script = ctx.root.join("xtask/src/lab/wire.py");
+    let py = sh(
+        "/usr/bin/python3",
+        &[
+            &script.to_string_lossy(),
+            &pcap_s,
+            "--ranks",
+            &ctx.p().to_string(),
+            "--port",
+            &DATA_PORT.to_string(),
+        ],
+    )?;
+    let w = kv(py.lines().find(|l| l.starts_with("WIRE")).unwrap_or(""));
+    Ok(format!(
+        "wire: {n_udp} datagrams sent by rank 0 captured on its veth, all decoded by tshark \
+         (opcode 0x65, P_Key 0xffff, DestQP 0xffffff, Q_Key {qkey0}, SrcQP 0, ImmDt), \
+         scapy ICRC ok on {}/{n_udp} ({} distinct IP IDs: GSO segments)",
+        w.get("icrc_ok").map_or("?", String::as_str),
+        w.get("distinct_ip_ids").map_or("?", String::as_str),
+    ))
+}
+
+/// 1% then 5% random loss of data packets at every receiver (nft numgen), still byte for byte.
+fn loss(ctx: &Ctx<'_>) -> Result<String, String> {
+    let mut parts = Vec::new();
+    let pcts: &[u32] = if ctx.long { &[1, 5, 10, 20] } else { &[1, 5] };
+    for &pct in pcts {
+        let rule = format!("udp dport {DATA_PORT} numgen random mod 100 < {pct} counter drop");
+        for ns in &ctx.lab.ns {
+            ctx.lab.nft(ns, std::slice::from_ref(&rule), &[])?;
+        }
+        let mut r = ctx.start(
+            &format!("loss{pct}"),
+            &[
+                "check",
+                "--rounds",
+                "2",
+                "--inflight",
+                "4",
+                "--size",
+                "1048576",
+            ],
+            &[],
+        )?;
+        let done = r.wait_all(Duration::from_secs(180));
+        let dropped: u64 = ctx
+            .lab
+            .ns
+            .iter()
+            .filter_map(|ns| in_ns(ns, "nft", &["list", "table", "inet", "rclab"]).ok())
+            .map(|s| {
+                s.split_whitespace()
+                    .skip_while(|w| *w != "packets")
+                    .nth(1)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+            })
+            .sum();
+        for ns in &ctx.lab.ns {
+            ctx.lab.nft_clear(ns)?;
+        }
+        let outs = all_checked(&r, ctx.p()).map_err(|e| format!("{pct}% loss: {e}"))?;
+        if !done {
+            return Err(format!("{pct}% loss: ranks ran past 180 s"));
+        }
+        let fetched: u64 = outs
+            .iter()
+            .filter_map(|o| stats(o).get("after").map(|m| num(m, "fetched")))
+            .sum();
+        if dropped == 0 || fetched == 0 {
+            return Err(format!(
+                "{pct}% loss: nft dropped {dropped} datagrams, ranks fetched {fetched} chunks: \
+                 the loss did not bite"
+            ));
+        }
+        parts.push(format!(
+            "{pct}%: nft dropped {dropped} datagrams, {fetched} chunks recovered, byte for byte"
+        ));
+    }
+    Ok(parts.join("; "))
+}
+
+/// Hostile datagrams of every kind, from a separate namespace, while every rank but the last
+/// holds an Allgather open; each counted by reason on every rank, the data still exact.
+fn hostile(ctx: &Ctx<'_>) -> Result<String, String> {
+    let p = ctx.p();
+    let count = 10u64;
+    let filter = format!("udp dst port {DATA_PORT} and src host {}", ctx.lab.ip(0));
+    let (cap, pcap) = tcpdump(ctx, "template", &filter, 20)?;
+    let mut r = ctx.start(
+        "hostile",
+        &["hold", "--size", "1048576", "--hold-secs", "5"],
+        // The late rank must stay within the peer timeout while the injector runs.
+        &[("RINGCAST_PEER_TIMEOUT", "15".to_owned())],
+    )?;
+    let hold = r
+        .wait_line(0, "HOLD ", Duration::from_secs(60))
+        .ok_or_else(|| format!("rank 0 never held: {}", r.out(0)))?;
+    cap.stop();
+    let group = ctx
+        .lab
+        .wait_joins(&["239.77.77.1"], Duration::from_secs(5))?;
+    let seq: u64 = kv(&hold)
+        .get("seq")
+        .and_then(|s| s.parse().ok())
+        .ok_or("no seq in HOLD")?;
+    let snmp = |ns: &str| -> u64 {
+        // "Udp: InDatagrams NoPorts InErrors ... InCsumErrors ..." header, then values.
+        let s = in_ns(ns, "cat", &["/proc/net/snmp"]).unwrap_or_default();
+        let udp: Vec<&str> = s.lines().filter(|l| l.starts_with("Udp:")).collect();
+        if udp.len() < 2 {
+            return 0;
+        }
+        let keys: Vec<&str> = udp[0].split_whitespace().collect();
+        let vals: Vec<&str> = udp[1].split_whitespace().collect();
+        keys.iter()
+            .position(|k| *k == "InCsumErrors")
+            .and_then(|i| vals.get(i))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let csum0: Vec<u64> = ctx.lab.ns.iter().map(|n| snmp(n)).collect();
+    let script = ctx.root.join("xtask/src/lab/inject.py");
+    let t = Instant::now();
+    let sent = in_ns(
+        &ctx.lab.hostile,
+        "/usr/bin/python3",
+        &[
+            &script.to_string_lossy(),
+            "--template",
+            &pcap.to_string_lossy(),
+            "--port",
+            &DATA_PORT.to_string(),
+            "--tag",
+            &(seq & 0xFFF).to_string(),
+            "--src-qp",
+            &(p - 1).to_string(),
+            "--count",
+            &count.to_string(),
+        ],
+    )?;
+    let inject_time = t.elapsed();
+    let done = r.wait_all(Duration::from_secs(60));
+    let csum1: Vec<u64> = ctx.lab.ns.iter().map(|n| snmp(n)).collect();
+    let outs = all_checked_hold(&r, p)?;
+    if !done {
+        return Err("ranks ran past 60 s".to_owned());
+    }
+    if sent.lines().filter(|l| l.starts_with("SENT")).count() != 10 {
+        return Err(format!("injector: {sent}"));
+    }
+    let mut problems = Vec::new();
+    for (i, o) in outs.iter().enumerate() {
+        let s = stats(o);
+        let (Some(b), Some(a)) = (s.get("before"), s.get("after")) else {
+            return Err(format!("rank {i}: no STATS before/after"));
+        };
+        let d = |k: &str| num(a, k).saturating_sub(num(b, k));
+        let want = [
+            ("qkey", 2 * count),
+            ("pkey", count),
+            ("opcode", count),
+            ("truncated", count),
+            ("oversize", count),
+            ("destqp", 0),
+            ("version", 0),
+            ("malformed", 0),
+        ];
+        for (k, w) in want {
+            if d(k) != w {
+                problems.push(format!("rank {i}: {k} +{} (want {w})", d(k)));
+            }
+        }
+        let (stale, oor) = (d("stale"), d("out_of_range"));
+        let want_oor = if i == p - 1 { 0 } else { count };
+        if stale + oor != 2 * count || oor != want_oor {
+            problems.push(format!(
+                "rank {i}: stale +{stale}, out_of_range +{oor} (want {} and {want_oor})",
+                2 * count - want_oor
+            ));
+        }
+        if csum1[i] < csum0[i] + count {
+            problems.push(format!(
+                "rank {i}: the kernel's UDP InCsumErrors grew by {} (want >= {count})",
+                csum1[i] - csum0[i]
+            ));
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
+    Ok(format!(
+        "{count} each of wrong Q_Key, wrong P_Key, wrong opcode, stale op, out-of-range chunk, \
+         truncated, oversize, bad ICRC (+bad UDP checksum), another job's group and another \
+         job's Q_Key on ours, injected in {:.1}s into {group} while op {seq} was held open; \
+         counted on every rank: qkey +{}, pkey/opcode/truncated/oversize +{count} each, \
+         out_of_range +{count} (stale on the late rank), stale +{count}, kernel InCsumErrors \
+         +{count} (bad ICRC), other group never delivered; every buffer still exact",
+        inject_time.as_secs_f64(),
+        2 * count
+    ))
+}
+
+/// Every rank exited 0 after its `hold` run.
+fn all_checked_hold(r: &Ranks, p: usize) -> Result<Vec<String>, String> {
+    (0..p)
+        .map(|i| {
+            let out = r.out(i);
+            if r.status[i].is_some_and(|s| s.success()) && out.contains("DONE") {
+                Ok(out)
+            } else {
+                Err(format!(
+                    "rank {i} ({:?}): {} {}",
+                    r.status[i],
+                    out.lines()
+                        .filter(|l| !l.starts_with("STATS"))
+                        .collect::<Vec<_>>()
+                        .join(" | "),
+                    r.err_tail(i)
+                ))
+            }
+        })
+        .collect()
+}
+
+/// Peer timeout the ranks run with (RINGCAST_PEER_TIMEOUT), and the deadline within which
+/// survivors must fail.
+const PEER_TIMEOUT: Duration = Duration::from_secs(3);
+const FAIL_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Starts `loop` ranks and waits until all run.
+fn looping(ctx: &Ctx<'_>, tag: &str) -> Result<Ranks, String> {
+    let mut r = ctx.start(tag, &["loop", "--size", "4194304", "--secs", "90"], &[])?;
+    for i in 0..ctx.p() {
+        r.wait_line(i, "RUNNING", Duration::from_secs(60))
+            .ok_or_else(|| format!("rank {i} never ran: {} {}", r.out(i), r.err_tail(i)))?;
+    }
+    Ok(r)
+}
+
+/// Survivors (all but `victim`) failed within the deadline naming `victim`.
+fn survivors_name(r: &mut Ranks, p: usize, victim: usize, t0: Instant) -> Result<String, String> {
+    r.wait_all(FAIL_DEADLINE + Duration::from_secs(20));
+    let mut seen = Vec::new();
+    for i in (0..p).filter(|&i| i != victim) {
+        let out = r.out(i);
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("FAILED"))
+            .ok_or_else(|| format!("rank {i} did not fail: {out} {}", r.err_tail(i)))?;
+        let m = kv(line);
+        let after = r.ended[i].map(|e| e.duration_since(t0));
+        if m.get("peer").map(String::as_str) != Some(&victim.to_string()) {
+            return Err(format!("rank {i} blamed the wrong rank: {line}"));
+        }
+        match after {
+            Some(d) if d <= FAIL_DEADLINE => {}
+            _ => return Err(format!("rank {i} failed after {after:?}: {line}")),
+        }
+        seen.push(format!(
+            "rank {i}: {} after {:.2}s",
+            m.get("error").map_or("?", String::as_str),
+            after.unwrap_or_default().as_secs_f64()
+        ));
+    }
+    Ok(seen.join(", "))
+}
+
+/// A rank SIGKILLed mid-collective: the others fail within the deadline naming it.
+fn kill(ctx: &Ctx<'_>) -> Result<String, String> {
+    let victim = ctx.p() / 2;
+    let mut r = looping(ctx, "kill")?;
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    r.kill(victim);
+    let who = survivors_name(&mut r, ctx.p(), victim, t0)?;
+    Ok(format!(
+        "rank {victim} SIGKILLed during 4 MiB Allgathers; {who} (deadline {}s)",
+        FAIL_DEADLINE.as_secs()
+    ))
+}
+
+/// A rank's control connections blocked by nft drops on their TCP ports: detected like a
+/// dead rank, within the peer timeout.
+fn tcp_block(ctx: &Ctx<'_>) -> Result<String, String> {
+    let victim = ctx.p() / 2;
+    let ns = ctx.lab.ns[victim].clone();
+    let mut r = looping(ctx, "tcpblock")?;
+    let ss = in_ns(&ns, "ss", &["-Htn", "state", "established"])?;
+    let mut ports: Vec<String> = ss
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter_map(|a| a.rsplit(':').next())
+        .map(str::to_owned)
+        .collect();
+    let listen = in_ns(&ns, "ss", &["-Htln"])?;
+    ports.extend(
+        listen
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(3))
+            .filter_map(|a| a.rsplit(':').next())
+            .map(str::to_owned),
+    );
+    ports.sort();
+    ports.dedup();
+    if ports.is_empty() {
+        return Err(format!("rank {victim} has no TCP connection: {ss}"));
+    }
+    let set = ports.join(", ");
+    let t0 = Instant::now();
+    ctx.lab.nft(
+        &ns,
+        &[format!("tcp dport {{ {set} }} drop")],
+        &[format!("tcp sport {{ {set} }} drop")],
+    )?;
+    let res = survivors_name(&mut r, ctx.p(), victim, t0);
+    ctx.lab.nft_clear(&ns)?;
+    Ok(format!(
+        "rank {victim}'s TCP ports {{{set}}} dropped by nft in both directions; {} \
+         (peer timeout {}s, deadline {}s)",
+        res?,
+        PEER_TIMEOUT.as_secs(),
+        FAIL_DEADLINE.as_secs()
+    ))
+}
+
+/// nft drops the data port at every rank: the start-up check fails with its clear error;
+/// with RINGCAST_FALLBACK=tcp the collectives complete over TCP and say so.
+fn unreachable(ctx: &Ctx<'_>) -> Result<String, String> {
+    let rule = format!("udp dport {DATA_PORT} drop");
+    for ns in &ctx.lab.ns {
+        ctx.lab.nft(ns, std::slice::from_ref(&rule), &[])?;
+    }
+    let res = (|| {
+        let t = Instant::now();
+        let mut r = ctx.start(
+            "unreachable",
+            &["check", "--rounds", "1", "--inflight", "3"],
+            &[],
+        )?;
+        r.wait_all(Duration::from_secs(60));
+        let took = t.elapsed();
+        let mut msg = String::new();
+        for i in 0..ctx.p() {
+            let out = r.out(i);
+            let line = out
+                .lines()
+                .find(|l| l.starts_with("BUILD_ERROR"))
+                .ok_or_else(|| format!("rank {i} did not fail to build: {out}"))?;
+            let m = kv(line);
+            if m.get("kind").map(String::as_str) != Some("MulticastUnreachable") {
+                return Err(format!("rank {i}: {line}"));
+            }
+            if i == 0 {
+                msg = m.get("msg").cloned().unwrap_or_default();
+            }
+        }
+        let mut r = ctx.start(
+            "fallback",
+            &[
+                "check",
+                "--rounds",
+                "2",
+                "--inflight",
+                "4",
+                "--size",
+                "1048576",
+            ],
+            &[("RINGCAST_FALLBACK", "tcp".to_owned())],
+        )?;
+        r.wait_all(Duration::from_secs(120));
+        let outs = all_checked(&r, ctx.p())?;
+        let mut mode = String::new();
+        for (i, o) in outs.iter().enumerate() {
+            let s = stats(o);
+            let a = s.get("after").ok_or("no STATS")?;
+            let m = a.get("mode").cloned().unwrap_or_default();
+            if !m.starts_with("tcp") || num(a, "tcp_sent") == 0 {
+                return Err(format!(
+                    "rank {i}: mode {m}, tcp_sent {}",
+                    num(a, "tcp_sent")
+                ));
+            }
+            mode = m;
+        }
+        let short: String = msg.chars().take(240).collect();
+        Ok(format!(
+            "without fallback every rank failed to build in {:.1}s with MulticastUnreachable \
+             (\"{short}...\"); with RINGCAST_FALLBACK=tcp all ops byte for byte, mode {mode}",
+            took.as_secs_f64()
+        ))
+    })();
+    for ns in &ctx.lab.ns {
+        ctx.lab.nft_clear(ns)?;
+    }
+    res
+}
+
+/// A second lab whose snooping bridge has no querier (and floods no unregistered
+/// multicast): the start-up check must say that multicast does not arrive.
+fn no_querier(ctx: &Ctx<'_>) -> Result<String, String> {
+    let out = ctx.lab.dir.parent().unwrap_or(ctx.lab.dir.as_path());
+    let lab = Lab::new(ctx.p(), out, Querier::Off)?;
+    let sub = Ctx {
+        lab: &lab,
+        root: ctx.root,
+        rank_bin: ctx.rank_bin.clone(),
+        cli_bin: Err("unused".to_owned()),
+        long: ctx.long,
+        next_port: std::cell::Cell::new(ctx.port()),
+    };
+    let mut r = sub.start(
+        "noquerier",
+        &["check", "--rounds", "1", "--inflight", "3"],
+        &[],
+    )?;
+    r.wait_all(Duration::from_secs(60));
+    let mut kinds = Vec::new();
+    for i in 0..sub.p() {
+        let out = r.out(i);
+        match out.lines().find(|l| l.starts_with("BUILD_ERROR")) {
+            Some(l) => kinds.push(kv(l).get("kind").cloned().unwrap_or_default()),
+            None => {
+                return Err(format!(
+                    "lab {}: rank {i} was not stopped by the start-up check: {out}",
+                    lab.id
+                ));
+            }
+        }
+    }
+    if kinds.iter().any(|k| k != "MulticastUnreachable") {
+        return Err(format!("lab {}: {kinds:?}", lab.id));
+    }
+    let id = lab.id.clone();
+    drop(r);
+    drop(sub);
+    drop(lab);
+    let left = leftovers(&id);
+    if !left.is_empty() {
+        return Err(format!("lab {id} left behind: {left:?}"));
+    }
+    Ok(format!(
+        "lab {id} (snooping, no querier, mcast_flood off): every rank stopped with \
+         MulticastUnreachable; lab removed"
+    ))
+}
+
+fn bench_ok(out: &str, what: &str) -> Result<String, String> {
+    let verified = out.matches("\"verified\": true").count();
+    if verified == 0 {
+        return Err(format!("{what}: no verified result in {out}"));
+    }
+    let lat: Vec<String> = out
+        .lines()
+        .filter(|l| l.contains("\"avg_us\""))
+        .map(|l| l.trim().trim_end_matches(',').replace("\"avg_us\": ", ""))
+        .collect();
+    Ok(format!(
+        "{verified} sizes verified, avg latency (us) {}",
+        lat.join(" / ")
+    ))
+}
+
+/// `mpirun -np P ringcast bench allgather` in the host namespace (loopback).
+fn mpirun_local(ctx: &Ctx<'_>) -> Result<String, String> {
+    let bin = ctx.cli_bin.clone()?;
+    let np = ctx.p().to_string();
+    let out = sh(
+        "mpirun",
+        &[
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            &np,
+            &bin.to_string_lossy(),
+            "bench",
+            "allgather",
+            "--sizes",
+            "64KiB,1MiB",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+        ],
+    )?;
+    bench_ok(&out, "mpirun local").map(|m| format!("{np} ranks on loopback: {m}"))
+}
+
+/// mpirun in the first namespace, the other ranks started through an rsh agent running
+/// `ip netns exec` + `unshare --uts` (distinct hostnames), rendezvous at rank 0's address.
+fn mpirun_netns(ctx: &Ctx<'_>) -> Result<String, String> {
+    let bin = ctx.cli_bin.clone()?;
+    let np = ctx.p().to_string();
+    let hosts: Vec<String> = (0..ctx.p()).map(|i| ctx.lab.ip(i).to_string()).collect();
+    let agent = ctx.root.join("xtask/src/lab/rsh-agent.sh");
+    let boot = format!("RINGCAST_BOOTSTRAP={}:{}", ctx.lab.ip(0), ctx.port());
+    let mut args: Vec<String> = [
+        "env",
+        &format!("RCLAB_ID={}", ctx.lab.id),
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        &np,
+        "--host",
+        &hosts.join(","),
+        "--mca",
+        "plm_rsh_agent",
+        &agent.to_string_lossy(),
+        "--mca",
+        "plm_rsh_no_tree_spawn",
+        "1",
+        "--mca",
+        "oob_tcp_if_include",
+        "eth0",
+        "--mca",
+        "btl_tcp_if_include",
+        "eth0",
+        "-x",
+        &boot,
+        "-x",
+        "RINGCAST_IFNAME=eth0",
+        "-x",
+        "RCLAB_ID",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    args.extend(
+        [
+            &bin.to_string_lossy() as &str,
+            "bench",
+            "allgather",
+            "--sizes",
+            "64KiB,1MiB",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned()),
+    );
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = in_ns(&ctx.lab.ns[0], a[0], &a[1..])?;
+    bench_ok(&out, "mpirun across namespaces")
+        .map(|m| format!("{np} ranks in {np} namespaces via rsh agent: {m}"))
+}
