@@ -128,23 +128,13 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
         crate::minutes(20),
     )
     .run()?;
-    let cli_bin = Step::new(
-        root,
-        &cargo,
-        &[
-            "build",
-            "-p",
-            "ringcast",
-            "--features",
-            "cli",
-            "--bin",
-            "ringcast",
-        ],
-        crate::minutes(20),
-    )
-    .run()
-    .map(|()| root.join("target/debug/ringcast"))
-    .map_err(|e| e.to_string());
+    // XTASK_NETNS_RINGCAST=path: use that `ringcast` binary for the mpirun checks instead of
+    // building one (e.g. a release build).
+    let cli_bin = match std::env::var_os("XTASK_NETNS_RINGCAST") {
+        Some(p) => Ok(PathBuf::from(p)),
+        None => build_cli(root, &cargo),
+    };
+
     let started = Instant::now();
     let mut results: Vec<(String, Duration, Result<String, String>)> = Vec::new();
     let wanted = |n: &str| o.only.is_empty() || o.only.iter().any(|w| n.starts_with(w.as_str()));
@@ -235,6 +225,26 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
     } else {
         Ok(())
     }
+}
+
+fn build_cli(root: &Path, cargo: &str) -> Result<PathBuf, String> {
+    Step::new(
+        root,
+        cargo,
+        &[
+            "build",
+            "-p",
+            "ringcast",
+            "--features",
+            "cli",
+            "--bin",
+            "ringcast",
+        ],
+        crate::minutes(20),
+    )
+    .run()
+    .map(|()| root.join("target/debug/ringcast"))
+    .map_err(|e| e.to_string())
 }
 
 /// `ip netns add` of a throwaway name, then its removal.
@@ -986,9 +996,11 @@ fn mpirun_netns(ctx: &Ctx<'_>) -> Result<String, String> {
     let hosts: Vec<String> = (0..ctx.p()).map(|i| ctx.lab.ip(i).to_string()).collect();
     let agent = ctx.root.join("xtask/src/lab/rsh-agent.sh");
     let boot = format!("RINGCAST_BOOTSTRAP={}:{}", ctx.lab.ip(0), ctx.port());
+    let agent_log = ctx.lab.dir.join("rsh-agent.log");
     let mut args: Vec<String> = [
         "env",
         &format!("RCLAB_ID={}", ctx.lab.id),
+        &format!("RCLAB_LOG={}", agent_log.display()),
         "mpirun",
         "--allow-run-as-root",
         "--oversubscribe",
@@ -1036,6 +1048,20 @@ fn mpirun_netns(ctx: &Ctx<'_>) -> Result<String, String> {
     );
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = in_ns(&ctx.lab.ns[0], a[0], &a[1..])?;
-    bench_ok(&out, "mpirun across namespaces")
-        .map(|m| format!("{np} ranks in {np} namespaces via rsh agent: {m}"))
+    let hops = std::fs::read_to_string(&agent_log).unwrap_or_default();
+    let nss: Vec<&str> = hops.lines().filter_map(|l| l.rsplit(' ').next()).collect();
+    if nss.len() + 1 != ctx.p() {
+        return Err(format!(
+            "the rsh agent ran {} times, want {} (one per namespace but mpirun's): {hops}",
+            nss.len(),
+            ctx.p() - 1
+        ));
+    }
+    bench_ok(&out, "mpirun across namespaces").map(|m| {
+        format!(
+            "mpirun in {}, orted through the rsh agent in {}: {m}",
+            ctx.lab.ns[0],
+            nss.join(", ")
+        )
+    })
 }

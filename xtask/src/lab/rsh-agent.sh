@@ -14,4 +14,5 @@ host=$1
 shift
 last=${host##*.}
 ns="${RCLAB_ID:?RCLAB_ID is not set}-n$((last - 1))"
+if [ -n "${RCLAB_LOG:-}" ]; then echo "agent: $host -> $ns" >>"$RCLAB_LOG"; fi
 exec ip netns exec "$ns" unshare --uts sh -c "hostname $ns && $*"
