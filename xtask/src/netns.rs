@@ -292,14 +292,17 @@ fn interrupt_selftest(out: &Path) -> Result<String, String> {
     if before == 0 {
         return Err(format!("lab {id} reported ready but none of it is visible"));
     }
-    sh("sh", &["-c", &format!("kill -INT {}", child.0.id())])?;
+    // A process started from a non-interactive shell's `&` inherits SIGINT ignored (so does
+    // the child): then Ctrl-C cannot reach it anyway, and SIGTERM stands in.
+    let sig = if sigint_ignored() { "TERM" } else { "INT" };
+    sh("sh", &["-c", &format!("kill -{sig} {}", child.0.id())])?;
     let t = Instant::now();
     let status = loop {
         if let Ok(Some(s)) = child.0.try_wait() {
             break s;
         }
         if t.elapsed() > Duration::from_secs(10) {
-            return Err("the child did not exit on SIGINT".to_owned());
+            return Err(format!("the child did not exit on SIG{sig}"));
         }
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -307,15 +310,27 @@ fn interrupt_selftest(out: &Path) -> Result<String, String> {
         let left = leftovers(&id);
         if left.is_empty() {
             return Ok(format!(
-                "lab {id} ({before} objects) SIGINTed ({status}); all removed {:.1?} later",
+                "lab {id} ({before} objects) sent SIG{sig} ({status}); all removed {:.1?} later",
                 t.elapsed()
             ));
         }
         if t.elapsed() > Duration::from_secs(30) {
-            return Err(format!("after SIGINT, left behind: {left:?}"));
+            return Err(format!("after SIG{sig}, left behind: {left:?}"));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Whether this process ignores SIGINT (`SigIgn` in `/proc/self/status`, bit 1).
+fn sigint_ignored() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("SigIgn:"))
+                .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        })
+        .is_some_and(|m| m & 2 != 0)
 }
 
 /// STATS lines of a rank's output, by their `when=`.
