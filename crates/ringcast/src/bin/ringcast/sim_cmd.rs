@@ -114,6 +114,8 @@ fn config(a: &SimArgs, workload: Workload, buffer: u64) -> Result<SimConfig, Str
             .iter()
             .map(|&(rank, at)| Crash { rank, at })
             .collect(),
+        // No flag for link outages yet: the property tests and campaigns set them.
+        links_down: Vec::new(),
     };
     Ok(cfg)
 }
