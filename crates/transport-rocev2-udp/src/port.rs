@@ -117,9 +117,15 @@ impl UdpPort {
         for l in 0..cfg.lanes {
             let group = job.group(usize::from(l)).ok_or(PortError::NoGroup(l))?;
             let rsock = RxSocket::open(&cfg.socket, group)?;
+            // The ICRC is checked too: the kernel's UDP checksum already covers the immediate,
+            // but a forged datagram with a valid checksum and a wrong ICRC is then counted
+            // (`bad_icrc`) instead of being taken for a RoCEv2 packet. crc32fast makes it cheap.
             let recv = LaneReceiver::new(
                 rsock,
-                RxConfig::new(l, cfg.pkey, job.qkey(), cfg.max_payload),
+                RxConfig {
+                    verify_icrc: true,
+                    ..RxConfig::new(l, cfg.pkey, job.qkey(), cfg.max_payload)
+                },
             );
             rx.push(UdpRx {
                 recv,
