@@ -190,7 +190,10 @@ impl Collective {
 
     /// Earliest timer of this operation.
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
-        self.timers.next(!self.cutoff_fired && !self.rx.complete())
+        // A rank still waiting for the chain token keeps its cutoff even when it holds
+        // everything else: it must not wait for a token from a crashed predecessor forever.
+        self.timers
+            .next(!self.cutoff_fired && (!self.rx.complete() || self.send.waiting()))
     }
 
     pub(crate) fn on_timeout(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
@@ -230,6 +233,9 @@ impl Collective {
 
     /// The cutoff fired: get back the bitmaps of the lanes that are not full.
     fn end_fast_path(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
+        if self.send.waiting() {
+            self.send.activate_late();
+        }
         let id = self.id;
         for l in self.rx.close_unfilled() {
             cx.lane(LaneCommand::Rx {

@@ -95,6 +95,17 @@ impl RootSend {
         }
     }
 
+    /// We have a block to send and the chain token has not reached us.
+    pub(crate) fn waiting(&self) -> bool {
+        !self.activated && !self.empty
+    }
+
+    /// The cutoff passed without the token (the chain predecessor crashed before handing it
+    /// on, or the chain is that late): send our block anyway, and pass the token on after.
+    pub(crate) fn activate_late(&mut self) {
+        self.activated = true;
+    }
+
     /// A chain predecessor finished its block: our turn. False if unexpected.
     fn activate(&mut self, from: Rank) -> bool {
         if self.activated || self.chain_prev != Some(from) {
