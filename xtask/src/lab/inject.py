@@ -10,6 +10,7 @@ import sys
 import time
 
 from scapy.all import IP, UDP, Ether, Raw, get_if_hwaddr, rdpcap, sendp
+from scapy.contrib.roce import BTH
 
 
 def mac_of(group):
@@ -84,6 +85,12 @@ def main():
         if csum is not None:
             u.chksum = csum
         pkt = Ether(src=src, dst=mac_of(dst)) / IP(dst=dst, ttl=1, id=0, flags="DF") / u / Raw(body)
+        if name not in ("truncated", "bad_icrc"):
+            # A correct ICRC for this sender and these headers, so that the one fault each kind
+            # carries is the only reason to drop it (receivers check the ICRC too).
+            icrc_ok = Ether(bytes(pkt))[BTH].compute_icrc(None)
+            body = body[:-4] + icrc_ok
+            pkt = Ether(src=src, dst=mac_of(dst)) / IP(dst=dst, ttl=1, id=0, flags="DF") / u / Raw(body)
         pkt = Ether(bytes(pkt))  # freeze the checksums
         sendp(pkt, iface=a.iface, count=a.count, inter=0.002, verbose=False)
         print("SENT kind=%s count=%d bytes=%d group=%s" % (name, a.count, len(body), dst), flush=True)
