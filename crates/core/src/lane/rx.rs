@@ -153,7 +153,9 @@ impl LaneRx {
     /// After copying a placed payload, call [`commit`](Self::commit). The transport must have
     /// checked the packet's integrity first (ICRC or UDP checksum): that check is what covers
     /// the immediate.
-    #[inline]
+    // Always inlined: the caller's loop then keeps the placement in registers instead of
+    // passing a 24-byte enum through memory (a store-forwarding stall on every chunk).
+    #[inline(always)]
     pub fn handle_chunk(&mut self, from: Rank, imm: u32, len: usize) -> Placement {
         let (tag, c) = (imm >> self.shift, imm & self.mask);
         let i = match self.ops.get(self.last) {
