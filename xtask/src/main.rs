@@ -4,13 +4,11 @@
 // A command-line tool: printing to the terminal is its job.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-mod figures;
 mod fuzz;
 mod netns;
 mod netns_lab;
 mod run;
 mod seed;
-mod soak;
 
 use run::{Step, StepError};
 use std::path::{Path, PathBuf};
@@ -103,18 +101,16 @@ fn dispatch(args: &[String]) -> Result<(), StepError> {
             no_args(cmd, rest)?;
             seed::write_all(&root.join("fuzz").join("corpus"))
         }
+        // The study and the soak need the simulator (and plotters): they are examples of the
+        // simulator crate that xtask runs, so that xtask itself stays light.
         "figures" => match rest {
-            [] => figures::run(&root, figures::Mode::Quick),
-            [a] if a == "--quick" => figures::run(&root, figures::Mode::Quick),
-            [a] if a == "--full" => figures::run(&root, figures::Mode::Full),
+            [] => sim_example(&root, "figures", &["--quick".to_owned()]),
+            [a] if a == "--quick" || a == "--full" => sim_example(&root, "figures", rest),
             _ => Err(StepError::Other(format!(
                 "usage: figures [--quick|--full]\n\n{USAGE}"
             ))),
         },
-        "soak" => {
-            let o = soak::parse(rest).map_err(|e| StepError::Other(format!("{e}\n\n{USAGE}")))?;
-            soak::run(&o)
-        }
+        "soak" => sim_example(&root, "soak", rest),
         "netns" => netns::run(&root, rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
@@ -160,6 +156,25 @@ fn parse_fuzz_args(rest: &[String]) -> Result<(u64, Vec<String>), StepError> {
         }
     }
     Ok((secs, targets))
+}
+
+/// Runs an example of the simulator crate in release mode with `args`.
+fn sim_example(root: &Path, name: &str, args: &[String]) -> Result<(), StepError> {
+    let mut all: Vec<String> = [
+        "run",
+        "--release",
+        "-p",
+        "ringcast-loopback-sim",
+        "--example",
+        name,
+        "--",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    all.extend(args.iter().cloned());
+    let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+    Step::new(root, &cargo(), &refs, minutes(600)).run()
 }
 
 /// The workspace root: xtask's manifest directory's parent.

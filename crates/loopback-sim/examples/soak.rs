@@ -1,19 +1,37 @@
-//! `cargo xtask soak [--runs N] [--first SEED] [--threads T]`: the simulator's randomized
-//! campaign (see `ringcast_loopback_sim::soak`), not part of `ci`. Fails if any run ended
-//! with a wrong buffer, a hang or a failure no crash explains, and prints their seeds.
+//! The simulator's randomized campaign (see `ringcast_loopback_sim::soak`), not part of `ci`.
+//! Fails if any run ended with a wrong buffer, a hang or a failure no crash explains, and
+//! prints their seeds.
+//!
+//! Run: `cargo run --release -p ringcast-loopback-sim --example soak -- [--runs N] [--first
+//! SEED] [--threads T]` (what `cargo xtask soak` does).
 
-use crate::run::StepError;
+// A command-line tool: printing to the terminal is its job.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
 use ringcast_loopback_sim::soak;
 use std::time::Instant;
 
-/// Options of the campaign.
-pub(crate) struct Opts {
-    pub(crate) runs: u64,
-    pub(crate) first: u64,
-    pub(crate) threads: usize,
+/// This example's one error: a message.
+#[derive(Debug)]
+enum StepError {
+    Other(String),
 }
 
-pub(crate) fn parse(rest: &[String]) -> Result<Opts, String> {
+impl std::fmt::Display for StepError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let StepError::Other(s) = self;
+        f.write_str(s)
+    }
+}
+
+/// Options of the campaign.
+struct Opts {
+    runs: u64,
+    first: u64,
+    threads: usize,
+}
+
+fn parse(rest: &[String]) -> Result<Opts, String> {
     let mut o = Opts {
         runs: 100_000,
         first: 0,
@@ -35,7 +53,7 @@ pub(crate) fn parse(rest: &[String]) -> Result<Opts, String> {
     Ok(o)
 }
 
-pub(crate) fn run(o: &Opts) -> Result<(), StepError> {
+fn run(o: &Opts) -> Result<(), StepError> {
     let t = Instant::now();
     eprintln!(
         "soak: seeds {}..{} on {} threads",
@@ -74,5 +92,23 @@ pub(crate) fn run(o: &Opts) -> Result<(), StepError> {
             "soak found bad runs (seed, verdict): {:?}",
             s.failing_seeds
         )))
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = parse(&args)
+        .map_err(|e| {
+            StepError::Other(format!(
+                "{e}\nusage: soak [--runs N] [--first SEED] [--threads T]"
+            ))
+        })
+        .and_then(|o| run(&o));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("soak: error: {e}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }

@@ -1,9 +1,14 @@
-//! `cargo xtask figures [--full]`: the traffic/time study, regenerated into docs/figures/ as
+//! The traffic/time study, regenerated into docs/figures/ as
 //! markdown tables and SVG plots (plotters' SVG backend writes text as SVG `<text>`, so no
 //! font files or fontconfig are needed). Every number is simulated with fixed seeds, so the
 //! output is the same on every machine; `--quick` (the default) trims the sweeps.
+//!
+//! Run: `cargo run --release -p ringcast-loopback-sim --example figures -- [--quick|--full]`
+//! (what `cargo xtask figures` does: the simulator and plotters stay out of xtask).
 
-use crate::run::StepError;
+// A command-line tool: printing to the terminal is its job.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use ringcast_loopback_sim::TopologySpec;
@@ -12,12 +17,25 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;
 
+/// This example's one error: a message.
+#[derive(Debug)]
+enum StepError {
+    Other(String),
+}
+
+impl std::fmt::Display for StepError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let StepError::Other(s) = self;
+        f.write_str(s)
+    }
+}
+
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
 
 /// How much of the study to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Mode {
+enum Mode {
     /// Trimmed sweeps, a few minutes on 2 cores.
     Quick,
     /// Every point of the sweeps.
@@ -42,7 +60,7 @@ fn threads() -> usize {
 }
 
 /// Runs the study and writes docs/figures/.
-pub(crate) fn run(root: &Path, mode: Mode) -> Result<(), StepError> {
+fn run(root: &Path, mode: Mode) -> Result<(), StepError> {
     let dir = root.join("docs").join("figures");
     std::fs::create_dir_all(&dir).map_err(err)?;
     let th = threads();
@@ -554,4 +572,26 @@ fn write_index(dir: &Path, mode: Mode, sizes: &[u64]) -> Result<(), StepError> {
         },
     );
     write(dir, "README.md", &md)
+}
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mode = match args.as_slice() {
+        [] => Mode::Quick,
+        [a] if a == "--quick" => Mode::Quick,
+        [a] if a == "--full" => Mode::Full,
+        _ => {
+            eprintln!("usage: figures [--quick|--full]");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    // The workspace root: this crate lives in crates/loopback-sim.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("..");
+    match run(&root, mode) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("figures: error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
