@@ -9,7 +9,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
@@ -17,46 +17,12 @@ use std::time::{Duration, Instant};
 
 use ringcast::{CommError, Communicator};
 
+mod common;
+
+use common::{check, e, free_tcp_port, free_udp_port, nonce, pattern};
+
 const RANKS: u32 = 4;
 const DEADLINE: Duration = Duration::from_secs(90);
-
-fn free_udp_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-fn free_tcp_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-fn nonce(salt: u64) -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    splitmix(t ^ (u64::from(std::process::id()) << 32) ^ salt)
-}
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// Rank `r`'s data for operation `salt`: differs per 256-byte step, so a chunk at the wrong
-/// offset is caught.
-fn pattern(salt: u64, r: u32, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (splitmix(salt ^ (u64::from(r) << 40) ^ (i as u64 >> 8)) as u8) ^ (i as u8))
-        .collect()
-}
 
 /// Runs `f` on `RANKS` communicators, each on its own thread; fails at the deadline.
 fn world<R: Send + 'static>(
@@ -111,27 +77,6 @@ fn world<R: Send + 'static>(
     out.into_iter()
         .map(|v| v.expect("every rank reported"))
         .collect()
-}
-
-fn check<T: PartialEq + std::fmt::Debug>(what: &str, got: &[T], want: &[T]) -> Result<(), String> {
-    if got.len() != want.len() {
-        return Err(format!(
-            "{what}: {} elements, want {}",
-            got.len(),
-            want.len()
-        ));
-    }
-    match got.iter().zip(want).position(|(a, b)| a != b) {
-        None => Ok(()),
-        Some(i) => Err(format!(
-            "{what}: element {i} is {:?}, want {:?}",
-            got[i], want[i]
-        )),
-    }
-}
-
-fn e(x: CommError) -> String {
-    x.to_string()
 }
 
 #[test]

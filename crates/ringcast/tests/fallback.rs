@@ -7,59 +7,20 @@
 //! Every test draws its own nonce, TCP and UDP ports; every wait has a deadline.
 #![cfg(feature = "rocev2-udp")]
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use ringcast::Communicator;
 use ringcast::comm::{BuildError, CommBuilder, Fallback, FallbackReason, OpStats, TransportMode};
-use ringcast::{CommError, Communicator};
+
+mod common;
+
+use common::{check, e, free_udp_port, nonce, pattern};
 
 const RANKS: u32 = 4;
 const DEADLINE: Duration = Duration::from_secs(120);
-
-fn free_udp_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-fn nonce(salt: u64) -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    splitmix(t ^ (u64::from(std::process::id()) << 32) ^ salt)
-}
-
-/// Rank `r`'s bytes for operation `salt`.
-fn pattern(salt: u64, r: u32, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (splitmix(salt ^ (u64::from(r) << 40) ^ (i as u64 >> 8)) as u8) ^ (i as u8))
-        .collect()
-}
-
-fn check(what: &str, got: &[u8], want: &[u8]) -> Result<(), String> {
-    if got.len() != want.len() {
-        return Err(format!("{what}: {} bytes, want {}", got.len(), want.len()));
-    }
-    match got.iter().zip(want).position(|(a, b)| a != b) {
-        None => Ok(()),
-        Some(i) => Err(format!("{what}: byte {i} is {}, want {}", got[i], want[i])),
-    }
-}
-
-fn e(x: CommError) -> String {
-    x.to_string()
-}
 
 /// Builds `RANKS` communicators on threads (`setup` adds settings per rank) and runs `f` on
 /// each build's result; fails at the deadline.
