@@ -12,46 +12,26 @@
 //! `gungraun-runner` 0.20.0 (`cargo install gungraun-runner --version 0.20.0`); where either is
 //! missing it says so and exits 0.
 
-use ringcast_core::lane::{LaneCommand, LaneRx};
+use ringcast_core::lane::LaneRx;
 use ringcast_core::wire::Imm;
-use ringcast_core::{Config, Instant, Rank, Session};
 use std::process::Command;
-use std::time::Duration;
 
-const CHUNKS: u32 = 1 << 20;
-const CHUNK_SIZE: u32 = 4096;
+mod common;
+
+use common::{CHUNK_SIZE, CHUNKS};
 /// Chunks fed per measured call.
 const FED: usize = 4096;
 
-fn config() -> Config {
-    let mut c = Config::new(1, 2);
-    c.chunk_size = CHUNK_SIZE;
-    c.lanes = 1;
-    c.peer_timeout = Duration::from_secs(3600);
-    c.limits.max_chunks_per_op = CHUNKS;
-    c
-}
-
-/// The first [`FED`] chunk indices: `0..FED`, or the head of a seeded shuffle of `0..CHUNKS`
-/// (the same xorshift shuffle as `receive.rs`).
+/// The first [`FED`] chunk indices: `0..FED`, or the head of the shuffle `receive.rs` uses.
 fn order(random: bool) -> Vec<u32> {
-    let mut v: Vec<u32> = (0..CHUNKS).collect();
-    if random {
-        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
-        for i in (1..v.len()).rev() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            v.swap(i, (x % (i as u64 + 1)) as usize);
-        }
-    }
+    let mut v = common::order(random);
     v.truncate(FED);
     v
 }
 
 /// The immediates of `order(random)`, as the root (op 0) encodes them.
 fn imms(random: bool) -> Vec<u32> {
-    let layout = config().imm;
+    let layout = common::config(1).imm;
     order(random)
         .into_iter()
         .map(|chunk| {
@@ -64,17 +44,7 @@ fn imms(random: bool) -> Vec<u32> {
 /// Lane 0's receive half of a leaf of the Broadcast, opened as the session asks, and the
 /// immediates to feed it.
 fn lane(random: bool) -> (LaneRx, Vec<u32>) {
-    let mut s = Session::new(config()).expect("valid config");
-    let len = u64::from(CHUNKS) * u64::from(CHUNK_SIZE);
-    s.start_broadcast(Instant::ZERO, Rank(0), len)
-        .expect("op starts");
-    let mut rx = LaneRx::new(&config(), 0);
-    while let Some(c) = s.poll_lane_command() {
-        if let LaneCommand::Rx { cmd, .. } = c {
-            rx.handle_command(cmd);
-        }
-    }
-    (rx, imms(random))
+    (common::lanes(1).remove(0), imms(random))
 }
 
 /// A `Vec<u64>` bitmap of `CHUNKS` bits and the chunk indices to set in it.

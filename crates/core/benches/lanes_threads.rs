@@ -11,56 +11,17 @@
 //!
 //! Run: `cargo bench -p ringcast-core --bench lanes_threads`
 
-use ringcast_core::lane::{LaneCommand, LaneRx};
+use ringcast_core::lane::LaneRx;
 use ringcast_core::wire::Imm;
-use ringcast_core::{Config, Placement, Rank, Session};
+use ringcast_core::{Placement, Rank};
 use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-const CHUNKS: u32 = 1 << 20;
-const CHUNK_SIZE: u32 = 4096;
+mod common;
+
+use common::{CHUNK_SIZE, CHUNKS, config, lanes, order};
 const SAMPLES: usize = 100;
-
-fn config(lanes: u16) -> Config {
-    let mut c = Config::new(1, 2);
-    c.chunk_size = CHUNK_SIZE;
-    c.lanes = lanes;
-    c.peer_timeout = Duration::from_secs(3600);
-    c.limits.max_chunks_per_op = CHUNKS;
-    c
-}
-
-/// `0..CHUNKS`, or the seeded shuffle of it that `receive.rs` uses.
-fn order(random: bool) -> Vec<u32> {
-    let mut v: Vec<u32> = (0..CHUNKS).collect();
-    if random {
-        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
-        for i in (1..v.len()).rev() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            v.swap(i, (x % (i as u64 + 1)) as usize);
-        }
-    }
-    v
-}
-
-/// Every lane's receive half, with the Broadcast opened as the session asks.
-fn lanes(n: u16) -> Vec<LaneRx> {
-    let c = config(n);
-    let mut s = Session::new(c.clone()).expect("valid config");
-    let len = u64::from(CHUNKS) * u64::from(CHUNK_SIZE);
-    s.start_broadcast(ringcast_core::Instant::ZERO, Rank(0), len)
-        .expect("op starts");
-    let mut rx: Vec<LaneRx> = (0..n).map(|l| LaneRx::new(&c, l)).collect();
-    while let Some(cmd) = s.poll_lane_command() {
-        if let LaneCommand::Rx { lane, cmd } = cmd {
-            rx[usize::from(lane)].handle_command(cmd);
-        }
-    }
-    rx
-}
 
 /// Per lane, the immediates of its own chunks in `order(random)`.
 fn imms_per_lane(n: u16, random: bool) -> Vec<Vec<u32>> {

@@ -12,29 +12,19 @@
 
 use divan::counter::ItemsCount;
 use divan::{Bencher, black_box};
-use ringcast_core::lane::{LaneCommand, LaneRx};
+use ringcast_core::lane::LaneRx;
 use ringcast_core::wire::{ControlRepr, Imm};
-use ringcast_core::{Config, Instant, Node, Placement, Rank, Session};
+use ringcast_core::{Instant, Node, Placement, Rank};
 use std::collections::HashSet;
 use std::sync::OnceLock;
-use std::time::Duration;
 
-const CHUNKS: u32 = 1 << 20;
-const CHUNK_SIZE: u32 = 4096;
+mod common;
+
+use common::{CHUNK_SIZE, CHUNKS};
 const ORDERS: &[&str] = &["in_order", "random"];
 
 fn main() {
     divan::main();
-}
-
-fn config() -> Config {
-    let mut c = Config::new(1, 2);
-    c.chunk_size = CHUNK_SIZE;
-    c.lanes = 1;
-    // The cutoff and peer timers must not matter: no timeout is ever delivered anyway.
-    c.peer_timeout = Duration::from_secs(3600);
-    c.limits.max_chunks_per_op = CHUNKS;
-    c
 }
 
 /// Chunk indices in the order they arrive: 0..CHUNKS, or a seeded shuffle of it.
@@ -42,18 +32,8 @@ fn order(name: &str) -> &'static [u32] {
     static IN_ORDER: OnceLock<Vec<u32>> = OnceLock::new();
     static RANDOM: OnceLock<Vec<u32>> = OnceLock::new();
     match name {
-        "in_order" => IN_ORDER.get_or_init(|| (0..CHUNKS).collect()),
-        _ => RANDOM.get_or_init(|| {
-            let mut v: Vec<u32> = (0..CHUNKS).collect();
-            let mut x = 0x9e37_79b9_7f4a_7c15_u64; // xorshift64, fixed seed
-            for i in (1..v.len()).rev() {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                v.swap(i, (x % (i as u64 + 1)) as usize);
-            }
-            v
-        }),
+        "in_order" => IN_ORDER.get_or_init(|| common::order(false)),
+        _ => RANDOM.get_or_init(|| common::order(true)),
     }
 }
 
@@ -67,7 +47,7 @@ fn imms(name: &str) -> &'static [u32] {
         &RANDOM
     };
     cell.get_or_init(|| {
-        let layout = config().imm;
+        let layout = common::config(1).imm;
         order(name)
             .iter()
             .map(|&chunk| {
@@ -80,7 +60,7 @@ fn imms(name: &str) -> &'static [u32] {
 
 /// Rank 1 of 2, in the data phase of a Broadcast of `CHUNKS` chunks from rank 0.
 fn leaf() -> Node {
-    let mut s = Node::new(config()).expect("valid config");
+    let mut s = Node::new(common::config(1)).expect("valid config");
     let len = u64::from(CHUNKS) * u64::from(CHUNK_SIZE);
     let op = s
         .start_broadcast(Instant::ZERO, Rank(0), len)
@@ -98,17 +78,7 @@ fn leaf() -> Node {
 
 /// Lane 0's receive half of the same leaf, alone: the operation opened as the session asks.
 fn lane() -> LaneRx {
-    let mut s = Session::new(config()).expect("valid config");
-    let len = u64::from(CHUNKS) * u64::from(CHUNK_SIZE);
-    s.start_broadcast(Instant::ZERO, Rank(0), len)
-        .expect("op starts");
-    let mut rx = LaneRx::new(&config(), 0);
-    while let Some(c) = s.poll_lane_command() {
-        if let LaneCommand::Rx { cmd, .. } = c {
-            rx.handle_command(cmd);
-        }
-    }
-    rx
+    common::lanes(1).remove(0)
 }
 
 #[divan::bench(args = ORDERS, sample_count = 20, sample_size = 1)]
