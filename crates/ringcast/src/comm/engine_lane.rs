@@ -583,6 +583,22 @@ mod tests {
         (s, tx)
     }
 
+    /// A send worker's core for a 100,000-chunk root: batches of 10 chunks of 1000 bytes,
+    /// paced at `rate` bytes/s with a bucket of `depth` bytes (the session must outlive it).
+    fn paced(rate: u64, depth: u64) -> (Session, TxCore<Fake>) {
+        let (s, lane) = root(100_000);
+        let core = TxCore {
+            lane,
+            port: Fake {
+                batch: 10,
+                bytes_per_chunk: 1000,
+                ..Fake::default()
+            },
+            pacer: Pacer::new(Instant::ZERO, rate, depth),
+        };
+        (s, core)
+    }
+
     fn at_us(us: u64) -> Instant {
         Instant::from_nanos(us * 1_000)
     }
@@ -610,16 +626,7 @@ mod tests {
     fn the_send_worker_releases_one_batch_per_rate_step() {
         // 100 chunks of 1000 bytes, batches of 10 (10 kB), 10 MB/s, a bucket of one batch:
         // after the first two batches (the full bucket), one batch leaves every millisecond.
-        let (_s, lane) = root(100_000);
-        let mut core = TxCore {
-            lane,
-            port: Fake {
-                batch: 10,
-                bytes_per_chunk: 1000,
-                ..Fake::default()
-            },
-            pacer: Pacer::new(Instant::ZERO, 10_000_000, 10_000),
-        };
+        let (_s, mut core) = paced(10_000_000, 10_000);
         let releases = drive(&mut core, at_us(1_000_000));
         assert_eq!(core.port.sent.iter().sum::<usize>(), 100);
         assert!(
@@ -641,16 +648,7 @@ mod tests {
 
     #[test]
     fn a_new_rate_applies_from_the_next_batch() {
-        let (_s, lane) = root(100_000);
-        let mut core = TxCore {
-            lane,
-            port: Fake {
-                batch: 10,
-                bytes_per_chunk: 1000,
-                ..Fake::default()
-            },
-            pacer: Pacer::new(Instant::ZERO, 10_000_000, 0),
-        };
+        let (_s, mut core) = paced(10_000_000, 0);
         // The first batch leaves at 0 and puts the bucket 1 ms in debt.
         assert_eq!(core.step(Instant::ZERO), Next::Now);
         assert_eq!(core.step(Instant::ZERO), Next::At(at_us(1_000)));
@@ -662,16 +660,7 @@ mod tests {
 
     #[test]
     fn cancel_drops_queued_multicasts_and_completes_them() {
-        let (_s, lane) = root(100_000);
-        let mut core = TxCore {
-            lane,
-            port: Fake {
-                batch: 10,
-                bytes_per_chunk: 1000,
-                ..Fake::default()
-            },
-            pacer: Pacer::new(Instant::ZERO, 1, 0),
-        };
+        let (_s, mut core) = paced(1, 0);
         // One batch leaves; the bucket is then in debt for ages.
         assert_eq!(core.step(Instant::ZERO), Next::Now);
         assert!(matches!(core.step(Instant::ZERO), Next::At(_)));
