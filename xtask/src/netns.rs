@@ -356,15 +356,7 @@ fn all_checked(r: &Ranks, p: usize) -> Result<Vec<String>, String> {
             let ok = r.status[i].is_some_and(|s| s.success());
             match out.lines().find(|l| l.starts_with("CHECKED")) {
                 Some(_) if ok => Ok(out),
-                _ => Err(format!(
-                    "rank {i} ({:?}): {} {}",
-                    r.status[i],
-                    out.lines()
-                        .filter(|l| !l.starts_with("STATS"))
-                        .collect::<Vec<_>>()
-                        .join(" | "),
-                    r.err_tail(i)
-                )),
+                _ => Err(r.failure(i)),
             }
         })
         .collect()
@@ -729,15 +721,7 @@ fn all_checked_hold(r: &Ranks, p: usize) -> Result<Vec<String>, String> {
             if r.status[i].is_some_and(|s| s.success()) && out.contains("DONE") {
                 Ok(out)
             } else {
-                Err(format!(
-                    "rank {i} ({:?}): {} {}",
-                    r.status[i],
-                    out.lines()
-                        .filter(|l| !l.starts_with("STATS"))
-                        .collect::<Vec<_>>()
-                        .join(" | "),
-                    r.err_tail(i)
-                ))
+                Err(r.failure(i))
             }
         })
         .collect()

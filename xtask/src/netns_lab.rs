@@ -462,6 +462,20 @@ impl Ranks {
         std::fs::read_to_string(&self.outs[i]).unwrap_or_default()
     }
 
+    /// Why rank `i` failed: its exit status, its output but the stats, its stderr's tail.
+    pub(crate) fn failure(&self, i: usize) -> String {
+        format!(
+            "rank {i} ({:?}): {} {}",
+            self.status[i],
+            self.out(i)
+                .lines()
+                .filter(|l| !l.starts_with("STATS"))
+                .collect::<Vec<_>>()
+                .join(" | "),
+            self.err_tail(i)
+        )
+    }
+
     /// The rank's stderr so far (last lines).
     pub(crate) fn err_tail(&self, i: usize) -> String {
         let p = self.outs[i].with_extension("err");
