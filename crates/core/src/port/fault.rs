@@ -169,19 +169,6 @@ pub fn inject<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
     }
 }
 
-/// Namespace for [`inject`], mirroring smoltcp's type name.
-pub struct FaultInjector;
-
-impl FaultInjector {
-    /// See [`inject`].
-    pub fn wrap<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
-        ports: Ports<R, T, C>,
-        faults: Faults,
-    ) -> Ports<FaultyRx<R>, FaultyTx<T>, C> {
-        inject(ports, faults)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,13 +11,13 @@
 //!   operation buffer, poll arrivals and read completions.
 //!
 //! [`pump`] drives a [`Node`] over any [`Ports`] on one thread; it is the one dispatcher the
-//! simulator, the tests and the fuzz targets share. [`FaultInjector`] wraps any port with
+//! simulator, the tests and the fuzz targets share. [`inject`] wraps any port with
 //! seeded faults.
 
 mod fault;
 pub mod mailbox;
 
-pub use fault::{FaultInjector, Faults, FaultyRx, FaultyToken, FaultyTx, SplitMix64, inject, mix};
+pub use fault::{Faults, FaultyRx, FaultyToken, FaultyTx, SplitMix64, inject, mix};
 
 use crate::config::Rank;
 use crate::event::{Event, OpId, Placement, ReadError, ReadId, Transmit};
