@@ -52,12 +52,9 @@ impl RxView {
 
     /// Lane `l` said it is full.
     pub(crate) fn on_full(&mut self, l: usize) {
-        if let Some(s @ (Lane::Open | Lane::Closing)) = self.lanes.get_mut(l) {
-            // A `Closing` lane that filled up before the close still sends its bitmap.
-            let open = matches!(s, Lane::Open);
-            if open {
-                *s = Lane::Full { open: true };
-            }
+        // A `Closing` lane that filled up before the close still sends its bitmap: wait for it.
+        if let Some(s @ Lane::Open) = self.lanes.get_mut(l) {
+            *s = Lane::Full { open: true };
         }
     }
 
