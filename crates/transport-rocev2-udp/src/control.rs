@@ -45,8 +45,8 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::thread::{self, JoinHandle};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use ringcast_core::Rank;
@@ -280,6 +280,8 @@ struct Peer {
     frames: Option<Sender<Vec<u8>>>,
     /// Frames queued to the writer and not yet written (or given up on).
     unwritten: Arc<AtomicU64>,
+    /// Held to queue a frame or to write one directly (see [`Peer::send`]).
+    gate: Arc<Mutex<()>>,
     threads: Vec<JoinHandle<()>>,
     lost: bool,
 }
@@ -291,10 +293,31 @@ impl Peer {
             && self.threads.first().is_some_and(|t| !t.is_finished())
     }
 
-    fn send(&self, f: Vec<u8>) -> bool {
+    /// Sends `f` to the peer: written at once from this thread when the writer has nothing
+    /// queued and the socket takes it without blocking (a control message then costs no
+    /// thread hand-off), else queued to the writer. False when the writer is gone.
+    ///
+    /// Frames never interleave: a direct write happens only under the gate with nothing
+    /// queued or being written (`unwritten` is 0 only once the writer finished its last
+    /// frame), every queueing happens under the gate, and a partly written frame's rest is
+    /// queued before the gate opens, so it is the writer's next frame.
+    fn send(&self, mut f: Vec<u8>) -> bool {
         let Some(q) = &self.frames else {
             return false;
         };
+        let _gate = self.gate.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.unwritten.load(Ordering::Acquire) == 0 {
+            let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+            match socket2::SockRef::from(&self.stream).send_with_flags(&f, flags) {
+                Ok(n) if n == f.len() => return true,
+                Ok(n) => {
+                    f.drain(..n);
+                }
+                // Would block, interrupted, or failed: the writer retries, blocking, and on
+                // a failure shuts the connection down (the reader then reports the loss).
+                Err(_) => {}
+            }
+        }
         self.unwritten.fetch_add(1, Ordering::AcqRel);
         let ok = q.send(f).is_ok();
         if !ok {
@@ -318,6 +341,24 @@ pub struct TcpControl {
     lost: Vec<Rank>,
     new_lost: VecDeque<PeerLost>,
     departed: Vec<(Rank, u64)>,
+    waker: Arc<OnceLock<Thread>>,
+}
+
+/// The readers' way to the owner: a channel, and the thread to unpark after each send.
+#[derive(Clone)]
+struct Owner {
+    tx: Sender<Inbound>,
+    waker: Arc<OnceLock<Thread>>,
+}
+
+impl Owner {
+    fn send(&self, i: Inbound) -> Result<(), mpsc::SendError<Inbound>> {
+        self.tx.send(i)?;
+        if let Some(t) = self.waker.get() {
+            t.unpark();
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for TcpControl {
@@ -482,6 +523,11 @@ impl TcpControl {
             missing -= 1;
         }
         let (to_owner, inbound) = mpsc::channel();
+        let waker = Arc::new(OnceLock::new());
+        let to_owner = Owner {
+            tx: to_owner,
+            waker: Arc::clone(&waker),
+        };
         let stats = Arc::new(ControlStats::default());
         let mut peers = Vec::with_capacity(ranks);
         for (j, s) in streams.into_iter().enumerate() {
@@ -493,6 +539,7 @@ impl TcpControl {
             s.set_nodelay(true).map_err(io_err("TCP_NODELAY"))?;
             let (frames, queue) = mpsc::channel::<Vec<u8>>();
             let unwritten = Arc::new(AtomicU64::new(0));
+            let gate = Arc::new(Mutex::new(()));
             let w_unwritten = unwritten.clone();
             let mut threads = Vec::with_capacity(2);
             let ws = s.try_clone().map_err(io_err("dup"))?;
@@ -508,6 +555,7 @@ impl TcpControl {
                 stream: rs,
                 frames: frames.clone(),
                 unwritten: unwritten.clone(),
+                gate: gate.clone(),
                 owner: to_owner.clone(),
                 registry: registry.clone(),
                 stats: stats.clone(),
@@ -523,6 +571,7 @@ impl TcpControl {
                 stream: s,
                 frames: Some(frames),
                 unwritten,
+                gate,
                 threads,
                 lost: false,
             }));
@@ -541,7 +590,16 @@ impl TcpControl {
             lost: Vec::new(),
             new_lost: VecDeque::new(),
             departed: Vec::new(),
+            waker,
         })
+    }
+
+    /// Unpark `owner` whenever something arrives for [`poll_control`](ControlPort::poll_control)
+    /// (a message, a read's data or refusal, a lost peer), so that a thread that parks between
+    /// polls hears of it at once instead of at its next timeout. Set once; later calls are
+    /// ignored.
+    pub fn wake_on_arrival(&self, owner: Thread) {
+        let _ = self.waker.set(owner);
     }
 
     /// This rank.
@@ -793,7 +851,8 @@ struct Reader {
     stream: TcpStream,
     frames: Sender<Vec<u8>>,
     unwritten: Arc<AtomicU64>,
-    owner: Sender<Inbound>,
+    gate: Arc<Mutex<()>>,
+    owner: Owner,
     registry: Registry,
     stats: Arc<ControlStats>,
     cfg: ControlConfig,
@@ -894,6 +953,8 @@ impl Reader {
             f = frame(KIND_READ_REFUSED, 8);
             f.extend_from_slice(&id.to_be_bytes());
         }
+        // Queued under the gate, so a direct write of the owner's never splits it.
+        let _gate = self.gate.lock().unwrap_or_else(PoisonError::into_inner);
         self.unwritten.fetch_add(1, Ordering::AcqRel);
         if self.frames.send(f).is_err() {
             self.unwritten.fetch_sub(1, Ordering::AcqRel);

@@ -52,6 +52,7 @@ mod packet;
 pub mod port;
 pub mod rx;
 pub mod socket;
+mod sys;
 pub mod tx;
 
 pub use control::{ControlConfig, ControlError, OpBuffer, PeerLost, Registry, TcpControl};

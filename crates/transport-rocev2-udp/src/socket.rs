@@ -186,11 +186,16 @@ impl RxSocket {
         self.granted_recv_buffer
     }
 
-    /// Datagrams the kernel dropped on this socket (full receive buffer, `sk_drops`), read from
-    /// the `drops` column of `/proc/net/udp`, which needs no privilege and is per socket
-    /// (`UdpRcvbufErrors` in `/proc/net/snmp` is host-wide; quinn-udp does not surface
-    /// `SO_RXQ_OVFL`). Costs a read of the table: call it per report, not per packet.
+    /// Datagrams the kernel dropped on this socket (full receive buffer, `sk_drops`): one
+    /// `getsockopt(SO_MEMINFO)`, cheap enough to call per operation. Where the kernel does not
+    /// report it there, it is read from the `drops` column of `/proc/net/udp` (per socket and
+    /// unprivileged, but a walk of every UDP socket: `UdpRcvbufErrors` in `/proc/net/snmp` is
+    /// host-wide, and quinn-udp does not surface `SO_RXQ_OVFL`).
     pub fn socket_drops(&self) -> io::Result<u64> {
+        match crate::sys::socket_drops(&self.sock) {
+            Ok(d) => return Ok(d),
+            Err(e) => tracing::trace!(error = %e, "SO_MEMINFO unavailable; reading /proc/net/udp"),
+        }
         let inode = self
             .inode
             .ok_or_else(|| io::Error::other("socket inode unknown (no /proc?)"))?;

@@ -13,7 +13,7 @@ use ringcast_transport_rocev2_udp::{
 };
 
 use super::Communicator;
-use super::engine::Engine;
+use super::engine::{Engine, PostTx};
 use super::error::BuildError;
 use super::fallback::{self, FallbackConfig, FallbackReason, TransportMode};
 use super::probe::{self, ProbeSetup};
@@ -539,6 +539,7 @@ impl CommBuilder {
             .name(format!("ringcast-r{rank}"))
             .spawn(move || engine.run())
             .map_err(BuildError::Spawn)?;
+        let posts = PostTx::new(posts, thread.thread().clone());
         let fallback = match fb_mesh {
             Some(mesh) => Some(
                 fallback::start(fcfg, mesh, Some(posts.clone()), TransportMode::Multicast)

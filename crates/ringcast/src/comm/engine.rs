@@ -42,9 +42,10 @@
 //!   `SendsDone`/`Cancel`; a `Cancel` drops its queued multicasts at once.
 //!
 //! ## Sleeping
-//! Nothing spins. The control thread blocks on the post queue when nothing is in flight and
-//! parks for at most [`BUSY_WAIT`] otherwise (a worker's note unparks it; TCP arrivals are
-//! polled at that pace). A receive worker sleeps on its socket (a datagram wakes it; the
+//! Nothing spins. The control thread parks until the session's next timer; every input
+//! unparks it: a post ([`PostTx`]), a worker's note, a control frame or read completion (the
+//! transport's reader threads, [`TcpControl::wake_on_arrival`](ringcast_transport_rocev2_udp::TcpControl::wake_on_arrival)).
+//! [`IDLE_WAIT`] and [`BUSY_WAIT`] only cap a park. A receive worker sleeps on its socket (a datagram wakes it; the
 //! timeout, shorter while the lane has operations open, bounds how late it sees a command);
 //! a send worker blocks on its command queue, until the pacer's next release when it has
 //! something queued.
@@ -55,7 +56,7 @@
 //! share of it. `RINGCAST_PACING=off` disables it; `RINGCAST_PIN=1` pins the threads.
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
 use std::thread;
 use std::time::{Duration, Instant as StdInstant};
 
@@ -78,12 +79,13 @@ mod rate;
 use lane::{Clock, LaneLink, Pinning, TxMsg};
 use rate::Rates;
 
-/// With nothing in flight, how long the control thread blocks on the post channel between
-/// turns (peers' control messages and losses are still served at this pace).
-const IDLE_WAIT: Duration = Duration::from_millis(2);
-/// With operations in flight and nothing moving, how long it parks between turns (a worker's
-/// note wakes it earlier).
-const BUSY_WAIT: Duration = Duration::from_micros(50);
+/// With nothing in flight, the longest the control thread parks between turns. Every input
+/// wakes it ([`PostTx`], the workers' notes, the transport's readers), so this only bounds a
+/// missed wake-up.
+const IDLE_WAIT: Duration = Duration::from_millis(20);
+/// With operations in flight, the longest it parks (or less, to the session's next timer):
+/// the drain of failed operations' buffers is checked at this pace.
+const BUSY_WAIT: Duration = Duration::from_millis(2);
 /// How long a failed operation's buffer waits for its transport work to drain before it is
 /// released anyway (it is owned by the engine: a late write lands nowhere).
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
@@ -104,6 +106,26 @@ pub(crate) struct Post {
     pub(crate) buf: Vec<u8>,
     pub(crate) reply: SyncSender<Completion>,
     pub(crate) span: tracing::Span,
+}
+
+/// The application's (and the fallback router's) end of the post channel: every send also
+/// unparks the control thread, which parks between turns while operations are in flight.
+#[derive(Clone, Debug)]
+pub(crate) struct PostTx {
+    tx: SyncSender<Command>,
+    engine: thread::Thread,
+}
+
+impl PostTx {
+    pub(crate) fn new(tx: SyncSender<Command>, engine: thread::Thread) -> Self {
+        PostTx { tx, engine }
+    }
+
+    pub(crate) fn send(&self, c: Command) -> Result<(), std::sync::mpsc::SendError<Command>> {
+        let sent = self.tx.send(c);
+        self.engine.unpark();
+        sent
+    }
 }
 
 /// What the application thread sends the engine.
@@ -241,14 +263,10 @@ impl Engine {
             // Every post fails: the lanes cannot move a chunk.
             self.lanes.clear();
         }
+        // Every input unparks this thread: a post (`PostTx`), a worker's note, a control
+        // frame (the transport's readers). Parking is bounded by the session's next timer.
+        self.control.inner.wake_on_arrival(thread::current());
         loop {
-            if self.live.is_empty() && self.queued.is_empty() {
-                match self.posts.recv_timeout(IDLE_WAIT) {
-                    Ok(c) => self.command(c),
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => break,
-                }
-            }
             let mut closed = false;
             loop {
                 match self.posts.try_recv() {
@@ -264,12 +282,28 @@ impl Engine {
                 break;
             }
             self.start_queued();
-            let moved = self.turn();
-            if !moved && !self.live.is_empty() {
-                thread::park_timeout(BUSY_WAIT);
+            if !self.turn() {
+                thread::park_timeout(self.sleep());
             }
         }
         self.shutdown();
+    }
+
+    /// How long the control thread may park when a turn moved nothing: until the session's
+    /// next timer, at most [`IDLE_WAIT`] with nothing in flight and [`BUSY_WAIT`] otherwise
+    /// (the caps only bound how late a missed wake-up is noticed).
+    fn sleep(&mut self) -> Duration {
+        let cap = if self.live.is_empty() && self.queued.is_empty() {
+            IDLE_WAIT
+        } else {
+            BUSY_WAIT
+        };
+        let now = self.clock.now();
+        match self.session.poll_timeout() {
+            Some(t) if t <= now => Duration::ZERO,
+            Some(t) => Duration::from_nanos(t.as_nanos() - now.as_nanos()).min(cap),
+            None => cap,
+        }
     }
 
     fn spawn_workers(&mut self) -> std::io::Result<()> {

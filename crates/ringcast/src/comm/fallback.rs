@@ -58,7 +58,7 @@ use ringcast_core::Rank;
 use ringcast_core::port::{ControlInput, ControlPort};
 use ringcast_transport_rocev2_udp::TcpControl;
 
-use super::engine::{Command, Kind, Post};
+use super::engine::{Command, Kind, Post, PostTx};
 use super::error::CommError;
 use super::request::{Completion, Request};
 use super::stats::{CommStats, Counters, OpStats};
@@ -147,7 +147,7 @@ struct Route {
     switch_at: Option<u64>,
     mode: TransportMode,
     /// The engine's post channel (`None` when TCP runs from the start).
-    engine: Option<SyncSender<Command>>,
+    engine: Option<PostTx>,
 }
 
 /// Counters of the TCP side.
@@ -224,7 +224,7 @@ pub(crate) struct Handle {
 pub(crate) fn start(
     cfg: FallbackConfig,
     mesh: TcpControl,
-    engine: Option<SyncSender<Command>>,
+    engine: Option<PostTx>,
     mode: TransportMode,
 ) -> std::io::Result<Handle> {
     let switch_at = match mode {

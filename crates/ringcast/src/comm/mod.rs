@@ -86,13 +86,13 @@ pub use probe::{ProbeFailure, Unheard};
 pub use request::Request;
 pub use stats::{CommStats, ControlCounters, Counters, OpStats};
 
-use std::sync::mpsc::{self, SyncSender};
+use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytemuck::Pod;
 
-use engine::{Command, Kind, Post};
+use engine::{Command, Kind, Post, PostTx};
 use request::vec_to_bytes;
 
 /// How long [`Communicator::stats`] waits for the engine.
@@ -107,7 +107,7 @@ pub struct Communicator {
     rank: u32,
     size: u32,
     /// The multicast engine (`None` when the start-up check sent every operation to TCP).
-    posts: Option<SyncSender<Command>>,
+    posts: Option<PostTx>,
     thread: Option<JoinHandle<()>>,
     /// With `fallback = tcp`: routes each post to the engine or to TCP.
     fallback: Option<fallback::Handle>,
@@ -306,7 +306,11 @@ impl Drop for Communicator {
         self.fallback = None;
         self.posts = None;
         if let Some(t) = self.thread.take()
-            && t.join().is_err()
+            && {
+                // The engine parks between turns: wake it to see the closed channel now.
+                t.thread().unpark();
+                t.join().is_err()
+            }
         {
             tracing::error!(rank = self.rank, "the engine thread panicked");
         }
