@@ -1,9 +1,9 @@
 //! core's [`Port`] over this crate's data path and the TCP control path.
 //!
-//! * Receive halves ([`UdpRx`]) wrap a [`LaneReceiver`]. One `recvmmsg` batch is copied into the
-//!   half's reusable arena (the receiver's batch borrows its buffers only until its next read),
-//!   then handed out one token at a time; a token's `consume` copies the payload into the
-//!   registered operation buffer at the placement's offset. The source rank is the DETH SrcQP;
+//! * Receive halves ([`UdpRx`]) wrap a [`LaneReceiver`]. One `recvmmsg` batch stays in the
+//!   receiver's buffers until the next read and is handed out from there one token at a time;
+//!   a token's `consume` copies the payload into the registered operation buffer at the
+//!   placement's offset: the only copy after the kernel's. The source rank is the DETH SrcQP;
 //!   a chunk naming a rank outside the job is dropped and counted ([`UdpRx::bad_source`]).
 //! * Send halves ([`UdpTx`]) wrap a [`LaneSender`]. A posted multicast is queued; the next
 //!   `poll_send_done` sends queued multicasts in GSO batches (reading `len` bytes at `offset`
@@ -30,7 +30,7 @@ use ringcast_core::port::{Capabilities, LaneRxPort, LaneTxPort, Port, Ports, RxM
 use ringcast_core::{OpId, Placement};
 
 use crate::addr::{AddrConfig, AddrError, JobAddrs};
-use crate::control::{Registry, TcpControl, range};
+use crate::control::{OpBuffer, Registry, TcpControl, range};
 use crate::rx::{LaneReceiver, RxConfig};
 use crate::socket::{RxSocket, SocketConfig, SocketError, TxSocket};
 use crate::tx::{LaneSender, MAX_GSO_SEGMENTS, OutChunk, TxConfig, TxError};
@@ -131,8 +131,9 @@ impl UdpPort {
                 recv,
                 registry: registry.clone(),
                 ranks: cfg.ranks,
-                arena: Vec::new(),
-                metas: VecDeque::new(),
+                next: 0,
+                batch: 0,
+                cache: None,
                 bad_source: 0,
                 bad_place: 0,
                 errors: 0,
@@ -197,20 +198,18 @@ impl Port for UdpPort {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Held {
-    meta: RxMeta,
-    at: usize,
-}
-
 /// One lane's receive half.
 #[derive(Debug)]
 pub struct UdpRx {
     recv: LaneReceiver,
     registry: Registry,
     ranks: u32,
-    arena: Vec<u8>,
-    metas: VecDeque<Held>,
+    /// The next chunk of the receiver's last batch to hand out, and how many it holds.
+    next: usize,
+    batch: usize,
+    /// The last operation's buffer, looked up once per batch (a released buffer is empty, so
+    /// a write through a stale entry misses and is counted like an unregistered op).
+    cache: Option<(OpId, OpBuffer)>,
     /// Chunks whose SrcQP names no rank of the job (dropped).
     pub bad_source: u64,
     /// Placements naming an unregistered op or a range outside its buffer (not written).
@@ -227,11 +226,11 @@ impl UdpRx {
 
     /// Chunks read from the socket and not handed out yet.
     pub fn held(&self) -> usize {
-        self.metas.len()
+        self.batch - self.next
     }
 
-    /// Datagrams the kernel dropped on this lane's socket (reads `/proc/net/udp`: call it per
-    /// report, not per packet); `None` where the counter cannot be read.
+    /// Datagrams the kernel dropped on this lane's socket (one `getsockopt`); `None` where
+    /// the counter cannot be read.
     pub fn socket_drops(&self) -> Option<u64> {
         self.recv.socket().socket_drops().ok()
     }
@@ -240,64 +239,54 @@ impl UdpRx {
     /// worker's sleep): returns [`held`](Self::held). Tokens then come from
     /// [`receive`](LaneRxPort::receive) without another socket read until the batch is out.
     pub fn wait(&mut self, timeout: std::time::Duration) -> usize {
-        if self.metas.is_empty() {
+        if self.held() == 0 {
             self.refill(Some(timeout));
         }
-        self.metas.len()
+        self.held()
     }
 
+    /// Reads the next batch into the receiver's buffers; the chunks are handed out from
+    /// there, with no copy before the one into the operation's buffer.
     fn refill(&mut self, wait: Option<std::time::Duration>) {
-        self.arena.clear();
+        self.next = 0;
+        self.batch = 0;
+        self.cache = None;
         let got = match wait {
-            Some(t) => self.recv.recv(t),
-            None => self.recv.try_recv(),
+            Some(t) => self.recv.recv(t).map(|b| b.len()),
+            None => self.recv.try_recv().map(|b| b.len()),
         };
-        let batch = match got {
-            Ok(b) => b,
+        match got {
+            Ok(n) => self.batch = n,
             Err(e) => {
                 self.errors += 1;
                 tracing::warn!(error = %e, "lane receive failed");
-                return;
             }
-        };
-        for c in batch.iter() {
-            if c.rank >= self.ranks {
-                self.bad_source += 1;
-                continue;
-            }
-            let at = self.arena.len();
-            self.arena.extend_from_slice(c.payload);
-            self.metas.push_back(Held {
-                meta: RxMeta {
-                    from: Rank(c.rank),
-                    imm: c.imm,
-                    len: c.payload.len(),
-                },
-                at,
-            });
         }
     }
 }
 
-/// A received chunk held in a [`UdpRx`]'s arena.
+/// A received chunk, its payload in the [`UdpRx`]'s receive buffers.
 #[derive(Debug)]
 pub struct UdpToken<'a> {
-    held: Held,
+    meta: RxMeta,
     payload: &'a [u8],
     registry: &'a Registry,
+    cache: &'a mut Option<(OpId, OpBuffer)>,
     bad_place: &'a mut u64,
 }
 
 impl RxToken for UdpToken<'_> {
     fn meta(&self) -> RxMeta {
-        self.held.meta
+        self.meta
     }
 
     fn consume(self, placement: &Placement) {
         if let Placement::Place { op, offset, len } = *placement {
-            let bytes = self.payload.get(..len as usize);
-            let ok = match (bytes, self.registry.get(op)) {
-                (Some(b), Some(buf)) => buf.write_at(offset, b),
+            if self.cache.as_ref().is_none_or(|(o, _)| *o != op) {
+                *self.cache = self.registry.get(op).map(|b| (op, b));
+            }
+            let ok = match (self.payload.get(..len as usize), self.cache.as_ref()) {
+                (Some(b), Some((_, buf))) => buf.write_at(offset, b),
                 _ => false,
             };
             if !ok {
@@ -314,17 +303,28 @@ impl LaneRxPort for UdpRx {
         Self: 'a;
 
     fn receive(&mut self) -> Option<UdpToken<'_>> {
-        if self.metas.is_empty() {
+        if self.held() == 0 {
             self.refill(None);
         }
-        let held = self.metas.pop_front()?;
-        let payload = self.arena.get(held.at..held.at + held.meta.len)?;
-        Some(UdpToken {
-            held,
-            payload,
-            registry: &self.registry,
-            bad_place: &mut self.bad_place,
-        })
+        loop {
+            let c = self.recv.last_batch().get(self.next)?;
+            self.next += 1;
+            if c.rank >= self.ranks {
+                self.bad_source += 1;
+                continue;
+            }
+            return Some(UdpToken {
+                meta: RxMeta {
+                    from: Rank(c.rank),
+                    imm: c.imm,
+                    len: c.payload.len(),
+                },
+                payload: c.payload,
+                registry: &self.registry,
+                cache: &mut self.cache,
+                bad_place: &mut self.bad_place,
+            });
+        }
     }
 }
 

@@ -227,6 +227,12 @@ impl LaneReceiver {
         Ok(self.batch())
     }
 
+    /// The chunks accepted by the last read (its buffers stay valid until the next read):
+    /// lets an owner hand them out one at a time without copying them first.
+    pub fn last_batch(&self) -> RxBatch<'_> {
+        self.batch()
+    }
+
     fn batch(&self) -> RxBatch<'_> {
         RxBatch {
             buf: &self.buf,
@@ -343,6 +349,19 @@ impl<'a> RxBatch<'a> {
     /// Whether no chunk was accepted.
     pub fn is_empty(&self) -> bool {
         self.accepted.is_empty()
+    }
+
+    /// The `i`-th accepted chunk.
+    pub fn get(&self, i: usize) -> Option<Chunk<'a>> {
+        let a = self.accepted.get(i)?;
+        Some(Chunk {
+            source: a.source,
+            lane: self.lane,
+            rank: a.rank,
+            psn: a.psn,
+            imm: a.imm,
+            payload: self.buf.get(a.at..a.at + a.len)?,
+        })
     }
 
     /// The accepted chunks, in arrival order.
