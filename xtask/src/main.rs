@@ -4,6 +4,7 @@
 // A command-line tool: printing to the terminal is its job.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod bench_net;
 mod fuzz;
 mod netns;
 mod netns_lab;
@@ -36,6 +37,13 @@ commands:
                               IGMPv3-snooping bridge: correctness, loss, hostile traffic, failures,
                               fallback, wire checks, mpirun; removes all it created, even on
                               Ctrl-C; skips with a message where namespaces cannot be created
+  bench-net [--ranks N] [--sizes B,..] [--iters N] [--warmup N] [--losses PCT,..] [--quick]
+            [--record]
+                              ringcast vs Open MPI over TCP vs the raw multicast ceiling in the
+                              namespace lab (needs root, mpicc): Broadcast and Allgather, 64 KiB
+                              to 64 MiB, loss-free and at 1% loss, bytes on the bridge per rank;
+                              report and SVG plots in target/bench-net/<id>/ (--record: also
+                              docs/bench-net/)
   soak [--runs N] [--first SEED] [--threads T]
                               randomized simulator campaign (default 100000 runs from seed 0 on 2
                               threads): loss up to 30%, bursts, reordering, duplication,
@@ -112,6 +120,7 @@ fn dispatch(args: &[String]) -> Result<(), StepError> {
         },
         "soak" => sim_example(&root, "soak", rest),
         "netns" => netns::run(&root, rest),
+        "bench-net" => bench_net::run(&root, rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

@@ -4,7 +4,9 @@
 //! checks with tshark and scapy, and Open MPI's mpirun locally and across the namespaces.
 //! See `netns_lab` for the lab and how it is always removed.
 
-use crate::netns_lab::{Bg, Lab, Launch, Querier, Ranks, in_ns, kv, leftovers, log, sh};
+use crate::netns_lab::{
+    Bg, Lab, Launch, Querier, Ranks, in_ns, in_ns_limit, kv, leftovers, log, sh,
+};
 use crate::run::{Step, StepError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -248,7 +250,7 @@ fn build_cli(root: &Path, cargo: &str) -> Result<PathBuf, String> {
 }
 
 /// `ip netns add` of a throwaway name, then its removal.
-fn can_create_namespaces() -> Result<(), String> {
+pub(crate) fn can_create_namespaces() -> Result<(), String> {
     let name = format!("rcprobe{}", std::process::id());
     sh("ip", &["netns", "add", &name])?;
     sh("ip", &["netns", "del", &name]).map(|_| ())
@@ -995,14 +997,64 @@ fn mpirun_local(ctx: &Ctx<'_>) -> Result<String, String> {
 /// `ip netns exec` + `unshare --uts` (distinct hostnames), rendezvous at rank 0's address.
 fn mpirun_netns(ctx: &Ctx<'_>) -> Result<String, String> {
     let bin = ctx.cli_bin.clone()?;
-    let np = ctx.p().to_string();
-    let hosts: Vec<String> = (0..ctx.p()).map(|i| ctx.lab.ip(i).to_string()).collect();
-    let agent = ctx.root.join("xtask/src/lab/rsh-agent.sh");
     let boot = format!("RINGCAST_BOOTSTRAP={}:{}", ctx.lab.ip(0), ctx.port());
-    let agent_log = ctx.lab.dir.join("rsh-agent.log");
+    let program: Vec<String> = [
+        &bin.to_string_lossy() as &str,
+        "bench",
+        "allgather",
+        "--sizes",
+        "64KiB,1MiB",
+        "--iters",
+        "3",
+        "--warmup",
+        "1",
+        "--json",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let (out, nss) = mpirun_across(
+        ctx.lab,
+        ctx.root,
+        30,
+        &[],
+        &[boot, "RINGCAST_IFNAME=eth0".to_owned()],
+        &program,
+    )?;
+    bench_ok(&out, "mpirun across namespaces").map(|m| {
+        format!(
+            "mpirun in {}, orted through the rsh agent in {}: {m}",
+            ctx.lab.ns[0],
+            nss.join(", ")
+        )
+    })
+}
+
+/// Runs `program` on every rank namespace under mpirun started in the first one, the others
+/// reached through the rsh agent (`ip netns exec` + `unshare --uts`); `mca` are extra
+/// `--mca`/option words, `env` `KEY=VALUE`s exported to the ranks (`-x`); killed after
+/// `secs`. Returns mpirun's stdout and the namespaces the agent ran in.
+pub(crate) fn mpirun_across(
+    lab: &Lab,
+    root: &Path,
+    secs: u64,
+    mca: &[&str],
+    env: &[String],
+    program: &[String],
+) -> Result<(String, Vec<String>), String> {
+    let p = lab.ns.len();
+    let np = p.to_string();
+    let hosts: Vec<String> = (0..p).map(|i| lab.ip(i).to_string()).collect();
+    let agent = root.join("xtask/src/lab/rsh-agent.sh");
+    let agent_log = lab.dir.join("rsh-agent.log");
+    let _ = std::fs::remove_file(&agent_log);
+    // By subnet, not by interface: eth0 also carries the canary group's /32 (autojoin), which
+    // Open MPI would otherwise take for a peer address.
+    let [a, b, c] = crate::netns_lab::SUBNET;
+    let subnet = format!("{a}.{b}.{c}.0/24");
     let mut args: Vec<String> = [
         "env",
-        &format!("RCLAB_ID={}", ctx.lab.id),
+        &format!("RCLAB_ID={}", lab.id),
         &format!("RCLAB_LOG={}", agent_log.display()),
         "mpirun",
         "--allow-run-as-root",
@@ -1019,52 +1071,36 @@ fn mpirun_netns(ctx: &Ctx<'_>) -> Result<String, String> {
         "1",
         "--mca",
         "oob_tcp_if_include",
-        "eth0",
+        &subnet,
         "--mca",
         "btl_tcp_if_include",
-        "eth0",
-        "-x",
-        &boot,
-        "-x",
-        "RINGCAST_IFNAME=eth0",
+        &subnet,
         "-x",
         "RCLAB_ID",
     ]
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
-    args.extend(
-        [
-            &bin.to_string_lossy() as &str,
-            "bench",
-            "allgather",
-            "--sizes",
-            "64KiB,1MiB",
-            "--iters",
-            "3",
-            "--warmup",
-            "1",
-            "--json",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned()),
-    );
+    args.extend(mca.iter().map(|s| (*s).to_owned()));
+    for e in env {
+        args.push("-x".to_owned());
+        args.push(e.clone());
+    }
+    args.extend(program.iter().cloned());
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = in_ns(&ctx.lab.ns[0], a[0], &a[1..])?;
+    let out = in_ns_limit(secs, &lab.ns[0], a[0], &a[1..])?;
     let hops = std::fs::read_to_string(&agent_log).unwrap_or_default();
-    let nss: Vec<&str> = hops.lines().filter_map(|l| l.rsplit(' ').next()).collect();
-    if nss.len() + 1 != ctx.p() {
+    let nss: Vec<String> = hops
+        .lines()
+        .filter_map(|l| l.rsplit(' ').next())
+        .map(str::to_owned)
+        .collect();
+    if nss.len() + 1 != p {
         return Err(format!(
             "the rsh agent ran {} times, want {} (one per namespace but mpirun's): {hops}",
             nss.len(),
-            ctx.p() - 1
+            p - 1
         ));
     }
-    bench_ok(&out, "mpirun across namespaces").map(|m| {
-        format!(
-            "mpirun in {}, orted through the rsh agent in {}: {m}",
-            ctx.lab.ns[0],
-            nss.join(", ")
-        )
-    })
+    Ok((out, nss))
 }

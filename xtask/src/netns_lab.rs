@@ -29,10 +29,16 @@ use std::time::{Duration, Instant};
 /// parallel labs never clash).
 pub(crate) const SUBNET: [u8; 3] = [10, 77, 0];
 
-/// Runs `program args` under coreutils' `timeout` and returns stdout; `Err` with stderr.
+/// Runs `program args` under coreutils' `timeout` (30 s) and returns stdout; `Err` with
+/// stderr.
 pub(crate) fn sh(program: &str, args: &[&str]) -> Result<String, String> {
+    sh_limit(30, program, args)
+}
+
+/// [`sh`] with a limit of `secs` seconds.
+pub(crate) fn sh_limit(secs: u64, program: &str, args: &[&str]) -> Result<String, String> {
     let out = Command::new("timeout")
-        .args(["-k", "2", "30", program])
+        .args(["-k", "2", &secs.to_string(), program])
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -51,9 +57,19 @@ pub(crate) fn sh(program: &str, args: &[&str]) -> Result<String, String> {
 
 /// `sh` inside namespace `ns`.
 pub(crate) fn in_ns(ns: &str, program: &str, args: &[&str]) -> Result<String, String> {
+    in_ns_limit(30, ns, program, args)
+}
+
+/// [`in_ns`] with a limit of `secs` seconds.
+pub(crate) fn in_ns_limit(
+    secs: u64,
+    ns: &str,
+    program: &str,
+    args: &[&str],
+) -> Result<String, String> {
     let mut a = vec!["netns", "exec", ns, program];
     a.extend_from_slice(args);
-    sh("ip", &a)
+    sh_limit(secs, "ip", &a)
 }
 
 /// A unique id for this run: `rc` + 6 hex digits.
@@ -293,6 +309,26 @@ impl Lab {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Removes the canary's `group` address from every rank namespace (Open MPI's TCP BTL
+    /// would take it for a peer address of eth0).
+    pub(crate) fn leave(&self, group: &str) -> Result<(), String> {
+        for ns in &self.ns {
+            sh(
+                "ip",
+                &[
+                    "-n",
+                    ns,
+                    "addr",
+                    "del",
+                    &format!("{group}/32"),
+                    "dev",
+                    "eth0",
+                ],
+            )?;
+        }
+        Ok(())
     }
 
     /// An nft table `rclab` in namespace `ns` with an input and an output chain holding

@@ -8,6 +8,15 @@
 //! ```
 //! Prints, per mode, the sender's rate and each receiver's goodput (UDP payload bytes received
 //! per second, from the first send to the receiver's last datagram) and loss.
+//!
+//! Across hosts or network namespaces (`cargo xtask bench-net` runs it this way), one process
+//! per role, on the interface with address `--iface`:
+//! ```text
+//! goodput --role recv --iface 10.77.0.2 --port 4791 [--secs 2]   # in each receiver's namespace
+//! goodput --role send --iface 10.77.0.1 --port 4791 [--secs 2]   # then the sender
+//! ```
+//! A receiver prints one `GOODPUT` line: UDP bytes received per second from its first datagram
+//! to its last, the datagrams accepted and the socket's kernel drops; the sender prints `SENT`.
 
 #![allow(clippy::print_stdout)]
 
@@ -33,6 +42,9 @@ struct Args {
     secs: f64,
     rate_mbps: f64,
     mode: String,
+    role: Option<String>,
+    iface: Ipv4Addr,
+    port: u16,
 }
 
 fn args() -> Args {
@@ -41,6 +53,9 @@ fn args() -> Args {
         secs: 2.0,
         rate_mbps: 0.0,
         mode: "all".into(),
+        role: None,
+        iface: Ipv4Addr::LOCALHOST,
+        port: 4791,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -50,6 +65,9 @@ fn args() -> Args {
             "--secs" => a.secs = v.parse().expect("--secs seconds"),
             "--rate-mbps" => a.rate_mbps = v.parse().expect("--rate-mbps MB/s"),
             "--mode" => a.mode = v,
+            "--role" => a.role = Some(v),
+            "--iface" => a.iface = v.parse().expect("--iface IPv4 address"),
+            "--port" => a.port = v.parse().expect("--port UDP port"),
             _ => panic!("unknown argument {k}"),
         }
     }
@@ -345,8 +363,99 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// The nonce both roles derive the group and Q_Key from.
+const ROLE_NONCE: u64 = 0xB0_0004;
+
+/// One role of a run across processes (`--role send|recv`).
+fn run_role(a: &Args, role: &str) {
+    let job = JobAddrs::derive(
+        ROLE_NONCE,
+        1,
+        &AddrConfig {
+            port: a.port,
+            ..AddrConfig::default()
+        },
+    )
+    .expect("groups");
+    let group = job.group(0).expect("lane 0");
+    let net = SocketConfig::on_interface(a.iface);
+    let udp_len = datagram_len(a.payload);
+    match role {
+        "recv" => {
+            let sock = RxSocket::open(&net, group).expect("rx socket");
+            let mut rx = LaneReceiver::new(sock, RxConfig::new(0, 0xFFFF, job.qkey(), a.payload));
+            println!("READY group={group}");
+            let (mut first, mut last) = (None::<Instant>, Instant::now());
+            let deadline = Instant::now() + Duration::from_secs_f64(a.secs + 10.0);
+            loop {
+                let n = rx.recv(Duration::from_millis(20)).expect("recv").len();
+                let now = Instant::now();
+                if n > 0 {
+                    first.get_or_insert(now);
+                    last = now;
+                } else if first.is_some_and(|_| now.duration_since(last) > QUIET) || now > deadline
+                {
+                    break;
+                }
+            }
+            let s = *rx.stats();
+            let secs = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
+            let bytes = s.accepted * udp_len as u64;
+            println!(
+                "GOODPUT gbps={:.3} bytes={bytes} datagrams={} secs={secs:.3} socket_drops={}",
+                bytes as f64 * 8.0 / secs.max(1e-9) / 1e9,
+                s.accepted,
+                rx.socket().socket_drops().unwrap_or(0)
+            );
+        }
+        "send" => {
+            let mut tx = LaneSender::new(
+                TxSocket::open(&net).expect("tx socket"),
+                TxConfig {
+                    lane: 0,
+                    group,
+                    pkey: 0xFFFF,
+                    qkey: job.qkey(),
+                    rank: 0,
+                    max_payload: a.payload,
+                    gso: true,
+                    initial_psn: 0,
+                },
+            )
+            .expect("sender");
+            let data = vec![0xA5u8; a.payload];
+            let chunks: Vec<OutChunk<'_>> = (0..64)
+                .map(|k| OutChunk {
+                    imm: k,
+                    payload: &data,
+                })
+                .collect();
+            let mut p = pacer(a);
+            let start = Instant::now();
+            let until = start + Duration::from_secs_f64(a.secs);
+            while Instant::now() < until {
+                wait_paced(&mut p);
+                let sent = tx.send_batch(&chunks).expect("send");
+                charge(&mut p, sent.bytes);
+            }
+            let s = *tx.stats();
+            let secs = start.elapsed().as_secs_f64();
+            println!(
+                "SENT gbps={:.3} datagrams={} secs={secs:.3}",
+                s.udp_bytes as f64 * 8.0 / secs / 1e9,
+                s.datagrams
+            );
+        }
+        other => panic!("unknown --role {other} (send or recv)"),
+    }
+}
+
 fn main() {
     let a = args();
+    if let Some(role) = &a.role {
+        run_role(&a, role);
+        return;
+    }
     let udp_len = datagram_len(a.payload);
     let all = a.mode == "all";
     println!(
