@@ -15,7 +15,8 @@
 //! veth's `rx_bytes`) over a few 16 MiB operations of each, to set ringcast's injection (own
 //! block + headers) beside a ring's (P-1 times).
 //!
-//! Nothing is pinned, neither side (2 cores shared by P ranks' threads: pinning would only
+//! Both sides use the veths' segmentation offloads (TCP's TSO for Open MPI, UDP's USO for
+//! ringcast's GSO batches), as they would a NIC's. Nothing is pinned, neither side (2 cores shared by P ranks' threads: pinning would only
 //! choose which ranks share a core). Raw outputs land in `target/bench-net/<lab id>/`; the
 //! `bench_net_report` example of the ringcast crate (serde_json and plotters stay out of
 //! xtask) turns them into `results.md`, `results.json` and two SVG plots there, and with
@@ -190,6 +191,13 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
         lab.canary(CANARY, Duration::from_secs(15))
             .and_then(|_| lab.leave(CANARY))
             .map_err(StepError::Other)?;
+        // The netns checks segment UDP in software before the veth (so that captures see the
+        // wire's segments); here both sides get their offload, as on a NIC: UDP segmentation
+        // for ringcast's GSO batches, as TCP segmentation for Open MPI (on by default).
+        for ns in &lab.ns {
+            crate::netns_lab::in_ns(ns, "ethtool", &["-K", "eth0", "tx-udp-segmentation", "on"])
+                .map_err(StepError::Other)?;
+        }
         let mpi = dir.join("mpi_bench");
         let src = root.join("xtask/src/lab/mpi_bench.c");
         sh(

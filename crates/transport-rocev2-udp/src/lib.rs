@@ -58,7 +58,7 @@ pub mod tx;
 pub use control::{ControlConfig, ControlError, OpBuffer, PeerLost, Registry, TcpControl};
 pub use port::{PortError, UdpPort, UdpPortConfig, UdpRx, UdpTx};
 pub use rx::{Chunk, LaneReceiver, RxBatch, RxConfig, RxError, RxStats};
-pub use socket::{RxSocket, SocketConfig, SocketError, TxSocket};
+pub use socket::{RxSocket, RxWaker, SocketConfig, SocketError, TxSocket};
 pub use tx::{LaneSender, OutChunk, Sent, TxConfig, TxError, TxStats};
 
 /// Bytes each datagram carries besides the chunk payload (BTH 12, DETH 8, ImmDt 4, ICRC 4),

@@ -224,6 +224,11 @@ impl UdpRx {
         &self.recv
     }
 
+    /// A handle that ends this half's [`wait`](Self::wait) from another thread.
+    pub fn waker(&self) -> crate::RxWaker {
+        self.recv.waker()
+    }
+
     /// Chunks read from the socket and not handed out yet.
     pub fn held(&self) -> usize {
         self.batch - self.next

@@ -204,6 +204,11 @@ impl LaneReceiver {
         &self.sock
     }
 
+    /// A handle that ends a [`recv`](Self::recv) wait from another thread.
+    pub fn waker(&self) -> crate::socket::RxWaker {
+        self.sock.waker()
+    }
+
     /// Reads what is queued now (one `recvmmsg`), without waiting; an empty batch if nothing.
     pub fn try_recv(&mut self) -> Result<RxBatch<'_>, RxError> {
         self.read_batch()?;
@@ -222,7 +227,10 @@ impl LaneReceiver {
             if now >= deadline {
                 break;
             }
-            self.sock.wait_readable(deadline - now)?;
+            if self.sock.wait_readable(deadline - now)? == crate::socket::Wait::Woken {
+                // Someone has work for our owner: return now, with nothing read.
+                break;
+            }
         }
         Ok(self.batch())
     }

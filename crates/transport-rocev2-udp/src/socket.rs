@@ -21,7 +21,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
@@ -119,19 +119,46 @@ fn bind(sock: &Socket, addr: SocketAddrV4) -> Result<(), SocketError> {
 /// The receive socket of one lane, joined to its group.
 #[derive(Debug)]
 pub struct RxSocket {
-    /// std's type for its one-syscall `set_nonblocking` (`FIONBIO`) and `peek`.
     sock: UdpSocket,
     state: UdpSocketState,
     group: SocketAddrV4,
     granted_recv_buffer: usize,
     inode: Option<u64>,
-    /// `SO_RCVTIMEO` as last set, in nanoseconds (0: never), to skip setting it again.
-    read_timeout_ns: AtomicU64,
+    /// Waits for the socket or the waker (mio: epoll with an eventfd).
+    poll: mio::Poll,
+    events: mio::Events,
+    waker: RxWaker,
 }
 
-/// Longest single wait in [`RxSocket::wait_readable`]: longer timeouts wait in slices of this,
-/// so that `SO_RCVTIMEO` rarely changes.
-const WAIT_SLICE: Duration = Duration::from_millis(10);
+/// The socket's and the waker's tokens in [`RxSocket`]'s poll.
+const SOCKET: mio::Token = mio::Token(0);
+const WAKER: mio::Token = mio::Token(1);
+
+/// Ends a receive worker's wait on its socket from another thread (the control thread, after
+/// queuing it a command): [`LaneReceiver::recv`](crate::LaneReceiver::recv) then returns
+/// at once, with whatever it read.
+#[derive(Clone, Debug)]
+pub struct RxWaker(Arc<mio::Waker>);
+
+impl RxWaker {
+    /// Wakes the socket's waiter (or its next wait, if none is waiting now).
+    pub fn wake(&self) {
+        if let Err(e) = self.0.wake() {
+            tracing::warn!(error = %e, "waking a receive worker failed");
+        }
+    }
+}
+
+/// What ended a [`RxSocket::wait_readable`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// A datagram is queued (or the socket has an error to report).
+    Readable,
+    /// The [`RxWaker`] was called.
+    Woken,
+    /// The timeout passed.
+    TimedOut,
+}
 
 impl RxSocket {
     /// Binds `group` (address and port) with `SO_REUSEADDR`/`SO_REUSEPORT`, so that several
@@ -164,6 +191,19 @@ impl RxSocket {
         let inode = std::fs::metadata(format!("/proc/self/fd/{}", sock.as_raw_fd()))
             .ok()
             .map(|m| m.ino());
+        sock.set_nonblocking(true).map_err(io_err("O_NONBLOCK"))?;
+        let poll = mio::Poll::new().map_err(io_err("epoll"))?;
+        // Edge-triggered: `wait_readable` is only called after a read found the queue empty.
+        poll.registry()
+            .register(
+                &mut mio::unix::SourceFd(&sock.as_raw_fd()),
+                SOCKET,
+                mio::Interest::READABLE,
+            )
+            .map_err(io_err("epoll_ctl"))?;
+        let waker = RxWaker(Arc::new(
+            mio::Waker::new(poll.registry(), WAKER).map_err(io_err("eventfd"))?,
+        ));
         tracing::debug!(%group, granted_recv_buffer, gro = state.gro_segments(), "rx socket");
         Ok(RxSocket {
             sock: sock.into(),
@@ -171,7 +211,9 @@ impl RxSocket {
             group,
             granted_recv_buffer,
             inode,
-            read_timeout_ns: AtomicU64::new(0),
+            poll,
+            events: mio::Events::with_capacity(4),
+            waker,
         })
     }
 
@@ -219,37 +261,28 @@ impl RxSocket {
         self.state.recv((&self.sock).into(), bufs, meta)
     }
 
-    /// Waits up to `timeout` (at most a 10 ms slice) for a datagram to be queued, without
-    /// consuming it; `Ok(false)` if none came.
-    ///
-    /// std and socket2 have no `poll`; a blocking `MSG_PEEK` with `SO_RCVTIMEO` waits as well,
-    /// at the cost of toggling `O_NONBLOCK` around it (two `ioctl`s, only when the queue was
-    /// empty).
-    pub(crate) fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
-        let t = timeout.clamp(Duration::from_micros(1), WAIT_SLICE);
-        let t_ns = t.as_nanos() as u64;
-        if self.read_timeout_ns.load(Ordering::Relaxed) != t_ns {
-            self.sock.set_read_timeout(Some(t))?;
-            self.read_timeout_ns.store(t_ns, Ordering::Relaxed);
+    /// A handle that ends [`wait_readable`](Self::wait_readable) from another thread.
+    pub fn waker(&self) -> RxWaker {
+        self.waker.clone()
+    }
+
+    /// Waits up to `timeout` for a datagram to be queued (call it only after a read found the
+    /// queue empty: the wait is edge-triggered), or for the [`RxWaker`].
+    pub(crate) fn wait_readable(&mut self, timeout: Duration) -> io::Result<Wait> {
+        match self.poll.poll(&mut self.events, Some(timeout)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(Wait::TimedOut),
+            Err(e) => return Err(e),
         }
-        self.sock.set_nonblocking(false)?;
-        let mut one = [0u8; 1];
-        let peeked = self.sock.peek(&mut one);
-        self.sock.set_nonblocking(true)?;
-        match peeked {
-            Ok(_) => Ok(true),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) =>
-            {
-                Ok(false)
+        let mut wait = Wait::TimedOut;
+        for e in &self.events {
+            match e.token() {
+                SOCKET => wait = Wait::Readable,
+                WAKER if wait == Wait::TimedOut => wait = Wait::Woken,
+                _ => {}
             }
-            Err(e) => Err(e),
         }
+        Ok(wait)
     }
 }
 

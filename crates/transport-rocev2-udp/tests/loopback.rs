@@ -418,3 +418,42 @@ fn oversized_chunk_is_refused_before_sending() {
     assert_eq!(tx.send_batch(&chunks).unwrap().chunks, 1);
     assert_eq!(tx.stats().datagrams, 1);
 }
+
+/// A receive worker parked in `recv` with a long timeout returns as soon as another thread
+/// wakes it (the engine's control thread does after queuing it a command), and still reads
+/// datagrams that arrive after a wake.
+#[test]
+fn a_waker_ends_a_long_wait_and_reception_goes_on() {
+    let (job, group) = job(0x3A4E_0001, free_port());
+    let mut rx = receiver(&job, group, |_| {});
+    let waker = rx.waker();
+    let (done, finished) = std::sync::mpsc::channel();
+    let t = thread::spawn(move || {
+        let n = rx.recv(Duration::from_secs(3600)).expect("recv").len();
+        done.send(n).expect("report");
+        // After the wake, a datagram sent later still ends a wait.
+        let mut got = 0;
+        for _ in 0..200 {
+            got += rx.recv(Duration::from_millis(50)).expect("recv").len();
+            if got > 0 {
+                break;
+            }
+        }
+        got
+    });
+    // Woken while (or before) it waits: either way the wait ends.
+    thread::sleep(Duration::from_millis(50));
+    waker.wake();
+    let n = finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the woken receiver returned");
+    assert_eq!(n, 0, "nothing was sent yet");
+    let mut tx = sender(&job, group, 1, false);
+    let data = payload(0, 1024);
+    tx.send_batch(&[OutChunk {
+        imm: 0,
+        payload: &data,
+    }])
+    .expect("send");
+    assert_eq!(t.join().expect("receiver thread"), 1);
+}

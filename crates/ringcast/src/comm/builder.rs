@@ -423,7 +423,17 @@ impl CommBuilder {
                 prefix: self.prefix,
                 port: self.udp_port,
             },
-            socket: SocketConfig::on_interface(iface),
+            socket: SocketConfig {
+                // Our own datagrams come back only if another rank shares this host (its
+                // control address): a rank alone on its host would receive and drop its
+                // whole block again. The start-up check catches a host shared through a
+                // second address (multicast would not arrive there).
+                multicast_loop: control
+                    .iter()
+                    .enumerate()
+                    .any(|(r, a)| r != rank as usize && a.ip() == control[rank as usize].ip()),
+                ..SocketConfig::on_interface(iface)
+            },
             max_payload: chunk as usize,
             pkey: 0xFFFF,
             gso: true,

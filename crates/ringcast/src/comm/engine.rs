@@ -45,8 +45,9 @@
 //! Nothing spins. The control thread parks until the session's next timer; every input
 //! unparks it: a post ([`PostTx`]), a worker's note, a control frame or read completion (the
 //! transport's reader threads, [`TcpControl::wake_on_arrival`](ringcast_transport_rocev2_udp::TcpControl::wake_on_arrival)).
-//! [`IDLE_WAIT`] and [`BUSY_WAIT`] only cap a park. A receive worker sleeps on its socket (a datagram wakes it; the
-//! timeout, shorter while the lane has operations open, bounds how late it sees a command);
+//! [`IDLE_WAIT`] and [`BUSY_WAIT`] only cap a park. A receive worker sleeps on its socket and
+//! an eventfd (a datagram wakes it, and the control thread does after queuing it a command:
+//! [`RxWaker`](ringcast_transport_rocev2_udp::RxWaker));
 //! a send worker blocks on its command queue, until the pacer's next release when it has
 //! something queued.
 //!
@@ -465,7 +466,11 @@ impl Engine {
             // fail by the peer timeout or the cutoff.
             let _ = match c {
                 LaneCommand::Rx { lane, cmd } => match self.lanes.get(usize::from(lane)) {
-                    Some(l) => l.rx_cmd.send(cmd).map_err(drop),
+                    Some(l) => {
+                        let sent = l.rx_cmd.send(cmd).map_err(drop);
+                        l.rx_wake.wake();
+                        sent
+                    }
                     None => Ok(()),
                 },
                 LaneCommand::Tx { lane, cmd } => match self.lanes.get(usize::from(lane)) {
@@ -692,8 +697,12 @@ impl Engine {
             lanes,
             ..
         } = self;
-        // Closing the command queues stops the workers (each notices within its wait).
+        // Closing the command queues stops the workers (woken, or at the end of their wait).
+        let wakers: Vec<_> = lanes.iter().map(|l| l.rx_wake.clone()).collect();
         let threads: Vec<_> = lanes.into_iter().flat_map(|l| l.threads).collect();
+        for w in wakers {
+            w.wake();
+        }
         for t in threads {
             if t.join().is_err() {
                 tracing::error!(rank, "a lane worker panicked");

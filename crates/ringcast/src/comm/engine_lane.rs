@@ -16,17 +16,17 @@ use ringcast_core::lane::{
 use ringcast_core::port::{LaneRxPort, LaneTxPort, RxToken};
 use ringcast_core::{Instant, OpId, Placement};
 use ringcast_transport_rocev2_udp::pace::Pacer;
-use ringcast_transport_rocev2_udp::{RxStats, TxStats, UdpRx, UdpTx};
+use ringcast_transport_rocev2_udp::{RxStats, RxWaker, TxStats, UdpRx, UdpTx};
 
 /// Capacity of every queue between the control thread and a worker. Commands and notes are a
 /// handful per operation and lane, so a full queue means a stuck peer, not load.
 pub(super) const QUEUE: usize = 256;
-/// How long a receive worker sleeps on its socket while the lane has operations open (an
-/// idle socket; a datagram wakes it at once). Bounds how late it sees a `Close`.
-const RX_BUSY_WAIT: Duration = Duration::from_micros(200);
-/// How long it sleeps with nothing open: an `Open` needs no prompt answer (it is always
-/// queued before any of its chunks can arrive, and a chunk wakes the worker).
-const RX_IDLE_WAIT: Duration = Duration::from_millis(5);
+/// The longest a receive worker sleeps on its socket: a datagram wakes it, and so does the
+/// control thread after queuing it a command ([`LaneLink::rx_wake`]); the timeout only
+/// bounds a missed wake-up and how stale the published counters get.
+const RX_WAIT: Duration = Duration::from_millis(5);
+/// How soon a worker retries notes the control thread's full queue did not take.
+const BACKLOG_RETRY: Duration = Duration::from_micros(200);
 /// How long a send worker with nothing to send blocks on its command queue (a command wakes
 /// it at once; the timeout only bounds how late it notices a shutdown).
 const TX_IDLE_WAIT: Duration = Duration::from_millis(5);
@@ -118,6 +118,8 @@ impl NoteOut {
 #[derive(Debug)]
 pub(super) struct LaneLink {
     pub(super) rx_cmd: SyncSender<RxCommand>,
+    /// Ends the receive worker's wait on its socket: called after queuing it a command.
+    pub(super) rx_wake: RxWaker,
     pub(super) tx_cmd: SyncSender<TxMsg>,
     pub(super) rx_notes: Receiver<LaneNote>,
     pub(super) tx_notes: Receiver<LaneNote>,
@@ -177,6 +179,7 @@ pub(super) fn spawn(
     pin: Option<Pinning>,
 ) -> std::io::Result<LaneLink> {
     let l = lane.0.lane();
+    let rx_wake = port.0.waker();
     let (rx_cmd, rx_cmds) = mpsc::sync_channel(QUEUE);
     let (tx_cmd, tx_cmds) = mpsc::sync_channel(QUEUE);
     let (rx_note, rx_notes) = mpsc::sync_channel(QUEUE);
@@ -241,6 +244,7 @@ pub(super) fn spawn(
     };
     Ok(LaneLink {
         rx_cmd,
+        rx_wake,
         tx_cmd,
         rx_notes,
         tx_notes,
@@ -271,10 +275,11 @@ impl RxWorker {
             if !self.commands() {
                 break;
             }
-            let wait = if self.lane.open_ops() > 0 || !self.out.backlog.is_empty() {
-                RX_BUSY_WAIT
+            // Notes the control thread could not take yet are retried soon.
+            let wait = if self.out.backlog.is_empty() {
+                RX_WAIT
             } else {
-                RX_IDLE_WAIT
+                BACKLOG_RETRY
             };
             if self.port.wait(wait) == 0 {
                 self.publish(false);
@@ -482,7 +487,7 @@ impl TxWorker {
             self.out.flush();
             let wait = match next {
                 Next::Now if self.out.backlog.is_empty() => continue,
-                Next::Now => RX_BUSY_WAIT,
+                Next::Now => BACKLOG_RETRY,
                 Next::At(at) => Duration::from_nanos(at.as_nanos().saturating_sub(now.as_nanos()))
                     .min(TX_IDLE_WAIT),
                 Next::Idle => TX_IDLE_WAIT,
