@@ -464,14 +464,26 @@ impl Run {
     }
 }
 
-const COLORS: [RGBColor; 6] = [
+const COLORS: [RGBColor; 8] = [
     RGBColor(0x1f, 0x77, 0xb4),
     RGBColor(0xd6, 0x27, 0x28),
     RGBColor(0x2c, 0xa0, 0x2c),
     RGBColor(0xff, 0x7f, 0x0e),
     RGBColor(0x94, 0x67, 0xbd),
     RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0x17, 0xbe, 0xcf),
+    RGBColor(0x7f, 0x7f, 0x7f),
 ];
+
+/// An axis tick in bytes, decimal (the log axis puts ticks at powers of ten).
+fn tick_bytes(x: &f64) -> String {
+    match *x {
+        x if x >= 1e9 => format!("{} GB", x / 1e9),
+        x if x >= 1e6 => format!("{} MB", x / 1e6),
+        x if x >= 1e3 => format!("{} kB", x / 1e3),
+        x => format!("{x} B"),
+    }
+}
 
 /// A line plot of named series; x log-scaled when `x_log`, y log-scaled when `y_log`.
 fn plot(
@@ -580,7 +592,7 @@ fn svgs(run: &Run) -> Result<Vec<(&'static str, String)>, String> {
         "latency (ms)",
         &lat,
         (true, true),
-        &|x| size_label(x.round() as u64),
+        &tick_bytes,
     )?;
     let size = run
         .goodput_size()
