@@ -119,6 +119,18 @@ impl Layout {
         self.blocks.get(r as usize).map_or(0, |b| b.chunks)
     }
 
+    /// Bytes of block `r` (zero for a rank out of range).
+    pub(crate) fn block_size(&self, r: u32) -> u64 {
+        self.blocks.get(r as usize).map_or(0, |b| b.size)
+    }
+
+    /// Block-local index of chunk number `g` (global), which belongs to block `r`.
+    pub(crate) fn block_local(&self, g: u32, r: u32) -> u32 {
+        let l = self.lane_start.partition_point(|&s| s <= g) - 1;
+        let base = self.base[l * self.ranks as usize + r as usize];
+        l as u32 * self.blocks[r as usize].per_lane + g.saturating_sub(base)
+    }
+
     /// Bytes of the whole buffer.
     pub(crate) fn bytes(&self) -> u64 {
         self.blocks.last().map_or(0, |b| b.displ + b.size)

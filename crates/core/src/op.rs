@@ -9,7 +9,8 @@
 //!    see `send` and `schedule`). The lanes record arriving chunks in their bitmaps. The
 //!    cutoff timer (`N / B + alpha`) ends the fast path: the lanes that are not full hand
 //!    their bitmaps back, and the rank fetches what it misses from its ring predecessor (see
-//!    `ring`).
+//!    `ring`). Before that, a lane that sees a gap behind its stream settles the chunks
+//!    behind it (hands them over) and the rank recovers them while the data still flows.
 //! 3. A rank that holds every chunk and has no read in flight sends `Fin` to its predecessor;
 //!    it completes once its successor's `Fin` arrived and its own sends are done.
 //!
@@ -31,6 +32,7 @@ use crate::send::RootSend;
 use crate::time::Instant;
 use crate::timer::{Timer, TimerTable};
 use crate::wire::ChunkRun;
+use alloc::vec::Vec;
 use core::time::Duration;
 
 /// Which step of the operation this rank is in.
@@ -64,6 +66,13 @@ pub(crate) struct Collective {
     cutoff_seen: u64,
     counting: u32,
     counted: u64,
+    /// Allgather: roots multicasting at once (a block's share of a link); 0: no per-block
+    /// deadlines (a Broadcast's one block ends with the cutoff).
+    block_roots: u32,
+    /// Per-block deadlines (Allgather): when lane `l`'s part of a block should be in, sorted.
+    blocks_due: Vec<(Instant, u16, Rank)>,
+    /// Settles asked of a lane and not answered yet, per (lane, block).
+    pub(crate) settles_asked: Vec<(u16, u32)>,
 }
 
 impl Collective {
@@ -102,6 +111,7 @@ impl Collective {
         let mut op = Self::new(c, id, Rank(0), sizes, send)?;
         // Each step needs a token to travel; give the cutoff slack for every step.
         op.cutoff_after += c.cutoff_alpha * chains.steps().saturating_sub(1);
+        op.block_roots = c.chains.clamp(1, c.ranks);
         Ok(op)
     }
 
@@ -144,6 +154,9 @@ impl Collective {
             cutoff_seen: 0,
             counting: 0,
             counted: 0,
+            block_roots: 0,
+            blocks_due: Vec::new(),
+            settles_asked: Vec::new(),
         })
     }
 
@@ -192,8 +205,9 @@ impl Collective {
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
         // A rank still waiting for the chain token keeps its cutoff even when it holds
         // everything else: it must not wait for a token from a crashed predecessor forever.
-        self.timers
-            .next(!self.cutoff_fired && (!self.rx.complete() || self.send.waiting()))
+        // A complete rank keeps it too while it withholds chunks it recovered (see `ring`).
+        let cutoff = !self.rx.complete() || self.send.waiting() || self.ring.owes_answers();
+        self.timers.next(!self.cutoff_fired && cutoff)
     }
 
     pub(crate) fn on_timeout(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
@@ -228,11 +242,69 @@ impl Collective {
         if self.timers.expired(Timer::Keepalive, now) {
             self.keepalive(cx);
         }
+        if self.timers.expired(Timer::Blocks, now) {
+            self.blocks_overdue(cx);
+        }
         None
+    }
+
+    /// Allgather: a block started on a lane. Its chunks should be in after its share of the
+    /// link, twice over, plus `alpha`; then the lane settles what it has, so a block whose
+    /// last chunks were lost is recovered long before the operation's cutoff.
+    pub(crate) fn on_lane_started(&mut self, cx: &Ctx<'_>, lane: u16, block: Rank) {
+        if self.block_roots == 0 || self.cutoff_fired {
+            return;
+        }
+        let share = self.layout.block_size(block.0) * u64::from(self.block_roots);
+        let at = cx.now + transfer_time(cx.config, share) * 2 + cx.config.cutoff_alpha;
+        let i = self.blocks_due.partition_point(|d| d.0 <= at);
+        self.blocks_due.insert(i, (at, lane, block));
+        if i == 0 {
+            self.timers.set(Timer::Blocks, at);
+        }
+    }
+
+    /// Per-block deadlines passed: the lanes hand over what those blocks have.
+    fn blocks_overdue(&mut self, cx: &mut Ctx<'_>) {
+        let due = self.blocks_due.partition_point(|d| d.0 <= cx.now);
+        for (_, lane, block) in self.blocks_due.drain(..due) {
+            if self.rx.is_open(usize::from(lane)) {
+                cx.lane(LaneCommand::Rx {
+                    lane,
+                    cmd: RxCommand::Settle {
+                        op: self.id,
+                        block,
+                        upto: None,
+                    },
+                });
+            }
+        }
+        match self.blocks_due.first() {
+            Some(d) => self.timers.set(Timer::Blocks, d.0),
+            None => self.timers.stop(Timer::Blocks),
+        }
+    }
+
+    /// A lane handed us chunks while it stays open.
+    pub(crate) fn on_lane_settled(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        lane: u16,
+        block: Rank,
+        run: ChunkRun,
+        missing: &[ChunkRun],
+    ) -> Option<Outcome> {
+        let len = self.layout.lane_len(u32::from(lane));
+        self.rx.on_settled(usize::from(lane), len, run, missing);
+        self.settles_asked
+            .retain(|a| !(a.0 == lane && a.1 == block.0));
+        self.lanes_changed(cx)
     }
 
     /// The cutoff fired: get back the bitmaps of the lanes that are not full.
     fn end_fast_path(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
+        self.timers.stop(Timer::Blocks);
+        self.blocks_due.clear();
         if self.send.waiting() {
             self.send.activate_late();
         }
@@ -287,7 +359,7 @@ impl Collective {
     /// A lane's receive half filled up.
     pub(crate) fn on_lane_full(&mut self, cx: &mut Ctx<'_>, lane: u16) -> Option<Outcome> {
         self.rx.on_full(usize::from(lane));
-        self.progress(cx)
+        self.lanes_changed(cx)
     }
 
     /// A lane handed its bitmap back.
@@ -316,11 +388,12 @@ impl Collective {
     /// Everything that may follow new data or a finished send/read: answer a deferred request
     /// that is now fully held, start or pass on the root's sends, send `Fin`, complete.
     pub(crate) fn progress(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
-        let answerable = self
-            .ring
-            .deferred
-            .as_ref()
-            .is_some_and(|d| d.iter().all(|r| self.rx.holds(&self.layout, *r)));
+        let answerable = !self.send.sending()
+            && self
+                .ring
+                .deferred
+                .as_ref()
+                .is_some_and(|d| d.iter().all(|r| self.rx.holds(&self.layout, *r)));
         if let Some(d) = self.ring.deferred.take_if(|_| answerable) {
             self.timers.stop(Timer::Keepalive);
             self.send_ack(cx, self.succ, d);

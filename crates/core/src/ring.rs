@@ -81,11 +81,16 @@
 
 use crate::config::Rank;
 use crate::event::{OpError, OpId, ReadId, Transmit};
+use crate::lane::{LaneCommand, RxCommand};
 use crate::op::{Collective, keepalive_interval, transfer_time};
 use crate::out::{ControlMsg, Ctx, Outcome, Outgoing, bump};
 use crate::timer::Timer;
 use crate::wire::{ChunkRun, ControlKind, RunList};
 use alloc::vec::Vec;
+
+/// Before the cutoff, a recovered chunk is vouched for only below this many reads behind it
+/// (and below `log2 P`).
+const EARLY_HOPS: u32 = 4;
 
 /// Skip distances are `m * SKIP_BASE^k` for `m` in `1..SKIP_BASE`, `k >= 0`, at least 2.
 pub(crate) const SKIP_BASE: u32 = 8;
@@ -173,6 +178,8 @@ pub(crate) struct Recovery {
     probed: Vec<Rank>,
     /// Runs our successor asked for that we did not hold (or could not vouch for) yet.
     pub(crate) deferred: Option<Vec<ChunkRun>>,
+    /// We told our successor we lack part of its request (`Lacking`).
+    told: bool,
     /// Ranks further ahead that probed us.
     requesters: Vec<Requester>,
     /// What we recovered by reads, with the length of the chain of reads behind each piece.
@@ -207,6 +214,12 @@ impl Recovery {
         self.fetches()
             .find(|f| !f.reads.is_empty())
             .map_or(pred, |f| f.peer)
+    }
+
+    /// Whether a successor or a prober waits for runs we have not acknowledged.
+    pub(crate) fn owes_answers(&self) -> bool {
+        self.deferred.as_ref().is_some_and(|d| !d.is_empty())
+            || self.requesters.iter().any(|r| !r.deferred.is_empty())
     }
 
     /// Every rank that may read from us said it will not any more.
@@ -245,14 +258,35 @@ impl Recovery {
         }
     }
 
-    /// The longest recovery chain behind any of `runs`.
-    fn hops(&self, runs: &[ChunkRun]) -> u32 {
-        self.recovered
-            .iter()
-            .filter(|(rec, _)| runs.iter().any(|r| overlaps(*rec, *r)))
-            .map(|(_, h)| *h)
-            .max()
-            .unwrap_or(0)
+    /// `runs` cut where the recovery chain behind them changes, each piece with the longest
+    /// chain behind any of its chunks (0: it came on the fast path), in order.
+    fn split_by_hops(&self, runs: &[ChunkRun]) -> Vec<(ChunkRun, u32)> {
+        let mut out: Vec<(ChunkRun, u32)> = Vec::new();
+        for r in runs {
+            let mut cuts = alloc::vec![r.start, r.end()];
+            for (rec, _) in self.recovered.iter().filter(|(rec, _)| overlaps(*rec, *r)) {
+                cuts.extend([rec.start.max(r.start), rec.end().min(r.end())]);
+            }
+            cuts.sort_unstable();
+            cuts.dedup();
+            for w in cuts.windows(2) {
+                let piece = ChunkRun::span(w[0], w[1]);
+                let h = self
+                    .recovered
+                    .iter()
+                    .filter(|(rec, _)| overlaps(*rec, piece))
+                    .map(|(_, h)| *h)
+                    .max()
+                    .unwrap_or(0);
+                match out.last_mut() {
+                    Some((last, lh)) if *lh == h && last.end() == piece.start => {
+                        *last = ChunkRun::span(last.start, piece.end())
+                    }
+                    _ => out.push((piece, h)),
+                }
+            }
+        }
+        out
     }
 }
 
@@ -263,23 +297,122 @@ impl Collective {
         (r.0 + p - self.me.0) % p
     }
 
-    /// The answer to a request we cannot serve in full yet: `Lacking` once our fast path is
-    /// over (we know we miss it), `FetchNack` before.
-    fn nack_kind(&self) -> ControlKind {
-        if self.cutoff_fired && self.rx.known() {
+    /// The answer to a request we cannot serve in full yet (`lacking`): `Lacking` once we
+    /// know we miss part of it (our fast path is over, or a lane settled those chunks
+    /// missing), `FetchNack` ("not yet") before.
+    fn nack_kind(&self, lacking: &[ChunkRun]) -> ControlKind {
+        if (self.cutoff_fired && self.rx.known())
+            || self.knows_missing(lacking)
+            || self.withholds(lacking)
+        {
             ControlKind::Lacking
         } else {
             ControlKind::FetchNack
         }
     }
 
-    /// Asks the predecessor for missing chunks, unless a request is outstanding already or
-    /// the lanes have not handed their bitmaps back yet.
+    /// Before our cutoff, chunks we recovered through `early_hops` reads or more are not
+    /// vouched for: a rank asking for them probes further back, where chains are shorter.
+    /// Recoveries then overlap in time, and without the bound a rank that asks just after
+    /// its predecessor recovered would lengthen the chain by one each time.
+    fn withheld(&self) -> Vec<ChunkRun> {
+        if self.cutoff_fired {
+            return Vec::new();
+        }
+        let p = self.layout.ranks().max(2);
+        let cap = (32 - (p - 1).leading_zeros()).clamp(1, EARLY_HOPS);
+        let mut out: Vec<ChunkRun> = self
+            .ring
+            .recovered
+            .iter()
+            .filter(|(_, h)| *h >= cap)
+            .map(|(r, _)| *r)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Whether we hold part of `runs` but do not vouch for it yet (see `withheld`).
+    fn withholds(&self, runs: &[ChunkRun]) -> bool {
+        self.withheld()
+            .iter()
+            .any(|w| runs.iter().any(|r| overlaps(*w, *r)))
+    }
+
+    /// Whether a chunk of `runs` is known missing here.
+    fn knows_missing(&self, runs: &[ChunkRun]) -> bool {
+        let mut v = Vec::new();
+        for r in runs {
+            self.rx.runs_within(&self.layout, *r, false, 1, &mut v);
+            if !v.is_empty() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Sends the answer to a request we cannot serve in full yet.
+    fn send_nack(&mut self, cx: &mut Ctx<'_>, lacking: &[ChunkRun]) {
+        let kind = self.nack_kind(lacking);
+        self.ring.told |= kind == ControlKind::Lacking;
+        cx.send(self.succ, ControlMsg::simple(kind, self.id.0));
+    }
+
+    /// Asks lane `l` to settle the blocks of lane-relative `r` up to its end (once they got
+    /// there), one settle per block at a time: its answer brings us back here if more is needed.
+    fn ask_settle(&mut self, cx: &mut Ctx<'_>, l: u32, r: ChunkRun) {
+        let base = self.layout.lane_start(l);
+        let mut pieces = Vec::new();
+        let global = ChunkRun {
+            start: r.start + base,
+            len: r.len,
+        };
+        self.layout.pieces(global, &mut pieces);
+        for p in pieces {
+            let asked = (l as u16, p.root);
+            if self.settles_asked.contains(&asked) {
+                continue;
+            }
+            self.settles_asked.push(asked);
+            let upto = self.layout.block_local(p.run.start, p.root) + p.run.len;
+            cx.lane(LaneCommand::Rx {
+                lane: l as u16,
+                cmd: RxCommand::Settle {
+                    op: self.id,
+                    block: Rank(p.root),
+                    upto: Some(upto),
+                },
+            });
+        }
+    }
+
+    /// What the lanes told us changed what we hold or know we miss: acknowledge what we
+    /// can, tell a waiting successor we lack the rest once we know, recover it.
+    pub(crate) fn lanes_changed(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
+        let lacking = self.answer_deferred(cx);
+        if !self.ring.told
+            && !lacking.is_empty()
+            && (self.knows_missing(&lacking) || self.withholds(&lacking))
+        {
+            self.send_nack(cx, &lacking);
+        }
+        self.answer_requesters(cx);
+        self.start_fetch(cx, None);
+        self.progress(cx)
+    }
+
+    /// Asks the predecessor for missing chunks, unless a request is outstanding already.
+    /// Only chunks known missing are asked for: on a lane still open, those it settled.
     ///
-    /// Before our own cutoff fired only the runs `within` are asked for (the rest may still be
-    /// on its way on the fast path); afterwards everything missing.
+    /// Before our own cutoff fired, with `within`, only the runs `within` are asked for;
+    /// afterwards everything missing.
+    ///
+    /// With a request outstanding, runs it does not name yet are added to it and the whole
+    /// request is sent again (the predecessor's answer covers both): chunks found missing
+    /// later (a lane settled them, the cutoff came) never wait behind runs the predecessor
+    /// is still recovering, so no cycle of ranks waits on each other around the ring.
     pub(crate) fn start_fetch(&mut self, cx: &mut Ctx<'_>, within: Option<&[ChunkRun]>) {
-        if self.ring.fetch.is_some() || !self.rx.known() || self.rx.complete() {
+        if self.rx.complete() {
             return;
         }
         let max = cx.config.max_fetch_runs();
@@ -297,6 +430,23 @@ impl Collective {
                     .runs_within(&self.layout, all, false, max, &mut runs)
             }
         }
+        // A chunk being read already is not asked for again.
+        for f in self.ring.fetches() {
+            for (_, r, _) in &f.reads {
+                subtract(&mut runs, *r);
+            }
+        }
+        if let Some(f) = &self.ring.fetch {
+            let mut all = f.pending.clone();
+            for r in &runs {
+                union_into(&mut all, *r);
+            }
+            all.truncate(max);
+            if all == f.pending {
+                return;
+            }
+            runs = all;
+        }
         if runs.is_empty() {
             return;
         }
@@ -308,7 +458,10 @@ impl Collective {
             runs: runs.clone(),
         };
         cx.send(self.pred, msg);
-        self.ring.fetch = Some(Fetch::new(self.pred, runs));
+        match self.ring.fetch.as_mut() {
+            Some(f) => f.pending = runs,
+            None => self.ring.fetch = Some(Fetch::new(self.pred, runs)),
+        }
         self.ring.fanned = false;
         self.timers
             .set(Timer::Fetch, cx.now + cx.config.peer_timeout);
@@ -349,18 +502,19 @@ impl Collective {
         self.timers
             .set(Timer::Keepalive, cx.now + keepalive_interval(cx.config));
         self.ring.deferred = Some(runs.iter().collect());
+        self.ring.told = false;
         let lacking = self.answer_deferred(cx);
         if !lacking.is_empty() {
             bump(&mut cx.stats.fetch_nacks);
-            cx.send(self.succ, ControlMsg::simple(self.nack_kind(), self.id.0));
+            self.send_nack(cx, &lacking);
             self.start_fetch(cx, Some(&lacking));
         }
         None
     }
 
-    /// Acknowledges every deferred run we hold now; keeps (and returns) the rest. Runs on
-    /// lanes whose bitmap is still with the lane count as not held: we answer them once the
-    /// cutoff brought the bitmaps back.
+    /// Acknowledges every deferred run we hold now; keeps (and returns) the rest. Runs a lane
+    /// still tracks count as not held: we ask it to settle them, and answer once it did (or
+    /// the cutoff brought the bitmaps back).
     pub(crate) fn answer_deferred(&mut self, cx: &mut Ctx<'_>) -> Vec<ChunkRun> {
         let Some(asked) = self.ring.deferred.take() else {
             return Vec::new();
@@ -388,11 +542,17 @@ impl Collective {
     }
 
     /// Acknowledges to `to` the runs of `asked` we hold; returns the rest.
+    ///
+    /// While our own block's multicasts are under way we acknowledge nothing: reads from us
+    /// would take our uplink from them, and late multicasts cost every rank.
     fn answer(&mut self, cx: &mut Ctx<'_>, to: Rank, asked: Vec<ChunkRun>) -> Vec<ChunkRun> {
         let mut held = Vec::new();
-        for r in &asked {
+        for r in asked.iter().filter(|_| !self.send.sending()) {
             self.rx
                 .runs_within(&self.layout, *r, true, usize::MAX, &mut held);
+        }
+        for w in self.withheld() {
+            subtract(&mut held, w);
         }
         let mut lacking = asked;
         for h in &held {
@@ -401,28 +561,48 @@ impl Collective {
         if !held.is_empty() {
             self.send_ack(cx, to, held);
         }
+        let mut undecided = Vec::new();
+        for r in &lacking {
+            self.rx.undecided(&self.layout, *r, &mut undecided);
+        }
+        for (l, r) in undecided {
+            self.ask_settle(cx, l, r);
+        }
         lacking
     }
 
     /// Acknowledges `runs` to `to`, in as many messages as the control size limit needs. Each
     /// message carries the longest recovery chain behind the chunks it names.
+    ///
+    /// Runs are grouped by that chain's length, so a chunk that arrived on the fast path is
+    /// not reported as deep as one recovered through several ranks beside it.
     pub(crate) fn send_ack(&mut self, cx: &mut Ctx<'_>, to: Rank, runs: Vec<ChunkRun>) {
-        for batch in runs.chunks(cx.config.max_fetch_runs()) {
-            let msg = ControlMsg {
-                kind: ControlKind::FetchAck,
-                op: self.id.0,
-                arg: self.ring.hops(batch),
-                runs: batch.to_vec(),
-            };
-            cx.send(to, msg);
+        let mut by_hops: Vec<(u32, Vec<ChunkRun>)> = Vec::new();
+        for (r, h) in self.ring.split_by_hops(&runs) {
+            match by_hops.iter_mut().find(|g| g.0 == h) {
+                Some(g) => g.1.push(r),
+                None => by_hops.push((h, alloc::vec![r])),
+            }
+        }
+        for (hops, group) in by_hops {
+            for batch in group.chunks(cx.config.max_fetch_runs()) {
+                let msg = ControlMsg {
+                    kind: ControlKind::FetchAck,
+                    op: self.id.0,
+                    arg: hops,
+                    runs: batch.to_vec(),
+                };
+                cx.send(to, msg);
+            }
         }
     }
 
     /// Still recovering for our successor: acknowledge what arrived meanwhile, NACK the rest.
     pub(crate) fn keepalive(&mut self, cx: &mut Ctx<'_>) {
         self.timers.stop(Timer::Keepalive);
-        if !self.answer_deferred(cx).is_empty() {
-            cx.send(self.succ, ControlMsg::simple(self.nack_kind(), self.id.0));
+        let lacking = self.answer_deferred(cx);
+        if !lacking.is_empty() {
+            self.send_nack(cx, &lacking);
             self.timers
                 .set(Timer::Keepalive, cx.now + keepalive_interval(cx.config));
         }
@@ -430,8 +610,8 @@ impl Collective {
 
     /// Our fast path is over: tell a successor still waiting that we lack what it asked for.
     pub(crate) fn tell_lacking(&mut self, cx: &mut Ctx<'_>) {
-        if self.ring.deferred.as_ref().is_some_and(|d| !d.is_empty()) {
-            cx.send(self.succ, ControlMsg::simple(self.nack_kind(), self.id.0));
+        if let Some(d) = self.ring.deferred.clone().filter(|d| !d.is_empty()) {
+            self.send_nack(cx, &d);
         }
     }
 
@@ -444,17 +624,39 @@ impl Collective {
         runs: RunList<'_>,
         hops: u32,
     ) -> Option<Outcome> {
-        let asked = |f: &Fetch| f.peer == from && runs.iter().all(|r| covered(&f.pending, r));
-        let which = if from == self.pred && self.ring.fetch.as_ref().is_some_and(asked) {
-            None
-        } else if let Some(i) = self.ring.skips.iter().position(asked) {
-            Some(i)
-        } else {
+        // Only what is still pending counts: an answer to a request we since asked again
+        // (with more runs) may repeat runs it already acknowledged.
+        let asked = |f: &Fetch| {
+            let mut a = Vec::new();
+            if f.peer == from {
+                for r in runs.iter() {
+                    intersect_into(&f.pending, r, &mut a);
+                }
+            }
+            a
+        };
+        let mut acked = Vec::new();
+        let mut which = None;
+        if from == self.pred
+            && let Some(f) = &self.ring.fetch
+        {
+            acked = asked(f);
+        }
+        if acked.is_empty() {
+            for (i, f) in self.ring.skips.iter().enumerate() {
+                acked = asked(f);
+                if !acked.is_empty() {
+                    which = Some(i);
+                    break;
+                }
+            }
+        }
+        if acked.is_empty() {
             bump(&mut cx.stats.control_unexpected);
             return None;
-        };
+        }
         let (mut still, mut pieces) = (Vec::new(), Vec::new());
-        for r in runs.iter() {
+        for &r in &acked {
             self.rx
                 .runs_within(&self.layout, r, false, usize::MAX, &mut still);
         }
@@ -489,8 +691,8 @@ impl Collective {
             bump(&mut cx.stats.reads);
             f.reads.push((id, p.run, depth));
         }
-        for r in runs.iter() {
-            subtract(&mut f.pending, r);
+        for r in &acked {
+            subtract(&mut f.pending, *r);
         }
         let (reads_done, pending_done) = (f.reads.is_empty(), f.pending.is_empty());
         if !pieces.is_empty() {
@@ -562,7 +764,7 @@ impl Collective {
         let max = cx.config.max_fetch_runs();
         for d in skips_up_to(far.min(p - 1)) {
             let q = Rank((me + p - d) % p);
-            if q == self.pred || self.ring.skips.iter().any(|s| s.peer == q) {
+            if q == self.pred {
                 continue;
             }
             let mut runs: Vec<ChunkRun> = Vec::new();
@@ -573,6 +775,19 @@ impl Collective {
                     _ if full => break,
                     _ => runs.push(pc.run),
                 }
+            }
+            // A rank probed already is probed again only for runs it was not asked for.
+            let probed = self.ring.skips.iter().position(|s| s.peer == q);
+            if let Some(i) = probed {
+                let mut all = self.ring.skips[i].pending.clone();
+                for r in &runs {
+                    union_into(&mut all, *r);
+                }
+                all.truncate(max);
+                if all == self.ring.skips[i].pending {
+                    continue;
+                }
+                runs = all;
             }
             if runs.is_empty() {
                 continue;
@@ -585,7 +800,10 @@ impl Collective {
                 runs: runs.clone(),
             };
             cx.send(q, msg);
-            self.ring.skips.push(Fetch::new(q, runs));
+            match probed {
+                Some(i) => self.ring.skips[i].pending = runs,
+                None => self.ring.skips.push(Fetch::new(q, runs)),
+            }
             if !self.ring.probed.contains(&q) {
                 self.ring.probed.push(q);
             }
@@ -649,12 +867,9 @@ impl Collective {
         if self.ring.reads_idle() {
             self.timers.stop(Timer::Reads);
         }
-        // More runs than one message held, or a deferred request still unanswered.
-        if self.cutoff_fired {
-            self.start_fetch(cx, None);
-        } else if let Some(asked) = self.ring.deferred.clone() {
-            self.start_fetch(cx, Some(&asked));
-        }
+        // More runs than one message held, chunks settled missing meanwhile, or a deferred
+        // request still unanswered: everything known missing.
+        self.start_fetch(cx, None);
         self.progress(cx)
     }
 
@@ -687,11 +902,30 @@ fn overlaps(a: ChunkRun, b: ChunkRun) -> bool {
     a.start < b.end() && b.start < a.end()
 }
 
-/// Whether `run` lies inside one of the sorted, disjoint `runs`.
-fn covered(runs: &[ChunkRun], run: ChunkRun) -> bool {
+/// Appends the parts of `run` inside the sorted, disjoint `runs`, in order.
+fn intersect_into(runs: &[ChunkRun], run: ChunkRun, out: &mut Vec<ChunkRun>) {
     let i = runs.partition_point(|r| r.end() <= run.start);
-    runs.get(i)
-        .is_some_and(|r| r.start <= run.start && run.end() <= r.end())
+    for r in runs[i..].iter().take_while(|r| r.start < run.end()) {
+        out.push(ChunkRun::span(
+            r.start.max(run.start),
+            r.end().min(run.end()),
+        ));
+    }
+}
+
+/// Adds `run` to the sorted, disjoint `runs`, merging what it touches.
+fn union_into(runs: &mut Vec<ChunkRun>, run: ChunkRun) {
+    if run.len == 0 {
+        return;
+    }
+    let i = runs.partition_point(|r| r.end() < run.start);
+    let j = runs.partition_point(|r| r.start <= run.end());
+    let (mut s, mut e) = (run.start, run.end());
+    if i < j {
+        s = s.min(runs[i].start);
+        e = e.max(runs[j - 1].end());
+    }
+    runs.splice(i..j, [ChunkRun::span(s, e)]);
 }
 
 /// Removes `run` from the sorted, disjoint `runs`.

@@ -42,6 +42,11 @@ impl RootSend {
         self.empty || self.started && self.lanes_left == 0
     }
 
+    /// Our block's multicasts are under way: our uplink is busy with them.
+    pub(crate) fn sending(&self) -> bool {
+        self.started && self.lanes_left > 0
+    }
+
     /// Hands our block to the lanes once activated (the data phase has begun).
     pub(crate) fn start(
         &mut self,

@@ -281,7 +281,11 @@ impl Session {
         self.timeout.set(None);
         let op = match &note {
             LaneNote::Rx(
-                RxNote::Full { op, .. } | RxNote::Closed { op, .. } | RxNote::Count { op, .. },
+                RxNote::Full { op, .. }
+                | RxNote::Closed { op, .. }
+                | RxNote::Count { op, .. }
+                | RxNote::Started { op, .. }
+                | RxNote::Settled { op, .. },
             )
             | LaneNote::Tx(TxNote::SendsDone { op, .. }) => *op,
         };
@@ -296,9 +300,21 @@ impl Session {
                 c.on_lane_closed(&mut cx, lane, bitmap.0)
             }
             LaneNote::Rx(RxNote::Count { committed, .. }) => c.on_lane_count(&mut cx, committed),
+            LaneNote::Rx(RxNote::Started { lane, block, .. }) => {
+                c.on_lane_started(&cx, lane, block);
+                None
+            }
+            LaneNote::Rx(RxNote::Settled {
+                lane,
+                block,
+                run,
+                missing,
+                ..
+            }) => c.on_lane_settled(&mut cx, lane, block, run, &missing),
             LaneNote::Tx(TxNote::SendsDone { .. }) => {
                 c.send.on_sends_done();
-                c.progress(&mut cx)
+                // Requests held back while we were sending may be answered now.
+                c.lanes_changed(&mut cx)
             }
         };
         if let Some(o) = outcome {

@@ -20,10 +20,12 @@ pub(crate) enum Timer {
     Fin,
     /// Tell our successor we are still recovering for it.
     Keepalive,
+    /// A block's fast path on a lane is overdue (Allgather): settle what it has.
+    Blocks,
 }
 
 impl Timer {
-    const COUNT: usize = 7;
+    const COUNT: usize = 8;
     pub(crate) const ALL: [Timer; Self::COUNT] = [
         Timer::Ready,
         Timer::Go,
@@ -32,6 +34,7 @@ impl Timer {
         Timer::Reads,
         Timer::Fin,
         Timer::Keepalive,
+        Timer::Blocks,
     ];
 }
 

@@ -184,7 +184,8 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
         let bound = 32 - (p - 1).leading_zeros();
         prop_assert!(depth <= bound, "depth {} > log2({})", depth, p);
     }
-    if matches!(c.pattern, Pattern::StaleReplay) && c.crash.is_none() {
+    // An empty first operation has no chunk to replay.
+    if matches!(c.pattern, Pattern::StaleReplay) && c.crash.is_none() && c.len > 0 {
         let replayed: u64 = net
             .sessions
             .iter()

@@ -43,6 +43,9 @@ fn main() {
                 );
             }
         }
+        if std::env::var_os("DROPS").is_some() {
+            println!("{:?}", r.core);
+        }
         let ns = r.ops.first().and_then(|o| o.duration_ns).unwrap_or(0);
         if loss == 0.0 {
             clean = Some(ns);

@@ -36,6 +36,7 @@ pub use rx::{LaneRx, RxStats};
 pub use tx::{LaneTx, Multicast, TxStats};
 
 use crate::bitmap::ChunkBitmap;
+use crate::config::Rank;
 use crate::event::OpId;
 use crate::wire::ChunkRun;
 use alloc::vec::Vec;
@@ -94,6 +95,18 @@ pub enum RxCommand {
     Count {
         /// Operation.
         op: OpId,
+    },
+    /// Hand the session block `block`'s chunks on this lane below `upto` (block-local chunk
+    /// index) once the block's stream reached it: a chunk at `upto - 1` or later is present
+    /// (at once if one is). `None`: all of the block's chunks still tracked, at once. The
+    /// lane answers [`RxNote::Settled`] (nothing if the chunks were settled already).
+    Settle {
+        /// Operation.
+        op: OpId,
+        /// The block (its root).
+        block: Rank,
+        /// Block-local chunk index: settle the chunks below it.
+        upto: Option<u32>,
     },
 }
 
@@ -170,7 +183,8 @@ impl LaneBitmap {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RxNote {
-    /// Every chunk of the operation on this lane is present and written.
+    /// Every chunk of the operation the lane still tracks (all of them but those it
+    /// settled) is present and written.
     Full {
         /// Lane.
         lane: u16,
@@ -186,6 +200,30 @@ pub enum RxNote {
         op: OpId,
         /// Chunks present and written.
         committed: u32,
+    },
+    /// The first chunk of block `block` arrived on this lane.
+    Started {
+        /// Lane.
+        lane: u16,
+        /// Operation.
+        op: OpId,
+        /// The block (its root).
+        block: Rank,
+    },
+    /// The lane handed the session a run of one block's chunks while the operation stays
+    /// open: chunks of `run` arriving later are dropped (as stale), and those of `missing`
+    /// are the session's to recover. Every other chunk of `run` is present and written.
+    Settled {
+        /// Lane.
+        lane: u16,
+        /// Operation.
+        op: OpId,
+        /// The block (its root).
+        block: Rank,
+        /// Lane-relative chunk numbers handed over.
+        run: ChunkRun,
+        /// Lane-relative runs of `run` that are missing, in order.
+        missing: Vec<ChunkRun>,
     },
     /// The operation was closed on this lane: here is what arrived.
     Closed {
@@ -242,11 +280,12 @@ mod tests {
     #[test]
     fn size_of_hot_structs() {
         let sizes = alloc::format!(
-            "Placement {}\nLaneBlock {}\nLaneRx {}\nrx::RxOp {}\nLaneTx {}\nMulticast {}\n",
+            "Placement {}\nLaneBlock {}\nLaneRx {}\nrx::RxOp {}\nrx::RxBlock {}\nLaneTx {}\nMulticast {}\n",
             size_of::<crate::Placement>(),
             size_of::<LaneBlock>(),
             size_of::<LaneRx>(),
             rx::op_size(),
+            rx::block_size(),
             size_of::<LaneTx>(),
             size_of::<Multicast>(),
         );

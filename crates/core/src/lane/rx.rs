@@ -5,6 +5,7 @@ use super::{LaneBitmap, LaneBlock, RxCommand, RxNote, RxOpen};
 use crate::bitmap::ChunkBitmap;
 use crate::config::{Config, Rank};
 use crate::event::{DropReason, OpId, Placement};
+use crate::wire::ChunkRun;
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
@@ -59,22 +60,216 @@ impl RxStats {
     }
 }
 
+/// One block's part on a lane, as the fast path places its chunks, and the watch point that
+/// sends the rare chunk to the cold path ([`LaneRx::watched`]).
+///
+/// A settle hands the chunks below a point to the session: `lo`, `base`, `count` and `full`
+/// move up together, so a chunk below `lo` fails the fast path's one range check and is
+/// dropped in the cold path, at no cost to the chunks that stay.
+#[derive(Clone, Copy, Debug, Default)]
+struct RxBlock {
+    /// Byte offset of the block in the operation's buffer.
+    displ: u64,
+    /// First block-local chunk index the lane still tracks.
+    lo: u32,
+    /// Chunks at `k = c - lo >= watch` take the cold path: the block's first chunk, one at a
+    /// word boundary of the bitmap, the part's last chunk, a settle point the session asked
+    /// for, or one off the lane's part (`watch <= count`).
+    watch: u32,
+    /// Lane-relative bitmap index of chunk `lo`.
+    base: u32,
+    /// Chunks from `lo` on that are full-size.
+    full: u32,
+    /// Bytes of the block's last chunk.
+    last_len: u32,
+    /// Chunks from `lo` to the end of the lane's part.
+    count: u32,
+    /// Chunks of the whole block.
+    chunks: u32,
+    /// First block-local chunk index of the lane's part (before any settle).
+    lo0: u32,
+    /// Chunks below this block-local index are present or settled.
+    checked: u32,
+    /// A settle the session asked for (`u32::MAX`: none).
+    settle: u32,
+    /// The block's first chunk arrived.
+    started: bool,
+}
+
+impl RxBlock {
+    fn new(b: &LaneBlock) -> Self {
+        RxBlock {
+            displ: b.displ,
+            lo: b.lo,
+            watch: 0,
+            base: b.base,
+            full: b.full,
+            last_len: b.last_len,
+            count: b.count,
+            chunks: b.chunks,
+            lo0: b.lo,
+            checked: b.lo,
+            settle: u32::MAX,
+            started: false,
+        }
+    }
+
+    /// Lane-relative bitmap index of block-local chunk `c >= lo`.
+    fn bit(&self, c: u32) -> u32 {
+        self.base + (c - self.lo)
+    }
+
+    /// Lane-relative run of block-local chunks `from..to` (both at or above `lo`).
+    fn run(&self, from: u32, to: u32) -> ChunkRun {
+        ChunkRun {
+            start: self.bit(from),
+            len: to.saturating_sub(from),
+        }
+    }
+
+    /// Where the next watch point is after chunk `c` arrived.
+    fn rewatch(&mut self, c: u32) {
+        let end = self.lo + self.count;
+        let mut w = end;
+        if c + 1 < end {
+            let boundary = c + (64 - self.bit(c) % 64);
+            w = boundary.min(end - 1);
+            if self.settle != u32::MAX {
+                w = w.min(self.settle.saturating_sub(1).max(c + 1));
+            }
+        }
+        self.watch = w.max(self.lo) - self.lo;
+    }
+}
+
+/// Lane-initiated settles tolerate this many missing chunks, or one in eight of those
+/// checked: more is a burst (or heavy reordering) that the cutoff handles.
+const SETTLE_MISSING: u32 = 8;
+
 /// One operation open on a lane.
 #[derive(Clone, Debug)]
 struct RxOp {
     tag: u32,
-    /// Chunks tracked on this lane.
+    /// Chunks tracked on this lane (the bitmap's length).
     len: u32,
     /// Chunks present and written (our own count from the start).
     committed: u32,
+    /// `committed` once every chunk the lane still tracks is written: `len`, less the chunks
+    /// missing when they were settled (the session recovers those).
+    expect: u32,
     /// Our own chunks on this lane (present from the start, never received).
     own: u32,
+    /// A chunk arrived behind a settled point: the stream is reordered, so the lane stops
+    /// settling on its own (and on deadlines) for this operation; the cutoff takes over.
+    reordered: bool,
     id: OpId,
     /// Per rank, indexed by the source the transport reports. Our own block's `count` is
-    /// zero, so its chunks leave the fast path at the lane check and are told apart there.
-    blocks: Box<[LaneBlock]>,
+    /// zero, so its chunks leave the fast path at the range check and are told apart there.
+    blocks: Box<[RxBlock]>,
     /// The bitmap as plain words: bit `i` is bit `i % 64` of word `i / 64`.
     words: Box<[u64]>,
+}
+
+impl RxOp {
+    /// A chunk `c` of block `bi`, new and about to be claimed, reached the block's watch
+    /// point: note the block's start, look for gaps behind it, settle what the session
+    /// asked for, and set the next watch point.
+    fn on_watch(&mut self, lane: u16, bi: usize, c: u32, notes: &mut VecDeque<RxNote>) {
+        let b = &mut self.blocks[bi];
+        if !b.started {
+            b.started = true;
+            notes.push_back(RxNote::Started {
+                lane,
+                op: self.id,
+                block: Rank(bi as u32),
+            });
+        }
+        let end = b.lo + b.count;
+        let asked = b.settle != u32::MAX && c + 1 >= b.settle;
+        // Chunks below `upto` should be here: streams arrive in order per path, with one word
+        // of slack for reordering, and none after the part's last chunk or an asked point.
+        let upto = if asked || c + 1 == end {
+            c
+        } else {
+            c.saturating_sub(b.bit(c) % 64 + 64).max(b.lo)
+        };
+        let mut hand = asked && upto > b.lo;
+        if upto > b.checked {
+            let checked = b.run(b.checked, upto);
+            let z = crate::bitmap::zeros_in(&self.words, checked);
+            if z == 0 {
+                b.checked = upto;
+            } else if !self.reordered && z <= SETTLE_MISSING.max(checked.len / 8) {
+                hand = true;
+            }
+        }
+        if asked {
+            b.settle = u32::MAX;
+        }
+        if hand {
+            self.settle(lane, bi, upto, notes);
+        }
+        self.blocks[bi].rewatch(c);
+    }
+
+    /// Hands the session block `bi`'s chunks from `lo` to `upto` (block-local).
+    fn settle(&mut self, lane: u16, bi: usize, upto: u32, notes: &mut VecDeque<RxNote>) {
+        let b = &mut self.blocks[bi];
+        let upto = upto.min(b.lo + b.count);
+        if upto <= b.lo {
+            return;
+        }
+        let run = b.run(b.lo, upto);
+        let d = upto - b.lo;
+        b.lo = upto;
+        b.base += d;
+        b.count -= d;
+        b.full = b.full.saturating_sub(d);
+        // The watch point stays where it was (or comes at once): never past the part's end.
+        b.watch = b.watch.saturating_sub(d).min(b.count);
+        b.checked = b.checked.max(upto);
+        if b.settle <= upto + 1 {
+            b.settle = u32::MAX;
+        }
+        let missing: Vec<ChunkRun> = crate::bitmap::runs_in(&self.words, run, false).collect();
+        let z: u32 = missing.iter().map(|m| m.len).sum();
+        self.expect -= z;
+        notes.push_back(RxNote::Settled {
+            lane,
+            op: self.id,
+            block: Rank(bi as u32),
+            run,
+            missing,
+        });
+        if z > 0 && self.committed == self.expect {
+            notes.push_back(RxNote::Full { lane, op: self.id });
+        }
+    }
+
+    /// The session asks for block `bi`'s chunks below `upto` (all of them: `None`).
+    fn settle_asked(&mut self, lane: u16, bi: usize, upto: Option<u32>, n: &mut VecDeque<RxNote>) {
+        let Some(b) = self.blocks.get_mut(bi) else {
+            return;
+        };
+        let end = b.lo + b.count;
+        let Some(u) = upto else {
+            if self.reordered {
+                return;
+            }
+            return self.settle(lane, bi, end, n);
+        };
+        let u = u.min(end);
+        if u <= b.lo {
+            return;
+        }
+        // Every set bit is written here: commands come between chunks.
+        if crate::bitmap::any_in(&self.words, b.run(u - 1, end)) {
+            self.settle(lane, bi, u, n);
+        } else {
+            b.settle = b.settle.min(u);
+            b.watch = b.watch.min(u - 1 - b.lo);
+        }
+    }
 }
 
 /// One lane's receive half: for every operation in flight, the lane's bitmap and placement
@@ -174,18 +369,9 @@ impl LaneRx {
             return self.dropped(DropReason::WrongSource);
         };
         let k = c.wrapping_sub(b.lo);
-        if k >= b.count {
-            // Off this lane's part of the block: say exactly why.
-            let why = if from == self.me {
-                DropReason::Own
-            } else if b.chunks == 0 {
-                DropReason::WrongSource
-            } else if c >= b.chunks {
-                DropReason::OutOfRange
-            } else {
-                DropReason::WrongLane
-            };
-            return self.dropped(why);
+        if k >= b.watch {
+            // A watch point, or off this lane's part of the block: `watch <= count`.
+            return self.watched(i, from, c, len);
         }
         let want = if k < b.full { cs } else { b.last_len };
         if len != want as usize {
@@ -205,6 +391,57 @@ impl LaneRx {
         Placement::Place {
             op: op.id,
             offset,
+            len: want,
+        }
+    }
+
+    /// The cold path of [`handle_chunk`](Self::handle_chunk): a chunk at or past its block's
+    /// watch point (about one in 64 of an in-order stream), or off the lane's part.
+    #[cold]
+    #[inline(never)]
+    fn watched(&mut self, i: usize, from: Rank, c: u32, len: usize) -> Placement {
+        let (cs, lane) = (self.chunk_size, self.lane);
+        let op = &mut self.ops[i];
+        let bi = from.index();
+        let b = op.blocks[bi];
+        let k = c.wrapping_sub(b.lo);
+        if k >= b.count {
+            // Off this lane's part of the block: say exactly why.
+            let why = if from == self.me {
+                DropReason::Own
+            } else if b.chunks == 0 {
+                DropReason::WrongSource
+            } else if c >= b.chunks {
+                DropReason::OutOfRange
+            } else if b.lo0 <= c && c < b.lo {
+                // Settled: the session recovers it (or has it) now. It came late: the
+                // stream is reordered.
+                op.reordered = true;
+                DropReason::Stale
+            } else {
+                DropReason::WrongLane
+            };
+            return self.dropped(why);
+        }
+        let want = if k < b.full { cs } else { b.last_len };
+        if len != want as usize {
+            return self.dropped(DropReason::BadLength);
+        }
+        let bit = b.base + k;
+        let m = 1u64 << (bit % 64);
+        let present = match op.words.get((bit / 64) as usize) {
+            Some(w) => *w & m != 0,
+            None => return self.dropped(DropReason::OutOfRange),
+        };
+        if present {
+            return self.dropped(DropReason::Duplicate);
+        }
+        op.on_watch(lane, bi, c, &mut self.notes);
+        // A settle moved `lo` and `base` together: the chunk keeps its bit.
+        op.words[(bit / 64) as usize] |= m;
+        Placement::Place {
+            op: op.id,
+            offset: b.displ + u64::from(c) * u64::from(cs),
             len: want,
         }
     }
@@ -229,7 +466,7 @@ impl LaneRx {
         };
         let o = &mut self.ops[i];
         o.committed += 1;
-        if o.committed == o.len {
+        if o.committed == o.expect {
             self.notes.push_back(RxNote::Full {
                 lane: self.lane,
                 op,
@@ -253,6 +490,11 @@ impl LaneRx {
                     committed,
                 });
             }
+            RxCommand::Settle { op, block, upto } => {
+                if let Some(o) = self.ops.iter_mut().find(|o| o.id == op) {
+                    o.settle_asked(self.lane, block.index(), upto, &mut self.notes);
+                }
+            }
             RxCommand::Close { op } => {
                 let Some(i) = self.ops.iter().position(|o| o.id == op) else {
                     return;
@@ -274,9 +516,10 @@ impl LaneRx {
         let mut bits = ChunkBitmap::new(o.len);
         let own = bits.insert_run(o.own);
         let full = own == o.len;
-        let mut blocks = o.blocks.into_boxed_slice();
+        let mut blocks: Box<[RxBlock]> = o.blocks.iter().map(RxBlock::new).collect();
         if let Some(b) = blocks.get_mut(self.me.index()) {
             b.count = 0;
+            b.full = 0;
         }
         // A tag must name one operation; the session never reuses a tag in flight.
         self.ops.retain(|x| x.tag != o.tag);
@@ -285,7 +528,9 @@ impl LaneRx {
             tag: o.tag,
             len: o.len,
             committed: own,
+            expect: o.len,
             own,
+            reordered: false,
             id: o.op,
             blocks,
             words: bits.into_words().into_boxed_slice(),
@@ -313,6 +558,12 @@ impl LaneRx {
 #[cfg(test)]
 pub(super) fn op_size() -> usize {
     core::mem::size_of::<RxOp>()
+}
+
+/// Bytes of one block's placement state on a lane (for the size snapshot).
+#[cfg(test)]
+pub(super) fn block_size() -> usize {
+    core::mem::size_of::<RxBlock>()
 }
 
 #[cfg(test)]
@@ -432,6 +683,14 @@ mod tests {
             Placement::Place { offset: 0, .. }
         ));
         rx.commit(OpId(7));
+        assert_eq!(
+            rx.poll_note(),
+            Some(RxNote::Started {
+                lane: 0,
+                op: OpId(7),
+                block: Rank(0)
+            })
+        );
         assert!(matches!(
             rx.handle_chunk(Rank(0), imm(1), 10),
             Placement::Place { offset: 10, .. }

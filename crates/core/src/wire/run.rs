@@ -24,6 +24,14 @@ impl ChunkRun {
     pub fn end(self) -> u32 {
         self.start.saturating_add(self.len)
     }
+
+    /// The run `[start, end)` (empty when `end <= start`).
+    pub(crate) fn span(start: u32, end: u32) -> Self {
+        ChunkRun {
+            start,
+            len: end.saturating_sub(start),
+        }
+    }
 }
 
 impl fmt::Display for ChunkRun {
