@@ -148,14 +148,6 @@ pub(crate) fn runs_in(words: &[u64], within: ChunkRun, present: bool) -> Runs<'_
     }
 }
 
-/// Missing bits of `words` within `within` (clipped to the words).
-pub(crate) fn zeros_in(words: &[u64], within: ChunkRun) -> u32 {
-    let bits = words.view_bits::<Lsb0>();
-    let e = (within.end() as usize).min(bits.len());
-    let s = (within.start as usize).min(e);
-    bits[s..e].count_zeros() as u32
-}
-
 /// Whether any bit of `words` within `within` (clipped to the words) is set.
 pub(crate) fn any_in(words: &[u64], within: ChunkRun) -> bool {
     let bits = words.view_bits::<Lsb0>();

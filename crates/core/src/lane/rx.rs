@@ -127,41 +127,60 @@ impl RxBlock {
         }
     }
 
-    /// Where the next watch point is after chunk `c` arrived.
+    /// Where the next watch point is after chunk `c` (at or past the watch point) arrived:
+    /// the next stride boundary past it, the part's last chunk, or an asked settle point.
     fn rewatch(&mut self, c: u32) {
         let end = self.lo + self.count;
+        let far = c;
         let mut w = end;
-        if c + 1 < end {
-            let boundary = c + (64 - self.bit(c) % 64);
+        if far + 1 < end {
+            let boundary = far + (WATCH_STRIDE - self.bit(far) % WATCH_STRIDE);
             w = boundary.min(end - 1);
-            if self.settle != u32::MAX {
-                w = w.min(self.settle.saturating_sub(1).max(c + 1));
-            }
         }
-        self.watch = w.max(self.lo) - self.lo;
+        if self.settle != u32::MAX {
+            w = w.min(self.settle.saturating_sub(1).max(c + 1));
+        }
+        self.watch = w.clamp(self.lo, end) - self.lo;
     }
 }
 
-/// Lane-initiated settles tolerate this many missing chunks, or one in eight of those
-/// checked: more is a burst (or heavy reordering) that the cutoff handles.
+/// Gaps are looked for when the stream crosses a multiple of this many bits of the lane's
+/// bitmap (and at a part's last chunk): the cold path's cost, spread over the chunks
+/// between, is about one instruction per chunk.
+const WATCH_STRIDE: u32 = 256;
+
+/// Lane-initiated settles tolerate this many missing chunks behind the stream: more is a
+/// burst (or heavy reordering) that the cutoff handles.
 const SETTLE_MISSING: u32 = 8;
 
-/// One operation open on a lane.
+/// Missing bits of `words` within `run`, or `None` once there are more than `limit` (the
+/// scan stops there, so a long stretch of missing chunks costs a word or two).
+fn zeros_at_most(words: &[u64], run: ChunkRun, limit: u32) -> Option<u32> {
+    let (mut at, end) = (run.start, run.end());
+    let mut z = 0;
+    while at < end {
+        let (w, s) = ((at / 64) as usize, at % 64);
+        let n = (64 - s).min(end - at);
+        let mask = if n == 64 { !0 } else { ((1u64 << n) - 1) << s };
+        z += (!words.get(w).copied().unwrap_or(0) & mask).count_ones();
+        if z > limit {
+            return None;
+        }
+        at += n;
+    }
+    Some(z)
+}
+
+/// One operation open on a lane: what the fast path touches (its cold part, [`OpCold`],
+/// sits in a vector of its own, so this stays at 56 bytes and is indexed by one multiply).
 #[derive(Clone, Debug)]
 struct RxOp {
     tag: u32,
-    /// Chunks tracked on this lane (the bitmap's length).
-    len: u32,
     /// Chunks present and written (our own count from the start).
     committed: u32,
-    /// `committed` once every chunk the lane still tracks is written: `len`, less the chunks
-    /// missing when they were settled (the session recovers those).
-    expect: u32,
-    /// Our own chunks on this lane (present from the start, never received).
-    own: u32,
-    /// A chunk arrived behind a settled point: the stream is reordered, so the lane stops
-    /// settling on its own (and on deadlines) for this operation; the cutoff takes over.
-    reordered: bool,
+    /// `commit` takes its cold path from this count on: `expect`, or 0 while a watch point
+    /// waits for its chunk's commit.
+    notify: u32,
     id: OpId,
     /// Per rank, indexed by the source the transport reports. Our own block's `count` is
     /// zero, so its chunks leave the fast path at the range check and are told apart there.
@@ -170,11 +189,54 @@ struct RxOp {
     words: Box<[u64]>,
 }
 
+/// The rest of an open operation's state on a lane, beside its [`RxOp`].
+#[derive(Clone, Debug)]
+struct OpCold {
+    /// Chunks tracked on this lane (the bitmap's length).
+    len: u32,
+    /// `committed` once every chunk the lane still tracks is written: `len`, less the chunks
+    /// missing when they were settled (the session recovers those).
+    expect: u32,
+    /// Our own chunks on this lane (present from the start, never received).
+    own: u32,
+    /// The last chunk claimed at a watch point: (block, block-local index).
+    watched: (u32, u32),
+    /// A chunk arrived behind a settled point: the stream is reordered, so the lane stops
+    /// settling on its own (and on deadlines) for this operation; the cutoff takes over.
+    reordered: bool,
+}
+
 impl RxOp {
-    /// A chunk `c` of block `bi`, new and about to be claimed, reached the block's watch
-    /// point: note the block's start, look for gaps behind it, settle what the session
-    /// asked for, and set the next watch point.
-    fn on_watch(&mut self, lane: u16, bi: usize, c: u32, notes: &mut VecDeque<RxNote>) {
+    /// The cold path of `commit`: a watch point's work, and the note that the lane is full.
+    #[cold]
+    #[inline(never)]
+    fn committed_cold(&mut self, k: &mut OpCold, lane: u16, notes: &mut VecDeque<RxNote>) {
+        if self.notify == 0 {
+            self.notify = k.expect;
+            let (bi, c) = k.watched;
+            if let Some(b) = self.blocks.get(bi as usize)
+                && b.lo <= c
+                && c < b.lo + b.count
+            {
+                self.on_watch(k, lane, bi as usize, c, notes);
+            }
+        }
+        if self.committed == k.expect {
+            notes.push_back(RxNote::Full { lane, op: self.id });
+        }
+    }
+
+    /// A chunk `c` of block `bi` at the block's watch point was written: note the block's
+    /// start, look for gaps behind it, settle what the session asked for, and set the next
+    /// watch point. Settles stop below `c` (its successors may be claimed, not written yet).
+    fn on_watch(
+        &mut self,
+        k: &mut OpCold,
+        lane: u16,
+        bi: usize,
+        c: u32,
+        notes: &mut VecDeque<RxNote>,
+    ) {
         let b = &mut self.blocks[bi];
         if !b.started {
             b.started = true;
@@ -195,25 +257,30 @@ impl RxOp {
         };
         let mut hand = asked && upto > b.lo;
         if upto > b.checked {
-            let checked = b.run(b.checked, upto);
-            let z = crate::bitmap::zeros_in(&self.words, checked);
-            if z == 0 {
-                b.checked = upto;
-            } else if !self.reordered && z <= SETTLE_MISSING.max(checked.len / 8) {
-                hand = true;
+            match zeros_at_most(&self.words, b.run(b.checked, upto), SETTLE_MISSING) {
+                Some(0) => b.checked = upto,
+                Some(_) if !k.reordered => hand = true,
+                _ => {}
             }
         }
         if asked {
             b.settle = u32::MAX;
         }
         if hand {
-            self.settle(lane, bi, upto, notes);
+            self.settle(k, lane, bi, upto, notes);
         }
         self.blocks[bi].rewatch(c);
     }
 
     /// Hands the session block `bi`'s chunks from `lo` to `upto` (block-local).
-    fn settle(&mut self, lane: u16, bi: usize, upto: u32, notes: &mut VecDeque<RxNote>) {
+    fn settle(
+        &mut self,
+        k: &mut OpCold,
+        lane: u16,
+        bi: usize,
+        upto: u32,
+        notes: &mut VecDeque<RxNote>,
+    ) {
         let b = &mut self.blocks[bi];
         let upto = upto.min(b.lo + b.count);
         if upto <= b.lo {
@@ -233,7 +300,10 @@ impl RxOp {
         }
         let missing: Vec<ChunkRun> = crate::bitmap::runs_in(&self.words, run, false).collect();
         let z: u32 = missing.iter().map(|m| m.len).sum();
-        self.expect -= z;
+        k.expect -= z;
+        if self.notify != 0 {
+            self.notify = k.expect;
+        }
         notes.push_back(RxNote::Settled {
             lane,
             op: self.id,
@@ -241,22 +311,29 @@ impl RxOp {
             run,
             missing,
         });
-        if z > 0 && self.committed == self.expect {
+        if z > 0 && self.committed == k.expect {
             notes.push_back(RxNote::Full { lane, op: self.id });
         }
     }
 
     /// The session asks for block `bi`'s chunks below `upto` (all of them: `None`).
-    fn settle_asked(&mut self, lane: u16, bi: usize, upto: Option<u32>, n: &mut VecDeque<RxNote>) {
+    fn settle_asked(
+        &mut self,
+        k: &mut OpCold,
+        lane: u16,
+        bi: usize,
+        upto: Option<u32>,
+        n: &mut VecDeque<RxNote>,
+    ) {
         let Some(b) = self.blocks.get_mut(bi) else {
             return;
         };
         let end = b.lo + b.count;
         let Some(u) = upto else {
-            if self.reordered {
+            if k.reordered {
                 return;
             }
-            return self.settle(lane, bi, end, n);
+            return self.settle(k, lane, bi, end, n);
         };
         let u = u.min(end);
         if u <= b.lo {
@@ -264,7 +341,7 @@ impl RxOp {
         }
         // Every set bit is written here: commands come between chunks.
         if crate::bitmap::any_in(&self.words, b.run(u - 1, end)) {
-            self.settle(lane, bi, u, n);
+            self.settle(k, lane, bi, u, n);
         } else {
             b.settle = b.settle.min(u);
             b.watch = b.watch.min(u - 1 - b.lo);
@@ -296,6 +373,8 @@ pub struct LaneRx {
     /// The operation placed last: tried first (chunks come in long runs of one operation).
     last: usize,
     ops: Vec<RxOp>,
+    /// Beside `ops`, index for index.
+    cold: Vec<OpCold>,
     notes: VecDeque<RxNote>,
     stats: RxStats,
 }
@@ -312,6 +391,7 @@ impl LaneRx {
             lane,
             last: 0,
             ops: Vec::with_capacity(config.limits.max_inflight_ops as usize),
+            cold: Vec::with_capacity(config.limits.max_inflight_ops as usize),
             notes: VecDeque::new(),
             stats: RxStats::default(),
         }
@@ -328,7 +408,8 @@ impl LaneRx {
         let live: u64 = self
             .ops
             .iter()
-            .map(|o| u64::from(o.committed - o.own))
+            .zip(&self.cold)
+            .map(|(o, k)| u64::from(o.committed - k.own))
             .sum();
         RxStats {
             chunks_received: self.stats.chunks_received.saturating_add(live),
@@ -365,13 +446,34 @@ impl LaneRx {
         };
         let cs = self.chunk_size;
         let op = &mut self.ops[i];
-        let Some(b) = op.blocks.get(from.index()) else {
+        let Some(b) = op.blocks.get_mut(from.index()) else {
             return self.dropped(DropReason::WrongSource);
         };
         let k = c.wrapping_sub(b.lo);
         if k >= b.watch {
-            // A watch point, or off this lane's part of the block: `watch <= count`.
-            return self.watched(i, from, c, len);
+            // `watch <= count`: past it lie the watch points and the chunks off this lane's part.
+            if k >= b.count {
+                let why = if from == self.me {
+                    DropReason::Own
+                } else if b.chunks == 0 {
+                    DropReason::WrongSource
+                } else if c >= b.chunks {
+                    DropReason::OutOfRange
+                } else if b.lo0 <= c && c < b.lo {
+                    // Settled: the session recovers it (or has it) now. It came late: the
+                    // stream is reordered.
+                    self.cold[i].reordered = true;
+                    DropReason::Stale
+                } else {
+                    DropReason::WrongLane
+                };
+                return self.dropped(why);
+            }
+            // A watch point: its work waits for the commit, when the chunk is written (and
+            // sets the next one; until then no chunk of the block stops here).
+            self.cold[i].watched = (from.0, c);
+            op.notify = 0;
+            b.watch = b.count;
         }
         let want = if k < b.full { cs } else { b.last_len };
         if len != want as usize {
@@ -391,57 +493,6 @@ impl LaneRx {
         Placement::Place {
             op: op.id,
             offset,
-            len: want,
-        }
-    }
-
-    /// The cold path of [`handle_chunk`](Self::handle_chunk): a chunk at or past its block's
-    /// watch point (about one in 64 of an in-order stream), or off the lane's part.
-    #[cold]
-    #[inline(never)]
-    fn watched(&mut self, i: usize, from: Rank, c: u32, len: usize) -> Placement {
-        let (cs, lane) = (self.chunk_size, self.lane);
-        let op = &mut self.ops[i];
-        let bi = from.index();
-        let b = op.blocks[bi];
-        let k = c.wrapping_sub(b.lo);
-        if k >= b.count {
-            // Off this lane's part of the block: say exactly why.
-            let why = if from == self.me {
-                DropReason::Own
-            } else if b.chunks == 0 {
-                DropReason::WrongSource
-            } else if c >= b.chunks {
-                DropReason::OutOfRange
-            } else if b.lo0 <= c && c < b.lo {
-                // Settled: the session recovers it (or has it) now. It came late: the
-                // stream is reordered.
-                op.reordered = true;
-                DropReason::Stale
-            } else {
-                DropReason::WrongLane
-            };
-            return self.dropped(why);
-        }
-        let want = if k < b.full { cs } else { b.last_len };
-        if len != want as usize {
-            return self.dropped(DropReason::BadLength);
-        }
-        let bit = b.base + k;
-        let m = 1u64 << (bit % 64);
-        let present = match op.words.get((bit / 64) as usize) {
-            Some(w) => *w & m != 0,
-            None => return self.dropped(DropReason::OutOfRange),
-        };
-        if present {
-            return self.dropped(DropReason::Duplicate);
-        }
-        op.on_watch(lane, bi, c, &mut self.notes);
-        // A settle moved `lo` and `base` together: the chunk keeps its bit.
-        op.words[(bit / 64) as usize] |= m;
-        Placement::Place {
-            op: op.id,
-            offset: b.displ + u64::from(c) * u64::from(cs),
             len: want,
         }
     }
@@ -466,11 +517,8 @@ impl LaneRx {
         };
         let o = &mut self.ops[i];
         o.committed += 1;
-        if o.committed == o.expect {
-            self.notes.push_back(RxNote::Full {
-                lane: self.lane,
-                op,
-            });
+        if o.committed >= o.notify {
+            o.committed_cold(&mut self.cold[i], self.lane, &mut self.notes);
         }
     }
 
@@ -491,22 +539,23 @@ impl LaneRx {
                 });
             }
             RxCommand::Settle { op, block, upto } => {
-                if let Some(o) = self.ops.iter_mut().find(|o| o.id == op) {
-                    o.settle_asked(self.lane, block.index(), upto, &mut self.notes);
+                if let Some(i) = self.ops.iter().position(|o| o.id == op) {
+                    let (o, k) = (&mut self.ops[i], &mut self.cold[i]);
+                    o.settle_asked(k, self.lane, block.index(), upto, &mut self.notes);
                 }
             }
             RxCommand::Close { op } => {
                 let Some(i) = self.ops.iter().position(|o| o.id == op) else {
                     return;
                 };
-                let o = self.ops.remove(i);
+                let (o, k) = (self.ops.remove(i), self.cold.remove(i));
                 self.last = 0;
-                let got = u64::from(o.committed - o.own);
+                let got = u64::from(o.committed - k.own);
                 self.stats.chunks_received = self.stats.chunks_received.saturating_add(got);
                 self.notes.push_back(RxNote::Closed {
                     lane: self.lane,
                     op,
-                    bitmap: LaneBitmap(ChunkBitmap::from_words(o.words.into_vec(), o.len)),
+                    bitmap: LaneBitmap(ChunkBitmap::from_words(o.words.into_vec(), k.len)),
                 });
             }
         }
@@ -522,18 +571,25 @@ impl LaneRx {
             b.full = 0;
         }
         // A tag must name one operation; the session never reuses a tag in flight.
-        self.ops.retain(|x| x.tag != o.tag);
+        while let Some(i) = self.ops.iter().position(|x| x.tag == o.tag) {
+            self.ops.remove(i);
+            self.cold.remove(i);
+        }
         self.last = 0;
         self.ops.push(RxOp {
             tag: o.tag,
-            len: o.len,
             committed: own,
-            expect: o.len,
-            own,
-            reordered: false,
+            notify: o.len,
             id: o.op,
             blocks,
             words: bits.into_words().into_boxed_slice(),
+        });
+        self.cold.push(OpCold {
+            len: o.len,
+            expect: o.len,
+            own,
+            watched: (u32::MAX, 0),
+            reordered: false,
         });
         if full {
             self.notes.push_back(RxNote::Full {
