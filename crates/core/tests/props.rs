@@ -19,6 +19,11 @@ enum Pattern {
     StaleReplay,
     /// The root's uplink drops 4 consecutive chunks of its block: every leaf misses them.
     RootUplink(u32),
+    /// Every leaf misses every `n`-th chunk of every block (gaps behind the stream, found
+    /// and recovered during the fast path, with predecessors that lack them too).
+    EveryNth(u32),
+    /// One rank misses the last chunk of every block (no later chunk shows the gap).
+    Tails(u32),
 }
 
 fn pattern() -> impl Strategy<Value = Pattern> {
@@ -29,6 +34,8 @@ fn pattern() -> impl Strategy<Value = Pattern> {
         1 => Just(Pattern::OverlappingChain),
         1 => Just(Pattern::StaleReplay),
         2 => (0u32..64).prop_map(Pattern::RootUplink),
+        1 => (3u32..40).prop_map(Pattern::EveryNth),
+        1 => (0u32..64).prop_map(Pattern::Tails),
     ]
 }
 
@@ -128,6 +135,17 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
                 r == root && (first..first + 4).contains(&ch)
             }))
         }
+        Pattern::EveryNth(n) => net
+            .faults
+            .rules
+            .push(Box::new(move |_, _, ch, _| ch % n == n - 1)),
+        Pattern::Tails(l) => {
+            let (sizes, chunk) = (block_sizes(c), u64::from(c.chunk));
+            net.faults.rules.push(Box::new(move |_, root, ch, to| {
+                let chunks = sizes[root as usize].div_ceil(chunk);
+                to == l % p && chunks > 0 && u64::from(ch) == chunks - 1
+            }))
+        }
         Pattern::OverlappingChain => {
             // Relative to each chunk's own root, so it bites in an Allgather too.
             net.faults.rules.push(Box::new(move |_, root, ch, to| {
@@ -195,6 +213,16 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
         prop_assert!(sent == 0 || replayed > 0, "replays of op 0 were never seen");
     }
     Ok(())
+}
+
+/// Bytes of each rank's block in the case's operation.
+fn block_sizes(c: &Case) -> Vec<u64> {
+    match &c.allgather {
+        Some(sizes) => sizes.clone(),
+        None => (0..c.ranks)
+            .map(|r| if r == c.root { c.len } else { 0 })
+            .collect(),
+    }
 }
 
 /// Well-formed but unwarranted control messages from random peers: they must be ignored.

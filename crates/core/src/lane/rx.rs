@@ -134,7 +134,14 @@ impl RxBlock {
         let far = c;
         let mut w = end;
         if far + 1 < end {
-            let boundary = far + (WATCH_STRIDE - self.bit(far) % WATCH_STRIDE);
+            // Denser near the part's end: a gap found there is recovered before the stream
+            // ends, not after it.
+            let stride = if end - far <= WATCH_TAIL {
+                64
+            } else {
+                WATCH_STRIDE
+            };
+            let boundary = far + (stride - self.bit(far) % stride);
             w = boundary.min(end - 1);
         }
         if self.settle != u32::MAX {
@@ -148,6 +155,9 @@ impl RxBlock {
 /// bitmap (and at a part's last chunk): the cold path's cost, spread over the chunks
 /// between, is about one instruction per chunk.
 const WATCH_STRIDE: u32 = 256;
+
+/// Within this many chunks of a part's end, watch points come every 64 bits.
+const WATCH_TAIL: u32 = 512;
 
 /// Lane-initiated settles tolerate this many missing chunks behind the stream: more is a
 /// burst (or heavy reordering) that the cutoff handles.
@@ -776,6 +786,178 @@ mod tests {
             rx.handle_chunk(Rank(0), imm(0), 10),
             Placement::Drop(DropReason::Stale)
         );
+    }
+
+    /// Rank 1 of 2, lane 0 of 1: rank 0's block of `n` chunks of 10 bytes.
+    fn leaf(n: u32) -> LaneRx {
+        let mut c = Config::new(1, 2);
+        c.chunk_size = 10;
+        let mut rx = LaneRx::new(&c, 0);
+        let block = LaneBlock {
+            displ: 0,
+            lo: 0,
+            count: n,
+            base: 0,
+            chunks: n,
+            last_len: 10,
+            full: n - 1,
+        };
+        rx.handle_command(RxCommand::Open(RxOpen {
+            op: OpId(7),
+            tag: 7,
+            blocks: vec![block, LaneBlock::default()],
+            len: n,
+            own: ChunkRun { start: n, len: 0 },
+        }));
+        rx
+    }
+
+    /// Claims and commits chunk `c` of rank 0's block; whether it was placed.
+    fn feed(rx: &mut LaneRx, c: u32) -> bool {
+        match rx.handle_chunk(Rank(0), imm(c), 10) {
+            Placement::Place { op, .. } => {
+                rx.commit(op);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn notes(rx: &mut LaneRx) -> Vec<RxNote> {
+        core::iter::from_fn(|| rx.poll_note()).collect()
+    }
+
+    #[test]
+    fn a_gap_behind_the_stream_is_settled_and_a_late_chunk_is_stale() {
+        let mut rx = lane_with_gap();
+        // Chunk 5 came late: it is the session's now.
+        assert_eq!(
+            rx.handle_chunk(Rank(0), imm(5), 10),
+            Placement::Drop(DropReason::Stale)
+        );
+        for c in 300..600 {
+            assert!(feed(&mut rx, c));
+        }
+        // Every chunk the lane still tracks is written: full without chunk 5.
+        assert_eq!(
+            notes(&mut rx),
+            vec![RxNote::Full {
+                lane: 0,
+                op: OpId(7)
+            }]
+        );
+        rx.handle_command(RxCommand::Close { op: OpId(7) });
+        match rx.poll_note() {
+            Some(RxNote::Closed { bitmap, .. }) => assert_eq!(bitmap.present(), 599),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Chunks 0..300 but 5 fed in order: the watch point at bit 256 settles 0..192.
+    fn lane_with_gap() -> LaneRx {
+        let mut rx = leaf(600);
+        for c in (0..300).filter(|c| *c != 5) {
+            assert!(feed(&mut rx, c));
+        }
+        let started = RxNote::Started {
+            lane: 0,
+            op: OpId(7),
+            block: Rank(0),
+        };
+        let settled = RxNote::Settled {
+            lane: 0,
+            op: OpId(7),
+            block: Rank(0),
+            run: ChunkRun { start: 0, len: 192 },
+            missing: vec![ChunkRun { start: 5, len: 1 }],
+        };
+        assert_eq!(notes(&mut rx), vec![started, settled]);
+        rx
+    }
+
+    #[test]
+    fn an_asked_settle_waits_for_the_stream_or_comes_at_once() {
+        let mut rx = leaf(600);
+        for c in 0..10 {
+            assert!(feed(&mut rx, c));
+        }
+        notes(&mut rx);
+        let settle = |upto| RxCommand::Settle {
+            op: OpId(7),
+            block: Rank(0),
+            upto,
+        };
+        // The stream has not reached chunk 19 yet: the lane waits for it.
+        rx.handle_command(settle(Some(20)));
+        assert_eq!(notes(&mut rx), vec![]);
+        for c in 10..30 {
+            assert!(feed(&mut rx, c));
+        }
+        let settled = |start, len| RxNote::Settled {
+            lane: 0,
+            op: OpId(7),
+            block: Rank(0),
+            run: ChunkRun { start, len },
+            missing: vec![],
+        };
+        // Settled up to the chunk that reached the point (it was not written yet then)...
+        assert_eq!(notes(&mut rx), vec![settled(0, 19)]);
+        // ... and the rest at once when asked again.
+        rx.handle_command(settle(Some(20)));
+        assert_eq!(notes(&mut rx), vec![settled(19, 1)]);
+        // Already settled: nothing more.
+        rx.handle_command(settle(Some(20)));
+        assert_eq!(notes(&mut rx), vec![]);
+        // A deadline's settle takes all the block still tracked, missing chunks included;
+        // the lane is then full.
+        rx.handle_command(settle(None));
+        let rest = RxNote::Settled {
+            lane: 0,
+            op: OpId(7),
+            block: Rank(0),
+            run: ChunkRun {
+                start: 20,
+                len: 580,
+            },
+            missing: vec![ChunkRun {
+                start: 30,
+                len: 570,
+            }],
+        };
+        assert_eq!(
+            notes(&mut rx),
+            vec![
+                rest,
+                RxNote::Full {
+                    lane: 0,
+                    op: OpId(7)
+                }
+            ]
+        );
+        assert_eq!(
+            rx.handle_chunk(Rank(0), imm(30), 10),
+            Placement::Drop(DropReason::Stale)
+        );
+    }
+
+    #[test]
+    fn a_late_chunk_stops_the_lane_settling_on_its_own() {
+        let mut rx = lane_with_gap();
+        assert_eq!(
+            rx.handle_chunk(Rank(0), imm(5), 10),
+            Placement::Drop(DropReason::Stale)
+        );
+        // Reordered: a gap at 400 is left to the cutoff (and deadlines are ignored).
+        for c in (300..600).filter(|c| *c != 400) {
+            assert!(feed(&mut rx, c));
+        }
+        assert_eq!(notes(&mut rx), vec![]);
+        rx.handle_command(RxCommand::Settle {
+            op: OpId(7),
+            block: Rank(0),
+            upto: None,
+        });
+        assert_eq!(notes(&mut rx), vec![]);
     }
 
     #[test]
