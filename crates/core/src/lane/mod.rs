@@ -20,14 +20,27 @@
 //! know of it. So the slow path needs no query round trips to the lanes, and the fast path
 //! never waits on the control path.
 //!
+//! A bitmap can also change hands a run at a time while the lane stays open: a lane that
+//! sees a gap behind its stream, or that the session asks ([`RxCommand::Settle`]), *settles*
+//! a block's chunks below a point: it hands them over in [`RxNote::Settled`] (with the runs
+//! missing) and from then on drops any of them that still come, as stale. The session owns
+//! those chunks exactly as it owns a closed lane's, and recovers the missing ones while the
+//! data still flows (see the `ring` module). `Full` then means every chunk the lane still
+//! tracks is written. The bits stay in the lane's words, frozen, and come back with the
+//! `Closed` bitmap.
+//!
 //! ## Ordering rules a driver keeps
 //! * A lane handles the commands queued for it before any chunk it receives after they were
 //!   queued. An `Open` is queued before the rank says `Ready`, and no root sends before every
 //!   `Ready` arrived, so no chunk can overtake its operation's `Open`.
 //! * [`LaneRx::handle_chunk`] only claims a chunk. The driver copies the payload where the
 //!   [`Placement`](crate::Placement) says, then calls [`LaneRx::commit`]. Notes are queued
-//!   at commit, so the session never acknowledges bytes that are not written yet. A driver
-//!   commits every claimed chunk before it hands the lane its next command.
+//!   at commit (a watch point's `Started` and `Settled` too: a claim only marks it), so the
+//!   session never acknowledges bytes that are not written yet. A settle stops below the
+//!   chunk whose commit runs it, so a driver that commits in the order it claimed (every
+//!   driver here commits each chunk right after its copy) never has a claimed, unwritten
+//!   chunk handed over. A driver commits every claimed chunk before it hands the lane its
+//!   next command (so a `Settle` command sees only written bits).
 
 mod rx;
 mod tx;
