@@ -409,7 +409,8 @@ fn write_loss(dir: &Path, rows: &[LossRow]) -> Result<(), StepError> {
         "# Loss tolerance: 128 MiB Broadcast under Bernoulli link loss\n\n\
          Radix-32 fat tree filled with 64 and 512 hosts, loss per packet per link, throughput \
          normalised to each algorithm's own loss-free run. ringcast (real core) recovers by \
-         reads from its ring neighbour after the cutoff, and where the neighbour lacks the \
+         reads from its ring neighbour while the data still flows (as soon as its lane sees a \
+         gap behind the stream; at the cutoff at the latest), and where the neighbour lacks the \
          chunks too, from ranks a skip distance (m * 8^k) further back; the go-back-N multicast \
          (Cepheus model) resends from the first loss on the aggregated NACK or a timeout, to \
          the whole tree; the chain resends single unicast packets after a timeout. \
