@@ -423,10 +423,15 @@ impl Collective {
     }
 
     /// Expect the successor's `Fin`: it may still have to recover the whole buffer from us.
+    ///
+    /// A rank that owes us `Fin` (our successor, or one that probed us) may itself wait on a
+    /// third rank, dead, for a whole `peer_timeout` after it last spoke to us (its
+    /// predecessor, or a rank it reads from): we wait twice that, so that it times out first
+    /// and its `Abort` names the right culprit.
     fn wait_for_fin(&mut self, cx: &Ctx<'_>) {
         let from = self.cutoff_at.map_or(cx.now, |c| c.max(cx.now));
         let deadline =
-            from + cx.config.peer_timeout + transfer_time(cx.config, self.layout.bytes());
+            from + cx.config.peer_timeout * 2 + transfer_time(cx.config, self.layout.bytes());
         match self.timers.get(Timer::Fin) {
             Some(_) => self.timers.extend(Timer::Fin, deadline),
             None => self.timers.set(Timer::Fin, deadline),
@@ -447,7 +452,8 @@ impl Collective {
             self.timers.extend(Timer::Reads, later);
         }
         if from == self.succ || self.ring.owes_fin(from) {
-            self.timers.extend(Timer::Fin, later);
+            self.timers
+                .extend(Timer::Fin, later + cx.config.peer_timeout);
         }
     }
 

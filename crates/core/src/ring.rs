@@ -527,8 +527,13 @@ impl Collective {
             None => self.ring.fetch = Some(Fetch::new(self.pred, runs)),
         }
         self.ring.fanned = false;
-        self.timers
-            .set(Timer::Fetch, cx.now + cx.config.peer_timeout);
+        // A grown request keeps its deadline: the predecessor's silence since the first one
+        // counts (a rank waiting on a dead predecessor must time out before the ranks that
+        // wait on it do, so that its Abort names the right culprit).
+        if self.timers.get(Timer::Fetch).is_none() {
+            self.timers
+                .set(Timer::Fetch, cx.now + cx.config.peer_timeout);
+        }
     }
 
     /// Our successor asks for runs, or a rank a skip distance ahead probes us.
