@@ -151,8 +151,8 @@ fn charge(p: &mut Option<(Pacer, Instant)>, bytes: usize) {
     }
 }
 
-fn run_ringcast(a: &Args, nonce: u64, gso: bool) -> Run {
-    let port = free_port();
+/// Lane 0's group and the job's addresses for `nonce` on UDP `port`.
+fn lane0(nonce: u64, port: u16) -> (JobAddrs, SocketAddrV4) {
     let job = JobAddrs::derive(
         nonce,
         1,
@@ -163,6 +163,53 @@ fn run_ringcast(a: &Args, nonce: u64, gso: bool) -> Run {
     )
     .expect("groups");
     let group = job.group(0).expect("lane 0");
+    (job, group)
+}
+
+/// A ringcast sender to `group` as rank 0.
+fn lane_sender(
+    net: &SocketConfig,
+    job: &JobAddrs,
+    group: SocketAddrV4,
+    a: &Args,
+    gso: bool,
+) -> LaneSender {
+    LaneSender::new(
+        TxSocket::open(net).expect("tx socket"),
+        TxConfig {
+            lane: 0,
+            group,
+            pkey: 0xFFFF,
+            qkey: job.qkey(),
+            rank: 0,
+            max_payload: a.payload,
+            gso,
+            initial_psn: 0,
+        },
+    )
+    .expect("sender")
+}
+
+/// Sends full 64-chunk batches (paced when `--rate-mbps` is set) until `a.secs` after `start`.
+fn send_for(tx: &mut LaneSender, a: &Args, start: Instant) {
+    let data = vec![0xA5u8; a.payload];
+    let chunks: Vec<OutChunk<'_>> = (0..64)
+        .map(|k| OutChunk {
+            imm: k,
+            payload: &data,
+        })
+        .collect();
+    let mut p = pacer(a);
+    let until = start + Duration::from_secs_f64(a.secs);
+    while Instant::now() < until {
+        wait_paced(&mut p);
+        let sent = tx.send_batch(&chunks).expect("send");
+        charge(&mut p, sent.bytes);
+    }
+}
+
+fn run_ringcast(a: &Args, nonce: u64, gso: bool) -> Run {
+    let (job, group) = lane0(nonce, free_port());
     let net = SocketConfig::loopback();
     let mut rxs = Vec::new();
     for _ in 0..RECEIVERS {
@@ -176,20 +223,7 @@ fn run_ringcast(a: &Args, nonce: u64, gso: bool) -> Run {
         "(receive buffer granted: {} B)",
         rxs[0].socket().granted_recv_buffer()
     );
-    let mut tx = LaneSender::new(
-        TxSocket::open(&net).expect("tx socket"),
-        TxConfig {
-            lane: 0,
-            group,
-            pkey: 0xFFFF,
-            qkey: job.qkey(),
-            rank: 0,
-            max_payload: a.payload,
-            gso,
-            initial_psn: 0,
-        },
-    )
-    .expect("sender");
+    let mut tx = lane_sender(&net, &job, group, a, gso);
     let udp_len = datagram_len(a.payload);
     let done = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
@@ -223,20 +257,7 @@ fn run_ringcast(a: &Args, nonce: u64, gso: bool) -> Run {
             })
         })
         .collect();
-    let data = vec![0xA5u8; a.payload];
-    let chunks: Vec<OutChunk<'_>> = (0..64)
-        .map(|k| OutChunk {
-            imm: k,
-            payload: &data,
-        })
-        .collect();
-    let mut p = pacer(a);
-    let until = start + Duration::from_secs_f64(a.secs);
-    while Instant::now() < until {
-        wait_paced(&mut p);
-        let sent = tx.send_batch(&chunks).expect("send");
-        charge(&mut p, sent.bytes);
-    }
+    send_for(&mut tx, a, start);
     let send_secs = start.elapsed().as_secs_f64();
     done.store(true, Ordering::Release);
     let rx = workers
@@ -255,17 +276,7 @@ fn run_ringcast(a: &Args, nonce: u64, gso: bool) -> Run {
 
 fn run_std(a: &Args, nonce: u64) -> Run {
     let udp_len = datagram_len(a.payload);
-    let port = free_port();
-    let job = JobAddrs::derive(
-        nonce,
-        1,
-        &AddrConfig {
-            port,
-            ..AddrConfig::default()
-        },
-    )
-    .expect("groups");
-    let group = job.group(0).expect("lane 0");
+    let (_, group) = lane0(nonce, free_port());
     let done = Arc::new(AtomicBool::new(false));
     let rx_socks: Vec<UdpSocket> = (0..RECEIVERS).map(|_| std_rx(group)).collect();
     let start = Instant::now();
@@ -368,16 +379,7 @@ const ROLE_NONCE: u64 = 0xB0_0004;
 
 /// One role of a run across processes (`--role send|recv`).
 fn run_role(a: &Args, role: &str) {
-    let job = JobAddrs::derive(
-        ROLE_NONCE,
-        1,
-        &AddrConfig {
-            port: a.port,
-            ..AddrConfig::default()
-        },
-    )
-    .expect("groups");
-    let group = job.group(0).expect("lane 0");
+    let (job, group) = lane0(ROLE_NONCE, a.port);
     let net = SocketConfig::on_interface(a.iface);
     let udp_len = datagram_len(a.payload);
     match role {
@@ -409,35 +411,9 @@ fn run_role(a: &Args, role: &str) {
             );
         }
         "send" => {
-            let mut tx = LaneSender::new(
-                TxSocket::open(&net).expect("tx socket"),
-                TxConfig {
-                    lane: 0,
-                    group,
-                    pkey: 0xFFFF,
-                    qkey: job.qkey(),
-                    rank: 0,
-                    max_payload: a.payload,
-                    gso: true,
-                    initial_psn: 0,
-                },
-            )
-            .expect("sender");
-            let data = vec![0xA5u8; a.payload];
-            let chunks: Vec<OutChunk<'_>> = (0..64)
-                .map(|k| OutChunk {
-                    imm: k,
-                    payload: &data,
-                })
-                .collect();
-            let mut p = pacer(a);
+            let mut tx = lane_sender(&net, &job, group, a, true);
             let start = Instant::now();
-            let until = start + Duration::from_secs_f64(a.secs);
-            while Instant::now() < until {
-                wait_paced(&mut p);
-                let sent = tx.send_batch(&chunks).expect("send");
-                charge(&mut p, sent.bytes);
-            }
+            send_for(&mut tx, a, start);
             let s = *tx.stats();
             let secs = start.elapsed().as_secs_f64();
             println!(
