@@ -967,29 +967,28 @@ fn bench_ok(out: &str, what: &str) -> Result<String, String> {
     ))
 }
 
+/// What the launcher checks run under mpirun: a short verified Allgather bench.
+const LAUNCHED_BENCH: [&str; 9] = [
+    "bench",
+    "allgather",
+    "--sizes",
+    "64KiB,1MiB",
+    "--iters",
+    "3",
+    "--warmup",
+    "1",
+    "--json",
+];
+
 /// `mpirun -np P ringcast bench allgather` in the host namespace (loopback).
 fn mpirun_local(ctx: &Ctx<'_>) -> Result<String, String> {
     let bin = ctx.cli_bin.clone()?;
     let np = ctx.p().to_string();
-    let out = sh(
-        "mpirun",
-        &[
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            &np,
-            &bin.to_string_lossy(),
-            "bench",
-            "allgather",
-            "--sizes",
-            "64KiB,1MiB",
-            "--iters",
-            "3",
-            "--warmup",
-            "1",
-            "--json",
-        ],
-    )?;
+    let mut args = vec!["--allow-run-as-root", "--oversubscribe", "-np", &np];
+    let bin = bin.to_string_lossy();
+    args.push(&bin);
+    args.extend(LAUNCHED_BENCH);
+    let out = sh("mpirun", &args)?;
     bench_ok(&out, "mpirun local").map(|m| format!("{np} ranks on loopback: {m}"))
 }
 
@@ -998,21 +997,9 @@ fn mpirun_local(ctx: &Ctx<'_>) -> Result<String, String> {
 fn mpirun_netns(ctx: &Ctx<'_>) -> Result<String, String> {
     let bin = ctx.cli_bin.clone()?;
     let boot = format!("RINGCAST_BOOTSTRAP={}:{}", ctx.lab.ip(0), ctx.port());
-    let program: Vec<String> = [
-        &bin.to_string_lossy() as &str,
-        "bench",
-        "allgather",
-        "--sizes",
-        "64KiB,1MiB",
-        "--iters",
-        "3",
-        "--warmup",
-        "1",
-        "--json",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
+    let program: Vec<String> = std::iter::once(bin.to_string_lossy().into_owned())
+        .chain(LAUNCHED_BENCH.iter().map(|s| (*s).to_owned()))
+        .collect();
     let (out, nss) = mpirun_across(
         ctx.lab,
         ctx.root,
