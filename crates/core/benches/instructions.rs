@@ -64,7 +64,7 @@ mod callgrind {
     #[bench::random(lane(true))]
     fn lane_rx_handle_chunk((mut rx, imms): (LaneRx, Vec<u32>)) -> LaneRx {
         for &imm in &imms {
-            let p = rx.handle_chunk(Rank(0), black_box(imm), CHUNK_SIZE as usize);
+            let p = rx.handle_chunk(Rank(0), imm, CHUNK_SIZE as usize);
             if let Placement::Place { op, offset, len } = p {
                 black_box((offset, len));
                 rx.commit(op);
@@ -79,7 +79,7 @@ mod callgrind {
     #[bench::random(lane(true))]
     fn lane_rx_place_only((mut rx, imms): (LaneRx, Vec<u32>)) -> LaneRx {
         for &imm in &imms {
-            let p = rx.handle_chunk(Rank(0), black_box(imm), CHUNK_SIZE as usize);
+            let p = rx.handle_chunk(Rank(0), imm, CHUNK_SIZE as usize);
             if let Placement::Place { offset, len, .. } = p {
                 black_box((offset, len));
             }

@@ -68,16 +68,20 @@ impl RxStats {
 /// dropped in the cold path, at no cost to the chunks that stay.
 #[derive(Clone, Copy, Debug, Default)]
 struct RxBlock {
-    /// Byte offset of the block in the operation's buffer.
-    displ: u64,
+    /// Chunks at `k = c - lo < fast` take the fast path: `min(watch, full)`, so a chunk there
+    /// is full-size and not at a watch point.
+    fast: u32,
     /// First block-local chunk index the lane still tracks.
     lo: u32,
-    /// Chunks at `k = c - lo >= watch` take the cold path: the block's first chunk, one at a
-    /// word boundary of the bitmap, the part's last chunk, a settle point the session asked
-    /// for, or one off the lane's part (`watch <= count`).
-    watch: u32,
+    /// Byte offset of the block in the operation's buffer.
+    displ: u64,
     /// Lane-relative bitmap index of chunk `lo`.
     base: u32,
+    /// Chunks at `k = c - lo >= watch` are at a watch point: the block's first chunk, one at
+    /// a word boundary of the bitmap, the part's last chunk, a settle point the session asked
+    /// for, or one off the lane's part (`watch <= count`). Set through
+    /// [`set_watch`](Self::set_watch), which keeps `fast`.
+    watch: u32,
     /// Chunks from `lo` on that are full-size.
     full: u32,
     /// Bytes of the block's last chunk.
@@ -99,6 +103,7 @@ struct RxBlock {
 impl RxBlock {
     fn new(b: &LaneBlock) -> Self {
         RxBlock {
+            fast: 0,
             displ: b.displ,
             lo: b.lo,
             watch: 0,
@@ -112,6 +117,12 @@ impl RxBlock {
             settle: u32::MAX,
             started: false,
         }
+    }
+
+    /// Moves the watch point to `w` (from `lo`), and the fast path's bound with it.
+    fn set_watch(&mut self, w: u32) {
+        self.watch = w;
+        self.fast = w.min(self.full);
     }
 
     /// Lane-relative bitmap index of block-local chunk `c >= lo`.
@@ -147,7 +158,7 @@ impl RxBlock {
         if self.settle != u32::MAX {
             w = w.min(self.settle.saturating_sub(1).max(c + 1));
         }
-        self.watch = w.clamp(self.lo, end) - self.lo;
+        self.set_watch(w.clamp(self.lo, end) - self.lo);
     }
 }
 
@@ -303,7 +314,7 @@ impl RxOp {
         b.count -= d;
         b.full = b.full.saturating_sub(d);
         // The watch point stays where it was (or comes at once): never past the part's end.
-        b.watch = b.watch.saturating_sub(d).min(b.count);
+        b.set_watch(b.watch.saturating_sub(d).min(b.count));
         b.checked = b.checked.max(upto);
         if b.settle <= upto + 1 {
             b.settle = u32::MAX;
@@ -354,8 +365,60 @@ impl RxOp {
             self.settle(k, lane, bi, u, n);
         } else {
             b.settle = b.settle.min(u);
-            b.watch = b.watch.min(u - 1 - b.lo);
+            b.set_watch(b.watch.min(u - 1 - b.lo));
         }
+    }
+}
+
+/// What [`LaneRx::handle_slow`] decided, in 16 bytes (returned in two registers): the chunk
+/// is placed at `offset`, `len` bytes, in the hot operation, or dropped for `why`.
+struct Slow {
+    offset: u64,
+    len: u32,
+    why: Option<DropReason>,
+}
+
+/// An open operation on a lane: its fast-path state, then the rest.
+#[derive(Clone, Debug)]
+struct LaneOp {
+    op: RxOp,
+    cold: OpCold,
+}
+
+/// The tag of the vacant slot: a decoded immediate's tag has at most 31 bits (the chunk
+/// index takes at least one), so no chunk ever names it.
+const VACANT_TAG: u32 = u32::MAX;
+
+impl LaneOp {
+    /// The slot that holds no operation: no chunk matches its tag, and a commit of its id
+    /// (which no open uses in practice) counts harmlessly, never reaching its cold path's work.
+    fn vacant() -> Self {
+        LaneOp {
+            op: RxOp {
+                tag: VACANT_TAG,
+                committed: 0,
+                notify: u32::MAX,
+                id: OpId(u64::MAX),
+                blocks: Box::default(),
+                words: Box::default(),
+            },
+            cold: OpCold {
+                len: 0,
+                expect: 0,
+                own: 0,
+                watched: (u32::MAX, 0),
+                reordered: false,
+            },
+        }
+    }
+
+    fn is_vacant(&self) -> bool {
+        self.op.tag == VACANT_TAG
+    }
+
+    /// Chunks received (present, less our own).
+    fn received(&self) -> u64 {
+        u64::from(self.op.committed.saturating_sub(self.cold.own))
     }
 }
 
@@ -378,13 +441,14 @@ pub struct LaneRx {
     shift: u32,
     mask: u32,
     chunk_size: u32,
+    /// The operation whose chunk came last, in place: chunks come in long runs of one
+    /// operation, so the fast path finds it with one compare and no index. Vacant
+    /// ([`LaneOp::vacant`]) while no operation is open.
+    hot: LaneOp,
+    /// The other open operations; a chunk of one swaps it with `hot`.
+    ops: Vec<LaneOp>,
     me: Rank,
     lane: u16,
-    /// The operation placed last: tried first (chunks come in long runs of one operation).
-    last: usize,
-    ops: Vec<RxOp>,
-    /// Beside `ops`, index for index.
-    cold: Vec<OpCold>,
     notes: VecDeque<RxNote>,
     stats: RxStats,
 }
@@ -397,11 +461,10 @@ impl LaneRx {
             shift,
             mask: ((1u64 << shift) - 1) as u32,
             chunk_size: config.chunk_size,
+            hot: LaneOp::vacant(),
+            ops: Vec::with_capacity(config.limits.max_inflight_ops as usize),
             me: config.rank,
             lane,
-            last: 0,
-            ops: Vec::with_capacity(config.limits.max_inflight_ops as usize),
-            cold: Vec::with_capacity(config.limits.max_inflight_ops as usize),
             notes: VecDeque::new(),
             stats: RxStats::default(),
         }
@@ -412,15 +475,35 @@ impl LaneRx {
         self.lane
     }
 
+    /// The open operations.
+    fn open_iter(&self) -> impl Iterator<Item = &LaneOp> {
+        core::iter::once(&self.hot)
+            .filter(|o| !o.is_vacant())
+            .chain(&self.ops)
+    }
+
+    /// The open operation `op`.
+    fn find_mut(&mut self, op: OpId) -> Option<&mut LaneOp> {
+        if !self.hot.is_vacant() && self.hot.op.id == op {
+            return Some(&mut self.hot);
+        }
+        self.ops.iter_mut().find(|o| o.op.id == op)
+    }
+
+    /// Takes the open operation `op` out of the lane.
+    fn remove(&mut self, op: OpId) -> Option<LaneOp> {
+        if !self.hot.is_vacant() && self.hot.op.id == op {
+            let next = self.ops.pop().unwrap_or_else(LaneOp::vacant);
+            return Some(core::mem::replace(&mut self.hot, next));
+        }
+        let i = self.ops.iter().position(|o| o.op.id == op)?;
+        Some(self.ops.swap_remove(i))
+    }
+
     /// Counters. Chunks received are counted per operation at commit and summed here, so the
     /// fast path updates one counter, not two.
     pub fn stats(&self) -> RxStats {
-        let live: u64 = self
-            .ops
-            .iter()
-            .zip(&self.cold)
-            .map(|(o, k)| u64::from(o.committed - k.own))
-            .sum();
+        let live: u64 = self.open_iter().map(LaneOp::received).sum();
         RxStats {
             chunks_received: self.stats.chunks_received.saturating_add(live),
             ..self.stats
@@ -429,7 +512,7 @@ impl LaneRx {
 
     /// Operations open on this lane.
     pub fn open_ops(&self) -> usize {
-        self.ops.len()
+        self.open_iter().count()
     }
 
     /// A chunk arrived from `from` (as the transport reports the source) with immediate `imm`
@@ -439,57 +522,96 @@ impl LaneRx {
     /// After copying a placed payload, call [`commit`](Self::commit). The transport must have
     /// checked the packet's integrity first (ICRC or UDP checksum): that check is what covers
     /// the immediate.
+    ///
+    /// The fast path is the common chunk: of the operation whose chunk came last, full-size,
+    /// before its block's watch point, and new. Every other chunk takes
+    /// [`handle_slow`](Self::handle_slow), which checks everything again from the start.
     // Always inlined: the caller's loop then keeps the placement in registers instead of
     // passing a 24-byte enum through memory (a store-forwarding stall on every chunk).
     #[inline(always)]
     pub fn handle_chunk(&mut self, from: Rank, imm: u32, len: usize) -> Placement {
         let (tag, c) = (imm >> self.shift, imm & self.mask);
-        let i = match self.ops.get(self.last) {
-            Some(o) if o.tag == tag => self.last,
-            _ => match self.ops.iter().position(|o| o.tag == tag) {
-                Some(i) => {
-                    self.last = i;
-                    i
+        if self.hot.op.tag == tag {
+            let cs = self.chunk_size;
+            let op = &mut self.hot.op;
+            if let Some(b) = op.blocks.get_mut(from.index()) {
+                let k = c.wrapping_sub(b.lo);
+                // `k < fast`: tracked on this lane, full-size, and not at a watch point.
+                if k < b.fast && len == cs as usize {
+                    let bit = b.base + k;
+                    let m = 1u64 << (bit % 64);
+                    if let Some(w) = op.words.get_mut((bit / 64) as usize)
+                        && *w & m == 0
+                    {
+                        *w |= m;
+                        return Placement::Place {
+                            op: op.id,
+                            offset: b.displ + u64::from(c) * u64::from(cs),
+                            len: cs,
+                        };
+                    }
                 }
-                None => return self.dropped(DropReason::Stale),
+            }
+        }
+        // The slow path answers in two registers; the placement is built here, so the
+        // caller's two paths meet in registers, not through a 24-byte enum in memory.
+        match self.handle_slow(from, tag, c, len) {
+            Slow {
+                why: None,
+                offset,
+                len,
+            } => Placement::Place {
+                op: self.hot.op.id,
+                offset,
+                len,
             },
-        };
+            Slow { why: Some(r), .. } => Placement::Drop(r),
+        }
+    }
+
+    /// Every chunk that is not the fast path's: another operation's (made hot), a watch
+    /// point, a block's short last chunk, and every drop. A placed chunk belongs to the hot
+    /// operation.
+    #[cold]
+    #[inline(never)]
+    fn handle_slow(&mut self, from: Rank, tag: u32, c: u32, len: usize) -> Slow {
+        if self.hot.op.tag != tag {
+            let Some(i) = self.ops.iter().position(|o| o.op.tag == tag) else {
+                return self.dropped(DropReason::Stale);
+            };
+            if self.hot.is_vacant() {
+                self.hot = self.ops.swap_remove(i);
+            } else {
+                core::mem::swap(&mut self.hot, &mut self.ops[i]);
+            }
+        }
         let cs = self.chunk_size;
-        let op = &mut self.ops[i];
+        let LaneOp { op, cold } = &mut self.hot;
         let Some(b) = op.blocks.get_mut(from.index()) else {
             return self.dropped(DropReason::WrongSource);
         };
         let k = c.wrapping_sub(b.lo);
-        if k >= b.watch {
-            // `watch <= count`: past it lie the watch points and the chunks off this lane's part.
-            if k >= b.count {
-                let why = if from == self.me {
-                    DropReason::Own
-                } else if b.chunks == 0 {
-                    DropReason::WrongSource
-                } else if c >= b.chunks {
-                    DropReason::OutOfRange
-                } else if b.lo0 <= c && c < b.lo {
-                    // Settled: the session recovers it (or has it) now. It came late: the
-                    // stream is reordered.
-                    self.cold[i].reordered = true;
-                    DropReason::Stale
-                } else {
-                    DropReason::WrongLane
-                };
-                return self.dropped(why);
-            }
-            // A watch point: its work waits for the commit, when the chunk is written (and
-            // sets the next one; until then no chunk of the block stops here).
-            self.cold[i].watched = (from.0, c);
-            op.notify = 0;
-            b.watch = b.count;
+        if k >= b.count {
+            let why = if from == self.me {
+                DropReason::Own
+            } else if b.chunks == 0 {
+                DropReason::WrongSource
+            } else if c >= b.chunks {
+                DropReason::OutOfRange
+            } else if b.lo0 <= c && c < b.lo {
+                // Settled: the session recovers it (or has it) now. It came late: the stream
+                // is reordered.
+                cold.reordered = true;
+                DropReason::Stale
+            } else {
+                DropReason::WrongLane
+            };
+            return self.dropped(why);
         }
         let want = if k < b.full { cs } else { b.last_len };
         if len != want as usize {
             return self.dropped(DropReason::BadLength);
         }
-        let offset = b.displ + u64::from(c) * u64::from(cs);
         let bit = b.base + k;
         let m = 1u64 << (bit % 64);
         // `bit < len` by construction of the blocks; `get_mut` keeps a corrupt open harmless.
@@ -500,35 +622,68 @@ impl LaneRx {
             return self.dropped(DropReason::Duplicate);
         }
         *w |= m;
-        Placement::Place {
-            op: op.id,
-            offset,
+        if k >= b.watch {
+            // A watch point: its work waits for the commit, when the chunk is written (and
+            // sets the next one; until then no chunk of the block stops here).
+            cold.watched = (from.0, c);
+            op.notify = 0;
+            b.set_watch(b.count);
+        }
+        Slow {
+            offset: b.displ + u64::from(c) * u64::from(cs),
             len: want,
+            why: None,
         }
     }
 
-    #[cold]
-    #[inline(never)]
-    fn dropped(&mut self, r: DropReason) -> Placement {
+    /// Counts a drop, for the slow path to return.
+    fn dropped(&mut self, r: DropReason) -> Slow {
         self.stats.count_drop(r);
-        Placement::Drop(r)
+        Slow {
+            offset: 0,
+            len: 0,
+            why: Some(r),
+        }
     }
 
     /// The payload of a chunk that [`handle_chunk`](Self::handle_chunk) placed for `op` is
     /// written. When the lane's part of the operation is complete, queues [`RxNote::Full`].
-    #[inline]
+    #[inline(always)]
     pub fn commit(&mut self, op: OpId) {
-        let i = match self.ops.get(self.last) {
-            Some(o) if o.id == op => self.last,
-            _ => match self.ops.iter().position(|o| o.id == op) {
-                Some(i) => i,
-                None => return,
-            },
-        };
-        let o = &mut self.ops[i];
-        o.committed += 1;
-        if o.committed >= o.notify {
-            o.committed_cold(&mut self.cold[i], self.lane, &mut self.notes);
+        // The vacant slot's id is no open operation's: a commit of it counts there harmlessly.
+        let o = &mut self.hot.op;
+        if o.id == op {
+            o.committed = o.committed.wrapping_add(1);
+            if o.committed >= o.notify {
+                self.committed_cold();
+            }
+        } else {
+            self.commit_other(op);
+        }
+    }
+
+    /// `commit`'s cold path for the hot operation.
+    #[cold]
+    #[inline(never)]
+    fn committed_cold(&mut self) {
+        if !self.hot.is_vacant() {
+            let LaneOp { op, cold } = &mut self.hot;
+            op.committed_cold(cold, self.lane, &mut self.notes);
+        }
+    }
+
+    /// A commit for an operation other than the hot one (its chunk was placed before another
+    /// operation's chunk made that one hot).
+    #[cold]
+    #[inline(never)]
+    fn commit_other(&mut self, op: OpId) {
+        let lane = self.lane;
+        if let Some(i) = self.ops.iter().position(|o| o.op.id == op) {
+            let LaneOp { op: o, cold } = &mut self.ops[i];
+            o.committed = o.committed.wrapping_add(1);
+            if o.committed >= o.notify {
+                o.committed_cold(cold, lane, &mut self.notes);
+            }
         }
     }
 
@@ -537,11 +692,7 @@ impl LaneRx {
         match cmd {
             RxCommand::Open(o) => self.open(o),
             RxCommand::Count { op } => {
-                let committed = self
-                    .ops
-                    .iter()
-                    .find(|o| o.id == op)
-                    .map_or(0, |o| o.committed);
+                let committed = self.find_mut(op).map_or(0, |o| o.op.committed);
                 self.notes.push_back(RxNote::Count {
                     lane: self.lane,
                     op,
@@ -549,23 +700,23 @@ impl LaneRx {
                 });
             }
             RxCommand::Settle { op, block, upto } => {
-                if let Some(i) = self.ops.iter().position(|o| o.id == op) {
-                    let (o, k) = (&mut self.ops[i], &mut self.cold[i]);
-                    o.settle_asked(k, self.lane, block.index(), upto, &mut self.notes);
+                let lane = self.lane;
+                let mut notes = core::mem::take(&mut self.notes);
+                if let Some(LaneOp { op: o, cold }) = self.find_mut(op) {
+                    o.settle_asked(cold, lane, block.index(), upto, &mut notes);
                 }
+                self.notes = notes;
             }
             RxCommand::Close { op } => {
-                let Some(i) = self.ops.iter().position(|o| o.id == op) else {
+                let Some(o) = self.remove(op) else {
                     return;
                 };
-                let (o, k) = (self.ops.remove(i), self.cold.remove(i));
-                self.last = 0;
-                let got = u64::from(o.committed - k.own);
-                self.stats.chunks_received = self.stats.chunks_received.saturating_add(got);
+                self.stats.chunks_received =
+                    self.stats.chunks_received.saturating_add(o.received());
                 self.notes.push_back(RxNote::Closed {
                     lane: self.lane,
                     op,
-                    bitmap: LaneBitmap(ChunkBitmap::from_words(o.words.into_vec(), k.len)),
+                    bitmap: LaneBitmap(ChunkBitmap::from_words(o.op.words.into_vec(), o.cold.len)),
                 });
             }
         }
@@ -581,26 +732,32 @@ impl LaneRx {
             b.full = 0;
         }
         // A tag must name one operation; the session never reuses a tag in flight.
-        while let Some(i) = self.ops.iter().position(|x| x.tag == o.tag) {
-            self.ops.remove(i);
-            self.cold.remove(i);
+        if self.hot.op.tag == o.tag {
+            self.hot = self.ops.pop().unwrap_or_else(LaneOp::vacant);
         }
-        self.last = 0;
-        self.ops.push(RxOp {
-            tag: o.tag,
-            committed: own,
-            notify: o.len,
-            id: o.op,
-            blocks,
-            words: bits.into_words().into_boxed_slice(),
-        });
-        self.cold.push(OpCold {
-            len: o.len,
-            expect: o.len,
-            own,
-            watched: (u32::MAX, 0),
-            reordered: false,
-        });
+        self.ops.retain(|x| x.op.tag != o.tag);
+        let new = LaneOp {
+            op: RxOp {
+                tag: o.tag,
+                committed: own,
+                notify: o.len,
+                id: o.op,
+                blocks,
+                words: bits.into_words().into_boxed_slice(),
+            },
+            cold: OpCold {
+                len: o.len,
+                expect: o.len,
+                own,
+                watched: (u32::MAX, 0),
+                reordered: false,
+            },
+        };
+        if self.hot.is_vacant() {
+            self.hot = new;
+        } else {
+            self.ops.push(new);
+        }
         if full {
             self.notes.push_back(RxNote::Full {
                 lane: self.lane,
@@ -999,5 +1156,186 @@ mod tests {
                 len: 5
             }
         );
+    }
+
+    /// A lane holding all of rank 0's block of `n` chunks, the last `last` bytes long.
+    fn block_of(n: u32, last: u32) -> LaneRx {
+        let mut c = Config::new(1, 2);
+        c.chunk_size = 10;
+        let mut rx = LaneRx::new(&c, 0);
+        open(&mut rx, 7, n, last);
+        rx
+    }
+
+    /// Opens operation `tag` (its id is the tag) for rank 0's block of `n` chunks.
+    fn open(rx: &mut LaneRx, tag: u32, n: u32, last: u32) {
+        let block = LaneBlock {
+            displ: 0,
+            lo: 0,
+            count: n,
+            base: 0,
+            chunks: n,
+            last_len: last,
+            full: if last == 10 { n } else { n - 1 },
+        };
+        rx.handle_command(RxCommand::Open(RxOpen {
+            op: OpId(u64::from(tag)),
+            tag,
+            blocks: vec![block, LaneBlock::default()],
+            len: n,
+            own: ChunkRun { start: n, len: 0 },
+        }));
+    }
+
+    fn imm_of(tag: u32, chunk: u32) -> u32 {
+        ImmLayout::default()
+            .encode(Imm { op_tag: tag, chunk })
+            .unwrap()
+    }
+
+    /// A short last chunk is checked against its own length however the stream got there:
+    /// first, in order, or again after it was placed (the fast path's bound stops at the
+    /// block's full-size chunks, so a full-size payload is never placed there).
+    #[test]
+    fn a_short_last_chunk_never_takes_a_full_size_payload() {
+        for first in [false, true] {
+            let mut rx = block_of(300, 5);
+            if first {
+                assert_eq!(
+                    rx.handle_chunk(Rank(0), imm(299), 10),
+                    Placement::Drop(DropReason::BadLength)
+                );
+            }
+            for c in 0..299 {
+                assert!(feed(&mut rx, c), "chunk {c}");
+            }
+            assert_eq!(
+                rx.handle_chunk(Rank(0), imm(299), 10),
+                Placement::Drop(DropReason::BadLength)
+            );
+            assert_eq!(
+                rx.handle_chunk(Rank(0), imm(299), 5),
+                Placement::Place {
+                    op: OpId(7),
+                    offset: 2990,
+                    len: 5
+                }
+            );
+            rx.commit(OpId(7));
+            for len in [10, 5] {
+                assert!(matches!(
+                    rx.handle_chunk(Rank(0), imm(299), len),
+                    Placement::Drop(DropReason::BadLength | DropReason::Duplicate)
+                ));
+            }
+            assert!(notes(&mut rx).contains(&RxNote::Full {
+                lane: 0,
+                op: OpId(7)
+            }));
+            assert_eq!(rx.stats().chunks_received, 300);
+        }
+    }
+
+    /// Chunks of two operations interleave: each chunk makes its operation the hot one, a
+    /// commit may name the other, and closing the hot one leaves the other placing.
+    #[test]
+    fn chunks_of_two_operations_interleave() {
+        let mut rx = block_of(200, 10);
+        open(&mut rx, 8, 200, 10);
+        assert_eq!(rx.open_ops(), 2);
+        for c in 0..200 {
+            let a = rx.handle_chunk(Rank(0), imm_of(7, c), 10);
+            let b = rx.handle_chunk(Rank(0), imm_of(8, c), 10);
+            let want = |op| Placement::Place {
+                op: OpId(op),
+                offset: u64::from(c) * 10,
+                len: 10,
+            };
+            assert_eq!((a, b), (want(7), want(8)), "chunk {c}");
+            // The first commit names the operation that is no longer hot.
+            rx.commit(OpId(7));
+            rx.commit(OpId(8));
+        }
+        let full: Vec<_> = notes(&mut rx)
+            .into_iter()
+            .filter(|n| matches!(n, RxNote::Full { .. }))
+            .collect();
+        assert_eq!(
+            full,
+            [
+                RxNote::Full {
+                    lane: 0,
+                    op: OpId(7)
+                },
+                RxNote::Full {
+                    lane: 0,
+                    op: OpId(8)
+                }
+            ]
+        );
+        assert_eq!(rx.stats().chunks_received, 400);
+        // Operation 8 is hot; closing it leaves 7, which still counts duplicates.
+        rx.handle_command(RxCommand::Close { op: OpId(8) });
+        assert_eq!(rx.open_ops(), 1);
+        assert_eq!(
+            rx.handle_chunk(Rank(0), imm_of(7, 3), 10),
+            Placement::Drop(DropReason::Duplicate)
+        );
+        assert_eq!(
+            rx.handle_chunk(Rank(0), imm_of(8, 3), 10),
+            Placement::Drop(DropReason::Stale)
+        );
+        rx.handle_command(RxCommand::Close { op: OpId(7) });
+        assert_eq!(rx.open_ops(), 0);
+        assert_eq!(rx.stats().chunks_received, 400);
+        // A commit with nothing open, or of the vacant slot's id, changes nothing.
+        rx.commit(OpId(7));
+        rx.commit(OpId(u64::MAX));
+        assert_eq!(rx.stats().chunks_received, 400);
+        assert_eq!(
+            rx.handle_chunk(Rank(0), imm_of(7, 3), 10),
+            Placement::Drop(DropReason::Stale)
+        );
+    }
+
+    /// Reopening a tag replaces the operation that had it, hot or not.
+    #[test]
+    fn reopening_a_tag_replaces_its_operation() {
+        let mut rx = block_of(100, 10);
+        open(&mut rx, 8, 100, 10);
+        assert!(feed(&mut rx, 0));
+        let mut reopen = |tag: u32| {
+            rx.handle_command(RxCommand::Open(RxOpen {
+                op: OpId(100 + u64::from(tag)),
+                tag,
+                blocks: vec![
+                    LaneBlock {
+                        displ: 0,
+                        lo: 0,
+                        count: 100,
+                        base: 0,
+                        chunks: 100,
+                        last_len: 10,
+                        full: 100,
+                    },
+                    LaneBlock::default(),
+                ],
+                len: 100,
+                own: ChunkRun { start: 100, len: 0 },
+            }));
+            assert_eq!(rx.open_ops(), 2);
+            assert_eq!(
+                rx.handle_chunk(Rank(0), imm_of(tag, 0), 10),
+                Placement::Place {
+                    op: OpId(100 + u64::from(tag)),
+                    offset: 0,
+                    len: 10
+                },
+                "tag {tag}"
+            );
+        };
+        // 7 is hot (chunk 0 came); then 8 is not.
+        reopen(7);
+        reopen(8);
     }
 }
