@@ -1236,6 +1236,24 @@ mod tests {
         }
     }
 
+    /// A chunk in the middle of the stream (the fast path's ground) with a payload of the
+    /// wrong length is dropped, and its slot still takes the right one.
+    #[test]
+    fn a_wrong_length_in_the_stream_is_dropped() {
+        let mut rx = block_of(300, 10);
+        for c in 0..10 {
+            assert!(feed(&mut rx, c), "chunk {c}");
+        }
+        for len in [0, 9, 11, 4096] {
+            assert_eq!(
+                rx.handle_chunk(Rank(0), imm(10), len),
+                Placement::Drop(DropReason::BadLength)
+            );
+        }
+        assert!(feed(&mut rx, 10));
+        assert_eq!(rx.stats().dropped_bad_length, 4);
+    }
+
     /// Chunks of two operations interleave: each chunk makes its operation the hot one, a
     /// commit may name the other, and closing the hot one leaves the other placing.
     #[test]
