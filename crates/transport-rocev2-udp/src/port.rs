@@ -156,7 +156,6 @@ impl UdpPort {
                 registry: registry.clone(),
                 posted: VecDeque::new(),
                 done: VecDeque::new(),
-                scratch: Vec::new(),
                 lost: 0,
             });
         }
@@ -340,7 +339,6 @@ pub struct UdpTx {
     registry: Registry,
     posted: VecDeque<Multicast>,
     done: VecDeque<(OpId, u32)>,
-    scratch: Vec<u8>,
     /// Multicasts not sent: unregistered op, range outside the buffer, socket error.
     pub lost: u64,
 }
@@ -388,6 +386,10 @@ impl UdpTx {
     }
 
     /// Sends one batch of queued multicasts of one op (up to the sender's batch size).
+    ///
+    /// Each GSO batch is laid out straight from the operation's buffer under its lock (the
+    /// payload's only copy in user space), and sent after the lock is released: a receive
+    /// worker writing the same buffer (an Allgather) never waits on a send.
     fn flush_one(&mut self) {
         let Some(first) = self.posted.front().copied() else {
             return;
@@ -399,45 +401,51 @@ impl UdpTx {
             .take(max)
             .take_while(|m| m.op == first.op)
             .count();
-        // Copies the batch's slices out under one lock, into the reused scratch buffer; the
-        // batch is described on the stack (no allocation per packet or per batch).
-        self.scratch.clear();
-        let mut spans = [(0u32, 0usize, 0usize); MAX_GSO_SEGMENTS];
-        let mut k = 0;
         let buf = self.registry.get(first.op);
-        let (posted, scratch) = (&self.posted, &mut self.scratch);
-        let copy = |v: &mut Vec<u8>| {
-            for m in posted.iter().take(n) {
-                if let Some(r) = range(m.offset, u64::from(m.len), v.len()) {
-                    let start = scratch.len();
-                    scratch.extend_from_slice(&v[r]);
-                    spans[k] = (m.imm, start, scratch.len());
-                    k += 1;
-                }
-            }
-        };
-        if let Some(b) = &buf {
-            b.with(copy);
-        }
-        self.posted.drain(..n);
-        self.lost += (n - k) as u64;
-        let mut chunks = [OutChunk {
-            imm: 0,
-            payload: &[],
-        }; MAX_GSO_SEGMENTS];
-        for (c, &(imm, s, e)) in chunks.iter_mut().zip(&spans[..k]) {
-            *c = OutChunk {
-                imm,
-                payload: &self.scratch[s..e],
-            };
-        }
-        let chunks = &chunks[..k];
         let mut at = 0;
-        while at < chunks.len() {
-            match self.sender.send_batch(&chunks[at..]) {
+        while at < n {
+            let (sender, posted) = (&mut self.sender, &self.posted);
+            // The chunks from `at` on whose range lies in the buffer, up to the first that
+            // does not (a lost chunk; an unregistered op has no valid range).
+            let staged = buf.as_ref().map(|b| {
+                b.with(|v| {
+                    let mut chunks = [OutChunk {
+                        imm: 0,
+                        payload: &[],
+                    }; MAX_GSO_SEGMENTS];
+                    let mut k = 0;
+                    for m in posted.range(at..n) {
+                        let Some(r) = range(m.offset, u64::from(m.len), v.len()) else {
+                            break;
+                        };
+                        chunks[k] = OutChunk {
+                            imm: m.imm,
+                            payload: &v[r],
+                        };
+                        k += 1;
+                    }
+                    sender.stage(&chunks[..k])
+                })
+            });
+            let staged = match staged {
+                Some(Ok(s)) if s.n > 0 => s,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "multicast refused");
+                    at += 1;
+                    self.lost += 1;
+                    continue;
+                }
+                // Out of the buffer, or no buffer: lost.
+                _ => {
+                    at += 1;
+                    self.lost += 1;
+                    continue;
+                }
+            };
+            match self.sender.send_staged(staged) {
                 Ok(s) if s.chunks > 0 => at += s.chunks,
                 Ok(_) => {
-                    self.lost += (chunks.len() - at) as u64;
+                    self.lost += (n - at) as u64;
                     break;
                 }
                 Err(TxError::Io { sent, source }) => {
@@ -453,6 +461,7 @@ impl UdpTx {
                 }
             }
         }
+        self.posted.drain(..n);
         self.done.push_back((first.op, n as u32));
     }
 }

@@ -63,6 +63,31 @@ pub struct Sent {
     pub bytes: usize,
 }
 
+/// A batch laid out by [`LaneSender::stage`] and not sent yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct Staged {
+    /// Datagrams laid out.
+    pub n: usize,
+    seg: usize,
+    end: usize,
+    gso: bool,
+    /// Each datagram's payload length (for the counters of a partly sent batch).
+    lens: [u16; MAX_GSO_SEGMENTS],
+}
+
+impl Default for Staged {
+    fn default() -> Self {
+        Staged {
+            n: 0,
+            seg: 0,
+            end: 0,
+            gso: false,
+            lens: [0; MAX_GSO_SEGMENTS],
+        }
+    }
+}
+
 /// Counters of one lane's sender.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TxStats {
@@ -184,16 +209,29 @@ impl LaneSender {
     /// the last may be shorter) before a chunk longer than the first or after one shorter.
     /// Blocks while the socket buffer is full.
     pub fn send_batch(&mut self, chunks: &[OutChunk<'_>]) -> Result<Sent, TxError> {
+        let staged = self.stage(chunks)?;
+        self.send_staged(staged)
+    }
+
+    /// Lays a prefix of `chunks` out in the staging buffer (headers, payload, ICRC) without
+    /// sending it, the batch cut as [`send_batch`](Self::send_batch) cuts it: the payloads are
+    /// copied once, so a caller may borrow them from a locked buffer and release the lock
+    /// before [`send_staged`](Self::send_staged) blocks in the kernel. A second `stage`
+    /// replaces the first.
+    pub fn stage(&mut self, chunks: &[OutChunk<'_>]) -> Result<Staged, TxError> {
         let Some(first) = chunks.first() else {
-            return Ok(Sent::default());
+            return Ok(Staged::default());
         };
         let seg = packet::datagram_len(first.payload.len());
         let gso = self.gso_active();
-        let mut n = 0;
-        let mut end = 0;
+        let mut st = Staged {
+            seg,
+            gso,
+            ..Staged::default()
+        };
         for c in chunks.iter().take(self.max_batch()) {
             if c.payload.len() > self.cfg.max_payload {
-                if n == 0 {
+                if st.n == 0 {
                     return Err(TxError::PayloadTooLarge {
                         len: c.payload.len(),
                         max: self.cfg.max_payload,
@@ -205,16 +243,34 @@ impl LaneSender {
             if len > seg {
                 break;
             }
-            let ip_id = if gso { n as u16 } else { 0 };
-            self.build(n, seg, c, ip_id);
-            end = n * seg + len;
-            n += 1;
+            let ip_id = if gso { st.n as u16 } else { 0 };
+            self.build(st.n, seg, c, ip_id);
+            st.end = st.n * seg + len;
+            // At most `max_payload`, which fits a datagram (checked at construction).
+            st.lens[st.n] = c.payload.len() as u16;
+            st.n += 1;
             if len < seg {
                 break;
             }
         }
+        Ok(st)
+    }
+
+    /// Sends what [`stage`](Self::stage) laid out (its chunks are then the prefix `Sent`
+    /// counts).
+    pub fn send_staged(&mut self, st: Staged) -> Result<Sent, TxError> {
+        let Staged {
+            n,
+            seg,
+            end,
+            gso,
+            lens,
+        } = st;
+        if n == 0 {
+            return Ok(Sent::default());
+        }
         let result = if gso && n > 1 {
-            self.send_gso(seg, end, chunks, n)
+            self.send_gso(seg, end, n)
         } else {
             self.send_each(seg, end, n)
         };
@@ -223,14 +279,13 @@ impl LaneSender {
             Err(TxError::Io { sent, .. }) => *sent,
             Err(_) => 0,
         };
+        // Only the last segment may be shorter, so a partly sent batch is `sent` full ones.
         let bytes = if sent == n { end } else { sent * seg };
+        let payload: usize = lens[..sent].iter().map(|&l| usize::from(l)).sum();
         self.psn = (self.psn + sent as u32) & MASK_24;
         self.stats.datagrams += sent as u64;
         self.stats.udp_bytes += bytes as u64;
-        self.stats.payload_bytes += chunks[..sent]
-            .iter()
-            .map(|c| c.payload.len() as u64)
-            .sum::<u64>();
+        self.stats.payload_bytes += payload as u64;
         result.map(|chunks| Sent { chunks, bytes })
     }
 
@@ -246,13 +301,7 @@ impl LaneSender {
         d[len - packet::ICRC_LEN..].copy_from_slice(&icrc.to_le_bytes());
     }
 
-    fn send_gso(
-        &mut self,
-        seg: usize,
-        end: usize,
-        chunks: &[OutChunk<'_>],
-        n: usize,
-    ) -> Result<usize, TxError> {
+    fn send_gso(&mut self, seg: usize, end: usize, n: usize) -> Result<usize, TxError> {
         let transmit = Transmit {
             destination: SocketAddr::V4(self.cfg.group),
             ecn: None,
@@ -265,11 +314,14 @@ impl LaneSender {
             Ok(()) => Ok(n),
             Err(e) if self.sock.max_gso_segments() <= 1 => {
                 // quinn-udp switched GSO off (EIO/EINVAL): the ICRCs assumed IDs 0..n, so
-                // rebuild every segment with ID 0 and send them one by one.
+                // restamp every segment with ID 0 and send them one by one.
                 tracing::info!(lane = self.cfg.lane, error = %e, "GSO refused; sending without");
                 self.stats.gso_fallbacks += 1;
-                for (i, c) in chunks[..n].iter().enumerate() {
-                    self.build(i, seg, c, 0);
+                for i in 0..n {
+                    let d = &mut self.staging[i * seg..((i + 1) * seg).min(end)];
+                    let icrc = self.icrc.compute(0, d);
+                    let len = d.len();
+                    d[len - packet::ICRC_LEN..].copy_from_slice(&icrc.to_le_bytes());
                 }
                 self.send_each(seg, end, n)
             }

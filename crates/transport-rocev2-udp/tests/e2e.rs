@@ -410,3 +410,77 @@ fn a_lost_rank_fails_the_survivors_and_is_named() {
         assert_eq!(got, Ok(Some(Rank(RANKS - 1))), "rank {r}");
     }
 }
+
+/// The send half lays GSO batches out straight from the operation's buffer: every chunk in
+/// range leaves with its bytes, one outside the buffer or of an unregistered operation is
+/// counted lost and still reported done.
+#[test]
+fn send_half_sends_from_the_buffer_and_counts_what_it_cannot() {
+    use ringcast_core::lane::Multicast;
+    use ringcast_transport_rocev2_udp::{LaneReceiver, RxConfig, RxSocket, SocketConfig};
+
+    let nonce = nonce(77);
+    let udp_port = free_udp_port();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let table = vec![listener.local_addr().unwrap()];
+    let control = TcpControl::connect(
+        0,
+        &table,
+        listener,
+        Registry::default(),
+        ControlConfig::new(nonce),
+    )
+    .unwrap();
+    let registry = control.registry().clone();
+    let cfg = UdpPortConfig::loopback(0, 1, 1, nonce, udp_port);
+    let port = UdpPort::open(&cfg, control).unwrap();
+    let Ports { mut tx, .. } = ringcast_core::port::Port::into_ports(port);
+    let mut tx = tx.remove(0);
+    // A receiver of our own on the lane's group (loopback delivers to it).
+    let job = ringcast_transport_rocev2_udp::addr::JobAddrs::derive(nonce, 1, &cfg.addr).unwrap();
+    let mut rx = LaneReceiver::new(
+        RxSocket::open(&SocketConfig::loopback(), job.group(0).unwrap()).unwrap(),
+        RxConfig::new(0, 0xFFFF, job.qkey(), 4096),
+    );
+    let data = pattern(77, 0, 40 * 1000 + 10);
+    let op = OpId(3);
+    registry.register(op, OpBuffer::from_vec(data.clone()));
+    let mc = |op: u64, k: u64, len: u32| Multicast {
+        op: OpId(op),
+        lane: 0,
+        imm: k as u32,
+        chunk: k as u32,
+        offset: k * 1000,
+        len,
+    };
+    // 40 chunks of 1000 bytes, the 20th out of the buffer, then one of an unknown op.
+    for k in 0..40 {
+        let len = if k == 20 { 2_000_000 } else { 1000 };
+        tx.post_multicast(&mc(3, k, len));
+    }
+    tx.post_multicast(&mc(9, 0, 1000));
+    let mut done = 0;
+    let deadline = StdInstant::now() + DEADLINE;
+    while tx.queued() > 0 && StdInstant::now() < deadline {
+        tx.send_one_batch();
+        while let Some((_, n)) = tx.take_done() {
+            done += n;
+        }
+    }
+    assert_eq!((done, tx.lost), (41, 2));
+    assert_eq!(tx.sender().stats().datagrams, 39);
+    // Every chunk that left carries its bytes.
+    let mut got = std::collections::BTreeMap::new();
+    while got.len() < 39 && StdInstant::now() < deadline {
+        let b = rx.recv(Duration::from_millis(50)).unwrap();
+        for c in b.iter() {
+            got.insert(c.imm, c.payload.to_vec());
+        }
+    }
+    assert_eq!(got.len(), 39);
+    for (k, p) in got {
+        let at = k as usize * 1000;
+        assert_ne!(k, 20);
+        assert_eq!(p, data[at..at + 1000], "chunk {k}");
+    }
+}
