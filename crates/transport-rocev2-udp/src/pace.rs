@@ -198,6 +198,19 @@ impl RateController {
     /// Takes a report; returns the new rate if it changed. Reports from unknown ranks are
     /// ignored.
     pub fn on_report(&mut self, now: Instant, report: ReceiverReport) -> Option<u64> {
+        self.on_report_sending(now, report, None)
+    }
+
+    /// [`on_report`](Self::on_report), told the rate the sender actually reached lately
+    /// (bytes per second while it had something to send). A decrease then cuts from the lower
+    /// of that and the current rate: a sender held back by its CPU or its link below the
+    /// pacer's rate would otherwise cut a rate it never reached, and the cut would not slow it.
+    pub fn on_report_sending(
+        &mut self,
+        now: Instant,
+        report: ReceiverReport,
+        sending: Option<u64>,
+    ) -> Option<u64> {
         let Ok(i) = self
             .receivers
             .binary_search_by_key(&report.rank, |r| r.last.rank)
@@ -228,7 +241,8 @@ impl RateController {
             }
             self.last_decrease = Some(now);
             self.slowest = Some(report.rank);
-            let cut = u128::from(self.rate) * u128::from(self.cfg.decrease_permille) / 1000;
+            let from = sending.map_or(self.rate, |s| s.min(self.rate));
+            let cut = u128::from(from) * u128::from(self.cfg.decrease_permille) / 1000;
             return self.set(u64::try_from(cut).unwrap_or(u64::MAX));
         }
         r.clean = true;
@@ -353,6 +367,26 @@ mod tests {
             c.on_report(at_us(30_000 + i * 20_000), report(1, 30 + i, 0, 5 + i));
         }
         assert_eq!(c.rate(), 100, "floor");
+    }
+
+    #[test]
+    fn a_cut_starts_from_the_rate_the_sender_reached() {
+        let mut c = RateController::new(cfg(), [1]);
+        // The pacer allows 1000 B/s but the sender reached 600: the cut is from 600.
+        assert_eq!(
+            c.on_report_sending(at_us(0), report(1, 10, 0, 1), Some(600)),
+            Some(300)
+        );
+        // Reached more than the rate (a burst from the bucket): the rate is the base.
+        assert_eq!(
+            c.on_report_sending(at_us(50_000), report(1, 20, 0, 2), Some(5_000)),
+            Some(150)
+        );
+        // A clean report with a rate reached changes nothing but the round.
+        assert_eq!(
+            c.on_report_sending(at_us(100_000), report(1, 30, 0, 2), Some(1)),
+            Some(250)
+        );
     }
 
     #[test]

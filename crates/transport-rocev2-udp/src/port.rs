@@ -239,6 +239,11 @@ impl UdpRx {
         self.recv.socket().socket_drops().ok()
     }
 
+    /// Whether [`socket_drops`](Self::socket_drops) is cheap (one `getsockopt`).
+    pub fn socket_drops_cheap(&self) -> bool {
+        self.recv.socket().socket_drops_cheap()
+    }
+
     /// Makes sure a batch is held, waiting up to `timeout` for one to arrive (a receive
     /// worker's sleep): returns [`held`](Self::held). Tokens then come from
     /// [`receive`](LaneRxPort::receive) without another socket read until the batch is out.

@@ -124,6 +124,8 @@ pub struct RxSocket {
     group: SocketAddrV4,
     granted_recv_buffer: usize,
     inode: Option<u64>,
+    /// Whether `SO_MEMINFO` reports the drop counter (else it is read from `/proc/net/udp`).
+    drops_by_getsockopt: bool,
     /// Waits for the socket or the waker (mio: epoll with an eventfd).
     poll: mio::Poll,
     events: mio::Events,
@@ -204,13 +206,15 @@ impl RxSocket {
         let waker = RxWaker(Arc::new(
             mio::Waker::new(poll.registry(), WAKER).map_err(io_err("eventfd"))?,
         ));
-        tracing::debug!(%group, granted_recv_buffer, gro = state.gro_segments(), "rx socket");
+        let drops_by_getsockopt = crate::sys::socket_drops(&sock).is_ok();
+        tracing::debug!(%group, granted_recv_buffer, gro = state.gro_segments(), drops_by_getsockopt, "rx socket");
         Ok(RxSocket {
             sock: sock.into(),
             state,
             group,
             granted_recv_buffer,
             inode,
+            drops_by_getsockopt,
             poll,
             events: mio::Events::with_capacity(4),
             waker,
@@ -250,6 +254,12 @@ impl RxSocket {
             }
         }
         Err(io::Error::other("socket not found in /proc/net/udp"))
+    }
+
+    /// Whether [`socket_drops`](Self::socket_drops) is one `getsockopt` (cheap enough to call
+    /// every millisecond) rather than a walk of `/proc/net/udp`.
+    pub fn socket_drops_cheap(&self) -> bool {
+        self.drops_by_getsockopt
     }
 
     /// One `recvmmsg` (non-blocking) into `bufs`.

@@ -52,8 +52,8 @@
 //! something queued.
 //!
 //! ## Pacing
-//! See [`rate`]: receivers report at each operation's end, the root's AIMD controller sets one
-//! rate, the send workers' token buckets ([`Pacer`]) release one GSO batch at a time at their
+//! See [`rate`]: receivers report during an operation (every few milliseconds, at once after
+//! socket drops) and at its end, the root's AIMD controller sets one rate, the send workers' token buckets ([`Pacer`]) release one GSO batch at a time at their
 //! share of it. `RINGCAST_PACING=off` disables it; `RINGCAST_PIN=1` pins the threads.
 
 use std::collections::VecDeque;
@@ -92,6 +92,11 @@ const BUSY_WAIT: Duration = Duration::from_millis(2);
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 /// How long the goodbye may take to flush when the communicator is dropped.
 const LINGER: Duration = Duration::from_secs(1);
+/// While operations with remote roots are in flight, a rank reports to their roots this
+/// often, so that their rate climbs back within an operation and not once per operation.
+const REPORT_EVERY: Duration = Duration::from_millis(5);
+/// ... and this soon after its sockets dropped datagrams (at most this often).
+const REPORT_ON_DROPS: Duration = Duration::from_millis(1);
 
 /// A collective, as posted by the application thread.
 #[derive(Debug)]
@@ -186,6 +191,8 @@ pub(crate) struct Engine {
     unstarted: Option<Unstarted>,
     lanes: Vec<LaneLink>,
     rates: Rates,
+    /// When this rank last sent a rate report, and the socket drops it carried.
+    reported: Option<(StdInstant, u64)>,
     queued: VecDeque<Post>,
     live: Vec<Live>,
     lost: Vec<Lost>,
@@ -239,6 +246,7 @@ impl Engine {
             unstarted: Some(unstarted),
             lanes: Vec::new(),
             rates,
+            reported: None,
             queued: VecDeque::new(),
             live: Vec::new(),
             lost: Vec::new(),
@@ -429,7 +437,8 @@ impl Engine {
                 ControlInput::Message { from, len } => {
                     let bytes = &self.buf[..len.min(self.buf.len())];
                     if rate::is_report(bytes) {
-                        if let Some(r) = self.rates.on_message(now, from.0, bytes) {
+                        let sending = self.sending();
+                        if let Some(r) = self.rates.on_message(now, from.0, bytes, sending) {
                             for l in &self.lanes {
                                 let _ = l.tx_cmd.send(TxMsg::Rate(r));
                             }
@@ -454,8 +463,53 @@ impl Engine {
             moved = true;
             self.outputs();
         }
+        self.report_in_flight();
         self.reap();
         moved
+    }
+
+    /// Reports to the roots of the operations in flight: every [`REPORT_EVERY`], and at
+    /// once (at most every [`REPORT_ON_DROPS`]) when the sockets dropped datagrams since the
+    /// last report. The roots' controllers then act within an operation: a 64 MiB Broadcast
+    /// lasts tens of milliseconds, many of the controller's rounds.
+    fn report_in_flight(&mut self) {
+        let now = StdInstant::now();
+        let Some((at, drops)) = self.reported else {
+            self.reported = Some((now, 0));
+            return;
+        };
+        let since = now.saturating_duration_since(at);
+        if since < REPORT_ON_DROPS {
+            return;
+        }
+        let mut roots: Vec<u32> = self
+            .live
+            .iter()
+            .filter(|l| l.verdict.is_none())
+            .flat_map(|l| l.roots.iter().copied())
+            .collect();
+        if roots.is_empty() {
+            return;
+        }
+        let r = self.report();
+        if since < REPORT_EVERY && r.socket_drops <= drops {
+            return;
+        }
+        roots.sort_unstable();
+        roots.dedup();
+        let msg = rate::encode(&r);
+        for root in roots {
+            self.control.send_control(Rank(root), &msg);
+        }
+        self.reported = Some((now, r.socket_drops));
+    }
+
+    /// The rate this rank's send workers reached lately (bytes per second, 0: unknown).
+    fn sending(&self) -> u64 {
+        self.lanes
+            .iter()
+            .map(|l| lane::read(&l.tx_snap).sending)
+            .fold(0u64, u64::saturating_add)
     }
 
     /// Hands the session's outputs out: lane commands first (see the module docs), then
@@ -518,10 +572,12 @@ impl Engine {
             return;
         };
         if verdict.is_ok() && !self.live[i].roots.is_empty() {
-            let report = rate::encode(&self.report());
-            for &r in &self.live[i].roots {
-                self.control.send_control(Rank(r), &report);
+            let r = self.report();
+            let report = rate::encode(&r);
+            for &root in &self.live[i].roots {
+                self.control.send_control(Rank(root), &report);
             }
+            self.reported = Some((StdInstant::now(), r.socket_drops));
         }
         let live = &mut self.live[i];
         live.verdict = Some(verdict);

@@ -30,9 +30,14 @@ const BACKLOG_RETRY: Duration = Duration::from_micros(200);
 /// How long a send worker with nothing to send blocks on its command queue (a command wakes
 /// it at once; the timeout only bounds how late it notices a shutdown).
 const TX_IDLE_WAIT: Duration = Duration::from_millis(5);
-/// How often a busy receive worker re-reads its socket's kernel drop counter (it costs a
-/// read of `/proc/net/udp`).
-const DROPS_EVERY: Duration = Duration::from_millis(100);
+/// How often a busy receive worker re-reads its socket's kernel drop counter: every
+/// millisecond where that is one `getsockopt` (`SO_MEMINFO`), so that the rate reports sent
+/// during an operation carry fresh drops; every 100 ms where it is a walk of `/proc/net/udp`.
+const DROPS_EVERY: Duration = Duration::from_millis(1);
+const DROPS_EVERY_SLOW: Duration = Duration::from_millis(100);
+/// The window over which a send worker measures the rate it reaches while it has something
+/// to send.
+const SENDING_WINDOW: Duration = Duration::from_millis(4);
 /// The pacer's bucket: what may leave at once after an idle spell, and the slack that
 /// absorbs a worker's late wake-ups (a 64 KiB GSO batch is one step).
 pub(super) const PACE_DEPTH: u64 = 256 << 10;
@@ -73,6 +78,9 @@ pub(super) struct TxSnap {
     pub(super) lane: LaneTxStats,
     pub(super) udp: TxStats,
     pub(super) lost: u64,
+    /// UDP bytes per second the worker reached over its last full window with something to
+    /// send (0 before the first).
+    pub(super) sending: u64,
 }
 
 pub(super) type Shared<T> = Arc<Mutex<T>>;
@@ -180,6 +188,11 @@ pub(super) fn spawn(
 ) -> std::io::Result<LaneLink> {
     let l = lane.0.lane();
     let rx_wake = port.0.waker();
+    let drops_every = if port.0.socket_drops_cheap() {
+        DROPS_EVERY
+    } else {
+        DROPS_EVERY_SLOW
+    };
     let (rx_cmd, rx_cmds) = mpsc::sync_channel(QUEUE);
     let (tx_cmd, tx_cmds) = mpsc::sync_channel(QUEUE);
     let (rx_note, rx_notes) = mpsc::sync_channel(QUEUE);
@@ -196,6 +209,7 @@ pub(super) fn spawn(
             control: control.clone(),
         },
         snap: rx_snap.clone(),
+        drops_every,
         drops_at: None,
         dirty: false,
         socket_drops: 0,
@@ -214,6 +228,7 @@ pub(super) fn spawn(
         },
         snap: tx_snap.clone(),
         clock,
+        meter: SendMeter::default(),
     };
     let slot = 1 + 2 * usize::from(l);
     let p = pin.clone();
@@ -261,6 +276,8 @@ struct RxWorker {
     cmds: Receiver<RxCommand>,
     out: NoteOut,
     snap: Shared<RxSnap>,
+    /// How often the socket's drop counter is read while datagrams arrive.
+    drops_every: Duration,
     /// When the socket's drop counter was read last.
     drops_at: Option<StdInstant>,
     /// Datagrams arrived since.
@@ -343,7 +360,9 @@ impl RxWorker {
     }
 
     fn publish(&mut self, fresh_drops: bool) {
-        let stale = self.drops_at.is_none_or(|t| t.elapsed() >= DROPS_EVERY);
+        let stale = self
+            .drops_at
+            .is_none_or(|t| t.elapsed() >= self.drops_every);
         if fresh_drops || (self.dirty && stale) {
             if let Some(d) = self.port.socket_drops() {
                 self.socket_drops = d;
@@ -458,6 +477,39 @@ impl<P: PacedPort> TxCore<P> {
     }
 }
 
+/// The rate a send worker reaches while it has something to send, over windows of
+/// [`SENDING_WINDOW`]; idle spells are left out (a window starts again after one).
+#[derive(Debug, Default)]
+pub(super) struct SendMeter {
+    window: Option<(Instant, u64)>,
+    rate: u64,
+}
+
+impl SendMeter {
+    /// At `now` the worker has sent `bytes` in all; `busy`: it still has something to send.
+    pub(super) fn update(&mut self, now: Instant, bytes: u64, busy: bool) {
+        if !busy {
+            self.window = None;
+            return;
+        }
+        let Some((t0, b0)) = self.window else {
+            self.window = Some((now, bytes));
+            return;
+        };
+        let dt = now.saturating_duration_since(t0);
+        if dt >= SENDING_WINDOW {
+            let per_sec = u128::from(bytes.saturating_sub(b0)) * 1_000_000_000 / dt.as_nanos();
+            self.rate = u64::try_from(per_sec).unwrap_or(u64::MAX);
+            self.window = Some((now, bytes));
+        }
+    }
+
+    /// Bytes per second over the last full window (0 before the first).
+    pub(super) fn rate(&self) -> u64 {
+        self.rate
+    }
+}
+
 /// One lane's send worker.
 struct TxWorker {
     core: TxCore<UdpTx>,
@@ -465,6 +517,7 @@ struct TxWorker {
     out: NoteOut,
     snap: Shared<TxSnap>,
     clock: Clock,
+    meter: SendMeter,
 }
 
 impl TxWorker {
@@ -480,6 +533,8 @@ impl TxWorker {
             }
             let now = self.clock.now();
             let next = self.core.step(now);
+            let sent = self.core.port.sender().stats().udp_bytes;
+            self.meter.update(now, sent, next != Next::Idle);
             while let Some(n) = self.core.lane.poll_note() {
                 self.out.backlog.push_back(n.into());
             }
@@ -509,6 +564,7 @@ impl TxWorker {
                 lane: *self.core.lane.stats(),
                 udp: *tx.stats(),
                 lost: self.core.port.lost,
+                sending: self.meter.rate(),
             },
         );
     }
@@ -661,6 +717,21 @@ mod tests {
         core.handle(Instant::ZERO, TxMsg::Rate(5_000_000));
         assert_eq!(core.step(Instant::ZERO), Next::At(at_us(2_000)));
         assert_eq!(core.pacer.rate(), 5_000_000);
+    }
+
+    #[test]
+    fn the_send_meter_measures_busy_windows_only() {
+        let mut m = SendMeter::default();
+        m.update(at_us(0), 0, true);
+        m.update(at_us(2_000), 1_000, true);
+        assert_eq!(m.rate(), 0, "no full window yet");
+        m.update(at_us(4_000), 4_000, true);
+        assert_eq!(m.rate(), 1_000_000);
+        // An idle spell is not averaged in: the next window starts when sending does.
+        m.update(at_us(10_000), 4_000, false);
+        m.update(at_us(500_000), 4_000, true);
+        m.update(at_us(505_000), 14_000, true);
+        assert_eq!(m.rate(), 2_000_000);
     }
 
     #[test]

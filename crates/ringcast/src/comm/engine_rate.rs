@@ -1,8 +1,9 @@
 //! Single-rate pacing across the job: receivers report, each root's controller sets its rate.
 //!
-//! At the end of every operation, each rank sends a [`ReceiverReport`] (its cumulative
-//! chunks received by multicast, chunks fetched from a neighbour, kernel socket drops) to
-//! the operation's roots over the control path: the Broadcast's root, every rank with a
+//! While an operation is in flight (every 5 ms, and within a millisecond of a socket drop)
+//! and at its end, each rank sends a [`ReceiverReport`] (its cumulative chunks received by
+//! multicast, chunks fetched from a neighbour, kernel socket drops) to the operation's roots
+//! over the control path: the Broadcast's root, every rank with a
 //! non-empty block of an Allgatherv. A root feeds them to its [`RateController`] (AIMD, the
 //! slowest receiver sets the rate) and hands the new rate to its send workers, split evenly
 //! over the lanes. Counters are cumulative, so a late or duplicated report is harmless.
@@ -60,14 +61,21 @@ pub(super) fn decode(bytes: &[u8]) -> Option<ReceiverReport> {
 }
 
 /// The rate limits for a rank whose link carries `link` bytes per second: start at the link
-/// rate and never exceed it (the core's cutoff assumes it), cut by 30% on loss, climb back by
-/// 2% of it per clean round.
+/// rate, cut by 30% on loss (from the rate the root reached, when it fell short of the
+/// pacer's), climb back by 2% of the link per clean round.
+///
+/// The ceiling is twice the link rate, not the link rate: the pacer is there to slow a root
+/// for its receivers, while the link (or the kernel path, on a veth) limits it by itself.
+/// A configured link rate below what the path really carries (the default 10 Gb/s on the
+/// namespace lab's veths, which carry more) would otherwise cap every root below it. Sending
+/// faster than the configured rate only ends the fast path before the core's cutoff, which
+/// is timed from that rate.
 pub(super) fn config(link: u64) -> RateConfig {
     let link = link.max(1);
     RateConfig {
         initial: link,
         floor: (link / 100).clamp(1, 10_000_000),
-        ceiling: link,
+        ceiling: link.saturating_mul(2),
         increase: (link / 50).max(1),
         ..RateConfig::default()
     }
@@ -111,8 +119,15 @@ impl Rates {
         }
     }
 
-    /// A report message from `from`; the new per-lane rate when it changed.
-    pub(super) fn on_message(&mut self, now: Instant, from: u32, bytes: &[u8]) -> Option<u64> {
+    /// A report message from `from`; the new per-lane rate when it changed. `sending`: the
+    /// rate this rank's send workers reached lately, bytes per second (0: unknown).
+    pub(super) fn on_message(
+        &mut self,
+        now: Instant,
+        from: u32,
+        bytes: &[u8],
+        sending: u64,
+    ) -> Option<u64> {
         match decode(bytes).filter(|r| r.rank == from) {
             Some(r) => {
                 self.reports += 1;
@@ -120,7 +135,9 @@ impl Rates {
                     fetched_chunks: 0,
                     ..r
                 };
-                let changed = self.ctl.on_report(now, r)?;
+                let changed =
+                    self.ctl
+                        .on_report_sending(now, r, (sending > 0).then_some(sending))?;
                 if let Some(slow) = self.ctl.slowest() {
                     tracing::debug!(rate = changed, slowest = slow, "pacing rate changed");
                 }
@@ -176,30 +193,39 @@ mod tests {
         let t = Instant::ZERO;
         // Rank 1 is clean, rank 2's socket dropped datagrams: the rate halves, each lane gets
         // half of it.
-        assert_eq!(r.on_message(t, 1, &encode(&report(1, 100, 0, 0))), None);
+        assert_eq!(r.on_message(t, 1, &encode(&report(1, 100, 0, 0)), 0), None);
         assert_eq!(
-            r.on_message(t, 2, &encode(&report(2, 90, 10, 10))),
+            r.on_message(t, 2, &encode(&report(2, 90, 10, 10)), 0),
             Some(250)
         );
         assert_eq!(r.rate(), 500);
         // Both clean afterwards: the rate climbs back.
         let later = Instant::from_nanos(50_000_000);
-        assert_eq!(r.on_message(later, 1, &encode(&report(1, 200, 0, 0))), None);
         assert_eq!(
-            r.on_message(later, 2, &encode(&report(2, 190, 10, 10))),
+            r.on_message(later, 1, &encode(&report(1, 200, 0, 0)), 0),
+            None
+        );
+        assert_eq!(
+            r.on_message(later, 2, &encode(&report(2, 190, 10, 10)), 0),
             Some(300)
         );
         // Fetched chunks alone (a cutoff that fired before the paced multicast ended) are no
         // loss: the next clean round climbs on.
         let t3 = Instant::from_nanos(100_000_000);
-        assert_eq!(r.on_message(t3, 1, &encode(&report(1, 250, 50, 0))), None);
         assert_eq!(
-            r.on_message(t3, 2, &encode(&report(2, 200, 90, 10))),
+            r.on_message(t3, 1, &encode(&report(1, 250, 50, 0)), 0),
+            None
+        );
+        assert_eq!(
+            r.on_message(t3, 2, &encode(&report(2, 200, 90, 10)), 0),
             Some(350)
         );
         // A report claiming another rank, or garbage, counts as malformed.
-        assert_eq!(r.on_message(later, 1, &encode(&report(2, 0, 99, 0))), None);
-        assert_eq!(r.on_message(later, 1, &[REPORT_KIND, 9]), None);
+        assert_eq!(
+            r.on_message(later, 1, &encode(&report(2, 0, 99, 0)), 0),
+            None
+        );
+        assert_eq!(r.on_message(later, 1, &[REPORT_KIND, 9], 0), None);
         assert_eq!((r.reports, r.malformed), (6, 2));
     }
 
@@ -208,7 +234,7 @@ mod tests {
         let mut r = Rates::new(config(1_000), 0, 2, 1, true);
         assert_eq!(r.per_lane(), u64::MAX);
         assert_eq!(
-            r.on_message(Instant::ZERO, 1, &encode(&report(1, 1, 1, 0))),
+            r.on_message(Instant::ZERO, 1, &encode(&report(1, 1, 1, 0)), 0),
             None
         );
         assert_eq!(r.rate(), u64::MAX);
