@@ -29,6 +29,15 @@ fn world<R: Send + 'static>(
     salt: u64,
     f: impl Fn(Communicator) -> Result<R, String> + Send + Sync + Clone + 'static,
 ) -> Vec<R> {
+    world_icrc(salt, false, f)
+}
+
+/// [`world`], every rank checking each datagram's ICRC when `icrc`.
+fn world_icrc<R: Send + 'static>(
+    salt: u64,
+    icrc: bool,
+    f: impl Fn(Communicator) -> Result<R, String> + Send + Sync + Clone + 'static,
+) -> Vec<R> {
     let nonce = nonce(salt);
     let port = free_udp_port();
     let listeners: Vec<TcpListener> = (0..RANKS)
@@ -55,6 +64,7 @@ fn world<R: Send + 'static>(
                     .peer_timeout(Duration::from_secs(10))
                     .link_bandwidth(100_000_000)
                     .cutoff_alpha(Duration::from_millis(20))
+                    .verify_icrc(icrc)
                     .build()
                     .map_err(|e| format!("rank {r}: build: {e}"));
                 let _ = tx.send((r, comm.and_then(&f)));
@@ -133,6 +143,26 @@ fn broadcast_allgather_allgatherv_byte_for_byte() {
         let stats = comm.stats().map_err(e)?;
         if stats.ops_completed != 5 || stats.ops_failed != 0 {
             return Err(format!("ops counted wrong: {stats:?}"));
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn with_the_icrc_checked_every_datagram_passes_it() {
+    world_icrc(11, true, |comm| {
+        let me = comm.rank();
+        let want = pattern(11, 2, (1 << 20) + 7);
+        let mut buf = if me == 2 {
+            want.clone()
+        } else {
+            vec![0; want.len()]
+        };
+        comm.broadcast(2, &mut buf).map_err(e)?;
+        check("broadcast", &buf, &want)?;
+        let s = comm.stats().map_err(e)?;
+        if s.rx.bad_icrc != 0 || (me != 2 && s.rx.accepted == 0) {
+            return Err(format!("ICRC counters: {:?}", s.rx));
         }
         Ok(())
     });

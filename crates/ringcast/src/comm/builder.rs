@@ -99,6 +99,7 @@ pub struct CommBuilder {
     fallback: Fallback,
     probe_window: Duration,
     loss_threshold: f64,
+    verify_icrc: bool,
 }
 
 impl Default for CommBuilder {
@@ -120,6 +121,7 @@ impl Default for CommBuilder {
             fallback: Fallback::Off,
             probe_window: Duration::from_secs(2),
             loss_threshold: 0.10,
+            verify_icrc: false,
         }
     }
 }
@@ -155,7 +157,9 @@ impl CommBuilder {
     /// MPICH/Hydra, Slurm; `RINGCAST_IFNAME`), plus optional `RINGCAST_PORT` (UDP port),
     /// `RINGCAST_LANES`, `RINGCAST_CHUNK_SIZE` (bytes), `RINGCAST_PEER_TIMEOUT` (seconds),
     /// `RINGCAST_FALLBACK` (`tcp` or `off`), `RINGCAST_PROBE_WINDOW` (seconds of the start-up
-    /// check, 0 turns it off) and `RINGCAST_FALLBACK_LOSS` (fraction, e.g. `0.1`).
+    /// check, 0 turns it off), `RINGCAST_FALLBACK_LOSS` (fraction, e.g. `0.1`) and
+    /// `RINGCAST_VERIFY_ICRC` (`1` checks every datagram's ICRC, see
+    /// [`verify_icrc`](Self::verify_icrc)).
     /// Builder calls made afterwards override them.
     pub fn from_env() -> Result<Self, BuildError> {
         let job = JobEnv::from_env().map_err(BootstrapError::from)?;
@@ -184,6 +188,18 @@ impl CommBuilder {
         }
         if let Some(l) = parse_var::<f64>("RINGCAST_FALLBACK_LOSS")? {
             b.loss_threshold = l;
+        }
+        if let Some(v) = var("RINGCAST_VERIFY_ICRC") {
+            b.verify_icrc = match v.trim() {
+                "1" | "true" | "on" => true,
+                "0" | "false" | "off" => false,
+                _ => {
+                    return Err(BuildError::Invalid {
+                        setting: format!("RINGCAST_VERIFY_ICRC={v:?}"),
+                        why: "want 1 or 0".to_owned(),
+                    });
+                }
+            };
         }
         b.connect_timeout = job.timeout;
         b.peers = Some(Peers::Env(Box::new(job)));
@@ -268,6 +284,21 @@ impl CommBuilder {
     /// How long to wait for a peer that owes an answer before failing the operation.
     pub fn peer_timeout(mut self, t: Duration) -> Self {
         self.peer_timeout = t;
+        self
+    }
+
+    /// Check every received datagram's RoCEv2 ICRC (default off; like `RINGCAST_VERIFY_ICRC`).
+    ///
+    /// Off because over kernel UDP it adds no integrity: the UDP checksum, which the kernel
+    /// verifies before delivering, covers the whole UDP payload (BTH, DETH, the immediate,
+    /// the payload), and a datagram that fails it never arrives. A wrong ICRC over a right
+    /// checksum comes only from a sender that computes the ICRC wrongly (a forger could
+    /// compute it right). The check costs a CRC-32 of every datagram: about 15% of a receive
+    /// worker's time in the namespace lab (`perf`, 64 MiB Broadcasts), where the receive
+    /// workers are what limits the goodput. Turn it on to count such datagrams as `bad_icrc`
+    /// instead of taking them.
+    pub fn verify_icrc(mut self, on: bool) -> Self {
+        self.verify_icrc = on;
         self
     }
 
@@ -437,6 +468,7 @@ impl CommBuilder {
             max_payload: chunk as usize,
             pkey: 0xFFFF,
             gso: true,
+            verify_icrc: self.verify_icrc,
         };
         let mut cfg = Config::new(rank, size);
         cfg.lanes = self.lanes;
