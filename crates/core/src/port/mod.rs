@@ -228,6 +228,29 @@ pub fn pump<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
     done
 }
 
+/// Hands one [`Transmit`] to the control path: a message (its bytes are the first `len` of
+/// `buf`, where `poll_transmit` wrote them) or a read.
+pub fn send_transmit<C: ControlPort + ?Sized>(control: &mut C, t: Transmit, buf: &[u8]) {
+    match t {
+        Transmit::Control { to, len } => control.send_control(to, &buf[..len.min(buf.len())]),
+        Transmit::Read {
+            id,
+            op,
+            from,
+            run,
+            offset,
+            len,
+        } => control.read(&ReadRequest {
+            id,
+            op,
+            from,
+            run,
+            offset,
+            len,
+        }),
+    }
+}
+
 /// Hands every output of `node` to `port`, and its events to `on_event`.
 pub fn drain<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
     node: &mut Node,
@@ -239,26 +262,7 @@ pub fn drain<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
 ) {
     while let Some(t) = node.poll_transmit(buf) {
         done.transmits += 1;
-        match t {
-            Transmit::Control { to, len } => {
-                port.control.send_control(to, &buf[..len.min(buf.len())])
-            }
-            Transmit::Read {
-                id,
-                op,
-                from,
-                run,
-                offset,
-                len,
-            } => port.control.read(&ReadRequest {
-                id,
-                op,
-                from,
-                run,
-                offset,
-                len,
-            }),
-        }
+        send_transmit(&mut port.control, t, buf);
     }
     while let Some(m) = node.poll_multicast() {
         done.multicasts += 1;
