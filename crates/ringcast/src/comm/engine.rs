@@ -62,8 +62,8 @@ use std::thread;
 use std::time::{Duration, Instant as StdInstant};
 
 use ringcast_core::lane::{LaneCommand, LaneRx, LaneTx};
-use ringcast_core::port::{ControlInput, ControlPort, Ports, ReadRequest};
-use ringcast_core::{Event, Node, OpError, OpId, Rank, Session, Stats, Transmit};
+use ringcast_core::port::{self, ControlInput, ControlPort, Ports};
+use ringcast_core::{Event, Node, OpError, OpId, Rank, Session, Stats};
 use ringcast_transport_rocev2_udp::pace::{Pacer, ReceiverReport};
 use ringcast_transport_rocev2_udp::{OpBuffer, PeerLost, Registry, UdpRx, UdpTx};
 
@@ -535,27 +535,7 @@ impl Engine {
             };
         }
         while let Some(t) = self.session.poll_transmit(&mut self.buf) {
-            match t {
-                Transmit::Control { to, len } => self
-                    .control
-                    .send_control(to, &self.buf[..len.min(self.buf.len())]),
-                Transmit::Read {
-                    id,
-                    op,
-                    from,
-                    run,
-                    offset,
-                    len,
-                } => self.control.read(&ReadRequest {
-                    id,
-                    op,
-                    from,
-                    run,
-                    offset,
-                    len,
-                }),
-                _ => {}
-            }
+            port::send_transmit(&mut self.control, t, &self.buf);
         }
         while let Some(e) = self.session.poll_event() {
             self.event(e);
