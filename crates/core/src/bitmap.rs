@@ -156,6 +156,14 @@ pub(crate) fn any_in(words: &[u64], within: ChunkRun) -> bool {
     bits[s..e].any()
 }
 
+/// Set bits of `words` within `within` (clipped to the words).
+pub(crate) fn ones_in(words: &[u64], within: ChunkRun) -> u32 {
+    let bits = words.view_bits::<Lsb0>();
+    let e = (within.end() as usize).min(bits.len());
+    let s = (within.start as usize).min(e);
+    bits[s..e].count_ones() as u32
+}
+
 /// Iterator over maximal runs of missing (or present) chunks, in order.
 #[derive(Debug)]
 pub struct Runs<'a> {

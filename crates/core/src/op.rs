@@ -257,6 +257,20 @@ impl Collective {
         }
         let share = self.layout.block_size(block.0) * u64::from(self.block_roots);
         let at = cx.now + transfer_time(cx.config, share) * 2 + cx.config.cutoff_alpha;
+        self.block_due(at, lane, block);
+    }
+
+    /// With `cutoff_extension`: an overdue block's chunks still arrive on `lane`; look again
+    /// after the extension (a transport slower than `link_bandwidth` must not send the rest
+    /// of a block through the slow path while the multicast still brings it).
+    pub(crate) fn on_lane_progress(&mut self, cx: &Ctx<'_>, lane: u16, block: Rank) {
+        if let (Some(d), false) = (cx.config.cutoff_extension, self.cutoff_fired) {
+            self.block_due(cx.now + d, lane, block);
+        }
+    }
+
+    /// Block `block`'s chunks on `lane` are due at `at`.
+    fn block_due(&mut self, at: Instant, lane: u16, block: Rank) {
         let i = self.blocks_due.partition_point(|d| d.0 <= at);
         self.blocks_due.insert(i, (at, lane, block));
         if i == 0 {
@@ -264,19 +278,23 @@ impl Collective {
         }
     }
 
-    /// Per-block deadlines passed: the lanes hand over what those blocks have.
+    /// Per-block deadlines passed: the lanes hand over what those blocks have (with
+    /// `cutoff_extension`, unless their chunks still arrive).
     fn blocks_overdue(&mut self, cx: &mut Ctx<'_>) {
         let due = self.blocks_due.partition_point(|d| d.0 <= cx.now);
+        let (op, patient) = (self.id, cx.config.cutoff_extension.is_some());
         for (_, lane, block) in self.blocks_due.drain(..due) {
             if self.rx.is_open(usize::from(lane)) {
-                cx.lane(LaneCommand::Rx {
-                    lane,
-                    cmd: RxCommand::Settle {
-                        op: self.id,
+                let cmd = if patient {
+                    RxCommand::Overdue { op, block }
+                } else {
+                    RxCommand::Settle {
+                        op,
                         block,
                         upto: None,
-                    },
-                });
+                    }
+                };
+                cx.lane(LaneCommand::Rx { lane, cmd });
             }
         }
         match self.blocks_due.first() {

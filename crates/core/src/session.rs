@@ -285,6 +285,7 @@ impl Session {
                 | RxNote::Closed { op, .. }
                 | RxNote::Count { op, .. }
                 | RxNote::Started { op, .. }
+                | RxNote::Progress { op, .. }
                 | RxNote::Settled { op, .. },
             )
             | LaneNote::Tx(TxNote::SendsDone { op, .. }) => *op,
@@ -302,6 +303,10 @@ impl Session {
             LaneNote::Rx(RxNote::Count { committed, .. }) => c.on_lane_count(&mut cx, committed),
             LaneNote::Rx(RxNote::Started { lane, block, .. }) => {
                 c.on_lane_started(&cx, lane, block);
+                None
+            }
+            LaneNote::Rx(RxNote::Progress { lane, block, .. }) => {
+                c.on_lane_progress(&cx, lane, block);
                 None
             }
             LaneNote::Rx(RxNote::Settled {

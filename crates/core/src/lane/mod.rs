@@ -121,6 +121,16 @@ pub enum RxCommand {
         /// Block-local chunk index: settle the chunks below it.
         upto: Option<u32>,
     },
+    /// Block `block`'s deadline passed. If chunks of it arrived on this lane since the last
+    /// look (the block's first chunk, for the first) and some are still missing, the lane
+    /// answers [`RxNote::Progress`] and keeps the block; otherwise it settles all of the
+    /// block's chunks, as [`Settle`](Self::Settle) with `upto: None` does.
+    Overdue {
+        /// Operation.
+        op: OpId,
+        /// The block (its root).
+        block: Rank,
+    },
 }
 
 /// Starts an active root's multicasts of its own block on one lane. Opaque to drivers.
@@ -237,6 +247,16 @@ pub enum RxNote {
         run: ChunkRun,
         /// Lane-relative runs of `run` that are missing, in order.
         missing: Vec<ChunkRun>,
+    },
+    /// Block `block` is overdue ([`RxCommand::Overdue`]) but its chunks are still arriving on
+    /// this lane: the lane keeps it.
+    Progress {
+        /// Lane.
+        lane: u16,
+        /// Operation.
+        op: OpId,
+        /// The block (its root).
+        block: Rank,
     },
     /// The operation was closed on this lane: here is what arrived.
     Closed {

@@ -96,6 +96,9 @@ struct RxBlock {
     checked: u32,
     /// A settle the session asked for (`u32::MAX`: none).
     settle: u32,
+    /// Chunks of the block present or settled on this lane at the last [`RxCommand::Overdue`]
+    /// look (0 before the first).
+    looked: u32,
     /// The block's first chunk arrived.
     started: bool,
 }
@@ -115,6 +118,7 @@ impl RxBlock {
             lo0: b.lo,
             checked: b.lo,
             settle: u32::MAX,
+            looked: 0,
             started: false,
         }
     }
@@ -335,6 +339,28 @@ impl RxOp {
         if z > 0 && self.committed == k.expect {
             notes.push_back(RxNote::Full { lane, op: self.id });
         }
+    }
+
+    /// Block `bi`'s deadline passed: keep it while its chunks still arrive (answering
+    /// [`RxNote::Progress`]), else settle all of it.
+    fn overdue(&mut self, k: &mut OpCold, lane: u16, bi: usize, n: &mut VecDeque<RxNote>) {
+        let Some(b) = self.blocks.get_mut(bi) else {
+            return;
+        };
+        let tracked = b.run(b.lo, b.lo + b.count);
+        let have = crate::bitmap::ones_in(&self.words, tracked);
+        // Settles move `lo` up: count what they handed over too, so the mark only grows.
+        let mark = have + (b.lo - b.lo0);
+        if mark > b.looked && have < b.count {
+            b.looked = mark;
+            n.push_back(RxNote::Progress {
+                lane,
+                op: self.id,
+                block: Rank(bi as u32),
+            });
+            return;
+        }
+        self.settle_asked(k, lane, bi, None, n);
     }
 
     /// The session asks for block `bi`'s chunks below `upto` (all of them: `None`).
@@ -704,6 +730,14 @@ impl LaneRx {
                 let mut notes = core::mem::take(&mut self.notes);
                 if let Some(LaneOp { op: o, cold }) = self.find_mut(op) {
                     o.settle_asked(cold, lane, block.index(), upto, &mut notes);
+                }
+                self.notes = notes;
+            }
+            RxCommand::Overdue { op, block } => {
+                let lane = self.lane;
+                let mut notes = core::mem::take(&mut self.notes);
+                if let Some(LaneOp { op: o, cold }) = self.find_mut(op) {
+                    o.overdue(cold, lane, block.index(), &mut notes);
                 }
                 self.notes = notes;
             }
@@ -1252,6 +1286,68 @@ mod tests {
         }
         assert!(feed(&mut rx, 10));
         assert_eq!(rx.stats().dropped_bad_length, 4);
+    }
+
+    /// An overdue block whose chunks still arrive is kept (one `Progress` per look that saw
+    /// new chunks); a look that saw none settles it, its missing chunks handed over.
+    #[test]
+    fn an_overdue_block_is_kept_while_its_chunks_arrive() {
+        let mut rx = block_of(300, 10);
+        let overdue = |rx: &mut LaneRx| {
+            rx.handle_command(RxCommand::Overdue {
+                op: OpId(7),
+                block: Rank(0),
+            });
+            notes(rx)
+        };
+        let progress = RxNote::Progress {
+            lane: 0,
+            op: OpId(7),
+            block: Rank(0),
+        };
+        for c in 0..10 {
+            assert!(feed(&mut rx, c));
+        }
+        let _ = notes(&mut rx);
+        assert_eq!(overdue(&mut rx), core::slice::from_ref(&progress));
+        assert!(feed(&mut rx, 10));
+        assert_eq!(overdue(&mut rx), [progress]);
+        // Nothing new since: settled, chunks 11..300 missing.
+        let settled = overdue(&mut rx);
+        assert!(
+            matches!(
+                settled.as_slice(),
+                [RxNote::Settled { run, missing, .. }, ..]
+                    if *run == ChunkRun { start: 0, len: 300 }
+                        && *missing == [ChunkRun { start: 11, len: 289 }]
+            ),
+            "{settled:?}"
+        );
+        assert_eq!(
+            rx.handle_chunk(Rank(0), imm(11), 10),
+            Placement::Drop(DropReason::Stale)
+        );
+        // Settled already: a further look hands nothing over.
+        assert_eq!(overdue(&mut rx), []);
+    }
+
+    /// A complete block is never kept: the look settles it (nothing missing).
+    #[test]
+    fn an_overdue_complete_block_is_settled() {
+        let mut rx = block_of(20, 10);
+        for c in 0..20 {
+            assert!(feed(&mut rx, c));
+        }
+        let _ = notes(&mut rx);
+        rx.handle_command(RxCommand::Overdue {
+            op: OpId(7),
+            block: Rank(0),
+        });
+        assert!(
+            notes(&mut rx)
+                .iter()
+                .all(|n| !matches!(n, RxNote::Progress { .. }))
+        );
     }
 
     /// Chunks of two operations interleave: each chunk makes its operation the hot one, a
