@@ -113,6 +113,10 @@ pub struct RateConfig {
     /// After a decrease, further losses within this time belong to the same episode (they were
     /// in flight before the cut) and do not cut again.
     pub hold: Duration,
+    /// Slow start, as TCP's: until the first lossy report, a clean round doubles the rate
+    /// instead of adding `increase`. A sender can then start well below what the receivers
+    /// take (a fresh one does not know) and still find their pace within a few rounds.
+    pub slow_start: bool,
 }
 
 impl Default for RateConfig {
@@ -125,6 +129,7 @@ impl Default for RateConfig {
             decrease_permille: 700,
             tolerance_ppm: 1_000,
             hold: Duration::from_millis(20),
+            slow_start: false,
         }
     }
 }
@@ -159,6 +164,8 @@ pub struct RateController {
     receivers: Vec<Receiver>,
     last_decrease: Option<Instant>,
     slowest: Option<u32>,
+    /// In slow start: no lossy report yet.
+    starting: bool,
 }
 
 impl RateController {
@@ -182,6 +189,7 @@ impl RateController {
             receivers,
             last_decrease: None,
             slowest: None,
+            starting: cfg.slow_start,
         }
     }
 
@@ -241,13 +249,19 @@ impl RateController {
             }
             self.last_decrease = Some(now);
             self.slowest = Some(report.rank);
+            self.starting = false;
             let from = sending.map_or(self.rate, |s| s.min(self.rate));
             let cut = u128::from(from) * u128::from(self.cfg.decrease_permille) / 1000;
             return self.set(u64::try_from(cut).unwrap_or(u64::MAX));
         }
         r.clean = true;
         if self.receivers.iter().all(|r| r.clean) {
-            return self.set(self.rate.saturating_add(self.cfg.increase));
+            let up = if self.starting {
+                self.rate.saturating_mul(2)
+            } else {
+                self.rate.saturating_add(self.cfg.increase)
+            };
+            return self.set(up);
         }
         None
     }
@@ -329,7 +343,42 @@ mod tests {
             decrease_permille: 500,
             tolerance_ppm: 0,
             hold: Duration::from_millis(10),
+            slow_start: false,
         }
+    }
+
+    #[test]
+    fn slow_start_doubles_until_the_first_loss() {
+        let mut c = RateController::new(
+            RateConfig {
+                initial: 100,
+                slow_start: true,
+                ..cfg()
+            },
+            [1, 2],
+        );
+        // A clean round (both receivers report) at `t` ms.
+        let round = |c: &mut RateController, t: u64, n: u64| {
+            c.on_report(at_us(t * 1_000), report(1, n, 0, 0));
+            c.on_report(at_us(t * 1_000), report(2, n, 0, 0))
+        };
+        assert_eq!(round(&mut c, 5, 10), Some(200));
+        assert_eq!(round(&mut c, 10, 20), Some(400));
+        assert_eq!(round(&mut c, 15, 30), Some(800));
+        // A loss cuts and ends slow start: clean rounds then add `increase`.
+        assert_eq!(c.on_report(at_us(30_000), report(2, 40, 0, 1)), Some(400));
+        assert_eq!(round(&mut c, 50, 50), Some(500));
+        assert_eq!(round(&mut c, 55, 60), Some(600));
+        // Slow start never passes the ceiling.
+        let mut d = RateController::new(
+            RateConfig {
+                initial: 1_500,
+                slow_start: true,
+                ..cfg()
+            },
+            [1],
+        );
+        assert_eq!(d.on_report(at_us(0), report(1, 10, 0, 0)), Some(2_000));
     }
 
     fn report(rank: u32, received: u64, fetched: u64, drops: u64) -> ReceiverReport {

@@ -38,7 +38,9 @@ pub struct SocketConfig {
     /// Deliver our own multicast to sockets on this host (`IP_MULTICAST_LOOP`): needed when
     /// several ranks share a host.
     pub multicast_loop: bool,
-    /// Requested `SO_RCVBUF` per receive socket; the kernel caps it at `net.core.rmem_max`.
+    /// Requested `SO_RCVBUF` per receive socket (default 32 MiB: a receive worker descheduled
+    /// for a few ms must not lose what arrives meanwhile). The kernel caps it at
+    /// `net.core.rmem_max` unless the process has `CAP_NET_ADMIN` (`SO_RCVBUFFORCE`).
     pub recv_buffer: usize,
     /// Requested `SO_SNDBUF` per send socket; capped at `net.core.wmem_max`.
     pub send_buffer: usize,
@@ -51,7 +53,7 @@ impl SocketConfig {
             interface,
             ttl: 1,
             multicast_loop: true,
-            recv_buffer: 4 << 20,
+            recv_buffer: 32 << 20,
             send_buffer: 1 << 20,
         }
     }
@@ -177,13 +179,20 @@ impl RxSocket {
             .map_err(io_err("IP_MULTICAST_ALL"))?;
         sock.set_recv_buffer_size(cfg.recv_buffer)
             .map_err(io_err("SO_RCVBUF"))?;
-        let granted_recv_buffer = sock.recv_buffer_size().map_err(io_err("SO_RCVBUF"))?;
-        // Linux reports twice the usable size (bookkeeping overhead included).
+        let mut granted_recv_buffer = sock.recv_buffer_size().map_err(io_err("SO_RCVBUF"))?;
+        // Linux reports twice the size set (bookkeeping overhead included). Capped by
+        // `net.core.rmem_max`: with `CAP_NET_ADMIN` the cap does not apply.
+        if granted_recv_buffer < cfg.recv_buffer.saturating_mul(2)
+            && crate::sys::force_recv_buffer(&sock, cfg.recv_buffer).is_ok()
+        {
+            granted_recv_buffer = sock.recv_buffer_size().map_err(io_err("SO_RCVBUF"))?;
+        }
         if granted_recv_buffer < cfg.recv_buffer {
             tracing::warn!(
                 requested = cfg.recv_buffer,
                 granted = granted_recv_buffer,
-                "receive buffer capped by net.core.rmem_max"
+                "receive buffer capped by net.core.rmem_max (raise it, or run with \
+                 CAP_NET_ADMIN): receivers may be overrun at full rate"
             );
         }
         let state = UdpSocketState::new((&sock).into()).map_err(io_err("quinn-udp setup"))?;

@@ -22,6 +22,10 @@ use crate::bootstrap::{
     BootstrapError, JobEnv, PeerTable, Rendezvous, RendezvousAddr, select_interface,
 };
 
+/// How long the fast path may see no chunk before it is stalled (see `build`): 5 ms ended
+/// it while chunks were still queued (bench-net, 4 ranks on 2 cores: 4-34 MB per rank
+/// fetched over TCP with no datagram lost); 20 ms fetched none.
+const STALL: Duration = Duration::from_millis(20);
 /// Posts that may wait for the engine before `post` blocks.
 const POST_QUEUE: usize = 64;
 
@@ -308,7 +312,8 @@ impl CommBuilder {
         self
     }
 
-    /// The cutoff timer's slack.
+    /// The cutoff timer's slack. The fast path also ends only once no chunk came for this
+    /// long, or 20 ms if that is longer.
     pub fn cutoff_alpha(mut self, alpha: Duration) -> Self {
         self.cutoff_alpha = alpha;
         self
@@ -477,8 +482,11 @@ impl CommBuilder {
         cfg.link_bandwidth = self.link_bandwidth;
         cfg.cutoff_alpha = self.cutoff_alpha;
         // Kernel UDP on shared cores runs below any configured link rate: end the fast path
-        // when it stalls, not when the link rate says it should be over.
-        cfg.cutoff_extension = Some(self.cutoff_alpha);
+        // when it stalls, not when the link rate says it should be over. Stalled means no
+        // chunk for STALL (or alpha, if longer): a receive worker or a root on a busy host is
+        // descheduled for several ms at a time, and a fast path ended while its chunks were
+        // still queued sends them over TCP as well.
+        cfg.cutoff_extension = Some(self.cutoff_alpha.max(STALL));
         let node = Node::new(cfg).map_err(BuildError::Config)?;
         let port = UdpPort::open(&pc, tcp)?;
         let p = port.into_ports();

@@ -60,9 +60,16 @@ pub(super) fn decode(bytes: &[u8]) -> Option<ReceiverReport> {
     })
 }
 
-/// The rate limits for a rank whose link carries `link` bytes per second: start at the link
-/// rate, cut by 30% on loss (from the rate the root reached, when it fell short of the
-/// pacer's), climb back by 2% of the link per clean round.
+/// The rate limits for a rank whose link carries `link` bytes per second: start at a
+/// sixteenth of the link rate and double per clean round until the first loss (slow start),
+/// cut by 30% on loss (from the rate the root reached, when it fell short of the pacer's),
+/// climb back by 2% of the link per clean round.
+///
+/// Slow start, not the link rate, at start: every root of an Allgather sends at once, so a
+/// first operation at the link rate put several times what the receivers could take on
+/// them (bench-net, 16 MiB per rank on 2 cores: 8-28 MB per rank fetched in the first
+/// operation, where a paced one fetches well under 1 MB). Doubling every report round
+/// (reports come every few ms) reaches the link within four rounds.
 ///
 /// The ceiling is twice the link rate, not the link rate: the pacer is there to slow a root
 /// for its receivers, while the link (or the kernel path, on a veth) limits it by itself.
@@ -73,10 +80,11 @@ pub(super) fn decode(bytes: &[u8]) -> Option<ReceiverReport> {
 pub(super) fn config(link: u64) -> RateConfig {
     let link = link.max(1);
     RateConfig {
-        initial: link,
+        initial: (link / 16).max(1),
         floor: (link / 100).clamp(1, 10_000_000),
         ceiling: link.saturating_mul(2),
         increase: (link / 50).max(1),
+        slow_start: true,
         ..RateConfig::default()
     }
 }
@@ -187,6 +195,7 @@ mod tests {
             decrease_permille: 500,
             tolerance_ppm: 0,
             hold: core::time::Duration::from_millis(10),
+            slow_start: false,
         };
         let mut r = Rates::new(cfg, 0, 3, 2, false);
         assert_eq!((r.rate(), r.per_lane()), (1_000, 500));
