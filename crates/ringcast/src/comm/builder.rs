@@ -22,10 +22,13 @@ use crate::bootstrap::{
     BootstrapError, JobEnv, PeerTable, Rendezvous, RendezvousAddr, select_interface,
 };
 
-/// How long the fast path may see no chunk before it is stalled (see `build`): 5 ms ended
-/// it while chunks were still queued (bench-net, 4 ranks on 2 cores: 4-34 MB per rank
-/// fetched over TCP with no datagram lost); 20 ms fetched none.
-const STALL: Duration = Duration::from_millis(20);
+/// How long the fast path may see no chunk before it is stalled (see `build`). Measured in
+/// the namespace lab (4 ranks on 2 cores, 16 MiB-per-rank Allgathers, nothing lost): at 5 ms,
+/// 4-34 MB per rank were fetched over TCP while the multicast still brought them (a
+/// descheduled root or receive worker); at 10 ms, with the receive workers answering a look
+/// only after the batch queued on their socket, 1 run in 4 fetched (4.5 MB) and 3 none; at
+/// 20 ms none, but a lost last chunk then waits 20 ms for its recovery.
+const STALL: Duration = Duration::from_millis(10);
 /// Posts that may wait for the engine before `post` blocks.
 const POST_QUEUE: usize = 64;
 
@@ -313,7 +316,7 @@ impl CommBuilder {
     }
 
     /// The cutoff timer's slack. The fast path also ends only once no chunk came for this
-    /// long, or 20 ms if that is longer.
+    /// long, or 10 ms if that is longer.
     pub fn cutoff_alpha(mut self, alpha: Duration) -> Self {
         self.cutoff_alpha = alpha;
         self

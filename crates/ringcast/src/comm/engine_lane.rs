@@ -213,6 +213,7 @@ pub(super) fn spawn(
         drops_at: None,
         dirty: false,
         socket_drops: 0,
+        counts: Vec::new(),
     };
     let tw = TxWorker {
         core: TxCore {
@@ -283,6 +284,9 @@ struct RxWorker {
     /// Datagrams arrived since.
     dirty: bool,
     socket_drops: u64,
+    /// `Count` and `Overdue` commands waiting for the batch queued behind them (see
+    /// `counts`).
+    counts: Vec<RxCommand>,
 }
 
 impl RxWorker {
@@ -292,6 +296,7 @@ impl RxWorker {
             if !self.commands() {
                 break;
             }
+            self.counts();
             // Notes the control thread could not take yet are retried soon.
             let wait = if self.out.backlog.is_empty() {
                 RX_WAIT
@@ -313,11 +318,34 @@ impl RxWorker {
         }
     }
 
-    /// Handles every queued command; false once the control thread is gone.
+    /// A `Count` or an `Overdue` asks whether chunks still arrive (the cutoff's and a
+    /// block deadline's stall checks). Answered only after the batch queued on the socket, if
+    /// any, is read: a worker that was descheduled would otherwise report what it had before,
+    /// and a fast path whose chunks sit queued would look stalled (its rest then fetched over
+    /// TCP while the multicast still brings it).
+    fn counts(&mut self) {
+        if self.counts.is_empty() {
+            return;
+        }
+        if self.port.wait(Duration::ZERO) > 0 {
+            self.batch();
+            self.dirty = true;
+        }
+        for c in self.counts.drain(..) {
+            self.lane.handle_command(c);
+        }
+        self.notes();
+    }
+
+    /// Handles every queued command (a `Count` or an `Overdue` waits for
+    /// [`counts`](Self::counts)); false once the control thread is gone.
     fn commands(&mut self) -> bool {
         let mut alive = true;
         loop {
             match self.cmds.try_recv() {
+                Ok(c @ (RxCommand::Count { .. } | RxCommand::Overdue { .. })) => {
+                    self.counts.push(c)
+                }
                 Ok(c) => self.lane.handle_command(c),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
