@@ -129,6 +129,12 @@ impl RxBlock {
         self.fast = w.min(self.full);
     }
 
+    /// Byte offset in the operation's buffer of block-local chunk `c`, `cs` bytes a chunk.
+    #[inline(always)]
+    fn offset(&self, c: u32, cs: u32) -> u64 {
+        self.displ + u64::from(c) * u64::from(cs)
+    }
+
     /// Lane-relative bitmap index of block-local chunk `c >= lo`.
     fn bit(&self, c: u32) -> u32 {
         self.base + (c - self.lo)
@@ -164,6 +170,13 @@ impl RxBlock {
         }
         self.set_watch(w.clamp(self.lo, end) - self.lo);
     }
+}
+
+/// The word of `words` holding bit `bit`, and the bit's mask in it; `None` past the words.
+#[inline(always)]
+fn word_of(words: &mut [u64], bit: u32) -> Option<(&mut u64, u64)> {
+    let m = 1u64 << (bit % 64);
+    words.get_mut((bit / 64) as usize).map(|w| (w, m))
 }
 
 /// Gaps are looked for when the stream crosses a multiple of this many bits of the lane's
@@ -442,6 +455,11 @@ impl LaneOp {
         self.op.tag == VACANT_TAG
     }
 
+    /// Whether this slot holds the open operation `op`.
+    fn holds(&self, op: OpId) -> bool {
+        !self.is_vacant() && self.op.id == op
+    }
+
     /// Chunks received (present, less our own).
     fn received(&self) -> u64 {
         u64::from(self.op.committed.saturating_sub(self.cold.own))
@@ -508,17 +526,18 @@ impl LaneRx {
             .chain(&self.ops)
     }
 
-    /// The open operation `op`.
-    fn find_mut(&mut self, op: OpId) -> Option<&mut LaneOp> {
-        if !self.hot.is_vacant() && self.hot.op.id == op {
-            return Some(&mut self.hot);
+    /// The open operation `op` among `hot` and `ops` (a function of the two fields, so that
+    /// the caller may borrow the lane's notes beside it).
+    fn find_in<'a>(hot: &'a mut LaneOp, ops: &'a mut [LaneOp], op: OpId) -> Option<&'a mut LaneOp> {
+        if hot.holds(op) {
+            return Some(hot);
         }
-        self.ops.iter_mut().find(|o| o.op.id == op)
+        ops.iter_mut().find(|o| o.op.id == op)
     }
 
     /// Takes the open operation `op` out of the lane.
     fn remove(&mut self, op: OpId) -> Option<LaneOp> {
-        if !self.hot.is_vacant() && self.hot.op.id == op {
+        if self.hot.holds(op) {
             let next = self.ops.pop().unwrap_or_else(LaneOp::vacant);
             return Some(core::mem::replace(&mut self.hot, next));
         }
@@ -563,19 +582,17 @@ impl LaneRx {
             if let Some(b) = op.blocks.get_mut(from.index()) {
                 let k = c.wrapping_sub(b.lo);
                 // `k < fast`: tracked on this lane, full-size, and not at a watch point.
-                if k < b.fast && len == cs as usize {
-                    let bit = b.base + k;
-                    let m = 1u64 << (bit % 64);
-                    if let Some(w) = op.words.get_mut((bit / 64) as usize)
-                        && *w & m == 0
-                    {
-                        *w |= m;
-                        return Placement::Place {
-                            op: op.id,
-                            offset: b.displ + u64::from(c) * u64::from(cs),
-                            len: cs,
-                        };
-                    }
+                if k < b.fast
+                    && len == cs as usize
+                    && let Some((w, m)) = word_of(&mut op.words, b.base + k)
+                    && *w & m == 0
+                {
+                    *w |= m;
+                    return Placement::Place {
+                        op: op.id,
+                        offset: b.offset(c, cs),
+                        len: cs,
+                    };
                 }
             }
         }
@@ -638,10 +655,9 @@ impl LaneRx {
         if len != want as usize {
             return self.dropped(DropReason::BadLength);
         }
-        let bit = b.base + k;
-        let m = 1u64 << (bit % 64);
-        // `bit < len` by construction of the blocks; `get_mut` keeps a corrupt open harmless.
-        let Some(w) = op.words.get_mut((bit / 64) as usize) else {
+        // The bit is within the words by construction of the blocks; `word_of` keeps a corrupt
+        // open harmless.
+        let Some((w, m)) = word_of(&mut op.words, b.base + k) else {
             return self.dropped(DropReason::OutOfRange);
         };
         if *w & m != 0 {
@@ -656,7 +672,7 @@ impl LaneRx {
             b.set_watch(b.count);
         }
         Slow {
-            offset: b.displ + u64::from(c) * u64::from(cs),
+            offset: b.offset(c, cs),
             len: want,
             why: None,
         }
@@ -718,7 +734,8 @@ impl LaneRx {
         match cmd {
             RxCommand::Open(o) => self.open(o),
             RxCommand::Count { op } => {
-                let committed = self.find_mut(op).map_or(0, |o| o.op.committed);
+                let committed =
+                    Self::find_in(&mut self.hot, &mut self.ops, op).map_or(0, |o| o.op.committed);
                 self.notes.push_back(RxNote::Count {
                     lane: self.lane,
                     op,
@@ -726,20 +743,18 @@ impl LaneRx {
                 });
             }
             RxCommand::Settle { op, block, upto } => {
-                let lane = self.lane;
-                let mut notes = core::mem::take(&mut self.notes);
-                if let Some(LaneOp { op: o, cold }) = self.find_mut(op) {
-                    o.settle_asked(cold, lane, block.index(), upto, &mut notes);
+                if let Some(LaneOp { op: o, cold }) =
+                    Self::find_in(&mut self.hot, &mut self.ops, op)
+                {
+                    o.settle_asked(cold, self.lane, block.index(), upto, &mut self.notes);
                 }
-                self.notes = notes;
             }
             RxCommand::Overdue { op, block } => {
-                let lane = self.lane;
-                let mut notes = core::mem::take(&mut self.notes);
-                if let Some(LaneOp { op: o, cold }) = self.find_mut(op) {
-                    o.overdue(cold, lane, block.index(), &mut notes);
+                if let Some(LaneOp { op: o, cold }) =
+                    Self::find_in(&mut self.hot, &mut self.ops, op)
+                {
+                    o.overdue(cold, self.lane, block.index(), &mut self.notes);
                 }
-                self.notes = notes;
             }
             RxCommand::Close { op } => {
                 let Some(o) = self.remove(op) else {
@@ -868,9 +883,7 @@ mod tests {
     }
 
     fn imm(chunk: u32) -> u32 {
-        ImmLayout::default()
-            .encode(Imm { op_tag: 7, chunk })
-            .unwrap()
+        imm_of(7, chunk)
     }
 
     #[test]
