@@ -22,7 +22,7 @@
 //! xtask) turns them into `results.md`, `results.json` and two SVG plots there, and with
 //! `--record` into `docs/bench-net/`.
 
-use crate::netns::{can_create_namespaces, mpirun_across};
+use crate::netns::{can_create_namespaces, mpirun_across, require_tools};
 use crate::netns_lab::{Bg, Lab, Launch, Querier, Ranks, in_ns_limit, sh};
 use crate::run::{Step, StepError};
 use std::path::{Path, PathBuf};
@@ -129,17 +129,11 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
         );
         return Ok(());
     }
-    let missing: Vec<&str> = ["nft", "mpirun", "mpicc", "ethtool", "bridge", "timeout"]
-        .into_iter()
-        .filter(|t| sh("sh", &["-c", &format!("command -v {t}")]).is_err())
-        .collect();
-    if !missing.is_empty() {
-        return Err(StepError::Other(format!(
-            "bench-net needs {} (apt-get install iproute2 nftables ethtool openmpi-bin \
-             libopenmpi-dev)",
-            missing.join(", ")
-        )));
-    }
+    require_tools(
+        "bench-net",
+        &["nft", "mpirun", "mpicc", "ethtool", "bridge", "timeout"],
+        "iproute2 nftables ethtool openmpi-bin libopenmpi-dev",
+    )?;
     let cargo = crate::cargo();
     for args in [
         &[

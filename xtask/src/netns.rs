@@ -107,17 +107,11 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
         );
         return Ok(());
     }
-    let missing: Vec<&str> = ["nft", "tshark", "tcpdump", "ethtool", "bridge", "timeout"]
-        .into_iter()
-        .filter(|t| sh("sh", &["-c", &format!("command -v {t}")]).is_err())
-        .collect();
-    if !missing.is_empty() {
-        return Err(StepError::Other(format!(
-            "netns needs {} (apt-get install iproute2 nftables ethtool tshark tcpdump \
-             python3-scapy openmpi-bin)",
-            missing.join(", ")
-        )));
-    }
+    require_tools(
+        "netns",
+        &["nft", "tshark", "tcpdump", "ethtool", "bridge", "timeout"],
+        "iproute2 nftables ethtool tshark tcpdump python3-scapy openmpi-bin",
+    )?;
     let out = root.join("target").join("netns");
     if let Some(secs) = o.lab_only {
         return lab_only(&out, o.ranks, secs);
@@ -247,6 +241,23 @@ fn build_cli(root: &Path, cargo: &str) -> Result<PathBuf, String> {
     .run()
     .map(|()| root.join("target/debug/ringcast"))
     .map_err(|e| e.to_string())
+}
+
+/// `Err` naming the programs of `tools` that are not on `PATH`, and the Debian packages
+/// (`install`) that bring them, for `what` (the xtask command).
+pub(crate) fn require_tools(what: &str, tools: &[&str], install: &str) -> Result<(), StepError> {
+    let missing: Vec<&str> = tools
+        .iter()
+        .copied()
+        .filter(|t| sh("sh", &["-c", &format!("command -v {t}")]).is_err())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(StepError::Other(format!(
+        "{what} needs {} (apt-get install {install})",
+        missing.join(", ")
+    )))
 }
 
 /// `ip netns add` of a throwaway name, then its removal.

@@ -279,21 +279,7 @@ impl Lab {
     /// bridge lists every rank's port for it: snooping and IGMPv3 work.
     pub(crate) fn canary(&self, group: &str, limit: Duration) -> Result<Duration, String> {
         let t = Instant::now();
-        for ns in &self.ns {
-            sh(
-                "ip",
-                &[
-                    "-n",
-                    ns,
-                    "addr",
-                    "add",
-                    &format!("{group}/32"),
-                    "dev",
-                    "eth0",
-                    "autojoin",
-                ],
-            )?;
-        }
+        self.group_addr("add", group, &["autojoin"])?;
         loop {
             let m = self.mdb();
             if let Some(p) = m.get(group)
@@ -314,19 +300,18 @@ impl Lab {
     /// Removes the canary's `group` address from every rank namespace (Open MPI's TCP BTL
     /// would take it for a peer address of eth0).
     pub(crate) fn leave(&self, group: &str) -> Result<(), String> {
+        self.group_addr("del", group, &[])
+    }
+
+    /// `ip addr <verb> <group>/32 dev eth0 <flags>` in every rank namespace.
+    fn group_addr(&self, verb: &str, group: &str, flags: &[&str]) -> Result<(), String> {
+        let addr = format!("{group}/32");
         for ns in &self.ns {
-            sh(
-                "ip",
-                &[
-                    "-n",
-                    ns,
-                    "addr",
-                    "del",
-                    &format!("{group}/32"),
-                    "dev",
-                    "eth0",
-                ],
-            )?;
+            let args: Vec<&str> = ["-n", ns, "addr", verb, addr.as_str(), "dev", "eth0"]
+                .into_iter()
+                .chain(flags.iter().copied())
+                .collect();
+            sh("ip", &args)?;
         }
         Ok(())
     }
