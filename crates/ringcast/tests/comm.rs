@@ -19,7 +19,7 @@ use ringcast::{CommError, Communicator};
 
 mod common;
 
-use common::{check, e, free_tcp_port, free_udp_port, nonce, pattern};
+use common::{broadcast_checked, check, e, free_tcp_port, free_udp_port, nonce, pattern};
 
 const RANKS: u32 = 4;
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -94,14 +94,7 @@ fn broadcast_allgather_allgatherv_byte_for_byte() {
     world(1, |comm| {
         let me = comm.rank();
         // Broadcast, ~1 MiB from rank 1.
-        let want = pattern(1, 1, (1 << 20) + 1000);
-        let mut buf = if me == 1 {
-            want.clone()
-        } else {
-            vec![0; want.len()]
-        };
-        let st = comm.broadcast(1, &mut buf).map_err(e)?;
-        check("broadcast", &buf, &want)?;
+        let st = broadcast_checked(&comm, "broadcast", 1, 1, (1 << 20) + 1000)?;
         if me != 1 && st.counters.chunks_received + st.counters.chunks_fetched == 0 {
             return Err(format!("no chunk counted: {st:?}"));
         }
@@ -152,14 +145,7 @@ fn broadcast_allgather_allgatherv_byte_for_byte() {
 fn with_the_icrc_checked_every_datagram_passes_it() {
     world_icrc(11, true, |comm| {
         let me = comm.rank();
-        let want = pattern(11, 2, (1 << 20) + 7);
-        let mut buf = if me == 2 {
-            want.clone()
-        } else {
-            vec![0; want.len()]
-        };
-        comm.broadcast(2, &mut buf).map_err(e)?;
-        check("broadcast", &buf, &want)?;
+        broadcast_checked(&comm, "broadcast", 11, 2, (1 << 20) + 7)?;
         let s = comm.stats().map_err(e)?;
         if s.rx.bad_icrc != 0 || (me != 2 && s.rx.accepted == 0) {
             return Err(format!("ICRC counters: {:?}", s.rx));
@@ -376,14 +362,7 @@ fn child(role: &str) -> Result<(), String> {
     let say = |s: &str| println!("@@{s}");
     match role {
         "collectives" => {
-            let want = pattern(20, 2, (1 << 20) + 77);
-            let mut buf = if me == 2 {
-                want.clone()
-            } else {
-                vec![0; want.len()]
-            };
-            comm.broadcast(2, &mut buf).map_err(e)?;
-            check("broadcast", &buf, &want)?;
+            broadcast_checked(&comm, "broadcast", 20, 2, (1 << 20) + 77)?;
             let blocks: Vec<Vec<u8>> = (0..n).map(|r| pattern(21, r, 100_000)).collect();
             let mut recv = vec![0u8; 100_000 * n as usize];
             comm.allgather(&blocks[me as usize], &mut recv).map_err(e)?;

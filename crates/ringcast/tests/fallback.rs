@@ -17,7 +17,7 @@ use ringcast::comm::{BuildError, CommBuilder, Fallback, FallbackReason, OpStats,
 
 mod common;
 
-use common::{check, e, free_udp_port, nonce, pattern};
+use common::{broadcast_checked, check, e, free_udp_port, nonce, pattern};
 
 const RANKS: u32 = 4;
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -100,14 +100,7 @@ fn collectives(comm: &Communicator, salt: u64) -> Result<Vec<OpStats>, String> {
     let mut stats = Vec::new();
     // Broadcast from rank 2, several pieces and an odd tail.
     let len = (1 << 20) + 13;
-    let want = pattern(salt, 2, len);
-    let mut buf = if me == 2 {
-        want.clone()
-    } else {
-        vec![0u8; len]
-    };
-    stats.push(comm.broadcast(2, &mut buf).map_err(e)?);
-    check("broadcast", &buf, &want)?;
+    stats.push(broadcast_checked(comm, "broadcast", salt, 2, len)?);
     // Allgather of u32s (a typed, copied buffer).
     let per = 70_001usize;
     let mine: Vec<u32> = (0..per as u32).map(|i| i ^ (me << 24)).collect();
@@ -306,20 +299,18 @@ fn loss_during_the_run_switches_every_rank_at_the_same_operation() {
         },
         |_, comm| {
             let comm = comm.map_err(|e| format!("build: {e}"))?;
-            let me = comm.rank();
             let mut ops = Vec::new();
             for i in 0..12u32 {
                 let root = i % RANKS;
                 let len = 256 << 10;
-                let want = pattern(500 + u64::from(i), root, len);
-                let mut buf = if me == root {
-                    want.clone()
-                } else {
-                    vec![0u8; len]
-                };
-                let s = comm.broadcast(root, &mut buf).map_err(e)?;
-                check(&format!("broadcast {i}"), &buf, &want)?;
-                ops.push(s);
+                let what = format!("broadcast {i}");
+                ops.push(broadcast_checked(
+                    &comm,
+                    &what,
+                    500 + u64::from(i),
+                    root,
+                    len,
+                )?);
             }
             Ok((comm.transport_mode(), ops))
         },

@@ -2,7 +2,8 @@
 // Each test binary uses its own subset.
 #![allow(dead_code)]
 
-use ringcast::CommError;
+use ringcast::comm::OpStats;
+use ringcast::{CommError, Communicator};
 use std::net::{TcpListener, UdpSocket};
 
 /// A UDP port nobody holds now.
@@ -64,6 +65,26 @@ pub(crate) fn check<T: PartialEq + std::fmt::Debug>(
             got[i], want[i]
         )),
     }
+}
+
+/// A Broadcast from `root` of `pattern(salt, root, len)`, checked byte for byte on every rank
+/// (`what` names it in an error); its stats.
+pub(crate) fn broadcast_checked(
+    comm: &Communicator,
+    what: &str,
+    salt: u64,
+    root: u32,
+    len: usize,
+) -> Result<OpStats, String> {
+    let want = pattern(salt, root, len);
+    let mut buf = if comm.rank() == root {
+        want.clone()
+    } else {
+        vec![0; len]
+    };
+    let st = comm.broadcast(root, &mut buf).map_err(e)?;
+    check(what, &buf, &want)?;
+    Ok(st)
 }
 
 /// An error as the tests report it.
