@@ -10,12 +10,18 @@ use util::Net;
 /// 4 ranks, a 64 KiB Broadcast whose chunks take 1 ns per byte to send, while the cutoff
 /// believes links are 100x faster.
 fn net(extension: Option<Duration>) -> Net {
-    let mut net = Net::new(4, |c| {
-        c.link_bandwidth = 100_000_000_000;
-        c.cutoff_extension = extension;
-    });
+    let mut net = slow(extension);
     net.broadcast_at(0, 0, 0, 64 << 10);
     net
+}
+
+/// 4 ranks whose chunks take 1 ns per byte to send, with links the cutoff believes 100x
+/// faster.
+fn slow(extension: Option<Duration>) -> Net {
+    Net::new(4, |c| {
+        c.link_bandwidth = 100_000_000_000;
+        c.cutoff_extension = extension;
+    })
 }
 
 fn fetched(net: &Net) -> u64 {
@@ -53,10 +59,7 @@ fn a_stalled_fast_path_still_ends_with_the_extension() {
 /// 4 ranks, an Allgather of 64 KiB per rank, as slow against `link_bandwidth` as above: the
 /// per-block deadlines fire while the blocks still arrive.
 fn allgather(extension: Option<Duration>) -> Net {
-    let mut net = Net::new(4, |c| {
-        c.link_bandwidth = 100_000_000_000;
-        c.cutoff_extension = extension;
-    });
+    let mut net = slow(extension);
     net.allgather_at(0, 0, vec![64 << 10; 4]);
     net
 }
