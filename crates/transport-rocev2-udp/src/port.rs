@@ -122,7 +122,15 @@ impl UdpPort {
         let mut tx = Vec::with_capacity(lanes);
         for l in 0..cfg.lanes {
             let group = job.group(usize::from(l)).ok_or(PortError::NoGroup(l))?;
+            let tsock = TxSocket::open(&cfg.socket)?;
             let rsock = RxSocket::open(&cfg.socket, group)?;
+            if cfg.socket.multicast_loop {
+                // Without the filter the rank still works: it reads its own datagrams and the
+                // core drops them as its own.
+                if let Err(e) = rsock.ignore_source(tsock.local_addr()) {
+                    tracing::warn!(error = %e, lane = l, "own multicast not filtered");
+                }
+            }
             let recv = LaneReceiver::new(
                 rsock,
                 RxConfig {
@@ -142,7 +150,7 @@ impl UdpPort {
                 errors: 0,
             });
             let sender = LaneSender::new(
-                TxSocket::open(&cfg.socket)?,
+                tsock,
                 TxConfig {
                     lane: l,
                     group,

@@ -74,6 +74,10 @@ pub struct RxStats {
     pub recv_calls: u64,
     /// Datagrams read (GRO super-packets counted by segment).
     pub datagrams: u64,
+    /// Empty datagrams: this rank's own multicast, trimmed by the socket's filter
+    /// ([`RxSocket::ignore_source`](crate::RxSocket::ignore_source)), or a peer's empty one.
+    /// Neither a chunk nor a drop: not in `datagrams`.
+    pub empty: u64,
     /// Datagrams accepted as chunks.
     pub accepted: u64,
     /// Payload bytes accepted.
@@ -249,7 +253,7 @@ impl LaneReceiver {
         }
     }
 
-    /// One `recvmmsg`, then checks; returns the datagrams read.
+    /// One `recvmmsg`, then checks; returns the datagrams read, empty ones included.
     fn read_batch(&mut self) -> io::Result<usize> {
         self.accepted.clear();
         let msgs = {
@@ -263,11 +267,16 @@ impl LaneReceiver {
             }
         };
         self.stats.recv_calls += 1;
-        let mut datagrams = 0;
+        let (mut datagrams, mut empty) = (0, 0);
         for m in 0..msgs {
             let meta = self.meta[m];
             let slot = m * SLOT;
             let len = meta.len.min(SLOT);
+            if len == 0 {
+                self.stats.empty += 1;
+                empty += 1;
+                continue;
+            }
             // A stride of 0 would never advance: treat the message as one datagram.
             let stride = if meta.stride == 0 { len } else { meta.stride };
             let mut at = 0;
@@ -279,7 +288,9 @@ impl LaneReceiver {
             }
         }
         self.stats.datagrams += datagrams as u64;
-        Ok(datagrams)
+        // Empty ones count as read: the queue was not empty, so the caller reads again before
+        // it waits (the wait is edge-triggered).
+        Ok(datagrams + empty)
     }
 
     /// Checks the datagram `buf[start..end]` and records it as accepted or dropped.

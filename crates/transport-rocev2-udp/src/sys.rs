@@ -8,7 +8,10 @@
 //! network namespace) set a receive buffer above `net.core.rmem_max` without changing that
 //! host-wide setting.
 //!
-//! This is the crate's only `unsafe`: two FFI calls with buffers they own.
+//! And `SCHED_BATCH` for a receive worker's thread ([`batch_scheduling`]), which std does not
+//! wrap either.
+//!
+//! This is the crate's only `unsafe`: three FFI calls with buffers they own.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -77,10 +80,36 @@ pub(crate) fn force_recv_buffer(sock: &impl AsFd, bytes: usize) -> io::Result<()
     Ok(())
 }
 
+/// Puts the calling thread under `SCHED_BATCH`: the same fair share of CPU as `SCHED_OTHER`
+/// (same nice value), but its wake-ups do not preempt the thread running on the CPU it wakes
+/// on. No privilege is needed.
+pub(crate) fn batch_scheduling() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a live `sched_param` the kernel only reads during the call; pid 0
+    // names the calling thread. Nothing is retained after the call returns.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &raw const param) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::net::UdpSocket;
+
+    #[test]
+    fn a_thread_goes_batch_without_privilege() {
+        std::thread::spawn(|| {
+            batch_scheduling().unwrap();
+            // SAFETY (test): reads the calling thread's policy; no pointers involved.
+            let policy = unsafe { libc::sched_getscheduler(0) };
+            assert_eq!(policy, libc::SCHED_BATCH);
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn a_fresh_socket_has_dropped_nothing() {

@@ -457,3 +457,47 @@ fn a_waker_ends_a_long_wait_and_reception_goes_on() {
     .expect("send");
     assert_eq!(t.join().expect("receiver thread"), 1);
 }
+
+/// A receive socket told to ignore its rank's own send socket reads that socket's datagrams
+/// (GSO batches and single ones) as empty, never as chunks, and still takes every datagram of
+/// another sender on the same group; none of it counts as a kernel drop.
+#[test]
+fn own_multicast_is_filtered_and_others_pass() {
+    let (job, group) = job(0x0F11_7E20, free_port());
+    let mut own = sender(&job, group, 0, true);
+    let mut other = sender(&job, group, 1, true);
+    let mut rx = receiver(&job, group, |_| {});
+    rx.socket()
+        .ignore_source(own.socket().local_addr())
+        .expect("filter attached");
+    let data: Vec<Vec<u8>> = (0..8).map(|k| payload(k, 100)).collect();
+    let chunks: Vec<OutChunk<'_>> = data
+        .iter()
+        .enumerate()
+        .map(|(k, p)| OutChunk {
+            imm: k as u32,
+            payload: p,
+        })
+        .collect();
+    // A GSO batch of 8 (chunk 7, short, ends it), then single datagrams.
+    assert_eq!(own.send_batch(&chunks).unwrap().chunks, 8);
+    assert_eq!(own.send_batch(&chunks[7..]).unwrap().chunks, 1);
+    assert_eq!(other.send_batch(&chunks[7..]).unwrap().chunks, 1);
+    assert_eq!(own.send_batch(&chunks[..1]).unwrap().chunks, 1);
+    let mut got = Vec::new();
+    let start = Instant::now();
+    while rx.stats().empty < 3 && start.elapsed() < DEADLINE {
+        let batch = rx.recv(Duration::from_millis(20)).unwrap();
+        got.extend(batch.iter().map(|c| (c.rank, c.imm, c.payload.to_vec())));
+    }
+    let s: RxStats = *rx.stats();
+    eprintln!("{s:?}");
+    assert_eq!(
+        got,
+        vec![(1, 7, data[7].clone())],
+        "only the other sender's chunk"
+    );
+    assert_eq!(s.empty, 3, "one empty datagram per own send");
+    assert_eq!((s.datagrams, s.accepted, s.dropped()), (1, 1, 0));
+    assert_eq!(rx.socket().socket_drops().unwrap(), 0);
+}

@@ -174,6 +174,13 @@ impl Pinning {
     }
 }
 
+/// Whether receive workers go under `SCHED_BATCH` (see
+/// [`batch_scheduling`](ringcast_transport_rocev2_udp::batch_scheduling)): yes unless
+/// `RINGCAST_RX_SCHED=other`.
+fn rx_batch_from_env() -> bool {
+    std::env::var("RINGCAST_RX_SCHED").map_or(true, |v| v.trim() != "other")
+}
+
 /// Spawns lane `l`'s two workers. `control` is the control thread (workers unpark it when
 /// they queue a note).
 #[allow(clippy::too_many_arguments)]
@@ -233,11 +240,15 @@ pub(super) fn spawn(
     };
     let slot = 1 + 2 * usize::from(l);
     let p = pin.clone();
+    let batch = rx_batch_from_env();
     let rt = thread::Builder::new()
         .name(format!("ringcast-r{rank}-rx{l}"))
         .spawn(move || {
             if let Some(p) = p {
                 p.pin(slot, "receive worker");
+            }
+            if batch && let Err(e) = ringcast_transport_rocev2_udp::batch_scheduling() {
+                tracing::info!(error = %e, "receive worker stays under SCHED_OTHER");
             }
             rw.run()
         })?;

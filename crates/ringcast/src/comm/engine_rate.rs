@@ -15,13 +15,20 @@
 //! cut the rate, which fires the cutoff earlier still, down to the floor.
 //!
 //! The report travels as a control message of its own kind ([`REPORT_KIND`], outside the
-//! core's range): the engine takes it before the session sees the message.
+//! core's range, and not the start-up check's): the engine takes it before the session sees
+//! the message.
 
 use ringcast_core::Instant;
 use ringcast_transport_rocev2_udp::pace::{RateConfig, RateController, ReceiverReport};
 
 /// First byte of a rate report (the core's control kinds are small integers).
-pub(super) const REPORT_KIND: u8 = 0xF0;
+///
+/// Not the start-up check's report kind (`0xF0`): a rank that finished its check and began an
+/// operation reports to its roots at once, while a slower rank may still be reading start-up
+/// reports, and one kind for both made it fail its check on a rate report ("a start-up
+/// report this rank cannot read").
+pub(super) const REPORT_KIND: u8 = 0xF1;
+const _: () = assert!(REPORT_KIND != crate::comm::probe::REPORT_KIND);
 const REPORT_VERSION: u8 = 1;
 const REPORT_LEN: usize = 2 + 4 + 3 * 8;
 
