@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! cargo run --release -p ringcast-transport-rocev2-udp --example goodput -- \
-//!     [--payload 4096] [--secs 2] [--rate-mbps 0 (unpaced)] [--mode all|gso|nogso|std]
+//!     [--payload 4096] [--secs 2] [--rate-mbps 0 (unpaced)] [--mode all|gso|nogso|std] \
+//!     [--sched batch|other]
 //! ```
 //! Prints, per mode, the sender's rate and each receiver's goodput (UDP payload bytes received
 //! per second, from the first send to the receiver's last datagram) and loss.
@@ -17,6 +18,11 @@
 //! ```
 //! A receiver prints one `GOODPUT` line: UDP bytes received per second from its first datagram
 //! to its last, the datagrams accepted and the socket's kernel drops; the sender prints `SENT`.
+//!
+//! Receivers run under `SCHED_BATCH` (`--sched batch`, the default), as ringcast's receive
+//! workers do ([`batch_scheduling`](ringcast_transport_rocev2_udp::batch_scheduling)), so
+//! that the ceiling gets the same scheduling as what it bounds; `--sched other` leaves them
+//! under `SCHED_OTHER`.
 
 #![allow(clippy::print_stdout)]
 
@@ -45,6 +51,15 @@ struct Args {
     role: Option<String>,
     iface: Ipv4Addr,
     port: u16,
+    /// Receivers under `SCHED_BATCH`.
+    batch: bool,
+}
+
+/// Puts the calling receiver under `SCHED_BATCH` when asked.
+fn receiver_sched(batch: bool) {
+    if batch {
+        ringcast_transport_rocev2_udp::batch_scheduling().expect("SCHED_BATCH");
+    }
 }
 
 fn args() -> Args {
@@ -56,6 +71,7 @@ fn args() -> Args {
         role: None,
         iface: Ipv4Addr::LOCALHOST,
         port: 4791,
+        batch: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -68,6 +84,13 @@ fn args() -> Args {
             "--role" => a.role = Some(v),
             "--iface" => a.iface = v.parse().expect("--iface IPv4 address"),
             "--port" => a.port = v.parse().expect("--port UDP port"),
+            "--sched" => {
+                a.batch = match v.as_str() {
+                    "batch" => true,
+                    "other" => false,
+                    _ => panic!("--sched batch|other"),
+                }
+            }
             _ => panic!("unknown argument {k}"),
         }
     }
@@ -231,7 +254,9 @@ fn run_ringcast(a: &Args, nonce: u64, gso: bool) -> Run {
         .into_iter()
         .map(|mut rx| {
             let done = done.clone();
+            let batch = a.batch;
             thread::spawn(move || {
+                receiver_sched(batch);
                 let mut last = start;
                 let mut quiet_since = None::<Instant>;
                 loop {
@@ -284,7 +309,9 @@ fn run_std(a: &Args, nonce: u64) -> Run {
         .into_iter()
         .map(|sock| {
             let done = done.clone();
+            let batch = a.batch;
             thread::spawn(move || {
+                receiver_sched(batch);
                 sock.set_read_timeout(Some(Duration::from_millis(20)))
                     .expect("timeout");
                 let mut buf = vec![0u8; 65536];
@@ -384,6 +411,7 @@ fn run_role(a: &Args, role: &str) {
     let udp_len = datagram_len(a.payload);
     match role {
         "recv" => {
+            receiver_sched(a.batch);
             let sock = RxSocket::open(&net, group).expect("rx socket");
             let mut rx = LaneReceiver::new(sock, RxConfig::new(0, 0xFFFF, job.qkey(), a.payload));
             println!("READY group={group}");
