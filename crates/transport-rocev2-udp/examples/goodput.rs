@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release -p ringcast-transport-rocev2-udp --example goodput -- \
 //!     [--payload 4096] [--secs 2] [--rate-mbps 0 (unpaced)] [--mode all|gso|nogso|std] \
-//!     [--sched batch|other]
+//!     [--sched batch|other] [--deliver BYTES]
 //! ```
 //! Prints, per mode, the sender's rate and each receiver's goodput (UDP payload bytes received
 //! per second, from the first send to the receiver's last datagram) and loss.
@@ -23,6 +23,13 @@
 //! workers do ([`batch_scheduling`](ringcast_transport_rocev2_udp::batch_scheduling)), so
 //! that the ceiling gets the same scheduling as what it bounds; `--sched other` leaves them
 //! under `SCHED_OTHER`.
+//!
+//! `--deliver BYTES`: each receiver also copies every payload it accepts into a buffer of
+//! `BYTES` (say, a 64 MiB Broadcast's), in turn from its start, as an application that keeps
+//! what it receives must. Without it the receivers discard the payloads, so the kernel only
+//! ever writes their 2 MiB of receive slots, which stay in cache: the raw ceiling. With it,
+//! each receiver also writes a message-sized buffer that does not fit in cache, as
+//! ringcast's receive workers do.
 
 #![allow(clippy::print_stdout)]
 
@@ -53,6 +60,43 @@ struct Args {
     port: u16,
     /// Receivers under `SCHED_BATCH`.
     batch: bool,
+    /// Bytes of each receiver's delivery buffer (0: payloads discarded).
+    deliver: usize,
+}
+
+/// Where a receiver copies its payloads with `--deliver` (round robin over the buffer).
+struct Sink {
+    buf: Vec<u8>,
+    at: usize,
+}
+
+impl Sink {
+    fn new(bytes: usize) -> Option<Self> {
+        (bytes > 0).then(|| Sink {
+            buf: vec![1u8; bytes],
+            at: 0,
+        })
+    }
+
+    fn take(&mut self, batch: ringcast_transport_rocev2_udp::RxBatch<'_>) {
+        for c in batch.iter() {
+            let n = c.payload.len();
+            if self.at + n > self.buf.len() {
+                self.at = 0;
+            }
+            if let Some(d) = self.buf.get_mut(self.at..self.at + n) {
+                d.copy_from_slice(c.payload);
+                self.at += n;
+            }
+        }
+    }
+}
+
+fn deliver(sink: &mut Option<Sink>, batch: ringcast_transport_rocev2_udp::RxBatch<'_>) -> usize {
+    if let Some(s) = sink {
+        s.take(batch);
+    }
+    batch.len()
 }
 
 /// Puts the calling receiver under `SCHED_BATCH` when asked.
@@ -72,6 +116,7 @@ fn args() -> Args {
         iface: Ipv4Addr::LOCALHOST,
         port: 4791,
         batch: true,
+        deliver: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -84,6 +129,7 @@ fn args() -> Args {
             "--role" => a.role = Some(v),
             "--iface" => a.iface = v.parse().expect("--iface IPv4 address"),
             "--port" => a.port = v.parse().expect("--port UDP port"),
+            "--deliver" => a.deliver = v.parse().expect("--deliver bytes"),
             "--sched" => {
                 a.batch = match v.as_str() {
                     "batch" => true,
@@ -254,13 +300,14 @@ fn run_ringcast(a: &Args, nonce: u64, gso: bool) -> Run {
         .into_iter()
         .map(|mut rx| {
             let done = done.clone();
-            let batch = a.batch;
+            let (batch, bytes) = (a.batch, a.deliver);
             thread::spawn(move || {
                 receiver_sched(batch);
+                let mut sink = Sink::new(bytes);
                 let mut last = start;
                 let mut quiet_since = None::<Instant>;
                 loop {
-                    let n = rx.recv(Duration::from_millis(20)).expect("recv").len();
+                    let n = deliver(&mut sink, rx.recv(Duration::from_millis(20)).expect("recv"));
                     if n > 0 {
                         last = Instant::now();
                         quiet_since = None;
@@ -414,11 +461,12 @@ fn run_role(a: &Args, role: &str) {
             receiver_sched(a.batch);
             let sock = RxSocket::open(&net, group).expect("rx socket");
             let mut rx = LaneReceiver::new(sock, RxConfig::new(0, 0xFFFF, job.qkey(), a.payload));
+            let mut sink = Sink::new(a.deliver);
             println!("READY group={group}");
             let (mut first, mut last) = (None::<Instant>, Instant::now());
             let deadline = Instant::now() + Duration::from_secs_f64(a.secs + 10.0);
             loop {
-                let n = rx.recv(Duration::from_millis(20)).expect("recv").len();
+                let n = deliver(&mut sink, rx.recv(Duration::from_millis(20)).expect("recv"));
                 let now = Instant::now();
                 if n > 0 {
                     first.get_or_insert(now);

@@ -113,6 +113,20 @@ impl OpBuffer {
         })
     }
 
+    /// Copies `len` bytes at `from` to `to` within the buffer; false (and nothing copied)
+    /// when either range does not fit.
+    pub fn copy_within(&self, from: u64, to: u64, len: u64) -> bool {
+        self.with(
+            |v| match (range(from, len, v.len()), range(to, len, v.len())) {
+                (Some(src), Some(dst)) => {
+                    v.copy_within(src, dst.start);
+                    true
+                }
+                _ => false,
+            },
+        )
+    }
+
     /// Appends `len` bytes at `offset` to `out`; false (and nothing appended) when the range
     /// does not fit.
     pub fn read_at(&self, offset: u64, len: u64, out: &mut Vec<u8>) -> bool {

@@ -79,6 +79,18 @@ pub(crate) fn emit_headers(
         .expect("UD SEND_ONLY_WITH_IMMEDIATE headers fit their staging slot");
 }
 
+/// The DETH SrcQP and the immediate of a datagram's headers (`h` holds at least
+/// [`HEADER_LEN`] bytes; nothing is checked).
+pub(crate) fn src_and_imm(h: &[u8]) -> (u32, u32) {
+    let p = UdSendImmPacket::new_unchecked(&h[..HEADER_LEN]);
+    (p.deth().src_qp(), p.imm())
+}
+
+/// The BTH PadCnt of a datagram's headers (`h` holds at least the BTH).
+pub(crate) fn pad_count(h: &[u8]) -> u8 {
+    UdSendImmPacket::new_unchecked(h).bth().pad_count()
+}
+
 /// Why a datagram was dropped, in the order the receiver checks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Reject {

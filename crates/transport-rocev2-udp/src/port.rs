@@ -5,6 +5,10 @@
 //!   a token's `consume` copies the payload into the registered operation buffer at the
 //!   placement's offset: the only copy after the kernel's. The source rank is the DETH SrcQP;
 //!   a chunk naming a rank outside the job is dropped and counted ([`UdpRx::bad_source`]).
+//!   [`UdpRx::wait_with`] goes further: when the datagram queued next starts a run of chunks
+//!   the lane expects ([`LaneRx::predict`](ringcast_core::lane::LaneRx::predict)), one
+//!   `recvmsg` scatters its payloads straight into the operation's buffer, and their tokens
+//!   have nothing left to copy.
 //! * Send halves ([`UdpTx`]) wrap a [`LaneSender`]. A posted multicast is queued; the next
 //!   `poll_send_done` sends queued multicasts in GSO batches (reading `len` bytes at `offset`
 //!   of the registered buffer) and reports them done once the datagrams were handed to the
@@ -25,13 +29,13 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 
 use ringcast_core::Rank;
-use ringcast_core::lane::Multicast;
+use ringcast_core::lane::{Multicast, Run};
 use ringcast_core::port::{Capabilities, LaneRxPort, LaneTxPort, Port, Ports, RxMeta, RxToken};
 use ringcast_core::{OpId, Placement};
 
 use crate::addr::{AddrConfig, AddrError, JobAddrs};
 use crate::control::{OpBuffer, Registry, TcpControl, range};
-use crate::rx::{LaneReceiver, RxConfig};
+use crate::rx::{Expect, LaneReceiver, MAX_DIRECT, Peeked, RxConfig};
 use crate::socket::{RxSocket, SocketConfig, SocketError, TxSocket};
 use crate::tx::{LaneSender, MAX_GSO_SEGMENTS, OutChunk, TxConfig, TxError};
 
@@ -148,6 +152,12 @@ impl UdpPort {
                 bad_source: 0,
                 bad_place: 0,
                 errors: 0,
+                landed: None,
+                direct_max: (crate::tx::MAX_UDP_PAYLOAD
+                    / crate::packet::datagram_len(cfg.max_payload)
+                    + 1)
+                .clamp(1, MAX_DIRECT),
+                moved: 0,
             });
             let sender = LaneSender::new(
                 tsock,
@@ -226,6 +236,14 @@ pub struct UdpRx {
     pub bad_place: u64,
     /// Receive calls that failed.
     pub errors: u64,
+    /// Where the last read laid its chunks straight into an operation's buffer: the run's
+    /// operation and the byte offset of its first chunk.
+    landed: Option<(OpId, u64)>,
+    /// Most chunks one datagram can carry (a GRO super-packet of full chunks, and one more):
+    /// a longer predicted run only lengthens the scatter list.
+    direct_max: usize,
+    /// Chunks received in place that the core placed elsewhere (copied there).
+    pub moved: u64,
 }
 
 impl UdpRx {
@@ -265,12 +283,110 @@ impl UdpRx {
         self.held()
     }
 
+    /// As [`wait`](Self::wait), but a datagram whose chunks `predict` places (the lane's
+    /// [`LaneRx::predict`](ringcast_core::lane::LaneRx::predict): the sender's rank, the
+    /// first chunk's immediate and the most chunks wanted in, the run of unclaimed chunks
+    /// from it out) is received
+    /// straight into the operation's buffer, with no copy after the kernel's
+    /// ([`RxStats::direct`](crate::RxStats::direct) counts those chunks). The run's bytes
+    /// are written under the buffer's lock, during one non-blocking `recvmsg`.
+    ///
+    /// One datagram (or GRO super-packet) a read when predicted, one batch otherwise.
+    pub fn wait_with(
+        &mut self,
+        timeout: std::time::Duration,
+        mut predict: impl FnMut(Rank, u32, u32) -> Option<Run>,
+    ) -> usize {
+        if self.held() > 0 {
+            return self.held();
+        }
+        self.next = 0;
+        self.batch = 0;
+        self.landed = None;
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            match self.read_once(&mut predict) {
+                Ok(0) => {}
+                Ok(_) => break,
+                Err(e) => {
+                    self.recv.clear();
+                    self.errors += 1;
+                    tracing::warn!(error = %e, "lane receive failed");
+                    return 0;
+                }
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                break;
+            }
+            match self.recv.wait(deadline - now) {
+                Ok(crate::socket::Wait::Readable) => {}
+                Ok(_) => break,
+                Err(e) => {
+                    self.errors += 1;
+                    tracing::warn!(error = %e, "lane wait failed");
+                    break;
+                }
+            }
+        }
+        self.batch = self.recv.last_batch().len();
+        self.held()
+    }
+
+    /// One read: straight into the operation's buffer when the datagram queued next starts
+    /// a predicted run, else a batched read. The datagrams read (0: none queued).
+    fn read_once(
+        &mut self,
+        predict: &mut impl FnMut(Rank, u32, u32) -> Option<Run>,
+    ) -> std::io::Result<usize> {
+        if let Peeked::Header { src_qp, imm } = self.recv.peek()? {
+            let run = if src_qp < self.ranks {
+                predict(Rank(src_qp), imm, self.direct_max as u32)
+            } else {
+                None
+            };
+            if let Some(run) = run {
+                if self.cache.as_ref().is_none_or(|(o, _)| *o != run.op) {
+                    self.cache = self.registry.get(run.op).map(|b| (run.op, b));
+                }
+                let max = self.direct_max;
+                if let Some((_, buf)) = &self.cache {
+                    let expect = Expect {
+                        src_qp,
+                        first_imm: imm,
+                        n: (run.chunks as usize).min(max),
+                        chunk_len: run.chunk_len as usize,
+                        last_len: if run.chunks as usize > max {
+                            run.chunk_len as usize
+                        } else {
+                            run.last_len as usize
+                        },
+                    };
+                    let recv = &mut self.recv;
+                    let read =
+                        buf.with(
+                            |v| match range(run.offset, expect.bytes() as u64, v.len()) {
+                                Some(r) => recv.recv_into(&mut v[r], expect),
+                                None => Ok(None),
+                            },
+                        )?;
+                    if let Some(n) = read {
+                        self.landed = Some((run.op, run.offset));
+                        return Ok(n);
+                    }
+                }
+            }
+        }
+        self.recv.read_now()
+    }
+
     /// Reads the next batch into the receiver's buffers; the chunks are handed out from
     /// there, with no copy before the one into the operation's buffer.
     fn refill(&mut self, wait: Option<std::time::Duration>) {
         self.next = 0;
         self.batch = 0;
         self.cache = None;
+        self.landed = None;
         let got = match wait {
             Some(t) => self.recv.recv(t).map(|b| b.len()),
             None => self.recv.try_recv().map(|b| b.len()),
@@ -290,6 +406,9 @@ impl UdpRx {
 pub struct UdpToken<'a> {
     meta: RxMeta,
     payload: &'a [u8],
+    /// The payload is already in `op`'s buffer at this offset (received in place).
+    placed: Option<(OpId, u64)>,
+    moved: &'a mut u64,
     registry: &'a Registry,
     cache: &'a mut Option<(OpId, OpBuffer)>,
     bad_place: &'a mut u64,
@@ -302,12 +421,26 @@ impl RxToken for UdpToken<'_> {
 
     fn consume(self, placement: &Placement) {
         if let Placement::Place { op, offset, len } = *placement {
+            if self.placed == Some((op, offset)) {
+                // Received in place: nothing to copy.
+                return;
+            }
             if self.cache.as_ref().is_none_or(|(o, _)| *o != op) {
                 *self.cache = self.registry.get(op).map(|b| (op, b));
             }
-            let ok = match (self.payload.get(..len as usize), self.cache.as_ref()) {
-                (Some(b), Some((_, buf))) => buf.write_at(offset, b),
-                _ => false,
+            let ok = match (self.placed, self.cache.as_ref()) {
+                // In place in `op`'s buffer, but the core puts it elsewhere (it cannot, for a
+                // chunk that matched its prediction; kept whole rather than trusted).
+                (Some((o, from)), Some((_, buf))) if o == op => {
+                    *self.moved += 1;
+                    buf.copy_within(from, offset, u64::from(len))
+                }
+                (Some(_), _) => false,
+                (None, Some((_, buf))) => match self.payload.get(..len as usize) {
+                    Some(b) => buf.write_at(offset, b),
+                    None => false,
+                },
+                (None, None) => false,
             };
             if !ok {
                 *self.bad_place += 1;
@@ -333,13 +466,19 @@ impl LaneRxPort for UdpRx {
                 self.bad_source += 1;
                 continue;
             }
+            let placed = match (c.placed, self.landed) {
+                (Some(at), Some((op, base))) => Some((op, base + at as u64)),
+                _ => None,
+            };
             return Some(UdpToken {
                 meta: RxMeta {
                     from: Rank(c.rank),
                     imm: c.imm,
-                    len: c.payload.len(),
+                    len: c.len,
                 },
                 payload: c.payload,
+                placed,
+                moved: &mut self.moved,
                 registry: &self.registry,
                 cache: &mut self.cache,
                 bad_place: &mut self.bad_place,

@@ -15,6 +15,10 @@
 //! for RDMA hardware. Checking it also has to guess the IP ID, which a UDP socket cannot see
 //! (see [`crate::icrc`]): it accepts any ID a GSO sender produces.
 //!
+//! A crate-internal read, for [`UdpRx::wait_with`](crate::UdpRx::wait_with), reads one datagram with its chunks' payloads scattered straight into a caller's buffer,
+//! their headers and ICRCs into the receiver's own: the same checks, from the headers, and
+//! every segment that missed its place gathered and checked whole.
+//!
 //! Buffers are allocated once (one 64 KiB slot per message, enough for any IPv4 datagram or
 //! GRO super-packet, so nothing is ever truncated by the kernel and oversize is always seen);
 //! accepted chunks borrow their payload from them until the next `recv`.
@@ -27,7 +31,7 @@ use quinn_udp::{BATCH_SIZE, RecvMeta};
 use ringcast_core::wire::RoceDrop;
 
 use crate::icrc::{FlowIcrc, IcrcChecker};
-use crate::packet::{self, Reject};
+use crate::packet::{self, Parsed, Reject};
 use crate::socket::RxSocket;
 
 /// Bytes per receive slot: the largest IPv4 datagram rounded up.
@@ -80,6 +84,9 @@ pub struct RxStats {
     pub empty: u64,
     /// Datagrams accepted as chunks.
     pub accepted: u64,
+    /// Of those, chunks whose payload the kernel wrote straight into the operation's buffer
+    /// ([`UdpRx::wait_with`](crate::UdpRx::wait_with)): no copy in user space.
+    pub direct: u64,
     /// Payload bytes accepted.
     pub payload_bytes: u64,
     /// Shorter than the headers and ICRC (or than the pad they announce).
@@ -157,8 +164,13 @@ pub struct Chunk<'a> {
     pub psn: u32,
     /// ImmDt.
     pub imm: u32,
-    /// Payload, pad and ICRC stripped.
+    /// Payload, pad and ICRC stripped; empty when the payload is already in place.
     pub payload: &'a [u8],
+    /// `Some(at)`: the payload, `len` bytes, was received straight into a caller's buffer at
+    /// byte `at` of the run it expected (and `payload` is empty).
+    pub placed: Option<usize>,
+    /// Payload bytes.
+    pub len: usize,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -167,9 +179,80 @@ struct Accepted {
     rank: u32,
     psn: u32,
     imm: u32,
+    /// Where the payload is: in the receiver's buffers, or at this offset of the target.
     at: usize,
+    direct: bool,
     len: usize,
 }
+
+impl Accepted {
+    fn chunk<'a>(&self, buf: &'a [u8], lane: u16) -> Chunk<'a> {
+        // In the buffers by construction (an empty payload otherwise, which no chunk has).
+        let payload = if self.direct {
+            &[]
+        } else {
+            buf.get(self.at..self.at + self.len).unwrap_or_default()
+        };
+        Chunk {
+            source: self.source,
+            lane,
+            rank: self.rank,
+            psn: self.psn,
+            imm: self.imm,
+            payload,
+            placed: self.direct.then_some(self.at),
+            len: self.len,
+        }
+    }
+}
+
+/// What [`LaneReceiver::peek`] saw of the datagram queued next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Peeked {
+    /// Nothing is queued.
+    Nothing,
+    /// A datagram long enough for the headers: its DETH SrcQP and immediate (unchecked).
+    Header {
+        /// SrcQP.
+        src_qp: u32,
+        /// ImmDt.
+        imm: u32,
+    },
+    /// Something shorter (an empty datagram, a truncated one).
+    Other,
+}
+
+/// The run [`LaneReceiver::recv_into`] expects: `n` chunks from SrcQP `src_qp`, immediates
+/// `first_imm`, `first_imm + 1`..., payloads `chunk_len` bytes each but the last's
+/// `last_len`, back to back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Expect {
+    pub(crate) src_qp: u32,
+    pub(crate) first_imm: u32,
+    pub(crate) n: usize,
+    pub(crate) chunk_len: usize,
+    pub(crate) last_len: usize,
+}
+
+impl Expect {
+    /// Target bytes the run spans.
+    pub(crate) fn bytes(&self) -> usize {
+        self.n.saturating_sub(1) * self.chunk_len + self.last_len
+    }
+
+    /// Payload bytes of chunk `i`.
+    fn len(&self, i: usize) -> usize {
+        if i + 1 == self.n {
+            self.last_len
+        } else {
+            self.chunk_len
+        }
+    }
+}
+
+/// Most chunks one [`LaneReceiver::recv_into`] lays into its target (a GRO super-packet of
+/// the smallest chunks).
+pub(crate) const MAX_DIRECT: usize = 64;
 
 /// The receive side of one lane.
 #[derive(Debug)]
@@ -177,6 +260,10 @@ pub struct LaneReceiver {
     sock: RxSocket,
     cfg: RxConfig,
     buf: Vec<u8>,
+    /// Headers and ICRCs of the chunks [`recv_into`](Self::recv_into) lays into its target.
+    heads: Vec<u8>,
+    tails: Vec<u8>,
+    control: [u8; 128],
     meta: Vec<RecvMeta>,
     accepted: Vec<Accepted>,
     checker: IcrcChecker,
@@ -190,7 +277,10 @@ impl LaneReceiver {
         LaneReceiver {
             sock,
             cfg,
-            buf: vec![0; BATCH_SIZE * SLOT],
+            buf: vec![0; BATCH_SIZE.max(2) * SLOT],
+            heads: vec![0; MAX_DIRECT * packet::HEADER_LEN],
+            tails: vec![0; MAX_DIRECT * packet::ICRC_LEN],
+            control: [0; 128],
             meta: vec![RecvMeta::default(); BATCH_SIZE],
             accepted: Vec::with_capacity(BATCH_SIZE * 64),
             checker: IcrcChecker::default(),
@@ -239,6 +329,22 @@ impl LaneReceiver {
         Ok(self.batch())
     }
 
+    /// One batched read (`recvmmsg`, non-blocking): the datagrams read, empty ones included
+    /// (0: nothing was queued).
+    pub(crate) fn read_now(&mut self) -> io::Result<usize> {
+        self.read_batch()
+    }
+
+    /// Waits until the socket is readable, the waker is called, or `timeout` passes.
+    pub(crate) fn wait(&mut self, timeout: Duration) -> io::Result<crate::socket::Wait> {
+        self.sock.wait_readable(timeout)
+    }
+
+    /// Forgets the last batch (after a read that failed).
+    pub(crate) fn clear(&mut self) {
+        self.accepted.clear();
+    }
+
     /// The chunks accepted by the last read (its buffers stay valid until the next read):
     /// lets an owner hand them out one at a time without copying them first.
     pub fn last_batch(&self) -> RxBatch<'_> {
@@ -282,7 +388,7 @@ impl LaneReceiver {
             let mut at = 0;
             while at < len {
                 let end = (at + stride).min(len);
-                self.check(&meta, slot + at, slot + end);
+                self.check(meta.addr, meta.dst_ip, slot + at, slot + end);
                 datagrams += 1;
                 at = end;
             }
@@ -293,37 +399,22 @@ impl LaneReceiver {
         Ok(datagrams + empty)
     }
 
-    /// Checks the datagram `buf[start..end]` and records it as accepted or dropped.
-    fn check(&mut self, meta: &RecvMeta, start: usize, end: usize) {
+    /// Checks the datagram `buf[start..end]` from `addr` and records it as accepted or
+    /// dropped.
+    fn check(
+        &mut self,
+        addr: SocketAddr,
+        dst_ip: Option<std::net::IpAddr>,
+        start: usize,
+        end: usize,
+    ) {
         let d = &self.buf[start..end];
-        let p = match packet::parse(d, self.cfg.pkey, self.cfg.qkey, self.cfg.max_payload) {
-            Ok(p) => p,
-            Err(r) => {
-                tracing::trace!(lane = self.cfg.lane, reason = ?r, src = %meta.addr, "drop");
-                self.stats.count(r);
-                return;
-            }
-        };
-        let SocketAddr::V4(source) = meta.addr else {
-            self.stats.unknown_source += 1;
+        let Some((source, p)) = admit(&self.cfg, &mut self.stats, d, addr) else {
             return;
         };
-        if !self.cfg.sources.is_empty() {
-            let known = self
-                .cfg
-                .sources
-                .binary_search_by_key(&source_key(source), |(a, _)| source_key(*a))
-                .ok()
-                .map(|i| self.cfg.sources[i].1);
-            if known != Some(p.src_qp) {
-                tracing::trace!(lane = self.cfg.lane, src = %source, rank = p.src_qp, "drop: unknown source");
-                self.stats.unknown_source += 1;
-                return;
-            }
-        }
         if self.cfg.verify_icrc {
             let group = self.sock.group();
-            let dst = match meta.dst_ip {
+            let dst = match dst_ip {
                 Some(std::net::IpAddr::V4(ip)) => ip,
                 _ => *group.ip(),
             };
@@ -334,17 +425,232 @@ impl LaneReceiver {
                 return;
             }
         }
+        self.accept(source, &p, start + packet::PAYLOAD_AT, false);
+    }
+
+    fn accept(&mut self, source: SocketAddrV4, p: &Parsed, at: usize, direct: bool) {
         self.stats.accepted += 1;
         self.stats.payload_bytes += p.payload_len as u64;
+        self.stats.direct += u64::from(direct);
         self.accepted.push(Accepted {
             source,
             rank: p.src_qp,
             psn: p.psn,
             imm: p.imm,
-            at: start + packet::PAYLOAD_AT,
+            at,
+            direct,
             len: p.payload_len,
         });
     }
+
+    /// Looks at the datagram queued next without taking it (non-blocking): what a caller
+    /// needs to predict where its chunks go before [`recv_into`](Self::recv_into).
+    pub(crate) fn peek(&mut self) -> io::Result<Peeked> {
+        let mut h = [0u8; packet::HEADER_LEN];
+        match crate::sys::peek(self.sock.udp(), &mut h) {
+            Ok((n, _)) if n >= packet::HEADER_LEN => {
+                let (src_qp, imm) = packet::src_and_imm(&h);
+                Ok(Peeked::Header { src_qp, imm })
+            }
+            Ok(_) => Ok(Peeked::Other),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Peeked::Nothing),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads the next datagram (one `recvmsg`, non-blocking), laying the payloads of the
+    /// chunks `expect` names straight into `target` (exactly [`Expect::bytes`] long) and
+    /// their headers and ICRCs into the receiver's own buffers: the kernel's copy is the only
+    /// one. A GRO super-packet is split by its segment size as in a batched read.
+    ///
+    /// Each segment that fell exactly on an expected chunk's place is checked from its
+    /// headers (as any datagram, and for the expected SrcQP and immediate): accepted, it is a
+    /// chunk whose payload is [`placed`](Chunk::placed). Every other segment (a different
+    /// chunk, a different length, more segments than expected) is gathered into the
+    /// receiver's buffers first, before anything is placed, and checked as usual, so a
+    /// datagram the prediction missed is never lost, only copied. What lands in `target`
+    /// without being accepted there is garbage in chunks nobody has yet.
+    ///
+    /// Chunks with a pad (a payload length not a multiple of 4), or a receiver that checks
+    /// ICRCs, take the batched read instead: returns `Ok(None)` without reading. Otherwise
+    /// the datagrams read (empty ones included, 0 when nothing was queued).
+    pub(crate) fn recv_into(
+        &mut self,
+        target: &mut [u8],
+        expect: Expect,
+    ) -> io::Result<Option<usize>> {
+        let n = expect.n;
+        if self.cfg.verify_icrc
+            || n == 0
+            || n > MAX_DIRECT
+            || !expect.chunk_len.is_multiple_of(4)
+            || !expect.last_len.is_multiple_of(4)
+            || target.len() != expect.bytes()
+        {
+            return Ok(None);
+        }
+        self.accepted.clear();
+        let got = {
+            let (heads, tails) = (&mut self.heads, &mut self.tails);
+            let spare = &mut self.buf[..SLOT];
+            let mut bufs: [&mut [u8]; crate::sys::MAX_SCATTER] =
+                std::array::from_fn(|_| &mut [][..]);
+            let mut rest = &mut *target;
+            let mut k = 0;
+            let pieces = heads
+                .chunks_exact_mut(packet::HEADER_LEN)
+                .zip(tails.chunks_exact_mut(packet::ICRC_LEN))
+                .take(n);
+            for (i, (h, t)) in pieces.enumerate() {
+                let (p, r) = std::mem::take(&mut rest).split_at_mut(expect.len(i));
+                rest = r;
+                bufs[k] = h;
+                bufs[k + 1] = p;
+                bufs[k + 2] = t;
+                k += 3;
+            }
+            bufs[k] = spare;
+            match crate::sys::recv_scatter(self.sock.udp(), &mut bufs[..k + 1], &mut self.control) {
+                Ok(g) => g,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Some(0)),
+                Err(e) => return Err(e),
+            }
+        };
+        self.stats.recv_calls += 1;
+        if got.len == 0 {
+            self.stats.empty += 1;
+            return Ok(Some(1));
+        }
+        let addr = got
+            .from
+            .as_socket()
+            .unwrap_or(SocketAddr::V4(SocketAddrV4::new(
+                std::net::Ipv4Addr::UNSPECIFIED,
+                0,
+            )));
+        let stride = match gro_segment(&self.control[..got.control_len.min(self.control.len())]) {
+            Some(s) if s > 0 => s,
+            _ => got.len,
+        };
+        let _ = got.truncated; // The spare slot holds any IPv4 datagram: never truncated.
+        let full = packet::datagram_len(expect.chunk_len);
+        // Segments that did not fall on their expected place, gathered here.
+        let mut gather = SLOT;
+        let mut datagrams = 0;
+        let mut at = 0;
+        let mut i = 0;
+        while at < got.len {
+            let end = (at + stride).min(got.len);
+            let on_place =
+                i < n && at == i * full && end - at == packet::datagram_len(expect.len(i));
+            if on_place && self.check_placed(addr, i, &expect) {
+                // Accepted in place, or dropped for a header reason (counted).
+            } else {
+                let len = end - at;
+                self.gather(target, &expect, at, end, gather);
+                self.check(addr, None, gather, gather + len);
+                gather += len;
+            }
+            datagrams += 1;
+            at = end;
+            i += 1;
+        }
+        self.stats.datagrams += datagrams as u64;
+        Ok(Some(datagrams))
+    }
+
+    /// Checks the segment that fell on expected chunk `i`'s place from its header and ICRC
+    /// (in the receiver's buffers; the payload is in the target): true when it was accepted
+    /// in place or dropped for a header reason (counted), false when it must be gathered and
+    /// checked as a whole (a pad, another chunk than expected).
+    fn check_placed(&mut self, addr: SocketAddr, i: usize, expect: &Expect) -> bool {
+        let hl = packet::HEADER_LEN;
+        let mut d = [0u8; packet::OVERHEAD];
+        d[..hl].copy_from_slice(&self.heads[i * hl..(i + 1) * hl]);
+        d[hl..].copy_from_slice(&self.tails[i * packet::ICRC_LEN..(i + 1) * packet::ICRC_LEN]);
+        if packet::pad_count(&d) != 0 {
+            return false;
+        }
+        // Headers and ICRC alone parse as a datagram with an empty payload: the same checks
+        // in the same order, the payload's length aside (it is the place's, within the max).
+        let Some((source, mut p)) = admit(&self.cfg, &mut self.stats, &d, addr) else {
+            return true;
+        };
+        if p.src_qp != expect.src_qp || p.imm != expect.first_imm.wrapping_add(i as u32) {
+            return false;
+        }
+        p.payload_len = expect.len(i);
+        if p.payload_len > self.cfg.max_payload {
+            return false;
+        }
+        self.accept(source, &p, i * expect.chunk_len, true);
+        true
+    }
+
+    /// Copies bytes `a..b` of what [`recv_into`](Self::recv_into) read (headers, target
+    /// places and ICRCs of the expected chunks in turn, then the spare slot) to `buf[to..]`.
+    fn gather(&mut self, target: &[u8], expect: &Expect, a: usize, b: usize, to: usize) {
+        let (hl, tl) = (packet::HEADER_LEN, packet::ICRC_LEN);
+        let mut out = to;
+        let mut at = 0; // stream offset of the current piece
+        for i in 0..expect.n {
+            let pl = expect.len(i);
+            let off = i * expect.chunk_len;
+            for (piece, len) in [(0u8, hl), (1, pl), (2, tl)] {
+                let (lo, hi) = (a.max(at), b.min(at + len));
+                if lo < hi {
+                    let (r0, r1) = (lo - at, hi - at);
+                    let src: &[u8] = match piece {
+                        0 => &self.heads[i * hl + r0..i * hl + r1],
+                        1 => &target[off + r0..off + r1],
+                        _ => &self.tails[i * tl + r0..i * tl + r1],
+                    };
+                    self.buf[out..out + (hi - lo)].copy_from_slice(src);
+                    out += hi - lo;
+                }
+                at += len;
+            }
+        }
+        // The spare slot, at the front of `buf`.
+        let (lo, hi) = (a.max(at), b);
+        if lo < hi {
+            self.buf.copy_within(lo - at..hi - at, out);
+        }
+    }
+}
+
+/// The header checks and the source check of datagram `d` from `addr`, counting a drop.
+fn admit(
+    cfg: &RxConfig,
+    stats: &mut RxStats,
+    d: &[u8],
+    addr: SocketAddr,
+) -> Option<(SocketAddrV4, Parsed)> {
+    let p = match packet::parse(d, cfg.pkey, cfg.qkey, cfg.max_payload) {
+        Ok(p) => p,
+        Err(r) => {
+            tracing::trace!(lane = cfg.lane, reason = ?r, src = %addr, "drop");
+            stats.count(r);
+            return None;
+        }
+    };
+    let SocketAddr::V4(source) = addr else {
+        stats.unknown_source += 1;
+        return None;
+    };
+    if !cfg.sources.is_empty() {
+        let known = cfg
+            .sources
+            .binary_search_by_key(&source_key(source), |(a, _)| source_key(*a))
+            .ok()
+            .map(|i| cfg.sources[i].1);
+        if known != Some(p.src_qp) {
+            tracing::trace!(lane = cfg.lane, src = %source, rank = p.src_qp, "drop: unknown source");
+            stats.unknown_source += 1;
+            return None;
+        }
+    }
+    Some((source, p))
 }
 
 fn source_key(a: SocketAddrV4) -> u64 {
@@ -372,27 +678,236 @@ impl<'a> RxBatch<'a> {
 
     /// The `i`-th accepted chunk.
     pub fn get(&self, i: usize) -> Option<Chunk<'a>> {
-        let a = self.accepted.get(i)?;
-        Some(Chunk {
-            source: a.source,
-            lane: self.lane,
-            rank: a.rank,
-            psn: a.psn,
-            imm: a.imm,
-            payload: self.buf.get(a.at..a.at + a.len)?,
-        })
+        Some(self.accepted.get(i)?.chunk(self.buf, self.lane))
     }
 
     /// The accepted chunks, in arrival order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = Chunk<'a>> + 'a {
         let (buf, lane) = (self.buf, self.lane);
-        self.accepted.iter().map(move |a| Chunk {
-            source: a.source,
-            lane,
-            rank: a.rank,
-            psn: a.psn,
-            imm: a.imm,
-            payload: &buf[a.at..a.at + a.len],
-        })
+        self.accepted.iter().map(move |a| a.chunk(buf, lane))
+    }
+}
+
+/// The GRO segment size in a `recvmsg`'s ancillary data (`UDP_GRO`), if any.
+fn gro_segment(control: &[u8]) -> Option<usize> {
+    let head = std::mem::size_of::<libc::cmsghdr>();
+    let align = std::mem::size_of::<usize>();
+    let mut at = 0;
+    while at + head <= control.len() {
+        let word = |o: usize, n: usize| control.get(at + o..at + o + n);
+        let len = usize::from_ne_bytes(word(0, align)?.try_into().ok()?);
+        let level = i32::from_ne_bytes(word(align, 4)?.try_into().ok()?);
+        let kind = i32::from_ne_bytes(word(align + 4, 4)?.try_into().ok()?);
+        if len < head {
+            return None;
+        }
+        if level == libc::SOL_UDP && kind == libc::UDP_GRO {
+            let v = i32::from_ne_bytes(word(head, 4)?.try_into().ok()?);
+            return usize::try_from(v).ok();
+        }
+        at += len.div_ceil(align) * align;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addr::{AddrConfig, JobAddrs};
+    use crate::socket::{SocketConfig, TxSocket};
+    use crate::tx::{LaneSender, OutChunk, TxConfig};
+
+    const CS: usize = 4096;
+
+    struct Pair {
+        tx: LaneSender,
+        rx: LaneReceiver,
+        qkey: u32,
+        group: SocketAddrV4,
+    }
+
+    fn pair(nonce: u64) -> Pair {
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = AddrConfig {
+            port,
+            ..AddrConfig::default()
+        };
+        let job = JobAddrs::derive(nonce, 1, &cfg).unwrap();
+        let group = job.group(0).unwrap();
+        let rx = LaneReceiver::new(
+            RxSocket::open(&SocketConfig::loopback(), group).unwrap(),
+            RxConfig::new(0, 0xFFFF, job.qkey(), CS),
+        );
+        Pair {
+            tx: sender(group, job.qkey()),
+            rx,
+            qkey: job.qkey(),
+            group,
+        }
+    }
+
+    fn sender(group: SocketAddrV4, qkey: u32) -> LaneSender {
+        LaneSender::new(
+            TxSocket::open(&SocketConfig::loopback()).unwrap(),
+            TxConfig {
+                lane: 0,
+                group,
+                pkey: 0xFFFF,
+                qkey,
+                rank: 2,
+                max_payload: CS,
+                gso: true,
+                initial_psn: 0,
+            },
+        )
+        .unwrap()
+    }
+
+    fn payload(imm: u32, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| (imm as usize * 7 + i * 13) as u8)
+            .collect()
+    }
+
+    /// Sends chunks `imms`, `len` bytes each, as one GSO batch.
+    fn send(tx: &mut LaneSender, imms: std::ops::Range<u32>, len: usize) {
+        let data: Vec<(u32, Vec<u8>)> = imms.map(|i| (i, payload(i, len))).collect();
+        let chunks: Vec<OutChunk<'_>> = data
+            .iter()
+            .map(|(imm, p)| OutChunk {
+                imm: *imm,
+                payload: p,
+            })
+            .collect();
+        assert_eq!(tx.send_batch(&chunks).unwrap().chunks, chunks.len());
+    }
+
+    /// Waits for a datagram, then one `recv_into` with `expect`: every accepted chunk as
+    /// (immediate, where it was placed, its payload wherever it is).
+    fn read(
+        rx: &mut LaneReceiver,
+        target: &mut [u8],
+        expect: Expect,
+    ) -> Vec<(u32, Option<usize>, Vec<u8>)> {
+        let t0 = Instant::now();
+        while rx.peek().unwrap() == Peeked::Nothing {
+            assert!(t0.elapsed() < Duration::from_secs(10), "nothing arrived");
+            rx.wait(Duration::from_millis(50)).unwrap();
+        }
+        assert!(rx.recv_into(target, expect).unwrap().unwrap() > 0);
+        let out: Vec<_> = rx
+            .last_batch()
+            .iter()
+            .map(|c| {
+                let bytes = match c.placed {
+                    Some(at) => target[at..at + c.len].to_vec(),
+                    None => c.payload.to_vec(),
+                };
+                (c.imm, c.placed, bytes)
+            })
+            .collect();
+        out
+    }
+
+    fn expect(first_imm: u32, n: usize, last_len: usize) -> Expect {
+        Expect {
+            src_qp: 2,
+            first_imm,
+            n,
+            chunk_len: CS,
+            last_len,
+        }
+    }
+
+    /// A GSO batch whose chunks are the ones predicted lands in place: no copy, every byte
+    /// right; one more place than chunks is left alone.
+    #[test]
+    fn a_predicted_batch_lands_in_place() {
+        let mut p = pair(0xD1_0001);
+        send(&mut p.tx, 100..115, CS);
+        let mut target = vec![0u8; 16 * CS];
+        let got = read(&mut p.rx, &mut target, expect(100, 16, CS));
+        assert_eq!(got.len(), 15);
+        for (i, (imm, placed, bytes)) in got.iter().enumerate() {
+            assert_eq!(*imm, 100 + i as u32);
+            assert_eq!(*placed, Some(i * CS));
+            assert!(*bytes == payload(*imm, CS), "chunk {imm}");
+        }
+        assert!(target[15 * CS..].iter().all(|&b| b == 0));
+        assert_eq!((p.rx.stats().direct, p.rx.stats().accepted), (15, 15));
+    }
+
+    /// A batch the prediction missed (shifted by two chunks), or only partly covered, is
+    /// gathered and handed out whole: nothing is lost, only copied.
+    #[test]
+    fn a_missed_or_longer_batch_is_gathered_whole() {
+        let mut p = pair(0xD1_0002);
+        send(&mut p.tx, 102..117, CS);
+        let mut target = vec![0u8; 16 * CS];
+        let got = read(&mut p.rx, &mut target, expect(100, 16, CS));
+        assert_eq!(got.len(), 15);
+        for (i, (imm, placed, bytes)) in got.iter().enumerate() {
+            assert_eq!((*imm, *placed), (102 + i as u32, None));
+            assert!(*bytes == payload(*imm, CS), "chunk {imm}");
+        }
+        assert_eq!(p.rx.stats().direct, 0);
+
+        send(&mut p.tx, 200..215, CS);
+        let mut target = vec![0u8; 5 * CS];
+        let got = read(&mut p.rx, &mut target, expect(200, 5, CS));
+        assert_eq!(got.len(), 15);
+        for (i, (imm, placed, bytes)) in got.iter().enumerate() {
+            assert_eq!(*imm, 200 + i as u32);
+            assert_eq!(*placed, (i < 5).then_some(i * CS));
+            assert!(*bytes == payload(*imm, CS), "chunk {imm}");
+        }
+        assert_eq!(p.rx.stats().direct, 5);
+    }
+
+    /// A short last chunk lands in place; one with a pad is left to the batched read; a
+    /// datagram of another job that falls on a place is dropped and counted, not accepted.
+    #[test]
+    fn short_chunks_pads_and_strangers() {
+        let mut p = pair(0xD1_0003);
+        send(&mut p.tx, 300..301, 1000);
+        let mut target = vec![0u8; 1000];
+        let got = read(&mut p.rx, &mut target, expect(300, 1, 1000));
+        assert_eq!(got, vec![(300, Some(0), payload(300, 1000))]);
+
+        let mut odd = vec![0u8; 1001];
+        assert_eq!(
+            p.rx.recv_into(&mut odd, expect(300, 1, 1001)).unwrap(),
+            None
+        );
+
+        let mut stranger = sender(p.group, p.qkey ^ 1);
+        send(&mut stranger, 400..415, CS);
+        let mut target = vec![0u8; 15 * CS];
+        let got = read(&mut p.rx, &mut target, expect(400, 15, CS));
+        assert!(got.is_empty(), "{} accepted", got.len());
+        assert_eq!(p.rx.stats().qkey, 15);
+        assert_eq!(p.rx.stats().accepted, 1);
+    }
+
+    #[test]
+    fn the_gro_segment_size_is_read_from_the_control_data() {
+        let head = std::mem::size_of::<libc::cmsghdr>();
+        let mut c = vec![0u8; 2 * (head + 8)];
+        // An IP_PKTINFO-like entry first, then UDP_GRO.
+        c[..8].copy_from_slice(&(head + 4).to_ne_bytes());
+        c[8..12].copy_from_slice(&libc::IPPROTO_IP.to_ne_bytes());
+        c[12..16].copy_from_slice(&libc::IP_PKTINFO.to_ne_bytes());
+        let at = head + 8;
+        c[at..at + 8].copy_from_slice(&(head + 4).to_ne_bytes());
+        c[at + 8..at + 12].copy_from_slice(&libc::SOL_UDP.to_ne_bytes());
+        c[at + 12..at + 16].copy_from_slice(&libc::UDP_GRO.to_ne_bytes());
+        c[at + head..at + head + 4].copy_from_slice(&4124i32.to_ne_bytes());
+        assert_eq!(gro_segment(&c), Some(4124));
+        assert_eq!(gro_segment(&c[..at]), None);
+        assert_eq!(gro_segment(&[]), None);
     }
 }

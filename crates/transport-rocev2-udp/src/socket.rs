@@ -288,6 +288,11 @@ impl RxSocket {
             .map_err(io_err("SO_ATTACH_FILTER"))
     }
 
+    /// The socket, for this crate's own reads ([`crate::sys`]).
+    pub(crate) fn udp(&self) -> &UdpSocket {
+        &self.sock
+    }
+
     /// One `recvmmsg` (non-blocking) into `bufs`.
     pub(crate) fn recv(
         &self,

@@ -11,10 +11,15 @@
 //! And `SCHED_BATCH` for a receive worker's thread ([`batch_scheduling`]), which std does not
 //! wrap either.
 //!
-//! This is the crate's only `unsafe`: three FFI calls with buffers they own.
+//! And a view of initialized bytes as the `MaybeUninit` buffers socket2's receive calls
+//! take ([`recv_scatter`], [`peek`]): std has no safe conversion, because safe code could
+//! write an uninitialized byte through it; here only the kernel writes through it.
+//!
+//! This is the crate's only `unsafe`: three FFI calls with buffers they own, and that view.
 #![allow(unsafe_code)]
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
 
@@ -92,6 +97,86 @@ pub(crate) fn batch_scheduling() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Most buffers one [`recv_scatter`] takes: a header, a payload and a trailer for each of 64
+/// datagrams (a GRO super-packet of the smallest chunks), and one spare.
+pub(crate) const MAX_SCATTER: usize = 3 * 64 + 1;
+
+/// `bytes` as socket2's receive buffer type.
+///
+/// # Safety
+/// Only the kernel may write through the result (a receive call, which writes initialized
+/// bytes); the caller must not write `MaybeUninit::uninit()` through it.
+unsafe fn as_uninit(bytes: &mut [u8]) -> &mut [MaybeUninit<u8>] {
+    let len = bytes.len();
+    // SAFETY: `MaybeUninit<u8>` has the size, alignment and validity of `u8` (every `u8` is a
+    // valid `MaybeUninit<u8>`); the pointer and length come from a live `&mut [u8]` whose
+    // borrow the result takes over, so nothing else reaches those bytes meanwhile. The
+    // caller's contract keeps them initialized.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast(), len) }
+}
+
+/// What one [`recv_scatter`] read.
+#[derive(Debug)]
+pub(crate) struct Scattered {
+    /// Bytes of the datagram (or GRO super-packet) written across the buffers.
+    pub(crate) len: usize,
+    /// Its source.
+    pub(crate) from: socket2::SockAddr,
+    /// Bytes of `control` the kernel filled.
+    pub(crate) control_len: usize,
+    /// The datagram was longer than the buffers (`MSG_TRUNC`).
+    pub(crate) truncated: bool,
+}
+
+/// One non-blocking `recvmsg` of one datagram (or GRO super-packet) across `bufs`, in order,
+/// with its ancillary data in `control`. At most [`MAX_SCATTER`] buffers are used.
+pub(crate) fn recv_scatter(
+    sock: &std::net::UdpSocket,
+    bufs: &mut [&mut [u8]],
+    control: &mut [u8],
+) -> io::Result<Scattered> {
+    let mut slices: [socket2::MaybeUninitSlice<'_>; MAX_SCATTER] =
+        std::array::from_fn(|_| socket2::MaybeUninitSlice::new(&mut []));
+    let n = bufs.len().min(MAX_SCATTER);
+    for (s, b) in slices.iter_mut().zip(bufs.iter_mut()) {
+        // SAFETY: the view goes to socket2's `recvmsg` only, through which the kernel writes
+        // initialized bytes; it is dropped when this function returns.
+        *s = socket2::MaybeUninitSlice::new(unsafe { as_uninit(b) });
+    }
+    // SAFETY: as above: the control buffer is written by the kernel only.
+    let ctrl = unsafe { as_uninit(control) };
+    // An IPv4 address for the kernel to overwrite (the socket is IPv4).
+    let mut from = socket2::SockAddr::from(std::net::SocketAddrV4::new(
+        std::net::Ipv4Addr::UNSPECIFIED,
+        0,
+    ));
+    let mut msg = socket2::MsgHdrMut::new()
+        .with_addr(&mut from)
+        .with_buffers(&mut slices[..n])
+        .with_control(ctrl);
+    let len = socket2::SockRef::from(sock).recvmsg(&mut msg, libc::MSG_DONTWAIT)?;
+    let control_len = msg.control_len();
+    let truncated = msg.flags().is_truncated();
+    Ok(Scattered {
+        len,
+        from,
+        control_len,
+        truncated,
+    })
+}
+
+/// The first `buf.len()` bytes of the datagram queued next, and its source, without taking
+/// it (`MSG_PEEK`, non-blocking); the length is the datagram's if it is shorter.
+pub(crate) fn peek(
+    sock: &std::net::UdpSocket,
+    buf: &mut [u8],
+) -> io::Result<(usize, socket2::SockAddr)> {
+    let sock = socket2::SockRef::from(sock);
+    // SAFETY: the view goes to socket2's `peek_from` only, through which the kernel writes
+    // initialized bytes; it is dropped when the call returns. The socket is non-blocking.
+    sock.peek_from(unsafe { as_uninit(buf) })
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@
 mod rx;
 mod tx;
 
-pub use rx::{LaneRx, RxStats};
+pub use rx::{LaneRx, Run, RxStats};
 pub use tx::{LaneTx, Multicast, TxStats};
 
 use crate::bitmap::ChunkBitmap;

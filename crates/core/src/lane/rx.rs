@@ -470,6 +470,31 @@ impl LaneOp {
     }
 }
 
+/// A run of chunks a lane expects next from one sender ([`LaneRx::predict`]): `chunks`
+/// consecutive chunks of operation `op`, the first at byte `offset` of its buffer, each
+/// `chunk_len` bytes and back to back, but the last, which is `last_len` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    /// The operation.
+    pub op: OpId,
+    /// Byte offset of the first chunk in the operation's buffer.
+    pub offset: u64,
+    /// Chunks in the run (at least one).
+    pub chunks: u32,
+    /// Bytes of every chunk but the last.
+    pub chunk_len: u32,
+    /// Bytes of the last chunk (`chunk_len` unless it is its block's short last chunk).
+    pub last_len: u32,
+}
+
+impl Run {
+    /// Bytes the run spans.
+    pub fn bytes(&self) -> u64 {
+        u64::from(self.chunks.saturating_sub(1)) * u64::from(self.chunk_len)
+            + u64::from(self.last_len)
+    }
+}
+
 /// One lane's receive half: for every operation in flight, the lane's bitmap and placement
 /// arithmetic, and the lane's own counters.
 ///
@@ -562,6 +587,57 @@ impl LaneRx {
     /// Operations open on this lane.
     pub fn open_ops(&self) -> usize {
         self.open_iter().count()
+    }
+
+    /// Where the chunk `imm` from `from` and the ones after it on this lane would go, if they
+    /// came now: the longest run of consecutive chunks of the block from that one on that
+    /// this lane still tracks and has not claimed, at most `max`. Changes nothing: a
+    /// transport may receive a batch straight into the run's bytes, then hand each chunk to
+    /// [`handle_chunk`](Self::handle_chunk) as usual (it places a chunk of the run exactly
+    /// where the run says).
+    ///
+    /// The run's bytes belong to the lane until it settles them: nothing else writes them
+    /// (a settle moves the chunks out of every later run), so a transport may let the kernel
+    /// write there before it knows what arrived; a chunk the run did not predict leaves
+    /// garbage only in chunks that are still missing. `None`: no open operation, not this
+    /// lane's chunk, or already claimed.
+    pub fn predict(&self, from: Rank, imm: u32, max: u32) -> Option<Run> {
+        let (tag, c) = (imm >> self.shift, imm & self.mask);
+        if from == self.me {
+            return None;
+        }
+        let o = self.open_iter().find(|o| o.op.tag == tag)?;
+        let b = o.op.blocks.get(from.index())?;
+        let k = c.wrapping_sub(b.lo);
+        if k >= b.count {
+            return None;
+        }
+        let cs = self.chunk_size;
+        let mut n = 0;
+        let mut last_len = cs;
+        while n < max && k + n < b.count {
+            let bit = b.base + k + n;
+            let claimed =
+                o.op.words
+                    .get((bit / 64) as usize)
+                    .is_none_or(|w| w & (1u64 << (bit % 64)) != 0);
+            if claimed {
+                break;
+            }
+            n += 1;
+            if k + n > b.full {
+                // The block's short last chunk ends every run.
+                last_len = b.last_len;
+                break;
+            }
+        }
+        (n > 0).then_some(Run {
+            op: o.op.id,
+            offset: b.offset(c, cs),
+            chunks: n,
+            chunk_len: cs,
+            last_len,
+        })
     }
 
     /// A chunk arrived from `from` (as the transport reports the source) with immediate `imm`
@@ -1285,6 +1361,50 @@ mod tests {
         ImmLayout::default()
             .encode(Imm { op_tag: tag, chunk })
             .unwrap()
+    }
+
+    /// `predict` names the unclaimed chunks that follow one, stops at a claimed one, at the
+    /// short last chunk and at `max`, names nothing outside the lane's part or once settled,
+    /// and changes nothing: the chunks it names are then placed exactly where it said.
+    #[test]
+    fn predict_names_the_unclaimed_run_and_changes_nothing() {
+        let mut rx = block_of(40, 6);
+        let run = |rx: &LaneRx, c, max| rx.predict(Rank(0), imm_of(7, c), max);
+        let full = |offset, chunks| Run {
+            op: OpId(7),
+            offset,
+            chunks,
+            chunk_len: 10,
+            last_len: 10,
+        };
+        assert_eq!(run(&rx, 0, 15), Some(full(0, 15)));
+        assert_eq!(run(&rx, 0, 15), Some(full(0, 15)), "nothing changed");
+        // Chunk 5 claimed: a run from 0 stops before it, one from 5 is none.
+        assert!(rx.handle_chunk(Rank(0), imm_of(7, 5), 10) != Placement::Drop(DropReason::Stale));
+        assert_eq!(run(&rx, 0, 15), Some(full(0, 5)));
+        assert_eq!(run(&rx, 5, 15), None);
+        // The short last chunk ends the run with its own length.
+        let tail = run(&rx, 30, 64).unwrap();
+        assert_eq!((tail.offset, tail.chunks, tail.last_len), (300, 10, 6));
+        assert_eq!(tail.bytes(), 96);
+        // Every chunk of a run is placed where the run put it.
+        let r = run(&rx, 10, 15).unwrap();
+        for i in 0..r.chunks {
+            match rx.handle_chunk(Rank(0), imm_of(7, 10 + i), 10) {
+                Placement::Place { offset, len, .. } => {
+                    assert_eq!((offset, len), (r.offset + u64::from(i) * 10, 10));
+                }
+                p => panic!("chunk {} not placed: {p:?}", 10 + i),
+            }
+        }
+        // Out of range, our own rank, another operation, no operation.
+        assert_eq!(run(&rx, 40, 15), None);
+        assert_eq!(rx.predict(Rank(1), imm_of(7, 0), 15), None);
+        assert_eq!(rx.predict(Rank(0), imm_of(8, 0), 15), None);
+        assert_eq!(
+            LaneRx::new(&Config::new(1, 2), 0).predict(Rank(0), 0, 15),
+            None
+        );
     }
 
     /// A short last chunk is checked against its own length however the stream got there:

@@ -181,6 +181,12 @@ fn rx_batch_from_env() -> bool {
     std::env::var("RINGCAST_RX_SCHED").map_or(true, |v| v.trim() != "other")
 }
 
+/// Whether receive workers read predicted runs straight into the operation's buffer: yes
+/// unless `RINGCAST_RX_DIRECT=0`.
+fn rx_direct_from_env() -> bool {
+    std::env::var("RINGCAST_RX_DIRECT").map_or(true, |v| !matches!(v.trim(), "0" | "off"))
+}
+
 /// Spawns lane `l`'s two workers. `control` is the control thread (workers unpark it when
 /// they queue a note).
 #[allow(clippy::too_many_arguments)]
@@ -221,6 +227,7 @@ pub(super) fn spawn(
         dirty: false,
         socket_drops: 0,
         counts: Vec::new(),
+        direct: rx_direct_from_env(),
     };
     let tw = TxWorker {
         core: TxCore {
@@ -298,6 +305,9 @@ struct RxWorker {
     /// `Count` and `Overdue` commands waiting for the batch queued behind them (see
     /// `counts`).
     counts: Vec<RxCommand>,
+    /// Receive predicted runs in place ([`UdpRx::wait_with`]); `RINGCAST_RX_DIRECT=0` turns
+    /// it off.
+    direct: bool,
 }
 
 impl RxWorker {
@@ -314,7 +324,7 @@ impl RxWorker {
             } else {
                 BACKLOG_RETRY
             };
-            if self.port.wait(wait) == 0 {
+            if self.wait(wait) == 0 {
                 self.publish(false);
                 continue;
             }
@@ -338,7 +348,7 @@ impl RxWorker {
         if self.counts.is_empty() {
             return;
         }
-        if self.port.wait(Duration::ZERO) > 0 {
+        if self.wait(Duration::ZERO) > 0 {
             self.batch();
             self.dirty = true;
         }
@@ -367,6 +377,18 @@ impl RxWorker {
         }
         self.notes();
         alive
+    }
+
+    /// Makes sure a batch is held (waiting up to `timeout`); a datagram that starts a run of
+    /// chunks the lane expects is received straight into the operation's buffer.
+    fn wait(&mut self, timeout: Duration) -> usize {
+        let lane = &self.lane;
+        if self.direct {
+            self.port
+                .wait_with(timeout, |from, imm, max| lane.predict(from, imm, max))
+        } else {
+            self.port.wait(timeout)
+        }
     }
 
     /// Claims, copies and commits every chunk of the batch held: no command is taken before
