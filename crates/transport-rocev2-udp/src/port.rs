@@ -286,10 +286,9 @@ impl UdpRx {
     /// As [`wait`](Self::wait), but a datagram whose chunks `predict` places (the lane's
     /// [`LaneRx::predict`](ringcast_core::lane::LaneRx::predict): the sender's rank, the
     /// first chunk's immediate and the most chunks wanted in, the run of unclaimed chunks
-    /// from it out) is received
-    /// straight into the operation's buffer, with no copy after the kernel's
-    /// ([`RxStats::direct`](crate::RxStats::direct) counts those chunks). The run's bytes
-    /// are written under the buffer's lock, during one non-blocking `recvmsg`.
+    /// from it out) is received straight into the operation's buffer, with no copy after the
+    /// kernel's ([`RxStats::direct`](crate::RxStats::direct) counts those chunks). The run's
+    /// bytes are written under the buffer's lock, during one non-blocking `recvmsg`.
     ///
     /// One datagram (or GRO super-packet) a read when predicted, one batch otherwise.
     pub fn wait_with(
