@@ -25,6 +25,9 @@ pub(super) const QUEUE: usize = 256;
 /// control thread after queuing it a command ([`LaneLink::rx_wake`]); the timeout only
 /// bounds a missed wake-up and how stale the published counters get.
 const RX_WAIT: Duration = Duration::from_millis(5);
+/// Most socket reads a receive worker makes before it answers a `Count` or an `Overdue`
+/// (what one `recvmmsg` takes at most, when each read is one datagram read in place).
+const COUNT_READS: usize = 32;
 /// How soon a worker retries notes the control thread's full queue did not take.
 const BACKLOG_RETRY: Duration = Duration::from_micros(200);
 /// How long a send worker with nothing to send blocks on its command queue (a command wakes
@@ -348,7 +351,12 @@ impl RxWorker {
         if self.counts.is_empty() {
             return;
         }
-        if self.wait(Duration::ZERO) > 0 {
+        // A read in place takes one datagram, a batched read up to a `recvmmsg`'s worth:
+        // either way, read what is queued (up to a batched read's worth of reads) first.
+        for _ in 0..COUNT_READS {
+            if self.wait(Duration::ZERO) == 0 {
+                break;
+            }
             self.batch();
             self.dirty = true;
         }
