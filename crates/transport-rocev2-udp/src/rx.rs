@@ -532,7 +532,6 @@ impl LaneReceiver {
             Some(s) if s > 0 => s,
             _ => got.len,
         };
-        let _ = got.truncated; // The spare slot holds any IPv4 datagram: never truncated.
         let full = packet::datagram_len(expect.chunk_len);
         // Segments that did not fall on their expected place, gathered here.
         let mut gather = SLOT;

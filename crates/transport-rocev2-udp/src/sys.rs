@@ -126,12 +126,11 @@ pub(crate) struct Scattered {
     pub(crate) from: socket2::SockAddr,
     /// Bytes of `control` the kernel filled.
     pub(crate) control_len: usize,
-    /// The datagram was longer than the buffers (`MSG_TRUNC`).
-    pub(crate) truncated: bool,
 }
 
 /// One non-blocking `recvmsg` of one datagram (or GRO super-packet) across `bufs`, in order,
-/// with its ancillary data in `control`. At most [`MAX_SCATTER`] buffers are used.
+/// with its ancillary data in `control`. At most [`MAX_SCATTER`] buffers are used; bytes past
+/// them are lost (a caller that must see every byte ends `bufs` with a 64 KiB spare).
 pub(crate) fn recv_scatter(
     sock: &std::net::UdpSocket,
     bufs: &mut [&mut [u8]],
@@ -158,12 +157,10 @@ pub(crate) fn recv_scatter(
         .with_control(ctrl);
     let len = socket2::SockRef::from(sock).recvmsg(&mut msg, libc::MSG_DONTWAIT)?;
     let control_len = msg.control_len();
-    let truncated = msg.flags().is_truncated();
     Ok(Scattered {
         len,
         from,
         control_len,
-        truncated,
     })
 }
 
