@@ -484,3 +484,94 @@ fn send_half_sends_from_the_buffer_and_counts_what_it_cannot() {
         assert_eq!(p, data[at..at + 1000], "chunk {k}");
     }
 }
+
+/// The receive half reads a predicted run straight into the operation's buffer: the tokens
+/// have nothing to copy and the bytes are there. A later wait that finds nothing hands out
+/// nothing (not the last batch again).
+#[test]
+fn receive_half_reads_a_predicted_run_in_place_once() {
+    use ringcast_core::Placement;
+    use ringcast_core::lane::Run;
+    use ringcast_core::port::RxToken;
+    use ringcast_transport_rocev2_udp::{LaneSender, OutChunk, SocketConfig, TxConfig, TxSocket};
+
+    let nonce = nonce(78);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let table = vec![listener.local_addr().unwrap()];
+    let control = TcpControl::connect(
+        0,
+        &table,
+        listener,
+        Registry::default(),
+        ControlConfig::new(nonce),
+    )
+    .unwrap();
+    let registry = control.registry().clone();
+    let mut cfg = UdpPortConfig::loopback(0, 2, 1, nonce, free_udp_port());
+    cfg.verify_icrc = false;
+    let port = UdpPort::open(&cfg, control).unwrap();
+    let Ports { mut rx, .. } = ringcast_core::port::Port::into_ports(port);
+    let mut rx = rx.remove(0);
+    let job = ringcast_transport_rocev2_udp::addr::JobAddrs::derive(nonce, 1, &cfg.addr).unwrap();
+    // Rank 1's sender on the lane's group.
+    let mut tx = LaneSender::new(
+        TxSocket::open(&SocketConfig::loopback()).unwrap(),
+        TxConfig {
+            lane: 0,
+            group: job.group(0).unwrap(),
+            pkey: 0xFFFF,
+            qkey: job.qkey(),
+            rank: 1,
+            max_payload: 4096,
+            gso: true,
+            initial_psn: 0,
+        },
+    )
+    .unwrap();
+    let data = pattern(78, 1, 15 * 4096);
+    let op = OpId(5);
+    let buf = OpBuffer::zeroed(data.len());
+    registry.register(op, buf.clone());
+    let chunks: Vec<OutChunk<'_>> = data
+        .chunks(4096)
+        .enumerate()
+        .map(|(k, p)| OutChunk {
+            imm: k as u32,
+            payload: p,
+        })
+        .collect();
+    assert_eq!(tx.send_batch(&chunks).unwrap().chunks, 15);
+
+    let predict = |from: Rank, imm: u32, max: u32| {
+        assert_eq!(from, Rank(1));
+        Some(Run {
+            op,
+            offset: u64::from(imm) * 4096,
+            chunks: (15 - imm).min(max),
+            chunk_len: 4096,
+            last_len: 4096,
+        })
+    };
+    let deadline = StdInstant::now() + DEADLINE;
+    let mut placed = 0;
+    while placed < 15 && StdInstant::now() < deadline {
+        rx.wait_with(Duration::from_millis(50), predict);
+        // As a receive worker does: exactly the batch held, no read past it.
+        while rx.held() > 0 {
+            let t = rx.receive().unwrap();
+            let m = t.meta();
+            t.consume(&Placement::Place {
+                op,
+                offset: u64::from(m.imm) * 4096,
+                len: 4096,
+            });
+            placed += 1;
+        }
+    }
+    assert_eq!(placed, 15);
+    assert_eq!(rx.receiver().stats().direct, 15);
+    assert_eq!((rx.bad_place, rx.moved), (0, 0));
+    assert!(buf.to_vec() == data, "the buffer holds what was sent");
+    // Nothing more is queued: a wait hands out nothing.
+    assert_eq!(rx.wait_with(Duration::from_millis(20), predict), 0);
+}
