@@ -302,81 +302,29 @@ impl UdpRx {
         self.next = 0;
         self.batch = 0;
         self.landed = None;
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            match self.read_once(&mut predict) {
-                Ok(0) => {}
-                Ok(_) => break,
-                Err(e) => {
-                    self.recv.clear();
-                    self.errors += 1;
-                    tracing::warn!(error = %e, "lane receive failed");
-                    return 0;
-                }
-            }
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                break;
-            }
-            match self.recv.wait(deadline - now) {
-                Ok(crate::socket::Wait::Readable) => {}
-                Ok(_) => break,
-                Err(e) => {
-                    self.errors += 1;
-                    tracing::warn!(error = %e, "lane wait failed");
-                    break;
-                }
-            }
+        let UdpRx {
+            recv,
+            registry,
+            cache,
+            landed,
+            ranks,
+            direct_max,
+            ..
+        } = self;
+        let mut place = InPlace {
+            registry,
+            cache,
+            landed,
+            ranks: *ranks,
+            max: *direct_max,
+        };
+        if let Err(e) = recv.recv_by(timeout, |r| place.read_once(r, &mut predict)) {
+            recv.clear();
+            self.errors += 1;
+            tracing::warn!(error = %e, "lane receive failed");
         }
         self.batch = self.recv.last_batch().len();
         self.held()
-    }
-
-    /// One read: straight into the operation's buffer when the datagram queued next starts
-    /// a predicted run, else a batched read. The datagrams read (0: none queued).
-    fn read_once(
-        &mut self,
-        predict: &mut impl FnMut(Rank, u32, u32) -> Option<Run>,
-    ) -> std::io::Result<usize> {
-        if let Peeked::Header { src_qp, imm } = self.recv.peek()? {
-            let run = if src_qp < self.ranks {
-                predict(Rank(src_qp), imm, self.direct_max as u32)
-            } else {
-                None
-            };
-            if let Some(run) = run {
-                if self.cache.as_ref().is_none_or(|(o, _)| *o != run.op) {
-                    self.cache = self.registry.get(run.op).map(|b| (run.op, b));
-                }
-                let max = self.direct_max;
-                if let Some((_, buf)) = &self.cache {
-                    let expect = Expect {
-                        src_qp,
-                        first_imm: imm,
-                        n: (run.chunks as usize).min(max),
-                        chunk_len: run.chunk_len as usize,
-                        last_len: if run.chunks as usize > max {
-                            run.chunk_len as usize
-                        } else {
-                            run.last_len as usize
-                        },
-                    };
-                    let recv = &mut self.recv;
-                    let read =
-                        buf.with(
-                            |v| match range(run.offset, expect.bytes() as u64, v.len()) {
-                                Some(r) => recv.recv_into(&mut v[r], expect),
-                                None => Ok(None),
-                            },
-                        )?;
-                    if let Some(n) = read {
-                        self.landed = Some((run.op, run.offset));
-                        return Ok(n);
-                    }
-                }
-            }
-        }
-        self.recv.read_now()
     }
 
     /// Reads the next batch into the receiver's buffers; the chunks are handed out from
@@ -396,6 +344,65 @@ impl UdpRx {
                 self.errors += 1;
                 tracing::warn!(error = %e, "lane receive failed");
             }
+        }
+    }
+}
+
+/// What [`UdpRx::wait_with`]'s reads need of the receive half beside its receiver.
+struct InPlace<'a> {
+    registry: &'a Registry,
+    cache: &'a mut Option<(OpId, OpBuffer)>,
+    landed: &'a mut Option<(OpId, u64)>,
+    ranks: u32,
+    max: usize,
+}
+
+impl InPlace<'_> {
+    /// One read: straight into the operation's buffer when the datagram queued next starts
+    /// a predicted run, else a batched read. The datagrams read (0: none queued).
+    fn read_once(
+        &mut self,
+        recv: &mut LaneReceiver,
+        predict: &mut impl FnMut(Rank, u32, u32) -> Option<Run>,
+    ) -> std::io::Result<usize> {
+        let (src_qp, imm) = match recv.peek()? {
+            Peeked::Nothing => {
+                // What the batched read would have found: nothing, and no batch held.
+                recv.clear();
+                return Ok(0);
+            }
+            Peeked::Header { src_qp, imm } if src_qp < self.ranks => (src_qp, imm),
+            _ => return recv.read_now(),
+        };
+        let Some(run) = predict(Rank(src_qp), imm, self.max as u32) else {
+            return recv.read_now();
+        };
+        if self.cache.as_ref().is_none_or(|(o, _)| *o != run.op) {
+            *self.cache = self.registry.get(run.op).map(|b| (run.op, b));
+        }
+        let Some((_, buf)) = self.cache.as_ref() else {
+            return recv.read_now();
+        };
+        // `predict` gives at most `max` chunks; a longer run is refused by `recv_into`.
+        let expect = Expect {
+            src_qp,
+            first_imm: imm,
+            n: run.chunks as usize,
+            chunk_len: run.chunk_len as usize,
+            last_len: run.last_len as usize,
+        };
+        let read = buf.with(
+            |v| match range(run.offset, expect.bytes() as u64, v.len()) {
+                Some(r) => recv.recv_into(&mut v[r], expect),
+                None => Ok(None),
+            },
+        )?;
+        match read {
+            Some(n) => {
+                *self.landed = Some((run.op, run.offset));
+                Ok(n)
+            }
+            None => recv.read_now(),
         }
     }
 }

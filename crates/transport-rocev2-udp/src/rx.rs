@@ -312,32 +312,38 @@ impl LaneReceiver {
     /// Waits until datagrams arrive or `timeout` passes, then reads one batch. The batch is
     /// empty at the timeout, or when every datagram read was dropped.
     pub fn recv(&mut self, timeout: Duration) -> Result<RxBatch<'_>, RxError> {
+        self.recv_by(timeout, Self::read_batch)?;
+        Ok(self.batch())
+    }
+
+    /// Reads with `read` (the datagrams it read, 0 when nothing was queued) until it reads
+    /// something, someone calls the waker, or `timeout` passes, sleeping on the socket in
+    /// between: the wait of [`recv`](Self::recv) and of a read in place.
+    pub(crate) fn recv_by(
+        &mut self,
+        timeout: Duration,
+        mut read: impl FnMut(&mut Self) -> io::Result<usize>,
+    ) -> io::Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
-            if self.read_batch()? > 0 {
-                break;
+            if read(self)? > 0 {
+                return Ok(());
             }
             let now = Instant::now();
             if now >= deadline {
-                break;
+                return Ok(());
             }
             if self.sock.wait_readable(deadline - now)? == crate::socket::Wait::Woken {
                 // Someone has work for our owner: return now, with nothing read.
-                break;
+                return Ok(());
             }
         }
-        Ok(self.batch())
     }
 
     /// One batched read (`recvmmsg`, non-blocking): the datagrams read, empty ones included
     /// (0: nothing was queued).
     pub(crate) fn read_now(&mut self) -> io::Result<usize> {
         self.read_batch()
-    }
-
-    /// Waits until the socket is readable, the waker is called, or `timeout` passes.
-    pub(crate) fn wait(&mut self, timeout: Duration) -> io::Result<crate::socket::Wait> {
-        self.sock.wait_readable(timeout)
     }
 
     /// Forgets the last batch (after a read that failed).
@@ -795,7 +801,7 @@ mod tests {
         let t0 = Instant::now();
         while rx.peek().unwrap() == Peeked::Nothing {
             assert!(t0.elapsed() < Duration::from_secs(10), "nothing arrived");
-            rx.wait(Duration::from_millis(50)).unwrap();
+            rx.sock.wait_readable(Duration::from_millis(50)).unwrap();
         }
         assert!(rx.recv_into(target, expect).unwrap().unwrap() > 0);
         let out: Vec<_> = rx
