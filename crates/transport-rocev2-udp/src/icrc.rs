@@ -86,16 +86,17 @@ impl FlowIcrc {
     /// ICRC of the datagram whose whole UDP payload is `udp_payload` (BTH to ICRC; the ICRC
     /// bytes themselves are not read) sent with `ip_id`.
     pub fn compute(&self, ip_id: u16, udp_payload: &[u8]) -> Result<u32, IcrcError> {
-        let state = self.prefix_state(ip_id, udp_payload)?;
+        let state = self.prefix_state(ip_id, udp_payload.len(), udp_payload)?;
         Ok(resume(state, udp_payload))
     }
 
-    /// CRC state after the masked prefix (seed, IPv4, UDP, BTH bytes 0-7).
-    fn prefix_state(&self, ip_id: u16, udp_payload: &[u8]) -> Result<u32, IcrcError> {
+    /// CRC state after the masked prefix (seed, IPv4, UDP, BTH bytes 0-7) of a UDP payload
+    /// `len` bytes long starting with `head`.
+    fn prefix_state(&self, ip_id: u16, len: usize, head: &[u8]) -> Result<u32, IcrcError> {
         let prefix = self
             .flow
-            .icrc_prefix(ip_id, udp_payload)
-            .map_err(|_| IcrcError::BadLength(udp_payload.len()))?;
+            .icrc_prefix_of(ip_id, len, head)
+            .map_err(|_| IcrcError::BadLength(len))?;
         let mut h = Hasher::new();
         h.update(&prefix);
         Ok(h.finalize())
@@ -133,38 +134,57 @@ impl LaneIcrc {
     /// Same value as [`FlowIcrc::compute`] for a datagram the sender built (at least a BTH
     /// and an ICRC long); 0 for anything shorter, which the sender never builds.
     pub(crate) fn compute(&mut self, ip_id: u16, udp_payload: &[u8]) -> u32 {
-        let Some(bth) = udp_payload
-            .get(..8)
-            .filter(|_| udp_payload.len() >= BTH_LEN + ICRC_LEN)
-        else {
+        let covered = udp_payload.len().saturating_sub(ICRC_LEN);
+        self.compute_gathered(ip_id, udp_payload.len(), &[&udp_payload[..covered]])
+    }
+
+    /// The same for a datagram `len` bytes long (ICRC included) given as `parts`: their
+    /// concatenation is the datagram from the BTH to the end of the pad, and the first holds
+    /// at least BTH bytes 0-7. 0 when `len` or the parts do not fit that, which the sender
+    /// never gives.
+    pub(crate) fn compute_gathered(&mut self, ip_id: u16, len: usize, parts: &[&[u8]]) -> u32 {
+        let Some((first, rest)) = parts.split_first() else {
             return 0;
         };
+        let Some(bth) = first.get(..8).filter(|_| len >= BTH_LEN + ICRC_LEN) else {
+            return 0;
+        };
+        if parts.iter().map(|p| p.len()).sum::<usize>() != len - ICRC_LEN {
+            return 0;
+        }
         let mut fixed = [0u8; 8];
         fixed.copy_from_slice(bth);
-        let key = (udp_payload.len(), fixed);
-        if self.key != Some(key) {
+        let key = (len, fixed);
+        let id = usize::from(ip_id);
+        let cached = if self.key == Some(key) {
+            self.states.get(id).copied()
+        } else if ip_id == 0 {
             // A batch's first segment sets the length the cache serves; a shorter tail
             // segment (ID > 0) is computed without evicting it.
-            if ip_id != 0 {
-                return self.flow.compute(ip_id, udp_payload).unwrap_or(0);
-            }
             self.key = Some(key);
             self.states.clear();
-        }
-        let id = usize::from(ip_id);
-        let state = match self.states.get(id) {
-            Some(&s) => s,
+            None
+        } else {
+            None
+        };
+        let state = match cached {
+            Some(s) => s,
             None => {
-                let Ok(s) = self.flow.prefix_state(ip_id, udp_payload) else {
+                let Ok(s) = self.flow.prefix_state(ip_id, len, first) else {
                     return 0;
                 };
-                if id == self.states.len() && id < self.states.capacity() {
+                if self.key == Some(key) && id == self.states.len() && id < self.states.capacity() {
                     self.states.push(s);
                 }
                 s
             }
         };
-        resume(state, udp_payload)
+        let mut h = Hasher::new_with_initial(state);
+        h.update(&first[8..]);
+        for p in rest {
+            h.update(p);
+        }
+        h.finalize()
     }
 }
 
@@ -312,6 +332,34 @@ mod tests {
             }
         }
         assert_eq!(lane.compute(0, &[0u8; 15]), 0);
+    }
+
+    #[test]
+    fn gathered_parts_give_the_laid_out_datagrams_icrc() {
+        let flow = FlowIcrc::new(
+            SocketAddrV4::new(Ipv4Addr::LOCALHOST, 40000),
+            SocketAddrV4::new(Ipv4Addr::new(239, 1, 2, 3), 4791),
+        );
+        let mut lane = LaneIcrc::new(flow, 8);
+        for len in [16usize, 44, 1052, 44] {
+            let udp: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let covered = &udp[..len - ICRC_LEN];
+            for id in [0u16, 1, 7, 8] {
+                let want = flow.compute(id, &udp).unwrap();
+                // Headers, payload and pad as three parts, and cut anywhere after byte 8.
+                let (head, rest) = covered.split_at(8.max(len / 3).min(covered.len()));
+                let (mid, tail) = rest.split_at(rest.len() / 2);
+                assert_eq!(lane.compute_gathered(id, len, &[head, mid, tail]), want);
+                assert_eq!(lane.compute_gathered(id, len, &[covered]), want);
+            }
+            // Parts that do not add up to the length, or a first part without a BTH.
+            assert_eq!(lane.compute_gathered(0, len + 1, &[covered]), 0);
+            assert_eq!(
+                lane.compute_gathered(0, len, &[&covered[..4], &covered[4..]]),
+                0
+            );
+            assert_eq!(lane.compute_gathered(0, len, &[]), 0);
+        }
     }
 
     #[test]

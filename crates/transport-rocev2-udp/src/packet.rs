@@ -79,6 +79,29 @@ pub(crate) fn emit_headers(
         .expect("UD SEND_ONLY_WITH_IMMEDIATE headers fit their staging slot");
 }
 
+/// Writes only BTH, DETH and ImmDt of a chunk of `payload_len` bytes: for a datagram gathered
+/// from these headers, the payload where it lies, and a trailer of [`pad_len`] zero bytes and
+/// the ICRC.
+pub(crate) fn emit_header_only(
+    out: &mut [u8; HEADER_LEN],
+    fields: HeaderFields,
+    psn: u32,
+    imm: u32,
+    payload_len: usize,
+) {
+    let repr = UdSendImmRepr::new(
+        &fields.keys(),
+        fields.src_qp,
+        psn & MASK_24,
+        imm,
+        payload_len,
+    );
+    // Cannot fail: PSN masked, SrcQP checked by the sender, `out` exactly the headers' size,
+    // and the payload at most the sender's maximum.
+    repr.emit_headers(out)
+        .expect("UD SEND_ONLY_WITH_IMMEDIATE headers fit their slot");
+}
+
 /// The DETH SrcQP and the immediate of a datagram's headers (`h` holds at least
 /// [`HEADER_LEN`] bytes; nothing is checked).
 pub(crate) fn src_and_imm(h: &[u8]) -> (u32, u32) {

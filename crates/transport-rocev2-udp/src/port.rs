@@ -37,7 +37,7 @@ use crate::addr::{AddrConfig, AddrError, JobAddrs};
 use crate::control::{OpBuffer, Registry, TcpControl, range};
 use crate::rx::{Expect, LaneReceiver, MAX_DIRECT, Peeked, RxConfig};
 use crate::socket::{RxSocket, SocketConfig, SocketError, TxSocket};
-use crate::tx::{LaneSender, MAX_GSO_SEGMENTS, OutChunk, TxConfig, TxError};
+use crate::tx::{LaneSender, MAX_GSO_SEGMENTS, OutChunk, Sent, Staged, TxConfig, TxError};
 
 /// What a rank's data path needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -546,11 +546,19 @@ impl UdpTx {
         n
     }
 
+    /// Whether batches are sent from the operation's buffer (the default) or laid out in a
+    /// staging buffer first: see [`LaneSender::set_send_in_place`].
+    pub fn set_send_in_place(&mut self, on: bool) {
+        self.sender.set_send_in_place(on);
+    }
+
     /// Sends one batch of queued multicasts of one op (up to the sender's batch size).
     ///
-    /// Each GSO batch is laid out straight from the operation's buffer under its lock (the
-    /// payload's only copy in user space), and sent after the lock is released: a receive
-    /// worker writing the same buffer (an Allgather) never waits on a send.
+    /// A GSO batch is gathered straight from the operation's buffer, under its lock, by one
+    /// `sendmsg` (the kernel's copy is the payload's only one). With in-place sending off,
+    /// it is laid out from the buffer under the lock instead (the payload's only copy in user
+    /// space) and sent after the lock is released, so a receive worker writing the same
+    /// buffer (an Allgather) never waits on a send.
     fn flush_one(&mut self) {
         let Some(first) = self.posted.front().copied() else {
             return;
@@ -568,7 +576,8 @@ impl UdpTx {
             let (sender, posted) = (&mut self.sender, &self.posted);
             // The chunks from `at` on whose range lies in the buffer, up to the first that
             // does not (a lost chunk; an unregistered op has no valid range).
-            let staged = buf.as_ref().map(|b| {
+            let in_place = sender.sends_in_place() && sender.gso_active();
+            let step = buf.as_ref().map(|b| {
                 b.with(|v| {
                     let mut chunks = [OutChunk {
                         imm: 0,
@@ -585,25 +594,30 @@ impl UdpTx {
                         };
                         k += 1;
                     }
-                    sender.stage(&chunks[..k])
+                    if k == 0 {
+                        Step::Nothing
+                    } else if in_place {
+                        Step::Sent(sender.send_in_place(&chunks[..k]))
+                    } else {
+                        match sender.stage(&chunks[..k]) {
+                            Ok(s) if s.n > 0 => Step::Staged(s),
+                            Ok(_) => Step::Nothing,
+                            Err(e) => Step::Sent(Err(e)),
+                        }
+                    }
                 })
             });
-            let staged = match staged {
-                Some(Ok(s)) if s.n > 0 => s,
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "multicast refused");
-                    at += 1;
-                    self.lost += 1;
-                    continue;
-                }
+            let result = match step {
+                Some(Step::Sent(r)) => r,
+                Some(Step::Staged(s)) => self.sender.send_staged(s),
                 // Out of the buffer, or no buffer: lost.
-                _ => {
+                Some(Step::Nothing) | None => {
                     at += 1;
                     self.lost += 1;
                     continue;
                 }
             };
-            match self.sender.send_staged(staged) {
+            match result {
                 Ok(s) if s.chunks > 0 => at += s.chunks,
                 Ok(_) => {
                     self.lost += (n - at) as u64;
@@ -625,6 +639,16 @@ impl UdpTx {
         self.posted.drain(..n);
         self.done.push_back((first.op, n as u32));
     }
+}
+
+/// What one pass of [`UdpTx::flush_one`] did under the buffer's lock.
+enum Step {
+    /// Sent from the buffer, or refused.
+    Sent(Result<Sent, TxError>),
+    /// Laid out, to send after the lock is released.
+    Staged(Staged),
+    /// No chunk from here on lies in the buffer.
+    Nothing,
 }
 
 impl LaneTxPort for UdpTx {

@@ -430,6 +430,17 @@ impl TxSocket {
     pub(crate) fn send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
         self.state.try_send((&self.sock).into(), transmit)
     }
+
+    /// One `sendmsg` gathered from `bufs`: one datagram, or a GSO batch of `segment`-byte
+    /// datagrams (see [`crate::sys::send_gathered`]).
+    pub(crate) fn send_gathered(
+        &self,
+        bufs: &[io::IoSlice<'_>],
+        to: &socket2::SockAddr,
+        segment: Option<u16>,
+    ) -> io::Result<usize> {
+        crate::sys::send_gathered(&self.sock, bufs, to, segment)
+    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,11 @@
 //! take ([`recv_scatter`], [`peek`]): std has no safe conversion, because safe code could
 //! write an uninitialized byte through it; here only the kernel writes through it.
 //!
-//! This is the crate's only `unsafe`: three FFI calls with buffers they own, and that view.
+//! And a `UDP_SEGMENT` control message for a GSO send gathered from several buffers
+//! ([`send_gathered`]): quinn-udp sends one contiguous buffer only.
+//!
+//! This is the crate's only `unsafe`: three FFI calls with buffers they own, that view, and
+//! that control message.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -174,6 +178,50 @@ pub(crate) fn peek(
     // SAFETY: the view goes to socket2's `peek_from` only, through which the kernel writes
     // initialized bytes; it is dropped when the call returns. The socket is non-blocking.
     sock.peek_from(unsafe { as_uninit(buf) })
+}
+
+/// Space for one control message carrying a `u16` (`CMSG_SPACE(2)` is 24 bytes on 64-bit
+/// Linux, 16 on 32-bit), aligned as a `cmsghdr` must be.
+#[repr(C, align(8))]
+struct SegmentControl([u8; 32]);
+
+/// One blocking `sendmsg` of `bufs`, in order, to `to`: as one datagram, or with `segment`
+/// as a GSO batch the kernel cuts into datagrams of `segment` bytes (the last may be
+/// shorter), with a `UDP_SEGMENT` control message. Returns the bytes sent (all of them: a
+/// datagram socket sends a message whole or fails).
+pub(crate) fn send_gathered(
+    sock: &socket2::Socket,
+    bufs: &[io::IoSlice<'_>],
+    to: &socket2::SockAddr,
+    segment: Option<u16>,
+) -> io::Result<usize> {
+    let msg = socket2::MsgHdr::new().with_addr(to).with_buffers(bufs);
+    let Some(segment) = segment else {
+        return sock.sendmsg(&msg, 0);
+    };
+    let mut control = SegmentControl([0; 32]);
+    // SAFETY: `CMSG_SPACE` and `CMSG_LEN` are arithmetic on their argument only.
+    let (space, len) = unsafe {
+        (
+            libc::CMSG_SPACE(std::mem::size_of::<u16>() as libc::c_uint) as usize,
+            libc::CMSG_LEN(std::mem::size_of::<u16>() as libc::c_uint) as usize,
+        )
+    };
+    debug_assert!(space <= control.0.len());
+    let hdr = control.0.as_mut_ptr().cast::<libc::cmsghdr>();
+    // SAFETY: `control` is a live, writable, 8-aligned buffer of 32 bytes: room for a
+    // `cmsghdr` at its start (16 bytes on 64-bit Linux) followed by its `u16` of data at
+    // `CMSG_DATA` (`CMSG_SPACE(2)` bytes in all, checked above), all within the buffer.
+    // `cmsghdr` is plain data and the buffer starts zeroed, so writing its fields through
+    // the aligned pointer is sound; the data is written unaligned. The pointers do not
+    // outlive this block.
+    unsafe {
+        (*hdr).cmsg_len = len as _;
+        (*hdr).cmsg_level = libc::SOL_UDP;
+        (*hdr).cmsg_type = libc::UDP_SEGMENT;
+        std::ptr::write_unaligned(libc::CMSG_DATA(hdr).cast::<u16>(), segment);
+    }
+    sock.sendmsg(&msg.with_control(&control.0[..space]), 0)
 }
 
 #[cfg(test)]

@@ -1,7 +1,15 @@
-//! Send path of one lane: RoCEv2 packets laid out in a staging buffer, one GSO send per batch.
+//! Send path of one lane: RoCEv2 packets, one GSO send per batch.
 //!
-//! Each segment of the staging buffer is `[BTH | DETH | ImmDt | payload | pad | ICRC]`; the
-//! buffer is allocated once for the largest batch, so sending allocates nothing. With GSO
+//! A batch goes out one of two ways, the same bytes on the wire:
+//! * **from its place** ([`LaneSender::send_in_place`], with GSO): one `sendmsg` gathers each
+//!   datagram from three buffers, `[BTH | DETH | ImmDt]` and `[pad | ICRC]` built here and the
+//!   payload where the caller keeps it, so the kernel's copy is the payload's only one;
+//! * **laid out** in a staging buffer ([`LaneSender::stage`], then
+//!   [`LaneSender::send_staged`]), each segment `[BTH | DETH | ImmDt | payload | pad | ICRC]`,
+//!   through quinn-udp: without GSO, and for a caller that must not hold the payload's buffer
+//!   while the kernel blocks.
+//!
+//! Both buffers are allocated once for the largest batch, so sending allocates nothing. With GSO
 //! (`UDP_SEGMENT`), one `sendmsg` carries the whole batch and the kernel numbers the segments'
 //! IP IDs 0, 1, 2...: segment `i`'s ICRC is computed with IP ID `i`. Without GSO (configured off,
 //! unsupported, or switched off by quinn-udp after the kernel refused it) every datagram is its
@@ -10,7 +18,7 @@
 //! The BTH PSN counts datagrams per lane (24 bits, wrapping). The DETH SrcQP carries the
 //! sender's rank (so ranks must be below 2^24); receivers also see the source `IP:port`.
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::{SocketAddr, SocketAddrV4};
 
 use quinn_udp::Transmit;
@@ -101,6 +109,8 @@ pub struct TxStats {
     pub sends: u64,
     /// Batches resent without GSO after the kernel refused GSO.
     pub gso_fallbacks: u64,
+    /// Datagrams gathered from their payload's place (no copy in user space).
+    pub in_place: u64,
 }
 
 /// Sending failed.
@@ -129,15 +139,28 @@ pub enum TxError {
     },
 }
 
+/// Pad and ICRC: the trailer of a datagram sent from its place.
+const TRAILER_MAX: usize = 3 + packet::ICRC_LEN;
+
+/// The headers and trailers of a batch sent from its payloads' place.
+#[derive(Debug)]
+struct Frames {
+    heads: [[u8; packet::HEADER_LEN]; MAX_GSO_SEGMENTS],
+    tails: [[u8; TRAILER_MAX]; MAX_GSO_SEGMENTS],
+}
+
 /// The send side of one lane.
 #[derive(Debug)]
 pub struct LaneSender {
     sock: TxSocket,
     cfg: TxConfig,
+    dest: socket2::SockAddr,
     fields: HeaderFields,
     psn: u32,
     batch_cap: usize,
     staging: Vec<u8>,
+    frames: Box<Frames>,
+    in_place: bool,
     icrc: LaneIcrc,
     stats: TxStats,
 }
@@ -166,6 +189,12 @@ impl LaneSender {
             psn: cfg.initial_psn & MASK_24,
             batch_cap,
             staging: vec![0; batch_cap * seg_max],
+            frames: Box::new(Frames {
+                heads: [[0; packet::HEADER_LEN]; MAX_GSO_SEGMENTS],
+                tails: [[0; TRAILER_MAX]; MAX_GSO_SEGMENTS],
+            }),
+            in_place: true,
+            dest: socket2::SockAddr::from(SocketAddr::V4(cfg.group)),
             icrc: LaneIcrc::new(flow, batch_cap),
             stats: TxStats::default(),
             sock,
@@ -186,6 +215,18 @@ impl LaneSender {
         } else {
             self.batch_cap
         }
+    }
+
+    /// Whether [`send_in_place`](Self::send_in_place) gathers GSO batches from the payloads'
+    /// place (the default) or lays them out first as [`stage`](Self::stage) does.
+    pub fn sends_in_place(&self) -> bool {
+        self.in_place
+    }
+
+    /// Turns sending from the payloads' place on or off (for comparisons; the bytes on the
+    /// wire are the same).
+    pub fn set_send_in_place(&mut self, on: bool) {
+        self.in_place = on;
     }
 
     /// PSN the next datagram gets.
@@ -219,14 +260,91 @@ impl LaneSender {
     /// before [`send_staged`](Self::send_staged) blocks in the kernel. A second `stage`
     /// replaces the first.
     pub fn stage(&mut self, chunks: &[OutChunk<'_>]) -> Result<Staged, TxError> {
+        let st = self.plan(chunks)?;
+        for (i, c) in chunks[..st.n].iter().enumerate() {
+            let ip_id = if st.gso { i as u16 } else { 0 };
+            self.build(i, st.seg, c, ip_id);
+        }
+        Ok(st)
+    }
+
+    /// Sends a prefix of `chunks` as one batch, cut as [`send_batch`](Self::send_batch) cuts
+    /// it, and says how many went. With GSO (and unless
+    /// [`set_send_in_place`](Self::set_send_in_place) turned it off) the datagrams are
+    /// gathered from the payloads where they lie: nothing is copied in user space, and the
+    /// caller keeps the payloads borrowed while the kernel copies them, blocking while the
+    /// socket buffer is full. Otherwise the batch is laid out and sent as `send_batch` does.
+    ///
+    /// If the kernel refuses a gathered GSO send (`EIO` or `EINVAL`: the device cannot
+    /// segment), the batch is laid out and sent through quinn-udp instead, as are all later
+    /// ones; quinn-udp then finds out about GSO for itself.
+    pub fn send_in_place(&mut self, chunks: &[OutChunk<'_>]) -> Result<Sent, TxError> {
+        if !self.in_place || !self.gso_active() {
+            return self.send_batch(chunks);
+        }
+        let st = self.plan(chunks)?;
+        if st.n == 0 {
+            return Ok(Sent::default());
+        }
+        let chunks = &chunks[..st.n];
+        for (i, c) in chunks.iter().enumerate() {
+            let plen = c.payload.len();
+            let pad = packet::pad_len(plen);
+            let psn = self.psn.wrapping_add(i as u32);
+            let head = &mut self.frames.heads[i];
+            packet::emit_header_only(head, self.fields, psn, c.imm, plen);
+            let tail = &mut self.frames.tails[i];
+            tail[..pad].fill(0);
+            // The kernel numbers a GSO batch's segments' IP IDs 0, 1, 2...; a lone datagram
+            // goes without GSO, with ID 0.
+            let ip_id = if st.n > 1 { i as u16 } else { 0 };
+            let len = packet::datagram_len(plen);
+            let icrc = self
+                .icrc
+                .compute_gathered(ip_id, len, &[head, c.payload, &tail[..pad]]);
+            tail[pad..pad + packet::ICRC_LEN].copy_from_slice(&icrc.to_le_bytes());
+        }
+        let mut iov = [IoSlice::new(&[]); 3 * MAX_GSO_SEGMENTS];
+        for (i, c) in chunks.iter().enumerate() {
+            let trailer = packet::pad_len(c.payload.len()) + packet::ICRC_LEN;
+            iov[3 * i] = IoSlice::new(&self.frames.heads[i]);
+            iov[3 * i + 1] = IoSlice::new(c.payload);
+            iov[3 * i + 2] = IoSlice::new(&self.frames.tails[i][..trailer]);
+        }
+        // A segment fits a datagram, checked at construction.
+        let segment = (st.n > 1).then_some(st.seg as u16);
+        let result = match self
+            .sock
+            .send_gathered(&iov[..3 * st.n], &self.dest, segment)
+        {
+            Ok(_) => Ok(st.n),
+            Err(e)
+                if segment.is_some()
+                    && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) =>
+            {
+                tracing::info!(lane = self.cfg.lane, error = %e,
+                    "gathered GSO send refused; laying batches out from now on");
+                self.in_place = false;
+                return self.send_batch(chunks);
+            }
+            Err(source) => Err(TxError::Io { sent: 0, source }),
+        };
+        self.stats.sends += 1;
+        let sent = self.account(&st, result)?;
+        self.stats.in_place += sent.chunks as u64;
+        Ok(sent)
+    }
+
+    /// Cuts a batch from the front of `chunks` as [`send_batch`](Self::send_batch) does,
+    /// without building it.
+    fn plan(&self, chunks: &[OutChunk<'_>]) -> Result<Staged, TxError> {
         let Some(first) = chunks.first() else {
             return Ok(Staged::default());
         };
         let seg = packet::datagram_len(first.payload.len());
-        let gso = self.gso_active();
         let mut st = Staged {
             seg,
-            gso,
+            gso: self.gso_active(),
             ..Staged::default()
         };
         for c in chunks.iter().take(self.max_batch()) {
@@ -243,8 +361,6 @@ impl LaneSender {
             if len > seg {
                 break;
             }
-            let ip_id = if gso { st.n as u16 } else { 0 };
-            self.build(st.n, seg, c, ip_id);
             st.end = st.n * seg + len;
             // At most `max_payload`, which fits a datagram (checked at construction).
             st.lens[st.n] = c.payload.len() as u16;
@@ -260,11 +376,7 @@ impl LaneSender {
     /// counts).
     pub fn send_staged(&mut self, st: Staged) -> Result<Sent, TxError> {
         let Staged {
-            n,
-            seg,
-            end,
-            gso,
-            lens,
+            n, seg, end, gso, ..
         } = st;
         if n == 0 {
             return Ok(Sent::default());
@@ -274,14 +386,20 @@ impl LaneSender {
         } else {
             self.send_each(seg, end, n)
         };
+        self.account(&st, result)
+    }
+
+    /// Advances the PSN and the counters past the prefix of batch `st` that `result` says
+    /// was sent.
+    fn account(&mut self, st: &Staged, result: Result<usize, TxError>) -> Result<Sent, TxError> {
         let sent = match &result {
             Ok(k) => *k,
             Err(TxError::Io { sent, .. }) => *sent,
             Err(_) => 0,
         };
         // Only the last segment may be shorter, so a partly sent batch is `sent` full ones.
-        let bytes = if sent == n { end } else { sent * seg };
-        let payload: usize = lens[..sent].iter().map(|&l| usize::from(l)).sum();
+        let bytes = if sent == st.n { st.end } else { sent * st.seg };
+        let payload: usize = st.lens[..sent].iter().map(|&l| usize::from(l)).sum();
         self.psn = (self.psn + sent as u32) & MASK_24;
         self.stats.datagrams += sent as u64;
         self.stats.udp_bytes += bytes as u64;

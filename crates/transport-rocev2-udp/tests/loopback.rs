@@ -83,11 +83,15 @@ fn payload(k: usize, n: usize) -> Vec<u8> {
 /// One sender, three receivers in threads; the sender sends windows and waits for every
 /// receiver to hold the window (resending it after a pause, should the kernel drop some), so
 /// the test holds with the default 208 KiB receive buffers. Every byte is checked.
-fn one_to_three(nonce: u64, gso: bool) {
+///
+/// `in_place`: the batches go through `send_in_place` (gathered from the payloads where they
+/// lie, with GSO), else through `send_batch` (laid out in the staging buffer).
+fn one_to_three(nonce: u64, gso: bool, in_place: bool) {
     const N: usize = 600;
     const WINDOW: usize = 12;
     let (job, group) = job(nonce, free_port());
     let mut tx = sender(&job, group, 5, gso);
+    assert!(tx.sends_in_place(), "on by default");
     let src = tx.socket().local_addr();
     let rxs: Vec<LaneReceiver> = (0..3)
         .map(|i| {
@@ -146,7 +150,12 @@ fn one_to_three(nonce: u64, gso: bool) {
             .collect();
         let mut at = 0;
         while at < chunks.len() {
-            at += tx.send_batch(&chunks[at..]).unwrap().chunks;
+            let sent = if in_place {
+                tx.send_in_place(&chunks[at..])
+            } else {
+                tx.send_batch(&chunks[at..])
+            };
+            at += sent.unwrap().chunks;
         }
         let sent_at = Instant::now();
         while held.iter().any(|h| h.load(Ordering::Acquire) < end) {
@@ -163,7 +172,7 @@ fn one_to_three(nonce: u64, gso: bool) {
     let results: Vec<(usize, RxStats, u64)> =
         workers.into_iter().map(|w| w.join().unwrap()).collect();
     let tx_stats = *tx.stats();
-    eprintln!("gso={gso} tx={tx_stats:?} resends={resends}");
+    eprintln!("gso={gso} in_place={in_place} tx={tx_stats:?} resends={resends}");
     for (i, (distinct, stats, drops)) in results.iter().enumerate() {
         eprintln!("receiver {i}: {stats:?} socket drops {drops}");
         assert_eq!(*distinct, N, "receiver {i} got every chunk");
@@ -183,16 +192,32 @@ fn one_to_three(nonce: u64, gso: bool) {
     } else {
         assert_eq!(tx_stats.sends, tx_stats.datagrams);
     }
+    // In place means gathered with GSO; every datagram went that way, or none did.
+    if in_place && tx.gso_active() {
+        assert_eq!(tx_stats.in_place, tx_stats.datagrams, "{tx_stats:?}");
+    } else {
+        assert_eq!(tx_stats.in_place, 0, "{tx_stats:?}");
+    }
 }
 
 #[test]
 fn one_sender_three_receivers_gso() {
-    one_to_three(0x5EED_0001, true);
+    one_to_three(0x5EED_0001, true, false);
+}
+
+#[test]
+fn one_sender_three_receivers_gso_sent_in_place() {
+    one_to_three(0x5EED_0003, true, true);
 }
 
 #[test]
 fn one_sender_three_receivers_without_gso() {
-    one_to_three(0x5EED_0002, false);
+    one_to_three(0x5EED_0002, false, false);
+}
+
+#[test]
+fn without_gso_sending_in_place_lays_batches_out() {
+    one_to_three(0x5EED_0004, false, true);
 }
 
 /// A hand-written packet (not built by the crate): BTH, DETH, ImmDt, payload, ICRC.

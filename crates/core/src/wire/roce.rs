@@ -946,6 +946,30 @@ impl UdSendImmRepr {
     /// Fails with [`EmitError::NotCanonical`] if the opcode is not SEND_ONLY_WITH_IMMEDIATE, the
     /// pad count does not round the payload to 4 bytes, or a 24-bit field overflows.
     pub fn emit(&self, buf: &mut [u8]) -> core::result::Result<usize, EmitError> {
+        let len = self.canonical_len()?;
+        let buf = emit_buf(buf, len)?;
+        self.emit_headers(buf)?;
+        let pad_at = UD_SEND_IMM_HEADER_LEN + self.payload_len;
+        buf[pad_at..len - ICRC_LEN].fill(0);
+        Ok(len)
+    }
+
+    /// Writes only BTH, DETH and ImmDt into the first [`UD_SEND_IMM_HEADER_LEN`] bytes of
+    /// `buf` and returns that length, checked as [`Self::emit`] checks: for a sender that
+    /// gathers a packet from its headers, its payload where it lies, and a trailer of
+    /// [`BthRepr::pad_count`] zero bytes and the ICRC.
+    pub fn emit_headers(&self, buf: &mut [u8]) -> core::result::Result<usize, EmitError> {
+        self.canonical_len()?;
+        let buf = emit_buf(buf, UD_SEND_IMM_HEADER_LEN)?;
+        self.bth.emit(&mut buf[..BTH_LEN])?;
+        self.deth.emit(&mut buf[BTH_LEN..BTH_LEN + DETH_LEN])?;
+        ImmDtPacket::new_unchecked(&mut buf[BTH_LEN + DETH_LEN..UD_SEND_IMM_HEADER_LEN])
+            .set_imm(self.imm);
+        Ok(UD_SEND_IMM_HEADER_LEN)
+    }
+
+    /// The packet's length if it is one [`Self::emit`] writes.
+    fn canonical_len(&self) -> core::result::Result<usize, EmitError> {
         let len = self.packet_len().ok_or(EmitError::NotCanonical)?;
         if self.bth.opcode != Opcode::UD_SEND_ONLY_WITH_IMMEDIATE
             || self.bth.pad_count != pad_for(self.payload_len)
@@ -955,13 +979,6 @@ impl UdSendImmRepr {
         {
             return Err(EmitError::NotCanonical);
         }
-        let buf = emit_buf(buf, len)?;
-        self.bth.emit(&mut buf[..BTH_LEN])?;
-        self.deth.emit(&mut buf[BTH_LEN..BTH_LEN + DETH_LEN])?;
-        ImmDtPacket::new_unchecked(&mut buf[BTH_LEN + DETH_LEN..UD_SEND_IMM_HEADER_LEN])
-            .set_imm(self.imm);
-        let pad_at = UD_SEND_IMM_HEADER_LEN + self.payload_len;
-        buf[pad_at..len - ICRC_LEN].fill(0);
         Ok(len)
     }
 }
@@ -998,10 +1015,26 @@ impl RoceFlow {
     ///
     /// Fails if `udp_payload` is shorter than a BTH and an ICRC, or too long for IPv4.
     pub fn icrc_prefix(&self, ip_id: u16, udp_payload: &[u8]) -> Result<[u8; ICRC_PREFIX_LEN]> {
-        if udp_payload.len() < BTH_LEN + ICRC_LEN {
+        self.icrc_prefix_of(ip_id, udp_payload.len(), udp_payload)
+    }
+
+    /// [`icrc_prefix`](Self::icrc_prefix) of a UDP payload `udp_payload_len` bytes long that
+    /// starts with `head` (at least BTH bytes 0-7; nothing after them is read): for a sender
+    /// that gathers a datagram from its headers and its payload's place instead of laying it
+    /// out in one buffer.
+    ///
+    /// Fails if the length is shorter than a BTH and an ICRC or too long for IPv4, or if
+    /// `head` is shorter than 8 bytes.
+    pub fn icrc_prefix_of(
+        &self,
+        ip_id: u16,
+        udp_payload_len: usize,
+        head: &[u8],
+    ) -> Result<[u8; ICRC_PREFIX_LEN]> {
+        if udp_payload_len < BTH_LEN + ICRC_LEN || head.len() < ICRC_BTH {
             return Err(Error);
         }
-        let udp_len = u16::try_from(UDP_HEADER_LEN + udp_payload.len()).map_err(|_| Error)?;
+        let udp_len = u16::try_from(UDP_HEADER_LEN + udp_payload_len).map_err(|_| Error)?;
         let total_len = u16::try_from(IPV4_HEADER_LEN + usize::from(udp_len)).map_err(|_| Error)?;
         let mut out = [0u8; ICRC_PREFIX_LEN];
         let (seed, rest) = out.split_at_mut(ICRC_SEED.len());
@@ -1026,7 +1059,7 @@ impl RoceFlow {
         udp[field::UDP_LEN].copy_from_slice(&udp_len.to_be_bytes());
         udp[field::UDP_CHECKSUM].fill(0xff);
 
-        bth.copy_from_slice(&udp_payload[..ICRC_BTH]);
+        bth.copy_from_slice(&head[..ICRC_BTH]);
         bth[field::ECN] = 0xff;
         Ok(out)
     }

@@ -187,7 +187,18 @@ fn rx_batch_from_env() -> bool {
 /// Whether receive workers read predicted runs straight into the operation's buffer: yes
 /// unless `RINGCAST_RX_DIRECT=0`.
 fn rx_direct_from_env() -> bool {
-    std::env::var("RINGCAST_RX_DIRECT").map_or(true, |v| !matches!(v.trim(), "0" | "off"))
+    on_unless_off("RINGCAST_RX_DIRECT")
+}
+
+/// Whether send workers gather GSO batches straight from the operation's buffer: yes unless
+/// `RINGCAST_TX_DIRECT=0`.
+fn tx_direct_from_env() -> bool {
+    on_unless_off("RINGCAST_TX_DIRECT")
+}
+
+/// A switch that is on unless the variable says `0` or `off`.
+fn on_unless_off(var: &str) -> bool {
+    std::env::var(var).map_or(true, |v| !matches!(v.trim(), "0" | "off"))
 }
 
 /// Spawns lane `l`'s two workers. `control` is the control thread (workers unpark it when
@@ -196,13 +207,14 @@ fn rx_direct_from_env() -> bool {
 pub(super) fn spawn(
     rank: u32,
     lane: (LaneRx, LaneTx),
-    port: (UdpRx, UdpTx),
+    mut port: (UdpRx, UdpTx),
     pacer: Pacer,
     clock: Clock,
     control: Thread,
     pin: Option<Pinning>,
 ) -> std::io::Result<LaneLink> {
     let l = lane.0.lane();
+    port.1.set_send_in_place(tx_direct_from_env());
     let rx_wake = port.0.waker();
     let drops_every = if port.0.socket_drops_cheap() {
         DROPS_EVERY

@@ -169,6 +169,7 @@ pub(crate) fn add_rx(a: &mut RxStats, b: &RxStats) {
     f(&mut a.malformed, b.malformed);
     f(&mut a.unknown_source, b.unknown_source);
     f(&mut a.bad_icrc, b.bad_icrc);
+    f(&mut a.direct, b.direct);
 }
 
 pub(crate) fn add_tx(a: &mut TxStats, b: &TxStats) {
@@ -178,6 +179,7 @@ pub(crate) fn add_tx(a: &mut TxStats, b: &TxStats) {
     f(&mut a.udp_bytes, b.udp_bytes);
     f(&mut a.sends, b.sends);
     f(&mut a.gso_fallbacks, b.gso_fallbacks);
+    f(&mut a.in_place, b.in_place);
 }
 
 pub(crate) fn core_drops(s: &Stats) -> u64 {

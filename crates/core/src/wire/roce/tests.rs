@@ -383,11 +383,32 @@ fn ud_send_imm_emit_reports_size_and_refuses_bad_headers() {
     ];
     for r in bad {
         assert_eq!(r.emit(&mut buf), Err(EmitError::NotCanonical), "{r:?}");
+        assert_eq!(
+            r.emit_headers(&mut buf),
+            Err(EmitError::NotCanonical),
+            "{r:?}"
+        );
     }
     // Aligned payloads need no pad.
     let r = UdSendImmRepr::new(&UdKeys::multicast(Q_KEY), 1, 0, 0, 4096);
     assert_eq!(r.bth.pad_count, 0);
     assert_eq!(r.buffer_len(), 4096 + UD_SEND_IMM_OVERHEAD);
+}
+
+#[test]
+fn ud_send_imm_emit_headers_writes_the_headers_emit_writes_and_nothing_after() {
+    let repr = hello_repr();
+    let mut head = [0xaau8; 30];
+    assert_eq!(repr.emit_headers(&mut head), Ok(UD_SEND_IMM_HEADER_LEN));
+    assert_eq!(
+        head[..UD_SEND_IMM_HEADER_LEN],
+        UD_HELLO[..UD_SEND_IMM_HEADER_LEN]
+    );
+    assert_eq!(head[UD_SEND_IMM_HEADER_LEN..], [0xaa; 6]);
+    assert_eq!(
+        repr.emit_headers(&mut head[..23]),
+        Err(EmitError::BufferTooSmall { required: 24 })
+    );
 }
 
 /// `UD_HELLO` with byte `at` replaced by `v`.
@@ -538,6 +559,23 @@ fn icrc_prefix_is_invariant_across_psn_imm_and_payload() {
     let b = HELLO_FLOW.icrc_prefix(0, &other).unwrap();
     assert_eq!(a, b);
     assert_ne!(icrc_rest(&UD_HELLO), icrc_rest(&other));
+}
+
+#[test]
+fn icrc_prefix_of_a_head_and_a_length_equals_the_whole_datagrams() {
+    for id in [0, 5] {
+        let whole = HELLO_FLOW.icrc_prefix(id, &UD_HELLO).unwrap();
+        let head = HELLO_FLOW.icrc_prefix_of(id, UD_HELLO.len(), &UD_HELLO[..8]);
+        assert_eq!(head, Ok(whole));
+    }
+    // Another length changes the IP and UDP lengths in the prefix.
+    let longer = HELLO_FLOW.icrc_prefix_of(0, UD_HELLO.len() + 4, &UD_HELLO[..8]);
+    assert_ne!(longer, HELLO_FLOW.icrc_prefix(0, &UD_HELLO));
+    assert_eq!(
+        HELLO_FLOW.icrc_prefix_of(0, UD_HELLO.len(), &UD_HELLO[..7]),
+        Err(Error)
+    );
+    assert_eq!(HELLO_FLOW.icrc_prefix_of(0, 15, &UD_HELLO), Err(Error));
 }
 
 #[test]
