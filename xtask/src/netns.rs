@@ -163,6 +163,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
         type Check = fn(&Ctx<'_>) -> Result<String, String>;
         let checks: &[(&str, Check)] = &[
             ("correctness+wire", correctness),
+            ("no-offload", no_offload),
             ("loss", loss),
             ("hostile", hostile),
             ("kill", kill),
@@ -434,12 +435,83 @@ fn correctness(ctx: &Ctx<'_>) -> Result<String, String> {
         .find(|l| l.starts_with("CHECKED"))
         .unwrap_or(""));
     let wire = wire_checks(ctx, &pcap)?;
+    // The datagrams just checked on the wire were gathered from the operations' buffers.
+    let (sent, in_place) = sent_in_place(&outs);
+    if sent == 0 || in_place != sent {
+        return Err(format!(
+            "{in_place} of {sent} datagrams sent in place; with GSO on the veths, all should be"
+        ));
+    }
     Ok(format!(
         "{} ops per rank (bcast/allgather/allgatherv, 6 in flight, 1 MiB) byte for byte on \
-         {} ranks in {} ms; group {group} joined on every port; {wire}",
+         {} ranks in {} ms, all {sent} datagrams sent from the buffers in place; group {group} \
+         joined on every port; {wire}",
         ops.get("ops").map_or("?", String::as_str),
         ctx.p(),
         ops.get("ms").map_or("?", String::as_str),
+    ))
+}
+
+/// Datagrams the ranks sent, and how many of them were gathered from the buffers in place
+/// (summed over the ranks' final `STATS`).
+fn sent_in_place(outs: &[String]) -> (u64, u64) {
+    outs.iter()
+        .filter_map(|o| {
+            stats(o)
+                .get("after")
+                .map(|m| (num(m, "sent"), num(m, "sent_in_place")))
+        })
+        .fold((0, 0), |(a, b), (s, i)| (a + s, b + i))
+}
+
+/// A device without transmit checksum offload (`ethtool -K eth0 tx off` on every rank's
+/// veth, which also turns its segmentation offloads off): GSO batches gathered from the
+/// buffers must still leave whole. This kernel segments and checksums them in software; a
+/// kernel that refuses (`EIO`) makes the sender lay its batches out instead (the transport's
+/// unit test `a_refused_gathered_gso_send_is_resent_laid_out_and_arrives_whole`).
+fn no_offload(ctx: &Ctx<'_>) -> Result<String, String> {
+    let set = |on: &str| -> Result<(), String> {
+        for ns in &ctx.lab.ns {
+            in_ns(ns, "ethtool", &["-K", "eth0", "tx", on])?;
+        }
+        Ok(())
+    };
+    set("off")?;
+    let run = ctx.start(
+        "noseg",
+        &[
+            "check",
+            "--rounds",
+            "2",
+            "--inflight",
+            "4",
+            "--size",
+            "1048576",
+        ],
+        &[],
+    );
+    let run = run.map(|mut r| {
+        let done = r.wait_all(Duration::from_secs(180));
+        (r, done)
+    });
+    // Offload back on for the checks after this one, whatever happened.
+    set("on")?;
+    let (r, done) = run?;
+    let outs = all_checked(&r, ctx.p())?;
+    if !done {
+        return Err("ranks ran past 180 s".to_owned());
+    }
+    let (sent, in_place) = sent_in_place(&outs);
+    if sent == 0 {
+        return Err("no datagram sent".to_owned());
+    }
+    let how = if in_place == sent {
+        "all gathered in place, segmented in software".to_owned()
+    } else {
+        format!("{in_place} gathered in place, the rest laid out after the kernel refused GSO")
+    };
+    Ok(format!(
+        "veths without checksum offload: {sent} datagrams sent ({how}), every op byte for byte"
     ))
 }
 

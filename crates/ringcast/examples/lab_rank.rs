@@ -305,7 +305,7 @@ fn stats(comm: &Communicator, when: &str) -> Result<(), Fail> {
          opcode={} pkey={} qkey={} destqp={} version={} malformed={} unknown_source={} \
          bad_icrc={} stale={} out_of_range={} duplicate={} own={} wrong_source={} \
          wrong_lane={} bad_length={} fetched={} socket_drops={} tcp_sent={} tcp_received={} \
-         ops_completed={} ops_failed={}",
+         ops_completed={} ops_failed={} sent={} sent_in_place={}",
         comm.rank(),
         mode_name(s.mode),
         rx.datagrams,
@@ -333,6 +333,8 @@ fn stats(comm: &Communicator, when: &str) -> Result<(), Fail> {
         s.counters.tcp_bytes_received,
         s.ops_completed,
         s.ops_failed,
+        s.tx.datagrams,
+        s.tx.in_place,
     ));
     Ok(())
 }

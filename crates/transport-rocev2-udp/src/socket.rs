@@ -431,6 +431,12 @@ impl TxSocket {
         self.state.try_send((&self.sock).into(), transmit)
     }
 
+    /// The socket itself (tests set options on it).
+    #[cfg(test)]
+    pub(crate) fn raw(&self) -> &Socket {
+        &self.sock
+    }
+
     /// One `sendmsg` gathered from `bufs`: one datagram, or a GSO batch of `segment`-byte
     /// datagrams (see [`crate::sys::send_gathered`]).
     pub(crate) fn send_gathered(

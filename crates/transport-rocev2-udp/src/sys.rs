@@ -224,6 +224,29 @@ pub(crate) fn send_gathered(
     sock.sendmsg(&msg.with_control(&control.0[..space]), 0)
 }
 
+/// Turns the UDP checksum off on `sock` (`SO_NO_CHECK`), which makes the kernel refuse GSO
+/// sends with `EINVAL`: a way to exercise the fallback without a device that cannot segment.
+#[cfg(test)]
+pub(crate) fn no_udp_checksum(sock: &impl AsFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    let fd = sock.as_fd().as_raw_fd();
+    // SAFETY: `fd` is an open socket borrowed for the call; `on` is a live `c_int` whose size
+    // is the length passed, and the kernel only reads it during the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_NO_CHECK,
+            (&raw const on).cast(),
+            std::mem::size_of_val(&on) as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

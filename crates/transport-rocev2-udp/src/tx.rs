@@ -465,3 +465,88 @@ impl LaneSender {
         Ok(n)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addr::{AddrConfig, JobAddrs};
+    use crate::{LaneReceiver, RxConfig, RxSocket, SocketConfig};
+    use std::time::{Duration, Instant};
+
+    /// The kernel refuses GSO on a socket without UDP checksums (`EINVAL`), as it refuses it
+    /// (`EIO`) on a device that cannot segment: the refused gathered batch is resent laid out,
+    /// every later one is laid out too, and every datagram arrives with the right ICRC.
+    #[test]
+    fn a_refused_gathered_gso_send_is_resent_laid_out_and_arrives_whole() {
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = AddrConfig {
+            port,
+            ..AddrConfig::default()
+        };
+        let job = JobAddrs::derive(0x5EED_00F1, 1, &cfg).unwrap();
+        let group = job.group(0).unwrap();
+        let mut rx_cfg = RxConfig::new(0, 0xFFFF, job.qkey(), 4096);
+        rx_cfg.verify_icrc = true;
+        let rx_sock = RxSocket::open(&SocketConfig::loopback(), group).unwrap();
+        let mut rx = LaneReceiver::new(rx_sock, rx_cfg);
+        let tx_cfg = TxConfig {
+            lane: 0,
+            group,
+            pkey: 0xFFFF,
+            qkey: job.qkey(),
+            rank: 3,
+            max_payload: 4096,
+            gso: true,
+            initial_psn: 0,
+        };
+        let mut tx =
+            LaneSender::new(TxSocket::open(&SocketConfig::loopback()).unwrap(), tx_cfg).unwrap();
+        if !tx.gso_active() {
+            eprintln!("no GSO on this kernel: nothing to refuse");
+            return;
+        }
+        crate::sys::no_udp_checksum(tx.sock.raw()).unwrap();
+        const N: usize = 20;
+        let payloads: Vec<Vec<u8>> = (0..N)
+            .map(|k| {
+                let len = if k == N - 1 { 1001 } else { 4096 };
+                (0..len).map(|i| (k * 13 + i) as u8).collect()
+            })
+            .collect();
+        let chunks: Vec<OutChunk<'_>> = payloads
+            .iter()
+            .enumerate()
+            .map(|(k, p)| OutChunk {
+                imm: k as u32,
+                payload: p,
+            })
+            .collect();
+        let mut at = 0;
+        while at < N {
+            at += tx.send_in_place(&chunks[at..]).unwrap().chunks;
+        }
+        let st = *tx.stats();
+        assert!(!tx.sends_in_place(), "switched off for good: {st:?}");
+        assert!(!tx.gso_active(), "quinn-udp found GSO refused too: {st:?}");
+        // One by one after quinn-udp's own GSO try (refused, counted as a send and a
+        // fallback); the refused gathered send is counted as neither.
+        assert_eq!(
+            (st.datagrams, st.in_place, st.gso_fallbacks, st.sends),
+            (N as u64, 0, 1, N as u64 + 1)
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut got = [false; N];
+        while got.iter().any(|g| !g) && Instant::now() < deadline {
+            for c in rx.recv(Duration::from_millis(50)).unwrap().iter() {
+                assert_eq!(c.payload, &payloads[c.imm as usize][..], "chunk {}", c.imm);
+                got[c.imm as usize] = true;
+            }
+        }
+        assert!(got.iter().all(|g| *g), "received {got:?}");
+        assert_eq!(rx.stats().bad_icrc, 0, "{:?}", rx.stats());
+    }
+}
