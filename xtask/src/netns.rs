@@ -452,6 +452,18 @@ fn correctness(ctx: &Ctx<'_>) -> Result<String, String> {
     ))
 }
 
+/// `lab_rank` arguments of a short verified run: 2 rounds of Broadcast, Allgather and
+/// Allgatherv, 4 in flight, 1 MiB.
+const SHORT_CHECK: &[&str] = &[
+    "check",
+    "--rounds",
+    "2",
+    "--inflight",
+    "4",
+    "--size",
+    "1048576",
+];
+
 /// Datagrams the ranks sent, and how many of them were gathered from the buffers in place
 /// (summed over the ranks' final `STATS`).
 fn sent_in_place(outs: &[String]) -> (u64, u64) {
@@ -477,19 +489,7 @@ fn no_offload(ctx: &Ctx<'_>) -> Result<String, String> {
         Ok(())
     };
     set("off")?;
-    let run = ctx.start(
-        "noseg",
-        &[
-            "check",
-            "--rounds",
-            "2",
-            "--inflight",
-            "4",
-            "--size",
-            "1048576",
-        ],
-        &[],
-    );
+    let run = ctx.start("nooffload", SHORT_CHECK, &[]);
     let run = run.map(|mut r| {
         let done = r.wait_all(Duration::from_secs(180));
         (r, done)
@@ -622,19 +622,7 @@ fn loss(ctx: &Ctx<'_>) -> Result<String, String> {
         for ns in &ctx.lab.ns {
             ctx.lab.nft(ns, std::slice::from_ref(&rule), &[])?;
         }
-        let mut r = ctx.start(
-            &format!("loss{pct}"),
-            &[
-                "check",
-                "--rounds",
-                "2",
-                "--inflight",
-                "4",
-                "--size",
-                "1048576",
-            ],
-            &[],
-        )?;
+        let mut r = ctx.start(&format!("loss{pct}"), SHORT_CHECK, &[])?;
         let done = r.wait_all(Duration::from_secs(180));
         let dropped: u64 = ctx
             .lab

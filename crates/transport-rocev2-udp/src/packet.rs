@@ -67,15 +67,9 @@ pub(crate) fn emit_headers(
     imm: u32,
     payload_len: usize,
 ) {
-    let repr = UdSendImmRepr::new(
-        &fields.keys(),
-        fields.src_qp,
-        psn & MASK_24,
-        imm,
-        payload_len,
-    );
     // Cannot fail: PSN masked, SrcQP checked by the sender, `out` sized by `datagram_len`.
-    repr.emit(out)
+    repr(fields, psn, imm, payload_len)
+        .emit(out)
         .expect("UD SEND_ONLY_WITH_IMMEDIATE headers fit their staging slot");
 }
 
@@ -89,17 +83,22 @@ pub(crate) fn emit_header_only(
     imm: u32,
     payload_len: usize,
 ) {
-    let repr = UdSendImmRepr::new(
+    // Cannot fail: PSN masked, SrcQP checked by the sender, `out` exactly the headers' size,
+    // and the payload at most the sender's maximum.
+    repr(fields, psn, imm, payload_len)
+        .emit_headers(out)
+        .expect("UD SEND_ONLY_WITH_IMMEDIATE headers fit their slot");
+}
+
+/// The headers of a chunk of `payload_len` bytes with this PSN and immediate.
+fn repr(fields: HeaderFields, psn: u32, imm: u32, payload_len: usize) -> UdSendImmRepr {
+    UdSendImmRepr::new(
         &fields.keys(),
         fields.src_qp,
         psn & MASK_24,
         imm,
         payload_len,
-    );
-    // Cannot fail: PSN masked, SrcQP checked by the sender, `out` exactly the headers' size,
-    // and the payload at most the sender's maximum.
-    repr.emit_headers(out)
-        .expect("UD SEND_ONLY_WITH_IMMEDIATE headers fit their slot");
+    )
 }
 
 /// The DETH SrcQP and the immediate of a datagram's headers (`h` holds at least

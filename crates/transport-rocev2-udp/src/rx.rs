@@ -716,7 +716,7 @@ fn gro_segment(control: &[u8]) -> Option<usize> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::addr::{AddrConfig, JobAddrs};
     use crate::socket::{SocketConfig, TxSocket};
@@ -724,14 +724,20 @@ mod tests {
 
     const CS: usize = 4096;
 
-    struct Pair {
-        tx: LaneSender,
-        rx: LaneReceiver,
-        qkey: u32,
-        group: SocketAddrV4,
+    /// A lane sender (rank 2, GSO on) and a receiver of its group on loopback.
+    pub(crate) struct Pair {
+        pub(crate) tx: LaneSender,
+        pub(crate) rx: LaneReceiver,
+        pub(crate) qkey: u32,
+        pub(crate) group: SocketAddrV4,
     }
 
     fn pair(nonce: u64) -> Pair {
+        pair_with(nonce, |_| {})
+    }
+
+    /// [`Pair`] with the receiver's config changed by `f`.
+    pub(crate) fn pair_with(nonce: u64, f: impl FnOnce(&mut RxConfig)) -> Pair {
         let port = std::net::UdpSocket::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -743,9 +749,11 @@ mod tests {
         };
         let job = JobAddrs::derive(nonce, 1, &cfg).unwrap();
         let group = job.group(0).unwrap();
+        let mut cfg = RxConfig::new(0, 0xFFFF, job.qkey(), CS);
+        f(&mut cfg);
         let rx = LaneReceiver::new(
             RxSocket::open(&SocketConfig::loopback(), group).unwrap(),
-            RxConfig::new(0, 0xFFFF, job.qkey(), CS),
+            cfg,
         );
         Pair {
             tx: sender(group, job.qkey()),

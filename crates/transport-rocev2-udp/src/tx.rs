@@ -469,8 +469,6 @@ impl LaneSender {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::addr::{AddrConfig, JobAddrs};
-    use crate::{LaneReceiver, RxConfig, RxSocket, SocketConfig};
     use std::time::{Duration, Instant};
 
     /// The kernel refuses GSO on a socket without UDP checksums (`EINVAL`), as it refuses it
@@ -478,33 +476,8 @@ mod tests {
     /// every later one is laid out too, and every datagram arrives with the right ICRC.
     #[test]
     fn a_refused_gathered_gso_send_is_resent_laid_out_and_arrives_whole() {
-        let port = std::net::UdpSocket::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let cfg = AddrConfig {
-            port,
-            ..AddrConfig::default()
-        };
-        let job = JobAddrs::derive(0x5EED_00F1, 1, &cfg).unwrap();
-        let group = job.group(0).unwrap();
-        let mut rx_cfg = RxConfig::new(0, 0xFFFF, job.qkey(), 4096);
-        rx_cfg.verify_icrc = true;
-        let rx_sock = RxSocket::open(&SocketConfig::loopback(), group).unwrap();
-        let mut rx = LaneReceiver::new(rx_sock, rx_cfg);
-        let tx_cfg = TxConfig {
-            lane: 0,
-            group,
-            pkey: 0xFFFF,
-            qkey: job.qkey(),
-            rank: 3,
-            max_payload: 4096,
-            gso: true,
-            initial_psn: 0,
-        };
-        let mut tx =
-            LaneSender::new(TxSocket::open(&SocketConfig::loopback()).unwrap(), tx_cfg).unwrap();
+        let crate::rx::tests::Pair { mut tx, mut rx, .. } =
+            crate::rx::tests::pair_with(0x5EED_00F1, |c| c.verify_icrc = true);
         // Loopback segments in software on every kernel with UDP GSO (4.18 on).
         assert!(tx.gso_active(), "no UDP GSO on loopback");
         crate::sys::no_udp_checksum(tx.sock.raw()).unwrap();
