@@ -1,7 +1,7 @@
 //! What the session tells its driver: transmits, placements, events, errors.
 
 use crate::config::Rank;
-use crate::wire::ChunkRun;
+use crate::port::ReadRequest;
 use core::fmt;
 
 /// Identifies one collective operation: its sequence number on the session.
@@ -37,21 +37,9 @@ pub enum Transmit {
         len: usize,
     },
     /// Read bytes `offset..offset + len` of `from`'s buffer of this operation into the same
-    /// range of ours. Report with [`Session::handle_read_done`](crate::Session::handle_read_done).
-    Read {
-        /// Names this read.
-        id: ReadId,
-        /// Operation.
-        op: OpId,
-        /// The peer to read from.
-        from: Rank,
-        /// The chunks covered.
-        run: ChunkRun,
-        /// Byte offset (same in both buffers).
-        offset: u64,
-        /// Bytes.
-        len: u64,
-    },
+    /// range of ours, as [`ControlPort::read`](crate::port::ControlPort::read) takes it.
+    /// Report with [`Session::handle_read_done`](crate::Session::handle_read_done).
+    Read(ReadRequest),
 }
 
 /// Where a received chunk's payload goes, or why it is dropped.

@@ -148,6 +148,7 @@ use crate::event::{OpError, OpId, ReadId, Transmit};
 use crate::lane::{LaneCommand, RxCommand};
 use crate::op::{Collective, keepalive_interval, transfer_time};
 use crate::out::{ControlMsg, Ctx, Outcome, Outgoing, bump};
+use crate::port::ReadRequest;
 use crate::timer::Timer;
 use crate::wire::{ChunkRun, ControlKind, RunList};
 use alloc::vec::Vec;
@@ -749,14 +750,15 @@ impl Collective {
         };
         for p in &pieces {
             let id = cx.read_id();
-            cx.out.push_back(Outgoing::Ready(Transmit::Read {
-                id,
-                op: self.id,
-                from,
-                run: p.run,
-                offset: p.offset,
-                len: p.len,
-            }));
+            cx.out
+                .push_back(Outgoing::Ready(Transmit::Read(ReadRequest {
+                    id,
+                    op: self.id,
+                    from,
+                    run: p.run,
+                    offset: p.offset,
+                    len: p.len,
+                })));
             bump(&mut cx.stats.reads);
             f.reads.push((id, p.run, depth));
         }

@@ -233,21 +233,7 @@ pub fn pump<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
 pub fn send_transmit<C: ControlPort + ?Sized>(control: &mut C, t: Transmit, buf: &[u8]) {
     match t {
         Transmit::Control { to, len } => control.send_control(to, &buf[..len.min(buf.len())]),
-        Transmit::Read {
-            id,
-            op,
-            from,
-            run,
-            offset,
-            len,
-        } => control.read(&ReadRequest {
-            id,
-            op,
-            from,
-            run,
-            offset,
-            len,
-        }),
+        Transmit::Read(req) => control.read(&req),
     }
 }
 
