@@ -934,15 +934,7 @@ fn unreachable(ctx: &Ctx<'_>) -> Result<String, String> {
         }
         let mut r = ctx.start(
             "fallback",
-            &[
-                "check",
-                "--rounds",
-                "2",
-                "--inflight",
-                "4",
-                "--size",
-                "1048576",
-            ],
+            SHORT_CHECK,
             &[("RINGCAST_FALLBACK", "tcp".to_owned())],
         )?;
         r.wait_all(Duration::from_secs(120));

@@ -372,16 +372,16 @@ impl InPlace<'_> {
                 return Ok(0);
             }
             Peeked::Header { src_qp, imm } if src_qp < self.ranks => (src_qp, imm),
-            _ => return recv.read_now(),
+            _ => return recv.read_batch(),
         };
         let Some(run) = predict(Rank(src_qp), imm, self.max as u32) else {
-            return recv.read_now();
+            return recv.read_batch();
         };
         if self.cache.as_ref().is_none_or(|(o, _)| *o != run.op) {
             *self.cache = self.registry.get(run.op).map(|b| (run.op, b));
         }
         let Some((_, buf)) = self.cache.as_ref() else {
-            return recv.read_now();
+            return recv.read_batch();
         };
         // `predict` gives at most `max` chunks; a longer run is refused by `recv_into`.
         let expect = Expect {
@@ -402,7 +402,7 @@ impl InPlace<'_> {
                 *self.landed = Some((run.op, run.offset));
                 Ok(n)
             }
-            None => recv.read_now(),
+            None => recv.read_batch(),
         }
     }
 }

@@ -340,12 +340,6 @@ impl LaneReceiver {
         }
     }
 
-    /// One batched read (`recvmmsg`, non-blocking): the datagrams read, empty ones included
-    /// (0: nothing was queued).
-    pub(crate) fn read_now(&mut self) -> io::Result<usize> {
-        self.read_batch()
-    }
-
     /// Forgets the last batch (after a read that failed).
     pub(crate) fn clear(&mut self) {
         self.accepted.clear();
@@ -365,8 +359,9 @@ impl LaneReceiver {
         }
     }
 
-    /// One `recvmmsg`, then checks; returns the datagrams read, empty ones included.
-    fn read_batch(&mut self) -> io::Result<usize> {
+    /// One batched read (`recvmmsg`, non-blocking), then checks; returns the datagrams read,
+    /// empty ones included (0: nothing was queued).
+    pub(crate) fn read_batch(&mut self) -> io::Result<usize> {
         self.accepted.clear();
         let msgs = {
             let mut slots = self.buf.chunks_mut(SLOT);

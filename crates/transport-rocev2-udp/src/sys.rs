@@ -185,6 +185,12 @@ pub(crate) fn peek(
 #[repr(C, align(8))]
 struct SegmentControl([u8; 32]);
 
+// SAFETY: `CMSG_SPACE` and `CMSG_LEN` are arithmetic on their argument only.
+const SEGMENT_SPACE: usize = unsafe { libc::CMSG_SPACE(size_of::<u16>() as libc::c_uint) } as usize;
+// SAFETY: as above.
+const SEGMENT_LEN: usize = unsafe { libc::CMSG_LEN(size_of::<u16>() as libc::c_uint) } as usize;
+const _: () = assert!(SEGMENT_SPACE <= size_of::<SegmentControl>());
+
 /// One blocking `sendmsg` of `bufs`, in order, to `to`: as one datagram, or with `segment`
 /// as a GSO batch the kernel cuts into datagrams of `segment` bytes (the last may be
 /// shorter), with a `UDP_SEGMENT` control message. Returns the bytes sent (all of them: a
@@ -200,28 +206,21 @@ pub(crate) fn send_gathered(
         return sock.sendmsg(&msg, 0);
     };
     let mut control = SegmentControl([0; 32]);
-    // SAFETY: `CMSG_SPACE` and `CMSG_LEN` are arithmetic on their argument only.
-    let (space, len) = unsafe {
-        (
-            libc::CMSG_SPACE(std::mem::size_of::<u16>() as libc::c_uint) as usize,
-            libc::CMSG_LEN(std::mem::size_of::<u16>() as libc::c_uint) as usize,
-        )
-    };
-    debug_assert!(space <= control.0.len());
     let hdr = control.0.as_mut_ptr().cast::<libc::cmsghdr>();
     // SAFETY: `control` is a live, writable, 8-aligned buffer of 32 bytes: room for a
     // `cmsghdr` at its start (16 bytes on 64-bit Linux) followed by its `u16` of data at
-    // `CMSG_DATA` (`CMSG_SPACE(2)` bytes in all, checked above), all within the buffer.
+    // `CMSG_DATA` (`CMSG_SPACE(2)` bytes in all, asserted at compile time to fit), all
+    // within the buffer.
     // `cmsghdr` is plain data and the buffer starts zeroed, so writing its fields through
     // the aligned pointer is sound; the data is written unaligned. The pointers do not
     // outlive this block.
     unsafe {
-        (*hdr).cmsg_len = len as _;
+        (*hdr).cmsg_len = SEGMENT_LEN as _;
         (*hdr).cmsg_level = libc::SOL_UDP;
         (*hdr).cmsg_type = libc::UDP_SEGMENT;
         std::ptr::write_unaligned(libc::CMSG_DATA(hdr).cast::<u16>(), segment);
     }
-    sock.sendmsg(&msg.with_control(&control.0[..space]), 0)
+    sock.sendmsg(&msg.with_control(&control.0[..SEGMENT_SPACE]), 0)
 }
 
 /// Turns the UDP checksum off on `sock` (`SO_NO_CHECK`), which makes the kernel refuse GSO

@@ -205,6 +205,23 @@ fn open(
     .map_err(|e: PortError| format!("rank {rank}: data path: {e}"))
 }
 
+/// Rank `cfg.rank`'s data path opened with `cfg`, its control path alone in its table
+/// (no peer to connect to), and the registry its operations' buffers go in.
+fn lone_port(cfg: &UdpPortConfig) -> (UdpPort, Registry) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let table = vec![listener.local_addr().unwrap()];
+    let control = TcpControl::connect(
+        cfg.rank,
+        &table,
+        listener,
+        Registry::default(),
+        ControlConfig::new(cfg.nonce),
+    )
+    .unwrap();
+    let registry = control.registry().clone();
+    (UdpPort::open(cfg, control).unwrap(), registry)
+}
+
 fn lane_counts<'a>(rx: impl Iterator<Item = &'a UdpRx>) -> (u64, u64) {
     rx.fold((0, 0), |(a, d), r| {
         (
@@ -420,20 +437,8 @@ fn send_half_sends_from_the_buffer_and_counts_what_it_cannot() {
     use ringcast_transport_rocev2_udp::{LaneReceiver, RxConfig, RxSocket, SocketConfig};
 
     let nonce = nonce(77);
-    let udp_port = free_udp_port();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let table = vec![listener.local_addr().unwrap()];
-    let control = TcpControl::connect(
-        0,
-        &table,
-        listener,
-        Registry::default(),
-        ControlConfig::new(nonce),
-    )
-    .unwrap();
-    let registry = control.registry().clone();
-    let cfg = UdpPortConfig::loopback(0, 1, 1, nonce, udp_port);
-    let port = UdpPort::open(&cfg, control).unwrap();
+    let cfg = UdpPortConfig::loopback(0, 1, 1, nonce, free_udp_port());
+    let (port, registry) = lone_port(&cfg);
     let Ports { mut tx, .. } = ringcast_core::port::Port::into_ports(port);
     let mut tx = tx.remove(0);
     // A receiver of our own on the lane's group (loopback delivers to it).
@@ -496,20 +501,9 @@ fn receive_half_reads_a_predicted_run_in_place_once() {
     use ringcast_transport_rocev2_udp::{LaneSender, OutChunk, SocketConfig, TxConfig, TxSocket};
 
     let nonce = nonce(78);
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let table = vec![listener.local_addr().unwrap()];
-    let control = TcpControl::connect(
-        0,
-        &table,
-        listener,
-        Registry::default(),
-        ControlConfig::new(nonce),
-    )
-    .unwrap();
-    let registry = control.registry().clone();
     let mut cfg = UdpPortConfig::loopback(0, 2, 1, nonce, free_udp_port());
     cfg.verify_icrc = false;
-    let port = UdpPort::open(&cfg, control).unwrap();
+    let (port, registry) = lone_port(&cfg);
     let Ports { mut rx, .. } = ringcast_core::port::Port::into_ports(port);
     let mut rx = rx.remove(0);
     let job = ringcast_transport_rocev2_udp::addr::JobAddrs::derive(nonce, 1, &cfg.addr).unwrap();
