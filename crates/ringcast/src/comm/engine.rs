@@ -53,7 +53,7 @@
 //!
 //! ## Pacing
 //! See [`rate`]: receivers report during an operation (every few milliseconds, at once after
-//! socket drops) and at its end, the root's AIMD controller sets one rate, the send workers' token buckets ([`Pacer`]) release one GSO batch at a time at their
+//! socket drops) and at its end (unless they reported moments ago without new drops), the root's AIMD controller sets one rate, the send workers' token buckets ([`Pacer`]) release one GSO batch at a time at their
 //! share of it. `RINGCAST_PACING=off` disables it; `RINGCAST_PIN=1` pins the threads.
 
 use std::collections::VecDeque;
@@ -553,11 +553,13 @@ impl Engine {
         };
         if verdict.is_ok() && !self.live[i].roots.is_empty() {
             let r = self.report();
-            let report = rate::encode(&r);
-            for &root in &self.live[i].roots {
-                self.control.send_control(Rank(root), &report);
+            if self.report_due(&r) {
+                let report = rate::encode(&r);
+                for &root in &self.live[i].roots {
+                    self.control.send_control(Rank(root), &report);
+                }
+                self.reported = Some((StdInstant::now(), r.socket_drops));
             }
-            self.reported = Some((StdInstant::now(), r.socket_drops));
         }
         let live = &mut self.live[i];
         live.verdict = Some(verdict);
@@ -571,6 +573,16 @@ impl Engine {
                 let _ = reply.send(Err(error.into()));
             }
         }
+    }
+
+    /// Whether an operation's end sends report `r` to its roots: when the sockets dropped
+    /// datagrams since the last report, or that one is [`REPORT_EVERY`] old. A run of short
+    /// operations then reports as often as a long one does in flight, not once per operation
+    /// and root: on a busy host every such message is a wake-up on both ends, paid by the
+    /// next operation.
+    fn report_due(&self, r: &ReceiverReport) -> bool {
+        self.reported
+            .is_none_or(|(at, drops)| r.socket_drops > drops || at.elapsed() >= REPORT_EVERY)
     }
 
     /// This rank's cumulative receiver report.
