@@ -98,6 +98,15 @@ fn broadcast_allgather_allgatherv_byte_for_byte() {
         if me != 1 && st.counters.chunks_received + st.counters.chunks_fetched == 0 {
             return Err(format!("no chunk counted: {st:?}"));
         }
+        // The receivers' kernels wrote chunks where they belong (read in place), and none
+        // had to be moved afterwards.
+        let s = comm.stats().map_err(e)?;
+        if s.rx_moved != 0 || (me != 1 && s.rx.direct == 0) {
+            return Err(format!(
+                "received in place: moved {}, {:?}",
+                s.rx_moved, s.rx
+            ));
+        }
         // Allgather, 64 KiB per rank.
         let block = 64 << 10;
         let blocks: Vec<Vec<u8>> = (0..RANKS).map(|r| pattern(2, r, block)).collect();
@@ -223,7 +232,10 @@ fn several_in_flight_complete_out_of_order() {
 #[test]
 fn a_rank_that_stops_fails_the_others_naming_it() {
     const GONE: u32 = 3;
-    let got = world(3, |comm| {
+    // The survivors keep their communicators until each has seen both failures: one that
+    // left at once would be a second lost rank, and the others might hear of it first.
+    let done = std::sync::Arc::new(std::sync::Barrier::new(RANKS as usize - 1));
+    let got = world(3, move |comm| {
         let me = comm.rank();
         // Everyone is up and connected.
         let mut x = vec![me as u8; 8];
@@ -249,6 +261,7 @@ fn a_rank_that_stops_fails_the_others_naming_it() {
         };
         // The communicator is broken from now on: a later post fails at once, naming it.
         let later = comm.ibroadcast(0, vec![0u8; 16]).map_err(e)?.wait();
+        done.wait();
         Ok(Some((err, later)))
     });
     for (r, g) in got.into_iter().enumerate() {

@@ -196,6 +196,10 @@ pub(crate) struct Engine {
     queued: VecDeque<Post>,
     live: Vec<Live>,
     lost: Vec<Lost>,
+    /// The rank the first failure blamed: what every later post's failure names. Losses
+    /// arrive over one connection each, so when a rank's failure makes another leave too,
+    /// this rank may hear of the second first; the first verdict is the one to keep.
+    culprit: Option<u32>,
     /// The id the session gives the next operation it starts.
     next_op: u64,
     max_inflight: usize,
@@ -250,6 +254,7 @@ impl Engine {
             queued: VecDeque::new(),
             live: Vec::new(),
             lost: Vec::new(),
+            culprit: None,
             next_op: 0,
             max_inflight,
             clock: Clock(StdInstant::now()),
@@ -346,7 +351,7 @@ impl Engine {
         match c {
             Command::Post(p) => {
                 if let Some(l) = self.lost.iter().find(|l| l.dooms(self.next_op)) {
-                    let peer = l.rank;
+                    let peer = self.culprit.unwrap_or(l.rank);
                     self.failed += 1;
                     let _ = p.reply.send(Err(CommError::PeerLost { peer }));
                 } else {
@@ -548,6 +553,9 @@ impl Engine {
             Event::Failed { op, error } => (op, Err(error)),
             _ => return,
         };
+        if let Err(error) = verdict {
+            self.culprit = self.culprit.or(CommError::from(error).peer());
+        }
         let Some(i) = self.live.iter().position(|l| l.op == op) else {
             return;
         };
@@ -611,7 +619,9 @@ impl Engine {
             .handle_peer_lost(now, Rank(rank), OpId(mark.unwrap_or(0)));
         for p in self.queued.drain(..) {
             self.failed += 1;
-            let _ = p.reply.send(Err(CommError::PeerLost { peer: rank }));
+            let _ = p.reply.send(Err(CommError::PeerLost {
+                peer: self.culprit.unwrap_or(rank),
+            }));
         }
     }
 
@@ -703,6 +713,7 @@ impl Engine {
             add_rx(&mut s.rx, &r.udp);
             s.rx_bad_source += r.bad_source;
             s.rx_bad_place += r.bad_place;
+            s.rx_moved += r.moved;
             s.rx_errors += r.errors;
             s.socket_drops += r.socket_drops;
             let t = lane::read(&l.tx_snap);

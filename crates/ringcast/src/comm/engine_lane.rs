@@ -71,6 +71,7 @@ pub(super) struct RxSnap {
     pub(super) udp: RxStats,
     pub(super) bad_source: u64,
     pub(super) bad_place: u64,
+    pub(super) moved: u64,
     pub(super) errors: u64,
     pub(super) socket_drops: u64,
 }
@@ -458,6 +459,7 @@ impl RxWorker {
                 udp: *self.port.receiver().stats(),
                 bad_source: self.port.bad_source,
                 bad_place: self.port.bad_place,
+                moved: self.port.moved,
                 errors: self.port.errors,
                 socket_drops: self.socket_drops,
             },

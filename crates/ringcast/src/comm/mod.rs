@@ -40,7 +40,8 @@
 //!   first), naming it.
 //! * A peer whose control connection closes (the process died) fails every operation in
 //!   flight at once with [`CommError::PeerLost`] naming it; so does every later post: a
-//!   communicator that lost a rank cannot run collectives any more.
+//!   communicator that lost a rank cannot run collectives any more. When one failure makes
+//!   other ranks leave too, later posts keep naming the rank the first failure blamed.
 //! * A peer that drops its communicator says goodbye first: operations it finished complete
 //!   normally elsewhere, the others fail with [`CommError::PeerLost`].
 //! * Dropping a communicator cancels what is in flight (their requests return

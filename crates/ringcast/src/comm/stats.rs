@@ -133,6 +133,9 @@ pub struct CommStats {
     pub rx_bad_source: u64,
     /// Chunks placed into no buffer (operation already released).
     pub rx_bad_place: u64,
+    /// Chunks the kernel wrote straight into an operation's buffer that the core placed at
+    /// another offset, so they were copied there after all (0 unless a prediction went wrong).
+    pub rx_moved: u64,
     /// Receive calls that failed.
     pub rx_errors: u64,
     /// Datagrams the kernel dropped on the lanes' sockets (full receive buffer).
