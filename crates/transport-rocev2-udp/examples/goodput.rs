@@ -33,6 +33,7 @@
 
 #![allow(clippy::print_stdout)]
 
+use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -106,7 +107,12 @@ fn receiver_sched(batch: bool) {
     }
 }
 
-fn args() -> Args {
+const USAGE: &str = "usage: goodput [--payload BYTES] [--secs S] [--rate-mbps MB/s] \
+[--mode all|gso|nogso|std] [--sched batch|other] [--deliver BYTES] \
+[--role send|recv --iface IPv4 --port PORT]";
+
+/// The arguments, or what is wrong with them.
+fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
         payload: 4096,
         secs: 2.0,
@@ -118,29 +124,44 @@ fn args() -> Args {
         batch: true,
         deliver: 0,
     };
-    let mut it = std::env::args().skip(1);
+    fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T, String> {
+        v.parse().map_err(|_| format!("{k}: cannot read {v:?}"))
+    }
     while let Some(k) = it.next() {
-        let v = it.next().unwrap_or_default();
+        if k == "-h" || k == "--help" {
+            return Err(String::new());
+        }
+        let v = it.next().ok_or_else(|| format!("{k} needs a value"))?;
         match k.as_str() {
-            "--payload" => a.payload = v.parse().expect("--payload bytes"),
-            "--secs" => a.secs = v.parse().expect("--secs seconds"),
-            "--rate-mbps" => a.rate_mbps = v.parse().expect("--rate-mbps MB/s"),
-            "--mode" => a.mode = v,
-            "--role" => a.role = Some(v),
-            "--iface" => a.iface = v.parse().expect("--iface IPv4 address"),
-            "--port" => a.port = v.parse().expect("--port UDP port"),
-            "--deliver" => a.deliver = v.parse().expect("--deliver bytes"),
-            "--sched" => {
-                a.batch = match v.as_str() {
-                    "batch" => true,
-                    "other" => false,
-                    _ => panic!("--sched batch|other"),
-                }
-            }
-            _ => panic!("unknown argument {k}"),
+            "--payload" => a.payload = num(&k, &v)?,
+            "--secs" => a.secs = num(&k, &v)?,
+            "--rate-mbps" => a.rate_mbps = num(&k, &v)?,
+            "--iface" => a.iface = num(&k, &v)?,
+            "--port" => a.port = num(&k, &v)?,
+            "--deliver" => a.deliver = num(&k, &v)?,
+            "--mode" if ["all", "gso", "nogso", "std"].contains(&v.as_str()) => a.mode = v,
+            "--role" if v == "send" || v == "recv" => a.role = Some(v),
+            "--sched" if v == "batch" || v == "other" => a.batch = v == "batch",
+            "--mode" | "--role" | "--sched" => return Err(format!("{k}: unknown value {v:?}")),
+            _ => return Err(format!("unknown argument {k}")),
         }
     }
-    a
+    Ok(a)
+}
+
+/// The arguments; usage (and exit status 2 on a mistake) otherwise.
+fn args() -> Args {
+    match parse_args(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) if e.is_empty() => {
+            println!("{USAGE}");
+            std::process::exit(0)
+        }
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "goodput: {e}\n{USAGE}");
+            std::process::exit(2)
+        }
+    }
 }
 
 struct RxResult {
@@ -498,7 +519,9 @@ fn run_role(a: &Args, role: &str) {
                 s.datagrams
             );
         }
-        other => panic!("unknown --role {other} (send or recv)"),
+        other => {
+            let _ = writeln!(std::io::stderr(), "goodput: unknown --role {other}");
+        }
     }
 }
 
