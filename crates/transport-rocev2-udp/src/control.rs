@@ -16,12 +16,15 @@
 //! closes the connection. Nothing on network data is unwrapped.
 //!
 //! ## Threads
-//! Thread-backed: per peer, one **reader** thread (decodes frames, serves the peer's reads
-//! from the [`Registry`], forwards everything else to the owner over a channel) and one
-//! **writer** thread (writes queued frames). Readers never write to a socket themselves, so two
-//! ranks serving each other's large reads cannot deadlock on full TCP buffers. The owner,
-//! [`TcpControl`], is a [`ControlPort`]: `send_control` and `read` only queue frames, and
-//! `poll_control` never blocks.
+//! One **I/O thread** per rank, whatever the number of peers (`rc-ctl-io{rank}`): it waits on
+//! every connection at once (mio: epoll), decodes frames, serves the peers' reads from the
+//! [`Registry`], forwards everything else to the owner over a channel, and writes what is
+//! queued when a socket takes it again. Sockets are non-blocking and nobody ever blocks on a
+//! write: a frame goes out at once from the sending thread when nothing is queued before it
+//! and the socket takes it, and waits in its connection's queue otherwise. So two ranks
+//! serving each other's large reads cannot deadlock on full TCP buffers: both keep reading.
+//! The owner, [`TcpControl`], is a [`ControlPort`]: `send_control` and `read` never block, and
+//! neither does `poll_control`.
 //!
 //! ## The read service
 //! A peer's read is served from this rank's operation buffer, registered per [`OpId`] with
@@ -43,12 +46,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
+use mio::unix::SourceFd;
 use ringcast_core::Rank;
 use ringcast_core::port::{ControlInput, ControlPort, ReadRequest};
 use ringcast_core::{OpId, ReadError, ReadId};
@@ -280,7 +285,7 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-/// What the reader threads hand the owner.
+/// What the I/O thread hands the owner.
 enum Inbound {
     Message(Rank, Vec<u8>),
     ReadData(u64, Vec<u8>),
@@ -289,56 +294,99 @@ enum Inbound {
     Bye(Rank, u64),
 }
 
-struct Peer {
+/// What the owner and the I/O thread share of one connection: the socket (non-blocking) and
+/// the frames not written yet.
+struct Link {
     stream: TcpStream,
-    frames: Option<Sender<Vec<u8>>>,
-    /// Frames queued to the writer and not yet written (or given up on).
-    unwritten: Arc<AtomicU64>,
-    /// Held to queue a frame or to write one directly (see [`Peer::send`]).
-    gate: Arc<Mutex<()>>,
-    threads: Vec<JoinHandle<()>>,
-    lost: bool,
+    out: Mutex<Out>,
 }
 
-impl Peer {
-    /// Whether the writer (the first thread) still has frames to write.
-    fn writer_pending(&self) -> bool {
-        self.unwritten.load(Ordering::Acquire) > 0
-            && self.threads.first().is_some_and(|t| !t.is_finished())
+/// Frames queued on a connection, the first one maybe partly written.
+#[derive(Default)]
+struct Out {
+    frames: VecDeque<Vec<u8>>,
+    /// Bytes of the first frame already written.
+    head: usize,
+    /// The connection is shut down: nothing is queued any more.
+    closed: bool,
+}
+
+impl Link {
+    fn new(stream: TcpStream) -> Self {
+        Link {
+            stream,
+            out: Mutex::default(),
+        }
     }
 
-    /// Sends `f` to the peer: written at once from this thread when the writer has nothing
-    /// queued and the socket takes it without blocking (a control message then costs no
-    /// thread hand-off), else queued to the writer. False when the writer is gone.
+    fn out(&self) -> std::sync::MutexGuard<'_, Out> {
+        self.out.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `f` behind what is queued, then writes what the socket takes without blocking:
+    /// a control message on an idle connection leaves at once, from the calling thread.
+    /// False when the connection is shut down.
     ///
-    /// Frames never interleave: a direct write happens only under the gate with nothing
-    /// queued or being written (`unwritten` is 0 only once the writer finished its last
-    /// frame), every queueing happens under the gate, and a partly written frame's rest is
-    /// queued before the gate opens, so it is the writer's next frame.
-    fn send(&self, mut f: Vec<u8>) -> bool {
-        let Some(q) = &self.frames else {
+    /// Frames never interleave: every write happens under the queue's lock, in queue order,
+    /// and a partly written frame stays first until its rest is written.
+    fn send(&self, f: Vec<u8>) -> bool {
+        let mut out = self.out();
+        if out.closed {
             return false;
-        };
-        let _gate = self.gate.lock().unwrap_or_else(PoisonError::into_inner);
-        if self.unwritten.load(Ordering::Acquire) == 0 {
-            let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-            match socket2::SockRef::from(&self.stream).send_with_flags(&f, flags) {
-                Ok(n) if n == f.len() => return true,
+        }
+        out.frames.push_back(f);
+        self.flush(&mut out);
+        true
+    }
+
+    /// Writes queued frames until none is left or the socket would block (it is then
+    /// registered for writability with the I/O thread, which resumes). A failed write shuts
+    /// the connection down: the I/O thread's read ends and reports the peer lost.
+    fn flush(&self, out: &mut Out) {
+        let sock = socket2::SockRef::from(&self.stream);
+        let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+        while let Some(f) = out.frames.front() {
+            match sock.send_with_flags(&f[out.head..], flags) {
                 Ok(n) => {
-                    f.drain(..n);
+                    out.head += n;
+                    if out.head >= f.len() {
+                        out.frames.pop_front();
+                        out.head = 0;
+                    }
                 }
-                // Would block, interrupted, or failed: the writer retries, blocking, and on
-                // a failure shuts the connection down (the reader then reports the loss).
-                Err(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    self.shut(out);
+                    return;
+                }
             }
         }
-        self.unwritten.fetch_add(1, Ordering::AcqRel);
-        let ok = q.send(f).is_ok();
-        if !ok {
-            self.unwritten.fetch_sub(1, Ordering::AcqRel);
-        }
-        ok
     }
+
+    /// Shuts the connection down; what was queued is dropped.
+    fn shut(&self, out: &mut Out) {
+        out.closed = true;
+        out.frames.clear();
+        out.head = 0;
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
+    fn close(&self) {
+        self.shut(&mut self.out());
+    }
+
+    /// Whether frames still wait to be written.
+    fn pending(&self) -> bool {
+        let out = self.out();
+        !out.closed && !out.frames.is_empty()
+    }
+}
+
+/// The owner's side of one peer.
+struct Peer {
+    link: Arc<Link>,
+    lost: bool,
 }
 
 /// This rank's end of the TCP control mesh: a [`ControlPort`].
@@ -356,9 +404,13 @@ pub struct TcpControl {
     new_lost: VecDeque<PeerLost>,
     departed: Vec<(Rank, u64)>,
     waker: Arc<OnceLock<Thread>>,
+    /// The I/O thread, its stop flag and its poll's waker.
+    io: Option<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    io_waker: Arc<mio::Waker>,
 }
 
-/// The readers' way to the owner: a channel, and the thread to unpark after each send.
+/// The I/O thread's way to the owner: a channel, and the thread to unpark after each send.
 #[derive(Clone)]
 struct Owner {
     tx: Sender<Inbound>,
@@ -543,53 +595,50 @@ impl TcpControl {
             waker: Arc::clone(&waker),
         };
         let stats = Arc::new(ControlStats::default());
+        let poll = mio::Poll::new().map_err(io_err("epoll"))?;
+        let io_waker = Arc::new(mio::Waker::new(poll.registry(), WAKE).map_err(io_err("eventfd"))?);
         let mut peers = Vec::with_capacity(ranks);
+        let mut io_peers = Vec::with_capacity(ranks);
         for (j, s) in streams.into_iter().enumerate() {
             let Some(s) = s else {
                 peers.push(None);
+                io_peers.push(None);
                 continue;
             };
             s.set_read_timeout(None).map_err(io_err("SO_RCVTIMEO"))?;
             s.set_nodelay(true).map_err(io_err("TCP_NODELAY"))?;
-            let (frames, queue) = mpsc::channel::<Vec<u8>>();
-            let unwritten = Arc::new(AtomicU64::new(0));
-            let gate = Arc::new(Mutex::new(()));
-            let w_unwritten = unwritten.clone();
-            let mut threads = Vec::with_capacity(2);
-            let ws = s.try_clone().map_err(io_err("dup"))?;
-            threads.push(
-                thread::Builder::new()
-                    .name(format!("rc-ctl-w{rank}-{j}"))
-                    .spawn(move || writer(ws, queue, w_unwritten))
-                    .map_err(io_err("spawn"))?,
-            );
-            let rs = s.try_clone().map_err(io_err("dup"))?;
-            let reader = Reader {
-                peer: Rank(j as u32),
-                stream: rs,
-                frames: frames.clone(),
-                unwritten: unwritten.clone(),
-                gate: gate.clone(),
-                owner: to_owner.clone(),
-                registry: registry.clone(),
-                stats: stats.clone(),
-                cfg,
-            };
-            threads.push(
-                thread::Builder::new()
-                    .name(format!("rc-ctl-r{rank}-{j}"))
-                    .spawn(move || reader.run())
-                    .map_err(io_err("spawn"))?,
-            );
-            peers.push(Some(Peer {
-                stream: s,
-                frames: Some(frames),
-                unwritten,
-                gate,
-                threads,
-                lost: false,
+            s.set_nonblocking(true).map_err(io_err("O_NONBLOCK"))?;
+            poll.registry()
+                .register(
+                    &mut SourceFd(&s.as_raw_fd()),
+                    mio::Token(j),
+                    mio::Interest::READABLE | mio::Interest::WRITABLE,
+                )
+                .map_err(io_err("epoll_ctl"))?;
+            let link = Arc::new(Link::new(s));
+            io_peers.push(Some(IoPeer {
+                rank: Rank(j as u32),
+                link: Arc::clone(&link),
+                buf: vec![0; READ_STEP],
+                start: 0,
+                end: 0,
             }));
+            peers.push(Some(Peer { link, lost: false }));
         }
+        let stop = Arc::new(AtomicBool::new(false));
+        let io = Io {
+            peers: io_peers,
+            poll,
+            stop: Arc::clone(&stop),
+            owner: to_owner,
+            registry: registry.clone(),
+            stats: Arc::clone(&stats),
+            cfg,
+        };
+        let io = thread::Builder::new()
+            .name(format!("rc-ctl-io{rank}"))
+            .spawn(move || io.run())
+            .map_err(io_err("spawn"))?;
         tracing::debug!(rank, ranks, "control mesh connected");
         Ok(TcpControl {
             rank: Rank(rank),
@@ -605,6 +654,9 @@ impl TcpControl {
             new_lost: VecDeque::new(),
             departed: Vec::new(),
             waker,
+            io: Some(io),
+            stop,
+            io_waker,
         })
     }
 
@@ -663,24 +715,25 @@ impl TcpControl {
     /// not finish) to every live peer, lets each writer flush what is queued (a peer that
     /// does not read for `linger` is cut off), then closes every connection and joins every
     /// thread. Dropping a `TcpControl` without it closes at once and may lose queued frames.
-    pub fn close(mut self, mark: u64, linger: Duration) {
+    pub fn close(self, mark: u64, linger: Duration) {
         let mut bye = frame(KIND_BYE, 8);
         bye.extend_from_slice(&mark.to_be_bytes());
-        for p in self.peers.iter_mut().flatten() {
-            p.send(bye.clone());
-            p.frames = None;
-            // Bounds the writer's flush; shared with the writer's duplicate of the socket.
-            let _ = p.stream.set_write_timeout(Some(linger));
+        let live: Vec<&Arc<Link>> = self
+            .peers
+            .iter()
+            .flatten()
+            .filter(|p| !p.lost)
+            .map(|p| &p.link)
+            .collect();
+        for l in &live {
+            l.send(bye.clone());
         }
-        // Readers hold a sender of their writer's queue (to answer reads): the writer ends
-        // only once the connection is shut down, so wait for its queue to drain first.
+        // The I/O thread writes the rest as the sockets take it.
         let deadline = Instant::now() + linger;
-        for p in self.peers.iter_mut().flatten() {
-            while p.writer_pending() && Instant::now() < deadline {
-                thread::sleep(Duration::from_millis(1));
-            }
+        while live.iter().any(|l| l.pending()) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(1));
         }
-        // Drop shuts the connections down and joins the threads.
+        // Drop shuts the connections down and joins the I/O thread.
     }
 
     fn drain_inbound(&mut self) {
@@ -748,8 +801,7 @@ impl TcpControl {
             return;
         }
         p.lost = true;
-        p.frames = None;
-        let _ = p.stream.shutdown(Shutdown::Both);
+        p.link.close();
         bump(&self.stats.peers_lost);
         tracing::warn!(rank = self.rank.0, peer = r.0, "control: peer lost");
         self.lost.push(r);
@@ -770,7 +822,7 @@ impl TcpControl {
     /// Queues `f` to `to`'s writer; false when the peer is gone.
     fn queue(&mut self, to: Rank, f: Vec<u8>) -> bool {
         let sent = match self.peers.get(to.0 as usize) {
-            Some(Some(p)) if !p.lost => p.send(f),
+            Some(Some(p)) if !p.lost => p.link.send(f),
             _ => false,
         };
         if !sent && (to.0 as usize) < self.peers.len() && to != self.rank {
@@ -837,66 +889,187 @@ impl ControlPort for TcpControl {
 
 impl Drop for TcpControl {
     fn drop(&mut self) {
-        for p in self.peers.iter_mut().flatten() {
-            p.frames = None;
-            let _ = p.stream.shutdown(Shutdown::Both);
+        for p in self.peers.iter().flatten() {
+            p.link.close();
         }
-        for p in self.peers.iter_mut().flatten() {
-            for t in p.threads.drain(..) {
-                let _ = t.join();
-            }
-        }
-    }
-}
-
-fn writer(mut s: TcpStream, queue: Receiver<Vec<u8>>, unwritten: Arc<AtomicU64>) {
-    while let Ok(f) = queue.recv() {
-        let ok = s.write_all(&f).is_ok();
-        unwritten.fetch_sub(1, Ordering::AcqRel);
-        if !ok {
-            let _ = s.shutdown(Shutdown::Both);
-            return;
+        self.stop.store(true, Ordering::Release);
+        let _ = self.io_waker.wake();
+        if let Some(t) = self.io.take() {
+            let _ = t.join();
         }
     }
 }
 
-struct Reader {
-    peer: Rank,
-    stream: TcpStream,
-    frames: Sender<Vec<u8>>,
-    unwritten: Arc<AtomicU64>,
-    gate: Arc<Mutex<()>>,
+/// The I/O thread's poll token of its waker (a peer's token is its rank).
+const WAKE: mio::Token = mio::Token(usize::MAX);
+/// Initial read buffer per connection; it grows to hold the longest frame read.
+const READ_STEP: usize = 64 << 10;
+
+/// The I/O thread's side of one peer: frames read and not decoded yet are `buf[start..end]`.
+struct IoPeer {
+    rank: Rank,
+    link: Arc<Link>,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+/// Why a connection's reading ended.
+enum Ended {
+    /// EOF, an I/O error, or a shutdown.
+    Closed,
+    /// A frame broke the protocol.
+    Malformed,
+}
+
+/// The I/O thread: every connection of this rank.
+struct Io {
+    peers: Vec<Option<IoPeer>>,
+    poll: mio::Poll,
+    stop: Arc<AtomicBool>,
     owner: Owner,
     registry: Registry,
     stats: Arc<ControlStats>,
     cfg: ControlConfig,
 }
 
-impl Reader {
+impl Io {
+    /// Until the owner stops it (or every connection ended).
     fn run(mut self) {
-        let mut buf = Vec::new();
-        loop {
-            match read_frame(&mut self.stream, self.cfg.max_frame, &mut buf) {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(e) => {
-                    if e.kind() == io::ErrorKind::InvalidData {
-                        bump(&self.stats.malformed);
-                    }
-                    break;
+        let mut events = mio::Events::with_capacity(64);
+        while !self.stop.load(Ordering::Acquire) && self.peers.iter().any(Option::is_some) {
+            if let Err(e) = self.poll.poll(&mut events, None) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
                 }
-            }
-            if !self.handle(&buf) {
-                bump(&self.stats.malformed);
+                tracing::error!(error = %e, "control: epoll failed");
                 break;
             }
+            for ev in events.iter() {
+                let j = ev.token().0;
+                if ev.token() == WAKE {
+                    continue;
+                }
+                if ev.is_writable()
+                    && let Some(Some(p)) = self.peers.get(j)
+                {
+                    p.link.flush(&mut p.link.out());
+                }
+                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                    self.read(j);
+                }
+            }
         }
-        let _ = self.stream.shutdown(Shutdown::Both);
-        let _ = self.owner.send(Inbound::Lost(self.peer));
+        // Stopped by the owner, or the poll failed: every connection still open counts as
+        // lost (the owner, if still there, fails what waits on it).
+        for j in 0..self.peers.len() {
+            self.end(j, Ended::Closed);
+        }
     }
 
-    /// Handles one frame; false on a protocol error.
-    fn handle(&mut self, b: &[u8]) -> bool {
+    /// Reads what connection `j` holds, handling every whole frame; ends it at EOF, on an
+    /// error or on a malformed frame.
+    fn read(&mut self, j: usize) {
+        let Io {
+            peers,
+            owner,
+            registry,
+            stats,
+            cfg,
+            ..
+        } = self;
+        let Some(Some(p)) = peers.get_mut(j) else {
+            return;
+        };
+        let ended = loop {
+            if p.end == p.buf.len() {
+                p.buf.copy_within(p.start..p.end, 0);
+                p.end -= p.start;
+                p.start = 0;
+                if p.end == p.buf.len() {
+                    p.buf.resize(p.buf.len() * 2, 0);
+                }
+            }
+            match (&p.link.stream).read(&mut p.buf[p.end..]) {
+                Ok(0) => break Some(Ended::Closed),
+                Ok(n) => p.end += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
+                Err(_) => break Some(Ended::Closed),
+            }
+            // Every whole frame read so far.
+            let mut bad = false;
+            while let Some(len) = u32_at(&p.buf[p.start..p.end], 0) {
+                let len = len as usize;
+                if len == 0 || len > cfg.max_frame {
+                    bad = true;
+                    break;
+                }
+                let Some(body) = p
+                    .buf
+                    .get(p.start + 4..p.start + 4 + len)
+                    .filter(|_| p.start + 4 + len <= p.end)
+                else {
+                    break;
+                };
+                let served = Served {
+                    peer: p.rank,
+                    link: &p.link,
+                    owner,
+                    registry,
+                    stats,
+                    cfg,
+                };
+                if !served.handle(body) {
+                    bad = true;
+                    break;
+                }
+                p.start += 4 + len;
+            }
+            if bad {
+                break Some(Ended::Malformed);
+            }
+            if p.start == p.end {
+                p.start = 0;
+                p.end = 0;
+            }
+        };
+        if let Some(e) = ended {
+            self.end(j, e);
+        }
+    }
+
+    /// Ends connection `j`: shut down, forgotten, and reported lost to the owner (after every
+    /// frame read before, which the owner already has).
+    fn end(&mut self, j: usize, why: Ended) {
+        let Some(p) = self.peers.get_mut(j).and_then(Option::take) else {
+            return;
+        };
+        if let Ended::Malformed = why {
+            bump(&self.stats.malformed);
+        }
+        let _ = self
+            .poll
+            .registry()
+            .deregister(&mut SourceFd(&p.link.stream.as_raw_fd()));
+        p.link.close();
+        let _ = self.owner.send(Inbound::Lost(p.rank));
+    }
+}
+
+/// One frame's handling: what the I/O thread needs of itself and of the frame's connection.
+struct Served<'a> {
+    peer: Rank,
+    link: &'a Link,
+    owner: &'a Owner,
+    registry: &'a Registry,
+    stats: &'a ControlStats,
+    cfg: &'a ControlConfig,
+}
+
+impl Served<'_> {
+    /// Handles one frame (kind and body); false on a protocol error.
+    fn handle(&self, b: &[u8]) -> bool {
         let (kind, body) = match b.split_first() {
             Some((k, body)) => (*k, body),
             None => return false,
@@ -946,8 +1119,10 @@ impl Reader {
         }
     }
 
-    /// Serves a peer's read from the registered buffer, or refuses it.
-    fn serve(&mut self, id: u64, op: OpId, offset: u64, len: u64) {
+    /// Serves a peer's read from the registered buffer, or refuses it. The response is
+    /// queued like any frame: written now as far as the socket takes it, the rest when it
+    /// takes more.
+    fn serve(&self, id: u64, op: OpId, offset: u64, len: u64) {
         let mut f = Vec::new();
         let served = len <= self.cfg.max_read
             && match self.registry.get(op) {
@@ -967,12 +1142,7 @@ impl Reader {
             f = frame(KIND_READ_REFUSED, 8);
             f.extend_from_slice(&id.to_be_bytes());
         }
-        // Queued under the gate, so a direct write of the owner's never splits it.
-        let _gate = self.gate.lock().unwrap_or_else(PoisonError::into_inner);
-        self.unwritten.fetch_add(1, Ordering::AcqRel);
-        if self.frames.send(f).is_err() {
-            self.unwritten.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.link.send(f);
     }
 }
 
@@ -1113,6 +1283,51 @@ mod tests {
             }
         );
         assert_eq!(m[0].lost_peers(), &[Rank(2)]);
+    }
+
+    #[test]
+    fn ranks_serving_each_others_large_reads_do_not_deadlock() {
+        // Each rank asks the other for six 4 MiB reads at once, far more than the TCP
+        // buffers hold: both I/O threads must keep reading while their answers wait.
+        const LEN: u64 = 4 << 20;
+        const N: u64 = 6;
+        let mut m = mesh(2, 79);
+        let mut want = Vec::new();
+        for (r, c) in m.iter().enumerate() {
+            let src: Vec<u8> = (0..2 * N * LEN)
+                .map(|i| (i % 251) as u8 ^ r as u8)
+                .collect();
+            c.registry()
+                .register(OpId(9), OpBuffer::from_vec(src.clone()));
+            want.push(src);
+        }
+        // Rank r reads the peer's half r into its own half r (a read lands at the offset it
+        // names), so neither overwrites what it serves.
+        let half = |r: usize| r as u64 * N * LEN;
+        for (r, c) in m.iter_mut().enumerate() {
+            for k in 0..N {
+                c.read(&req(k, 1 - r as u32, 9, half(r) + k * LEN, LEN));
+            }
+        }
+        let mut buf = Vec::new();
+        for c in m.iter_mut() {
+            for _ in 0..N {
+                let got = wait(c, &mut buf);
+                assert!(
+                    matches!(got, ControlInput::ReadDone { result: Ok(()), .. }),
+                    "{got:?}"
+                );
+            }
+        }
+        for (r, c) in m.iter().enumerate() {
+            let have = c.registry().get(OpId(9)).expect("registered").to_vec();
+            let h = half(r) as usize..(half(r) + N * LEN) as usize;
+            assert!(
+                have[h.clone()] == want[1 - r][h],
+                "rank {r} holds the peer's bytes"
+            );
+            assert_eq!(c.stats().reads_served.load(Ordering::Relaxed), N);
+        }
     }
 
     #[test]

@@ -9,8 +9,8 @@
 //!
 //! Buffers are shared through the transport's registry ([`OpBuffer`]: a mutex per buffer):
 //! the workers find an operation's buffer by its id, per batch, so a buffer that was released
-//! is simply not found (the chunk is counted, never written). The transport adds a reader and
-//! a writer thread per peer for TCP.
+//! is simply not found (the chunk is counted, never written). The transport adds one I/O thread
+//! for all of TCP, whatever the number of peers.
 //!
 //! ## Queues
 //! Per lane and direction one bounded `sync_channel` ([`QUEUE`](lane::QUEUE) deep), each with
@@ -44,7 +44,7 @@
 //! ## Sleeping
 //! Nothing spins. The control thread parks until the session's next timer; every input
 //! unparks it: a post ([`PostTx`]), a worker's note, a control frame or read completion (the
-//! transport's reader threads, [`TcpControl::wake_on_arrival`](ringcast_transport_rocev2_udp::TcpControl::wake_on_arrival)).
+//! transport's I/O thread, [`TcpControl::wake_on_arrival`](ringcast_transport_rocev2_udp::TcpControl::wake_on_arrival)).
 //! [`IDLE_WAIT`] and [`BUSY_WAIT`] only cap a park. A receive worker sleeps on its socket and
 //! an eventfd (a datagram wakes it, and the control thread does after queuing it a command:
 //! [`RxWaker`](ringcast_transport_rocev2_udp::RxWaker));
@@ -81,7 +81,7 @@ use lane::{Clock, LaneLink, Pinning, TxMsg};
 use rate::Rates;
 
 /// With nothing in flight, the longest the control thread parks between turns. Every input
-/// wakes it ([`PostTx`], the workers' notes, the transport's readers), so this only bounds a
+/// wakes it ([`PostTx`], the workers' notes, the transport's I/O thread), so this only bounds a
 /// missed wake-up.
 const IDLE_WAIT: Duration = Duration::from_millis(20);
 /// With operations in flight, the longest it parks (or less, to the session's next timer):
@@ -278,7 +278,7 @@ impl Engine {
             self.lanes.clear();
         }
         // Every input unparks this thread: a post (`PostTx`), a worker's note, a control
-        // frame (the transport's readers). Parking is bounded by the session's next timer.
+        // frame (the transport's I/O thread). Parking is bounded by the session's next timer.
         self.control.inner.wake_on_arrival(thread::current());
         loop {
             let mut closed = false;
@@ -421,9 +421,9 @@ impl Engine {
     fn turn(&mut self) -> bool {
         let now = self.clock.now();
         let mut moved = false;
-        // Losses first, handled last: a connection's reader queues every frame it read before
-        // it reports the loss, so an `Abort` a failing peer sent before leaving is handled
-        // before its departure (the culprit it names is the one to blame).
+        // Losses first, handled last: the transport queues every frame it read from a
+        // connection before it reports the loss, so an `Abort` a failing peer sent before
+        // leaving is handled before its departure (the culprit it names is the one to blame).
         let mut lost = Vec::new();
         while let Some(PeerLost(r)) = self.control.inner.take_lost() {
             lost.push(r.0);
