@@ -904,6 +904,9 @@ impl Drop for TcpControl {
 const WAKE: mio::Token = mio::Token(usize::MAX);
 /// Initial read buffer per connection; it grows to hold the longest frame read.
 const READ_STEP: usize = 64 << 10;
+/// Above this, a connection's read buffer shrinks back to [`READ_STEP`] once empty (the TCP
+/// fallback's 256 KiB pieces keep theirs; a fetch's megabytes do not).
+const READ_KEEP: usize = 1 << 20;
 
 /// The I/O thread's side of one peer: frames read and not decoded yet are `buf[start..end]`.
 struct IoPeer {
@@ -1032,6 +1035,11 @@ impl Io {
             if p.start == p.end {
                 p.start = 0;
                 p.end = 0;
+                // A read response grew the buffer: give the memory back once it is decoded
+                // (a connection keeps at most `READ_KEEP`, not its longest frame).
+                if p.buf.len() > READ_KEEP {
+                    p.buf = vec![0; READ_STEP];
+                }
             }
         };
         if let Some(e) = ended {
