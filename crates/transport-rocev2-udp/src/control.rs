@@ -1008,13 +1008,11 @@ impl Io {
                     bad = true;
                     break;
                 }
-                let Some(body) = p
-                    .buf
-                    .get(p.start + 4..p.start + 4 + len)
-                    .filter(|_| p.start + 4 + len <= p.end)
-                else {
+                let frame_end = p.start + 4 + len;
+                if frame_end > p.end {
                     break;
-                };
+                }
+                let body = &p.buf[p.start + 4..frame_end];
                 let served = Served {
                     peer: p.rank,
                     link: &p.link,
@@ -1027,7 +1025,7 @@ impl Io {
                     bad = true;
                     break;
                 }
-                p.start += 4 + len;
+                p.start = frame_end;
             }
             if bad {
                 break Some(Ended::Malformed);

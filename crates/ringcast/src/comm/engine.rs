@@ -479,7 +479,7 @@ impl Engine {
     /// lasts tens of milliseconds, many of the controller's rounds.
     fn report_in_flight(&mut self) {
         let now = StdInstant::now();
-        let Some((at, drops)) = self.reported else {
+        let Some((at, _)) = self.reported else {
             self.reported = Some((now, 0));
             return;
         };
@@ -497,7 +497,7 @@ impl Engine {
             return;
         }
         let r = self.report();
-        if since < REPORT_EVERY && r.socket_drops <= drops {
+        if !self.report_due(&r) {
             return;
         }
         roots.sort_unstable();
@@ -583,11 +583,11 @@ impl Engine {
         }
     }
 
-    /// Whether an operation's end sends report `r` to its roots: when the sockets dropped
-    /// datagrams since the last report, or that one is [`REPORT_EVERY`] old. A run of short
-    /// operations then reports as often as a long one does in flight, not once per operation
-    /// and root: on a busy host every such message is a wake-up on both ends, paid by the
-    /// next operation.
+    /// Whether report `r` goes to the roots (in flight, and at an operation's end): when the
+    /// sockets dropped datagrams since the last report, or that one is [`REPORT_EVERY`] old.
+    /// A run of short operations then reports as often as a long one does in flight, not
+    /// once per operation and root: on a busy host every such message is a wake-up on both
+    /// ends, paid by the next operation.
     fn report_due(&self, r: &ReceiverReport) -> bool {
         self.reported
             .is_none_or(|(at, drops)| r.socket_drops > drops || at.elapsed() >= REPORT_EVERY)
