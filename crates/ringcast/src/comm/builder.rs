@@ -540,7 +540,9 @@ impl CommBuilder {
                 from_op: 0,
                 reason: FallbackReason::StartupCheck,
             };
-            let handle = fallback::start(fcfg, control, None, mode).map_err(BuildError::Spawn)?;
+            // Pieces a peer sent once its own check was over are in the stash.
+            let handle =
+                fallback::start(fcfg, control, None, mode, ex.stash).map_err(BuildError::Spawn)?;
             return Ok(Communicator {
                 rank,
                 size,
@@ -595,8 +597,14 @@ impl CommBuilder {
         let posts = PostTx::new(posts, thread.thread().clone());
         let fallback = match fb_mesh {
             Some(mesh) => Some(
-                fallback::start(fcfg, mesh, Some(posts.clone()), TransportMode::Multicast)
-                    .map_err(BuildError::Spawn)?,
+                fallback::start(
+                    fcfg,
+                    mesh,
+                    Some(posts.clone()),
+                    TransportMode::Multicast,
+                    fallback::Replay::new(),
+                )
+                .map_err(BuildError::Spawn)?,
             ),
             None => None,
         };

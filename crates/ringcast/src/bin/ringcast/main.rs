@@ -37,7 +37,22 @@ impl From<&str> for CmdError {
     }
 }
 
+/// Prints the library's `tracing` events to stderr when `RUST_LOG` asks for them (the library
+/// installs no subscriber; the tool does, and only then: a run without `RUST_LOG` prints nothing
+/// more than before).
+fn init_tracing() {
+    let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() else {
+        return;
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
 fn main() -> ExitCode {
+    init_tracing();
     let cli = args::Cli::parse();
     let result = match cli.command {
         args::Command::Sim(args::SimCommand::Bcast(a)) => sim_cmd::bcast(&a),
