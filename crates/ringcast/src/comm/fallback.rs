@@ -48,9 +48,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::{self, JoinHandle};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
@@ -74,10 +74,12 @@ const KIND_LOSS: u8 = 0xF2;
 const KIND_FREEZE: u8 = 0xF3;
 const KIND_FROZEN: u8 = 0xF4;
 const KIND_SWITCH: u8 = 0xF5;
-/// With TCP work in flight, how long the dispatcher sleeps when nothing moved.
-const BUSY_WAIT: Duration = Duration::from_micros(50);
-/// With nothing in flight, how long it blocks on posts between polls of the mesh.
-const IDLE_WAIT: Duration = Duration::from_millis(2);
+/// With TCP work in flight, the longest the dispatcher parks when nothing moved. Every input
+/// wakes it (a post, a loss report, the mesh's I/O thread), so this only paces the checks of
+/// the peer timeout.
+const BUSY_WAIT: Duration = Duration::from_millis(2);
+/// With nothing in flight, the longest it parks.
+const IDLE_WAIT: Duration = Duration::from_millis(20);
 /// How long queued frames may take to flush when the communicator is dropped.
 const LINGER: Duration = Duration::from_secs(1);
 
@@ -174,13 +176,32 @@ enum Msg {
     Shutdown,
 }
 
+/// The way to the dispatcher: its channel, and its thread to unpark after each message (the
+/// dispatcher parks between turns; the mesh's I/O thread unparks it too).
+#[derive(Clone, Debug)]
+struct Inbox {
+    tx: Sender<Msg>,
+    /// Set by the dispatcher when it starts: a message sent before is seen at its first turn.
+    thread: Arc<OnceLock<Thread>>,
+}
+
+impl Inbox {
+    fn send(&self, m: Msg) -> Result<(), mpsc::SendError<Msg>> {
+        self.tx.send(m)?;
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+        Ok(())
+    }
+}
+
 /// The loss window of the multicast operations, fed by their requests.
 #[derive(Debug)]
 pub(crate) struct LossTap {
     window: Mutex<(u64, u64)>,
     threshold_permille: u32,
     fired: AtomicBool,
-    notify: Sender<Msg>,
+    notify: Inbox,
 }
 
 impl LossTap {
@@ -215,7 +236,7 @@ impl LossTap {
 pub(crate) struct Handle {
     shared: Arc<Shared>,
     tap: Arc<LossTap>,
-    tx: Sender<Msg>,
+    tx: Inbox,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -249,6 +270,10 @@ pub(crate) fn start(
         counters: TcpCounters::default(),
     });
     let (tx, rx) = mpsc::channel();
+    let tx = Inbox {
+        tx,
+        thread: Arc::new(OnceLock::new()),
+    };
     let tap = Arc::new(LossTap {
         window: Mutex::new((0, 0)),
         threshold_permille: cfg.threshold_permille,
@@ -259,6 +284,7 @@ pub(crate) fn start(
         cfg,
         shared: shared.clone(),
         rx,
+        me: tx.thread.clone(),
         mesh,
         replay,
         held: VecDeque::new(),
@@ -393,6 +419,8 @@ struct Dispatcher {
     cfg: FallbackConfig,
     shared: Arc<Shared>,
     rx: Receiver<Msg>,
+    /// Where this thread announces itself to the senders of `rx`.
+    me: Arc<OnceLock<Thread>>,
     mesh: TcpControl,
     /// Messages the start-up check took off the mesh (see [`start`]); handled first.
     replay: Replay,
@@ -443,35 +471,34 @@ impl Dispatcher {
     }
 
     fn run(mut self) {
+        // Every input unparks this thread from now on: posts and loss reports (`Inbox`) and
+        // whatever the mesh's I/O thread delivers.
+        let _ = self.me.set(thread::current());
+        self.mesh.wake_on_arrival(thread::current());
         for (from, m) in std::mem::take(&mut self.replay) {
             self.message(from.0, &m);
         }
         while !self.stopping {
-            let moved = self.poll_mesh();
+            let mut moved = self.poll_mesh();
             self.check_lost();
             self.check_timeouts();
-            let msg = if moved {
+            loop {
                 match self.rx.try_recv() {
-                    Ok(m) => Some(m),
-                    Err(TryRecvError::Empty) => None,
-                    Err(TryRecvError::Disconnected) => Some(Msg::Shutdown),
+                    Ok(Msg::Shutdown) | Err(TryRecvError::Disconnected) => {
+                        self.stopping = true;
+                        break;
+                    }
+                    Ok(m) => {
+                        moved = true;
+                        self.msg(m);
+                    }
+                    Err(TryRecvError::Empty) => break,
                 }
-            } else {
+            }
+            if !moved && !self.stopping {
                 let busy =
                     !self.active.is_empty() || self.agreement.is_some() || !self.held.is_empty();
-                match self
-                    .rx
-                    .recv_timeout(if busy { BUSY_WAIT } else { IDLE_WAIT })
-                {
-                    Ok(m) => Some(m),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => Some(Msg::Shutdown),
-                }
-            };
-            match msg {
-                Some(Msg::Shutdown) => break,
-                Some(m) => self.msg(m),
-                None => {}
+                thread::park_timeout(if busy { BUSY_WAIT } else { IDLE_WAIT });
             }
         }
         self.shutdown();
