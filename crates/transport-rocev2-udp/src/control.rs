@@ -959,7 +959,9 @@ impl Io {
                     p.link.flush(&mut p.link.out());
                 }
                 if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                    self.read(j);
+                    // Without a hang-up or an error in the event, a short read means the
+                    // socket is empty: data arriving later raises a new edge.
+                    self.read(j, !(ev.is_read_closed() || ev.is_error()));
                 }
             }
         }
@@ -971,8 +973,11 @@ impl Io {
     }
 
     /// Reads what connection `j` holds, handling every whole frame; ends it at EOF, on an
-    /// error or on a malformed frame.
-    fn read(&mut self, j: usize) {
+    /// error or on a malformed frame. With `short_ends`, a read that does not fill the buffer
+    /// ends the turn (the socket holds nothing more: a stream socket's short read drained it,
+    /// epoll(7)), saving the read that would only say `EAGAIN`; an event that reported a
+    /// hang-up or an error reads on until the EOF or the error itself.
+    fn read(&mut self, j: usize, short_ends: bool) {
         let Io {
             peers,
             owner,
@@ -993,13 +998,17 @@ impl Io {
                     p.buf.resize(p.buf.len() * 2, 0);
                 }
             }
-            match (&p.link.stream).read(&mut p.buf[p.end..]) {
+            let room = p.buf.len() - p.end;
+            let drained = match (&p.link.stream).read(&mut p.buf[p.end..]) {
                 Ok(0) => break Some(Ended::Closed),
-                Ok(n) => p.end += n,
+                Ok(n) => {
+                    p.end += n;
+                    short_ends && n < room
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
                 Err(_) => break Some(Ended::Closed),
-            }
+            };
             // Every whole frame read so far.
             let mut bad = false;
             while let Some(len) = u32_at(&p.buf[p.start..p.end], 0) {
@@ -1038,6 +1047,9 @@ impl Io {
                 if p.buf.len() > READ_KEEP {
                     p.buf = vec![0; READ_STEP];
                 }
+            }
+            if drained {
+                break None;
             }
         };
         if let Some(e) = ended {
@@ -1362,6 +1374,34 @@ mod tests {
             assert_eq!(lost, PeerLost(Rank(2)));
             assert_eq!(c.departed(Rank(2)), Some(7));
             assert_eq!(c.departed(Rank(0)), None);
+        }
+    }
+
+    /// A frame and the connection's end often arrive together (one readiness event): the
+    /// frame is handed over and the peer counted lost, every time, although the I/O thread
+    /// stops reading at a short read when the event reports no hang-up.
+    #[test]
+    fn a_frame_and_the_close_behind_it_are_both_seen() {
+        let mut buf = Vec::new();
+        for round in 0..30u64 {
+            let mut m = mesh(2, 900 + round);
+            let mut leaving = m.pop().expect("rank 1");
+            let mut staying = m.pop().expect("rank 0");
+            leaving.send_control(Rank(0), b"bye now");
+            drop(leaving);
+            assert_eq!(
+                wait(&mut staying, &mut buf),
+                ControlInput::Message {
+                    from: Rank(1),
+                    len: 7
+                },
+                "round {round}"
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while staying.take_lost().is_none() {
+                assert!(Instant::now() < deadline, "round {round}: loss not seen");
+                thread::sleep(Duration::from_millis(1));
+            }
         }
     }
 
