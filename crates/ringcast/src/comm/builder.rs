@@ -39,10 +39,11 @@ pub enum Fallback {
     /// Fail (the default): a failed start-up check is a [`BuildError::MulticastUnreachable`].
     #[default]
     Off,
-    /// Run a TCP ring Allgather(v) / pipelined chain Broadcast instead, from the start when
-    /// the start-up check fails, or from an operation all ranks agree on when multicast loses
-    /// more than the threshold during the run ([`CommBuilder::fallback_loss_threshold`]).
-    /// [`Communicator::transport_mode`] says which is in use; see
+    /// Run a TCP ring Allgather(v) / chain (or, up to 256 KiB, binomial-tree) Broadcast instead,
+    /// from the start when the start-up check fails, or from an operation all ranks agree on
+    /// when multicast loses more than the threshold during the run
+    /// ([`CommBuilder::fallback_loss_threshold`]). [`Communicator::transport_mode`] says which
+    /// is in use; see
     /// [the module docs](super#start-up-check-and-tcp-fallback).
     Tcp,
 }

@@ -19,14 +19,20 @@
 //!   every piece received from the left is written in place and passed on to the right
 //!   unless the right neighbour is the block's owner. `P - 1` hops, each link carries every
 //!   block but one.
-//! * **Broadcast**: a pipelined chain in ring order from the root (`root, root+1, ...`): each
-//!   rank writes and passes every piece on, the last one (`root - 1`) keeps it. The root
-//!   completes once its pieces are queued.
+//! * **Broadcast** of more than one piece: a pipelined chain in ring order from the root
+//!   (`root, root+1, ...`): each rank writes and passes every piece on, the last one
+//!   (`root - 1`) keeps it. The root completes once its pieces are queued.
+//! * **Broadcast** of one piece or less: a binomial tree from the root (as MPICH's and Open
+//!   MPI's short Broadcasts), `ceil(log2 P)` hops instead of the chain's `P - 1`: with ranks
+//!   numbered from the root, rank `v` receives from `v` less its lowest set bit and sends to
+//!   `v + 2^i` for every `2^i` below that bit, the largest subtree first. Every rank posts the
+//!   same length, so every rank picks the same shape.
 //!
 //! Several TCP operations may be in flight at once; pieces of an operation this rank has not
 //! posted yet wait for it. A peer whose connection closes fails every TCP operation in flight
 //! ([`CommError::PeerLost`]); an operation with no progress for the peer timeout fails naming
-//! the left neighbour it waits on ([`CommError::PeerUnresponsive`]).
+//! the rank it waits on, its left neighbour or its parent in the tree
+//! ([`CommError::PeerUnresponsive`]).
 //!
 //! ## The switch on loss
 //! Each completed multicast operation's [`OpStats`] feeds a window: chunks fetched (ring
@@ -91,7 +97,7 @@ pub enum TransportMode {
     #[default]
     Multicast,
     /// Operations from `from_op` on (the communicator's operation index, the same on every
-    /// rank) run over TCP: a ring Allgather(v) and a pipelined chain Broadcast. Earlier
+    /// rank) run over TCP: a ring Allgather(v) and a chain (or binomial-tree) Broadcast. Earlier
     /// operations still in flight finish over multicast.
     Tcp {
         /// The first operation run over TCP.
@@ -387,10 +393,38 @@ impl Drop for Handle {
 /// What a TCP operation does.
 #[derive(Debug)]
 enum Shape {
-    /// Broadcast from `root`.
+    /// Broadcast from `root` along the ring (pipelined: many pieces).
     Chain { root: u32 },
+    /// Broadcast from `root` that fits in one piece: a binomial tree, log2 P hops.
+    Tree { root: u32 },
     /// Allgather(v): block `r` at `displs[r]`, `sizes[r]` bytes.
     Ring { displs: Vec<u64>, sizes: Vec<u64> },
+}
+
+impl Shape {
+    /// The rank that sends rank `me` (of `size`) this operation's pieces.
+    fn source(&self, me: u32, size: u32) -> u32 {
+        match self {
+            Shape::Tree { root } => tree_parent(me, *root, size).unwrap_or(me),
+            Shape::Chain { .. } | Shape::Ring { .. } => (me + size - 1) % size,
+        }
+    }
+
+    /// Where rank `me` sends a piece of `block` (one it received, or its own).
+    fn next_hops(&self, me: u32, size: u32, block: u32) -> Vec<u32> {
+        match self {
+            Shape::Tree { root } => tree_children(me, *root, size).collect(),
+            // Around the ring, until the rank before the block's owner.
+            Shape::Chain { .. } | Shape::Ring { .. } => {
+                let right = (me + 1) % size;
+                if right == block {
+                    Vec::new()
+                } else {
+                    vec![right]
+                }
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -427,8 +461,8 @@ struct Dispatcher {
     /// Posts held while a switch is agreed.
     held: VecDeque<(u64, Post)>,
     active: Vec<TcpOp>,
-    /// Pieces of TCP operations not posted here yet.
-    early: HashMap<u64, Vec<Vec<u8>>>,
+    /// Pieces of TCP operations not posted here yet, with their senders.
+    early: HashMap<u64, Vec<(u32, Vec<u8>)>>,
     /// Index of the next TCP operation to start: pieces of operations from it on are kept
     /// until they start (before the switch point is known here, any piece may be early: a
     /// peer may have learnt it first).
@@ -453,6 +487,29 @@ fn piece_header(out: &mut Vec<u8>, block: u32, k: u64, offset: u64) {
     out.extend_from_slice(&offset.to_be_bytes());
 }
 
+/// Rank `me`'s parent in the binomial tree of `size` ranks rooted at `root` (`None` at the
+/// root): its position relative to the root, less its lowest set bit.
+fn tree_parent(me: u32, root: u32, size: u32) -> Option<u32> {
+    let vr = (me + size - root) % size;
+    (vr != 0).then(|| (vr - (1 << vr.trailing_zeros()) + root) % size)
+}
+
+/// Rank `me`'s children in that tree, the largest subtree first: `vr + 2^i` for every `2^i`
+/// below `vr`'s lowest set bit (below `size` at the root) that stays below `size`.
+fn tree_children(me: u32, root: u32, size: u32) -> impl Iterator<Item = u32> {
+    let vr = (me + size - root) % size;
+    let below = if vr == 0 {
+        size.next_power_of_two()
+    } else {
+        1 << vr.trailing_zeros()
+    };
+    (0..below.trailing_zeros())
+        .rev()
+        .map(move |i| vr + (1 << i))
+        .filter(move |&c| c < size)
+        .map(move |c| (c + root) % size)
+}
+
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
 }
@@ -462,14 +519,6 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 }
 
 impl Dispatcher {
-    fn left(&self) -> u32 {
-        (self.cfg.rank + self.cfg.size - 1) % self.cfg.size
-    }
-
-    fn right(&self) -> u32 {
-        (self.cfg.rank + 1) % self.cfg.size
-    }
-
     fn run(mut self) {
         // Every input unparks this thread from now on: posts and loss reports (`Inbox`) and
         // whatever the mesh's I/O thread delivers.
@@ -673,7 +722,7 @@ impl Dispatcher {
             from_op = at,
             ?reason,
             "ringcast falls back to TCP: operations from {at} on run as a TCP ring Allgather / \
-             chain Broadcast"
+             chain or tree Broadcast"
         );
         for (k, p) in tcp {
             self.start(k, p);
@@ -744,41 +793,42 @@ impl Dispatcher {
         }
     }
 
-    /// A piece from the left neighbour.
+    /// A piece from a peer: placed if its operation runs here, kept if it has not started yet.
     fn piece(&mut self, from: u32, msg: Vec<u8>) {
         let Some(k) = u64_at(&msg, 8) else {
             return;
         };
-        if from != self.left() {
-            tracing::debug!(
-                from,
-                "fallback: piece from a rank that is not the left neighbour"
-            );
-            return;
-        }
         match self.active.iter().position(|o| o.k == k) {
-            Some(i) => self.place(i, &msg),
-            None if k >= self.next_tcp => self.early.entry(k).or_default().push(msg),
+            Some(i) => self.place(i, from, &msg),
+            None if k >= self.next_tcp => self.early.entry(k).or_default().push((from, msg)),
             None => tracing::debug!(op = k, "fallback: piece of a finished operation ignored"),
         }
         self.reap();
     }
 
-    /// Writes a piece into operation `i` and passes it on.
-    fn place(&mut self, i: usize, msg: &[u8]) {
-        let (me, right, size) = (self.cfg.rank, self.right(), self.cfg.size);
+    /// Writes a piece from `from` into operation `i` and passes it on.
+    fn place(&mut self, i: usize, from: u32, msg: &[u8]) {
+        let (me, size) = (self.cfg.rank, self.cfg.size);
         let (Some(block), Some(offset)) = (u32_at(msg, 4), u64_at(msg, 16)) else {
             return;
         };
         let data = &msg[PIECE_HEADER.min(msg.len())..];
         let op = &mut self.active[i];
-        let (at, limit, pass_on) = match &op.shape {
-            Shape::Chain { root } if block == *root && *root != me => {
-                (offset, op.buf.len() as u64, right != *root)
+        if from != op.shape.source(me, size) {
+            tracing::debug!(
+                op = op.k,
+                from,
+                "fallback: piece from a rank this operation takes none from"
+            );
+            return;
+        }
+        let (at, limit) = match &op.shape {
+            Shape::Chain { root } | Shape::Tree { root } if block == *root && *root != me => {
+                (offset, op.buf.len() as u64)
             }
             Shape::Ring { displs, sizes } if block != me && block < size => {
                 let b = block as usize;
-                (displs[b] + offset, displs[b] + sizes[b], right != block)
+                (displs[b] + offset, displs[b] + sizes[b])
             }
             _ => {
                 tracing::debug!(
@@ -798,17 +848,15 @@ impl Dispatcher {
         op.want = op.want.saturating_sub(data.len() as u64);
         op.received += data.len() as u64;
         op.last = Instant::now();
-        self.shared
-            .counters
-            .bytes_received
+        let hops = op.shape.next_hops(me, size, block);
+        let passed = data.len() as u64 * hops.len() as u64;
+        op.sent += passed;
+        let c = &self.shared.counters;
+        c.bytes_received
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        if pass_on {
-            op.sent += data.len() as u64;
-            self.shared
-                .counters
-                .bytes_sent
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
-            self.mesh.send_control(Rank(right), msg);
+        c.bytes_sent.fetch_add(passed, Ordering::Relaxed);
+        for to in hops {
+            self.mesh.send_control(Rank(to), msg);
         }
     }
 
@@ -820,7 +868,14 @@ impl Dispatcher {
             Kind::Broadcast { root } => {
                 let want = if root == me { 0 } else { len };
                 let own = if root == me { len } else { 0 };
-                (Shape::Chain { root }, root, 0, own, want)
+                // One piece gains nothing from the chain's pipeline: the tree's log2 P hops
+                // beat its P - 1. (Every rank posts the same length: all choose alike.)
+                let shape = if len <= self.cfg.piece as u64 {
+                    Shape::Tree { root }
+                } else {
+                    Shape::Chain { root }
+                };
+                (shape, root, 0, own, want)
             }
             Kind::Allgather { sizes } => {
                 let mut displs = Vec::with_capacity(sizes.len());
@@ -850,27 +905,30 @@ impl Dispatcher {
         op.span
             .in_scope(|| tracing::debug!(op = k, len, "started over TCP"));
         if size > 1 && own_len > 0 {
-            let right = Rank(self.right());
+            let hops = op.shape.next_hops(me, size, own_block);
             let mut off = 0u64;
             while off < own_len {
                 let n = (own_len - off).min(self.cfg.piece as u64);
                 piece_header(&mut self.scratch, own_block, k, off);
                 let s = (own_at + off) as usize;
                 self.scratch.extend_from_slice(&op.buf[s..s + n as usize]);
-                self.mesh.send_control(right, &self.scratch);
+                for &to in &hops {
+                    self.mesh.send_control(Rank(to), &self.scratch);
+                }
                 off += n;
             }
-            op.sent += own_len;
+            let sent = own_len * hops.len() as u64;
+            op.sent += sent;
             self.shared
                 .counters
                 .bytes_sent
-                .fetch_add(own_len, Ordering::Relaxed);
+                .fetch_add(sent, Ordering::Relaxed);
         }
         self.next_tcp = self.next_tcp.max(k + 1);
         self.active.push(op);
         let i = self.active.len() - 1;
-        for m in self.early.remove(&k).unwrap_or_default() {
-            self.place(i, &m);
+        for (from, m) in self.early.remove(&k).unwrap_or_default() {
+            self.place(i, from, &m);
         }
         self.reap();
     }
@@ -935,8 +993,7 @@ impl Dispatcher {
     }
 
     fn check_timeouts(&mut self) {
-        let limit = self.cfg.peer_timeout;
-        let left = self.left();
+        let (limit, me, size) = (self.cfg.peer_timeout, self.cfg.rank, self.cfg.size);
         let mut i = 0;
         while i < self.active.len() {
             if self.active[i].last.elapsed() <= limit {
@@ -944,9 +1001,11 @@ impl Dispatcher {
                 continue;
             }
             let op = self.active.swap_remove(i);
+            // The rank it waits on: the left neighbour, or the parent in a tree.
+            let peer = op.shape.source(me, size);
             op.span
-                .in_scope(|| tracing::warn!(op = op.k, peer = left, "TCP operation timed out"));
-            self.fail(op.reply, CommError::PeerUnresponsive { peer: left });
+                .in_scope(|| tracing::warn!(op = op.k, peer, "TCP operation timed out"));
+            self.fail(op.reply, CommError::PeerUnresponsive { peer });
         }
     }
 
@@ -981,34 +1040,37 @@ mod tests {
     use ringcast_transport_rocev2_udp::{ControlConfig, Registry};
     use std::net::{SocketAddr, TcpListener};
 
-    /// A TCP mesh of two ranks on loopback.
-    fn mesh2() -> (TcpControl, TcpControl) {
-        let listeners: Vec<TcpListener> = (0..2)
+    /// A TCP mesh of `n` ranks on loopback.
+    fn mesh(n: usize) -> Vec<TcpControl> {
+        let listeners: Vec<TcpListener> = (0..n)
             .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
             .collect();
         let table: Vec<SocketAddr> = listeners
             .iter()
             .map(|l| l.local_addr().expect("addr"))
             .collect();
-        let mut ls = listeners.into_iter();
-        let (l0, l1) = (ls.next().expect("l0"), ls.next().expect("l1"));
-        let t = table.clone();
-        let one = thread::spawn(move || {
-            TcpControl::connect(1, &t, l1, Registry::default(), ControlConfig::new(7))
-        });
-        let zero = TcpControl::connect(0, &table, l0, Registry::default(), ControlConfig::new(7));
-        (
-            zero.expect("rank 0 connects"),
-            one.join().expect("rank 1 thread").expect("rank 1 connects"),
-        )
+        let joins: Vec<_> = listeners
+            .into_iter()
+            .enumerate()
+            .map(|(r, l)| {
+                let t = table.clone();
+                thread::spawn(move || {
+                    TcpControl::connect(r as u32, &t, l, Registry::default(), ControlConfig::new(7))
+                })
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| j.join().expect("rank thread").expect("rank connects"))
+            .collect()
     }
 
-    fn cfg(rank: u32) -> FallbackConfig {
-        // Rank 1 waits for rank 0 at most this long: a lost piece fails the test, it does not
-        // hang it.
+    fn cfg(rank: u32, size: u32) -> FallbackConfig {
+        // A rank waits for its source at most this long: a lost piece fails the test, it does
+        // not hang it.
         FallbackConfig {
             rank,
-            size: 2,
+            size,
             threshold_permille: 1001,
             peer_timeout: Duration::from_secs(3),
             piece: PIECE,
@@ -1026,7 +1088,9 @@ mod tests {
     /// waited for it until the peer timeout: seen in the lab about one run in eight.
     #[test]
     fn pieces_the_start_up_check_took_off_the_mesh_are_not_lost() {
-        let (mut zero, one) = mesh2();
+        let mut m = mesh(2);
+        let one = m.pop().expect("rank 1");
+        let mut zero = m.pop().expect("rank 0");
         let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + 3) as u8).collect();
         let piece = |offset: usize, end: usize| {
             let mut p = Vec::new();
@@ -1036,7 +1100,7 @@ mod tests {
         };
         let mut replay = Replay::new();
         replay.push_back((Rank(0), piece(0, 60_000)));
-        let one = start(cfg(1), one, None, FROM_START, replay).expect("start rank 1");
+        let one = start(cfg(1, 2), one, None, FROM_START, replay).expect("start rank 1");
         // Rank 0's end of the mesh sends the rest of the broadcast.
         zero.send_control(Rank(1), &piece(60_000, data.len()));
         let req = one
@@ -1051,5 +1115,114 @@ mod tests {
         assert!(got == data, "the broadcast delivered other bytes");
         drop(one);
         drop(zero);
+    }
+
+    /// The binomial tree from every root of every job size up to 33 spans every rank once,
+    /// children agree with parents, and no rank is more than ceil(log2 P) hops from the root.
+    #[test]
+    fn binomial_trees_span_every_rank_within_log2_hops() {
+        for size in 1..=33u32 {
+            let depth_max = size.next_power_of_two().trailing_zeros();
+            for root in 0..size {
+                assert_eq!(tree_parent(root, root, size), None);
+                let mut seen = vec![false; size as usize];
+                let mut level = vec![root];
+                let mut depth = 0;
+                seen[root as usize] = true;
+                while !level.is_empty() {
+                    let mut next = Vec::new();
+                    for &r in &level {
+                        for c in tree_children(r, root, size) {
+                            assert!(!seen[c as usize], "P={size} root={root}: {c} twice");
+                            assert_eq!(tree_parent(c, root, size), Some(r));
+                            seen[c as usize] = true;
+                            next.push(c);
+                        }
+                    }
+                    if !next.is_empty() {
+                        depth += 1;
+                    }
+                    level = next;
+                }
+                assert!(seen.iter().all(|&x| x), "P={size} root={root}: not spanned");
+                assert!(depth <= depth_max, "P={size} root={root}: depth {depth}");
+            }
+        }
+    }
+
+    /// Six ranks over TCP: a one-piece Broadcast from every root (the tree), all in flight at
+    /// once, then a two-piece one (the chain), byte for byte on every rank.
+    #[test]
+    fn tree_and_chain_broadcasts_deliver_every_byte() {
+        const P: u32 = 6;
+        let pattern = |root: u32, len: usize| -> Vec<u8> {
+            (0..len)
+                .map(|i| (i as u32).wrapping_mul(31).wrapping_add(root * 17) as u8)
+                .collect()
+        };
+        let mut small = cfg(0, P);
+        small.piece = 4096;
+        let lens: Vec<usize> = (0..P).map(|r| 1000 + 500 * r as usize).collect();
+        let handles: Vec<_> = mesh(P as usize)
+            .into_iter()
+            .enumerate()
+            .map(|(me, m)| {
+                let c = FallbackConfig {
+                    rank: me as u32,
+                    ..small
+                };
+                start(c, m, None, FROM_START, Replay::new()).expect("start")
+            })
+            .collect();
+        let mut reqs = Vec::new();
+        for (me, h) in handles.iter().enumerate() {
+            let me = me as u32;
+            for root in 0..P {
+                let len = lens[root as usize];
+                let buf = if me == root {
+                    pattern(root, len)
+                } else {
+                    vec![0; len]
+                };
+                let req = h
+                    .post::<u8>(Kind::Broadcast { root }, buf, None, tracing::Span::none())
+                    .expect("post");
+                reqs.push((me, root, len, req));
+            }
+        }
+        for (me, root, len, req) in reqs {
+            let got = req.wait().expect("the broadcast completes");
+            assert!(
+                got == pattern(root, len),
+                "rank {me}, root {root}: other bytes"
+            );
+        }
+        // Above one piece (4 KiB here): the pipelined chain, from rank 4.
+        let len = 3 * 4096 + 5;
+        let reqs: Vec<_> = handles
+            .iter()
+            .enumerate()
+            .map(|(me, h)| {
+                let buf = if me == 4 {
+                    pattern(4, len)
+                } else {
+                    vec![0; len]
+                };
+                h.post::<u8>(
+                    Kind::Broadcast { root: 4 },
+                    buf,
+                    None,
+                    tracing::Span::none(),
+                )
+                .expect("post")
+            })
+            .collect();
+        for (me, req) in reqs.into_iter().enumerate() {
+            let got = req.wait().expect("the chain completes");
+            assert!(
+                got == pattern(4, len),
+                "rank {me}: chain delivered other bytes"
+            );
+        }
     }
 }

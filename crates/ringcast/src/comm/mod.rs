@@ -58,7 +58,8 @@
 //! group and interface, and what to check.
 //!
 //! With [`Fallback::Tcp`] (`RINGCAST_FALLBACK=tcp`) the communicator runs over TCP instead
-//! (a pipelined ring Allgather(v), a pipelined chain Broadcast, 256 KiB pieces), and switches
+//! (a pipelined ring Allgather(v), a pipelined chain Broadcast in 256 KiB pieces or, for one
+//! piece or less, a binomial-tree Broadcast), and switches
 //! to TCP during the run when multicast loses more than a threshold
 //! ([`CommBuilder::fallback_loss_threshold`], 10% of the chunks fetched by ring recovery):
 //! rank 0 freezes every rank's dispatch and picks the first operation none has posted to
