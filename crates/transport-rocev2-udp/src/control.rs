@@ -712,9 +712,9 @@ impl TcpControl {
 
     /// Leaves the mesh cleanly: queues a goodbye carrying `mark` (an opaque value for the
     /// peers' [`departed`](Self::departed); ringcast sends the first operation this rank did
-    /// not finish) to every live peer, lets each writer flush what is queued (a peer that
-    /// does not read for `linger` is cut off), then closes every connection and joins every
-    /// thread. Dropping a `TcpControl` without it closes at once and may lose queued frames.
+    /// not finish) to every live peer, lets the I/O thread flush what is queued (a peer that
+    /// does not read for `linger` is cut off), then closes every connection and joins the
+    /// I/O thread. Dropping a `TcpControl` without it closes at once and may lose queued frames.
     pub fn close(self, mark: u64, linger: Duration) {
         let mut bye = frame(KIND_BYE, 8);
         bye.extend_from_slice(&mark.to_be_bytes());
@@ -819,7 +819,7 @@ impl TcpControl {
         }
     }
 
-    /// Queues `f` to `to`'s writer; false when the peer is gone.
+    /// Sends `f` to `to` (or queues it on the connection); false when the peer is gone.
     fn queue(&mut self, to: Rank, f: Vec<u8>) -> bool {
         let sent = match self.peers.get(to.0 as usize) {
             Some(Some(p)) if !p.lost => p.link.send(f),
