@@ -101,6 +101,8 @@ fn bench_allgather_json_has_the_fields() {
         "4KiB,64KiB",
         "--iters",
         "3",
+        "--tcp-threshold",
+        "0",
         "--json",
     ]));
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -146,6 +148,41 @@ fn bench_allgather_json_has_the_fields() {
             assert_eq!(ring[r], 3 * size, "{row}");
         }
     }
+}
+
+/// At the default TCP threshold (64 KiB) a 4 KiB-per-rank Allgather (16 KiB in all) runs over
+/// TCP: no datagram, every rank sends its block P - 1 times (one tree per block), and the
+/// table marks the row.
+#[test]
+fn bench_runs_small_operations_over_tcp_by_default() {
+    let out = run_bounded(command(&[
+        "bench",
+        "allgather",
+        "--local",
+        "4",
+        "--sizes",
+        "4KiB",
+        "--iters",
+        "3",
+        "--json",
+    ]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    let row = &v["results"][0];
+    for r in 0..4 {
+        assert_eq!(row["payload_per_rank"][r], 0, "{row}");
+        assert_eq!(row["tcp_per_rank"][r], 3 * 4096, "{row}");
+    }
+    let out = run_bounded(command(&[
+        "bench", "bcast", "--local", "4", "--sizes", "4KiB", "--iters", "2",
+    ]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("4096"))
+        .unwrap_or_else(|| panic!("no 4096 row in {table}"));
+    assert!(line.ends_with(" tcp"), "{line}");
 }
 
 #[test]

@@ -24,18 +24,21 @@ use common::{broadcast_checked, check, e, free_tcp_port, free_udp_port, nonce, p
 const RANKS: u32 = 4;
 const DEADLINE: Duration = Duration::from_secs(90);
 
-/// Runs `f` on `RANKS` communicators, each on its own thread; fails at the deadline.
+/// Runs `f` on `RANKS` communicators, each on its own thread; fails at the deadline. Every
+/// operation runs over multicast, small ones too (what these tests check).
 fn world<R: Send + 'static>(
     salt: u64,
     f: impl Fn(Communicator) -> Result<R, String> + Send + Sync + Clone + 'static,
 ) -> Vec<R> {
-    world_icrc(salt, false, f)
+    world_with(salt, false, 0, f)
 }
 
-/// [`world`], every rank checking each datagram's ICRC when `icrc`.
-fn world_icrc<R: Send + 'static>(
+/// [`world`], every rank checking each datagram's ICRC when `icrc`, and running operations of
+/// at most `tcp_threshold` bytes over TCP.
+fn world_with<R: Send + 'static>(
     salt: u64,
     icrc: bool,
+    tcp_threshold: u64,
     f: impl Fn(Communicator) -> Result<R, String> + Send + Sync + Clone + 'static,
 ) -> Vec<R> {
     let nonce = nonce(salt);
@@ -65,6 +68,7 @@ fn world_icrc<R: Send + 'static>(
                     .link_bandwidth(100_000_000)
                     .cutoff_alpha(Duration::from_millis(20))
                     .verify_icrc(icrc)
+                    .tcp_threshold(tcp_threshold)
                     .build()
                     .map_err(|e| format!("rank {r}: build: {e}"));
                 let _ = tx.send((r, comm.and_then(&f)));
@@ -152,7 +156,7 @@ fn broadcast_allgather_allgatherv_byte_for_byte() {
 
 #[test]
 fn with_the_icrc_checked_every_datagram_passes_it() {
-    world_icrc(11, true, |comm| {
+    world_with(11, true, 0, |comm| {
         let me = comm.rank();
         broadcast_checked(&comm, "broadcast", 11, 2, (1 << 20) + 7)?;
         let s = comm.stats().map_err(e)?;
@@ -225,6 +229,75 @@ fn several_in_flight_complete_out_of_order() {
         check("broadcast 2", &r2.wait().map_err(e)?, &b1)?;
         check("allgather", &r1.wait().map_err(e)?, &blocks.concat())?;
         check("broadcast 0", &r0.wait().map_err(e)?, &b0)?;
+        Ok(())
+    });
+}
+
+/// With the TCP threshold at 64 KiB, operations at or below it run over TCP (trees) and the
+/// larger ones over multicast, interleaved and in flight together; every buffer byte for byte,
+/// and each operation's counters say which path carried it.
+#[test]
+fn small_operations_run_over_tcp_beside_multicast() {
+    const T: u64 = 64 << 10;
+    world_with(3, false, T, |comm| {
+        let me = comm.rank();
+        let small_b = pattern(30, 1, 4096);
+        let edge_b = pattern(31, 3, T as usize);
+        let big_b = pattern(32, 2, (1 << 20) + 7);
+        let counts = [100usize, 0, 3000, 1];
+        let vblocks: Vec<Vec<u8>> = (0..RANKS)
+            .map(|r| pattern(33, r, counts[r as usize]))
+            .collect();
+        let blocks: Vec<Vec<u8>> = (0..RANKS).map(|r| pattern(34, r, 20_000)).collect();
+        let bcast = |root: u32, data: &Vec<u8>| {
+            let buf = if me == root {
+                data.clone()
+            } else {
+                vec![0; data.len()]
+            };
+            comm.ibroadcast(root, buf).map_err(e)
+        };
+        // Small, large, small, large, small: posted together, waited in another order.
+        let r_small = bcast(1, &small_b)?;
+        let r_big = bcast(2, &big_b)?;
+        let r_v = comm
+            .iallgatherv(&vblocks[me as usize], vec![0; 3101], &counts)
+            .map_err(e)?;
+        let r_ag = comm
+            .iallgather(&blocks[me as usize], vec![0; 20_000 * RANKS as usize])
+            .map_err(e)?;
+        let r_edge = bcast(3, &edge_b)?;
+        let mut results = Vec::new();
+        for (name, req, want, tcp) in [
+            ("edge broadcast", r_edge, edge_b, true),
+            ("allgather 80 KB", r_ag, blocks.concat(), false),
+            ("allgatherv", r_v, vblocks.concat(), true),
+            ("large broadcast", r_big, big_b, false),
+            ("small broadcast", r_small, small_b, true),
+        ] {
+            let (got, st) = req.wait_with_stats().map_err(e)?;
+            check(name, &got, &want)?;
+            results.push((name, st, tcp));
+        }
+        for (name, st, tcp) in results {
+            let c = &st.counters;
+            let by_tcp = c.tcp_bytes_sent + c.tcp_bytes_received;
+            let by_mcast = c.chunks_sent + c.chunks_received + c.chunks_fetched;
+            let ok = if tcp {
+                by_mcast == 0 && by_tcp > 0
+            } else {
+                by_tcp == 0 && by_mcast > 0
+            };
+            if !ok {
+                return Err(format!(
+                    "{name}: want it over {}, counters {c:?}",
+                    if tcp { "TCP" } else { "multicast" }
+                ));
+            }
+        }
+        if comm.transport_mode().is_tcp() {
+            return Err("small operations must not switch the communicator to TCP".into());
+        }
         Ok(())
     });
 }
@@ -446,6 +519,7 @@ fn spawn_children(role: &str, peer_timeout_s: u32) -> (Children, mpsc::Receiver<
             .env("RINGCAST_BOOTSTRAP", &bootstrap)
             .env("RINGCAST_PORT", &port)
             .env("RINGCAST_LANES", "2")
+            .env("RINGCAST_TCP_THRESHOLD", "0")
             .env("RINGCAST_PEER_TIMEOUT", peer_timeout_s.to_string())
             .env("RINGCAST_BOOTSTRAP_TIMEOUT", "30")
             .env_remove("RINGCAST_IFNAME")

@@ -59,7 +59,9 @@ fn world<R: Send + 'static>(
                     .lanes(2)
                     .peer_timeout(Duration::from_secs(10))
                     .link_bandwidth(100_000_000)
-                    .cutoff_alpha(Duration::from_millis(20));
+                    .cutoff_alpha(Duration::from_millis(20))
+                    // What runs where is these tests' subject: no small operation bypasses.
+                    .tcp_threshold(0);
                 let out = f(r, setup(r, b, port).build());
                 let _ = tx.send((r, out));
             })
@@ -330,6 +332,71 @@ fn loss_during_the_run_switches_every_rank_at_the_same_operation() {
         for s in &ops[from_op as usize..] {
             assert_eq!(s.counters.chunks_sent, 0, "rank {r}: op {} multicast", s.op);
             assert!(s.op >= from_op, "rank {r}: {s:?}");
+        }
+    }
+}
+
+/// As above, with small operations over TCP between the large ones, two in flight at a time:
+/// the freeze and the switch leave the small ones where they run (TCP), every rank draws the
+/// line at the same operation, and every buffer arrives byte for byte.
+#[test]
+fn a_switch_on_loss_keeps_small_operations_on_tcp() {
+    let got = world(
+        8,
+        |r, b, port| {
+            rank3_elsewhere(r, b, port)
+                .startup_check(Duration::ZERO)
+                .fallback(Fallback::Tcp)
+                .fallback_loss_threshold(0.1)
+                .tcp_threshold(4096)
+        },
+        |_, comm| {
+            let comm = comm.map_err(|e| format!("build: {e}"))?;
+            let me = comm.rank();
+            let mut ops = Vec::new();
+            for i in 0..10u32 {
+                let root = i % RANKS;
+                let big = pattern(700 + u64::from(i), root, 256 << 10);
+                let small = pattern(800 + u64::from(i), root, 1000 + i as usize);
+                let post = |data: &Vec<u8>| {
+                    let buf = if me == root {
+                        data.clone()
+                    } else {
+                        vec![0; data.len()]
+                    };
+                    comm.ibroadcast(root, buf).map_err(e)
+                };
+                let (rb, rs) = (post(&big)?, post(&small)?);
+                let (got_s, st_s) = rs.wait_with_stats().map_err(e)?;
+                check(&format!("small {i}"), &got_s, &small)?;
+                let (got_b, st_b) = rb.wait_with_stats().map_err(e)?;
+                check(&format!("large {i}"), &got_b, &big)?;
+                ops.push((st_b, st_s));
+            }
+            Ok((comm.transport_mode(), ops))
+        },
+    );
+    let mode = got[0].0;
+    let TransportMode::Tcp { from_op, .. } = mode else {
+        panic!("no switch: {mode:?}");
+    };
+    for (r, (m, ops)) in got.iter().enumerate() {
+        assert_eq!(*m, mode, "rank {r} switched elsewhere");
+        for (big, small) in ops {
+            let c = &small.counters;
+            assert_eq!(
+                c.chunks_sent + c.chunks_received + c.chunks_fetched,
+                0,
+                "rank {r}: small op {} went to multicast",
+                small.op
+            );
+            if big.op >= from_op {
+                assert_eq!(
+                    big.counters.chunks_sent, 0,
+                    "rank {r}: op {} multicast",
+                    big.op
+                );
+            }
         }
     }
 }

@@ -108,6 +108,7 @@ pub struct CommBuilder {
     probe_window: Duration,
     loss_threshold: f64,
     verify_icrc: bool,
+    tcp_threshold: u64,
 }
 
 impl Default for CommBuilder {
@@ -130,6 +131,7 @@ impl Default for CommBuilder {
             probe_window: Duration::from_secs(2),
             loss_threshold: 0.10,
             verify_icrc: false,
+            tcp_threshold: DEFAULT_TCP_THRESHOLD,
         }
     }
 }
@@ -167,7 +169,8 @@ impl CommBuilder {
     /// `RINGCAST_FALLBACK` (`tcp` or `off`), `RINGCAST_PROBE_WINDOW` (seconds of the start-up
     /// check, 0 turns it off), `RINGCAST_FALLBACK_LOSS` (fraction, e.g. `0.1`) and
     /// `RINGCAST_VERIFY_ICRC` (`1` checks every datagram's ICRC, see
-    /// [`verify_icrc`](Self::verify_icrc)).
+    /// [`verify_icrc`](Self::verify_icrc)) and `RINGCAST_TCP_THRESHOLD` (bytes, see
+    /// [`tcp_threshold`](Self::tcp_threshold); `0` sends every operation to multicast).
     /// Builder calls made afterwards override them.
     pub fn from_env() -> Result<Self, BuildError> {
         let job = JobEnv::from_env().map_err(BootstrapError::from)?;
@@ -196,6 +199,9 @@ impl CommBuilder {
         }
         if let Some(l) = parse_var::<f64>("RINGCAST_FALLBACK_LOSS")? {
             b.loss_threshold = l;
+        }
+        if let Some(t) = parse_var::<u64>("RINGCAST_TCP_THRESHOLD")? {
+            b.tcp_threshold = t;
         }
         if let Some(v) = var("RINGCAST_VERIFY_ICRC") {
             b.verify_icrc = match v.trim() {
@@ -307,6 +313,23 @@ impl CommBuilder {
     /// instead of taking them.
     pub fn verify_icrc(mut self, on: bool) -> Self {
         self.verify_icrc = on;
+        self
+    }
+
+    /// Operations of at most `bytes` (a Broadcast's buffer; an Allgather's whole receive
+    /// buffer, every block summed) run over TCP even while multicast works, as NCCL and Open
+    /// MPI pick another algorithm for short messages; like `RINGCAST_TCP_THRESHOLD`. Default
+    /// [`DEFAULT_TCP_THRESHOLD`]; 0 sends every operation to multicast.
+    ///
+    /// A multicast operation pays a round of control messages before its data (the barrier
+    /// that makes sure every receiver is ready) and one after (the FIN ring): for a few
+    /// kilobytes that is most of its time. Over TCP a short Broadcast goes down a binomial
+    /// tree from its root and a short Allgather down one tree per block (`ceil(log2 P)` hops),
+    /// with no barrier. A second TCP mesh carries them (as with [`Fallback::Tcp`]), so the
+    /// engine's control messages never wait behind them. Every rank must use the same value:
+    /// the start-up check compares them.
+    pub fn tcp_threshold(mut self, bytes: u64) -> Self {
+        self.tcp_threshold = bytes;
         self
     }
 
@@ -424,10 +447,11 @@ impl CommBuilder {
             }
         };
         let chunk = self.chunk_size.unwrap_or_else(|| default_chunk(iface));
-        // With fallback = tcp, a second listener for the fallback mesh, on the control
-        // address; its address travels in the start-up reports.
+        // With fallback = tcp or small operations over TCP, a second listener for the TCP
+        // mesh, on the control address; its address travels in the start-up reports.
         let tcp_fallback = self.fallback == Fallback::Tcp && size > 1;
-        let fb_listener = if tcp_fallback {
+        let tcp_mesh = tcp_fallback || (self.tcp_threshold > 0 && size > 1);
+        let fb_listener = if tcp_mesh {
             let ip = match control[rank as usize].ip() {
                 IpAddr::V4(a) if !a.is_unspecified() => a,
                 _ => iface,
@@ -509,6 +533,7 @@ impl CommBuilder {
             window: self.probe_window,
             report_wait: self.peer_timeout.max(Duration::from_secs(2)),
             fallback_tcp: tcp_fallback,
+            tcp_threshold: self.tcp_threshold,
             extra: fb_extra,
         };
         let ex = match probe::run(&setup, &mut rx, &mut tx, &mut control) {
@@ -522,9 +547,15 @@ impl CommBuilder {
         let fcfg = FallbackConfig {
             rank,
             size,
-            threshold_permille: (self.loss_threshold * 1000.0).min(1000.0) as u32,
+            // Without fallback = tcp the mesh only runs small operations: never switch.
+            threshold_permille: if tcp_fallback {
+                (self.loss_threshold * 1000.0).min(1000.0) as u32
+            } else {
+                1001
+            },
             peer_timeout: self.peer_timeout,
             piece: fallback::PIECE,
+            tcp_threshold: self.tcp_threshold,
         };
         if let Some(failure) = ex.failure {
             if !tcp_fallback {
@@ -553,7 +584,8 @@ impl CommBuilder {
             });
         }
         tracing::debug!(rank, elapsed = ?ex.elapsed, "start-up check: multicast reaches every rank");
-        // With fallback = tcp, the fallback mesh (kept apart from the engine's control mesh).
+        // The TCP mesh (kept apart from the engine's control mesh) for the fallback and the
+        // small operations.
         let fb_mesh = match fb_listener {
             Some(l) => {
                 let table = ex
@@ -619,6 +651,10 @@ impl CommBuilder {
         })
     }
 }
+
+/// Default of [`CommBuilder::tcp_threshold`]: operations of at most this many bytes run
+/// over TCP (BENCHMARKS.md, "Small operations over TCP").
+pub const DEFAULT_TCP_THRESHOLD: u64 = 64 << 10;
 
 /// How long a rank whose build fails lets its last control frames flush.
 const PROBE_LINGER: Duration = Duration::from_secs(1);

@@ -141,6 +141,18 @@ pub(crate) struct FallbackConfig {
     pub(crate) threshold_permille: u32,
     pub(crate) peer_timeout: Duration,
     pub(crate) piece: usize,
+    /// Operations of at most this many bytes (the whole buffer: a Broadcast's, or every
+    /// block of an Allgather) run over TCP even while multicast runs; 0 sends none.
+    pub(crate) tcp_threshold: u64,
+}
+
+impl FallbackConfig {
+    /// Whether an operation of `len` bytes runs over TCP whatever the mode (see
+    /// [`CommBuilder::tcp_threshold`](super::CommBuilder::tcp_threshold)). Every rank posts
+    /// the same lengths, so every rank decides alike.
+    fn small(&self, len: usize) -> bool {
+        (len as u64) <= self.tcp_threshold && self.tcp_threshold > 0
+    }
 }
 
 /// Where posts go; one lock, taken by the application thread per post and by the dispatcher
@@ -240,6 +252,7 @@ impl LossTap {
 /// The communicator's end of the fallback: routes posts, owns the dispatcher thread.
 #[derive(Debug)]
 pub(crate) struct Handle {
+    cfg: FallbackConfig,
     shared: Arc<Shared>,
     tap: Arc<LossTap>,
     tx: Inbox,
@@ -308,6 +321,7 @@ pub(crate) fn start(
         .name(format!("ringcast-tcp-r{}", cfg.rank))
         .spawn(move || d.run())?;
     Ok(Handle {
+        cfg,
         shared,
         tap,
         tx,
@@ -332,6 +346,7 @@ impl Handle {
         span: tracing::Span,
     ) -> Result<Request<T>, CommError> {
         let (reply, rx) = mpsc::sync_channel(1);
+        let small = self.cfg.small(buf.len());
         let post = Post {
             kind,
             buf,
@@ -340,7 +355,7 @@ impl Handle {
         };
         let mut r = self.route();
         let k = r.next;
-        let to_engine = !r.frozen && r.switch_at.is_none_or(|s| k < s);
+        let to_engine = !small && !r.frozen && r.switch_at.is_none_or(|s| k < s);
         if to_engine {
             let Some(engine) = &r.engine else {
                 return Err(CommError::Cancelled);
@@ -397,23 +412,46 @@ enum Shape {
     Chain { root: u32 },
     /// Broadcast from `root` that fits in one piece: a binomial tree, log2 P hops.
     Tree { root: u32 },
-    /// Allgather(v): block `r` at `displs[r]`, `sizes[r]` bytes.
+    /// Allgather(v): block `r` at `displs[r]`, `sizes[r]` bytes, around the ring (pipelined).
     Ring { displs: Vec<u64>, sizes: Vec<u64> },
+    /// Allgather(v) whose every block fits in one piece: each block goes down its own
+    /// binomial tree from its owner, all `P` trees at once, so every block is `ceil(log2 P)`
+    /// hops from every rank instead of up to `P - 1`. Each rank still sends `P - 1` blocks,
+    /// as on the ring: it takes every position of a tree once over the `P` trees. `left[r]`:
+    /// bytes of block `r` still to receive.
+    Trees {
+        displs: Vec<u64>,
+        sizes: Vec<u64>,
+        left: Vec<u64>,
+    },
 }
 
 impl Shape {
-    /// The rank that sends rank `me` (of `size`) this operation's pieces.
-    fn source(&self, me: u32, size: u32) -> u32 {
+    /// The rank that sends rank `me` (of `size`) this operation's pieces of `block`.
+    fn source(&self, me: u32, size: u32, block: u32) -> u32 {
         match self {
             Shape::Tree { root } => tree_parent(me, *root, size).unwrap_or(me),
+            Shape::Trees { .. } => tree_parent(me, block % size, size).unwrap_or(me),
             Shape::Chain { .. } | Shape::Ring { .. } => (me + size - 1) % size,
         }
+    }
+
+    /// The rank an operation that stopped moving waits on: its source, or in the trees the
+    /// parent of the first block still missing.
+    fn waits_on(&self, me: u32, size: u32) -> u32 {
+        let block = match self {
+            Shape::Trees { left, .. } => left.iter().position(|&l| l > 0).unwrap_or(0) as u32,
+            Shape::Tree { root } | Shape::Chain { root } => *root,
+            Shape::Ring { .. } => me,
+        };
+        self.source(me, size, block)
     }
 
     /// Where rank `me` sends a piece of `block` (one it received, or its own).
     fn next_hops(&self, me: u32, size: u32, block: u32) -> Vec<u32> {
         match self {
             Shape::Tree { root } => tree_children(me, *root, size).collect(),
+            Shape::Trees { .. } => tree_children(me, block % size, size).collect(),
             // Around the ring, until the rank before the block's owner.
             Shape::Chain { .. } | Shape::Ring { .. } => {
                 let right = (me + 1) % size;
@@ -595,6 +633,9 @@ impl Dispatcher {
         let switch_at = self.route().switch_at;
         match switch_at {
             Some(s) if k >= s => self.start(k, p),
+            // Small operations run here whatever the mode, frozen or not: no rank sends them
+            // to the engine, so the switch point does not concern them.
+            _ if self.cfg.small(p.buf.len()) => self.start(k, p),
             // Frozen (or routed here before the switch point was known): held.
             _ => self.held.push_back((k, p)),
         }
@@ -695,7 +736,8 @@ impl Dispatcher {
                 }
             }
             for (k, p) in self.held.drain(..) {
-                if k < at {
+                // Small operations taken from the channel here run over TCP like the others.
+                if k < at && !self.cfg.small(p.buf.len()) {
                     let engine = r.engine.as_ref();
                     let sent = engine.map(|e| e.send(Command::Post(p)));
                     match sent {
@@ -716,7 +758,8 @@ impl Dispatcher {
                 reason,
             };
         }
-        self.next_tcp = at;
+        // Small operations may have started here after this rank froze, beyond `at`.
+        self.next_tcp = self.next_tcp.max(at);
         tracing::warn!(
             rank = self.cfg.rank,
             from_op = at,
@@ -814,7 +857,7 @@ impl Dispatcher {
         };
         let data = &msg[PIECE_HEADER.min(msg.len())..];
         let op = &mut self.active[i];
-        if from != op.shape.source(me, size) {
+        if from != op.shape.source(me, size, block) {
             tracing::debug!(
                 op = op.k,
                 from,
@@ -826,7 +869,9 @@ impl Dispatcher {
             Shape::Chain { root } | Shape::Tree { root } if block == *root && *root != me => {
                 (offset, op.buf.len() as u64)
             }
-            Shape::Ring { displs, sizes } if block != me && block < size => {
+            Shape::Ring { displs, sizes } | Shape::Trees { displs, sizes, .. }
+                if block != me && block < size =>
+            {
                 let b = block as usize;
                 (displs[b] + offset, displs[b] + sizes[b])
             }
@@ -845,6 +890,9 @@ impl Dispatcher {
             return;
         };
         op.buf[at as usize..end as usize].copy_from_slice(data);
+        if let Shape::Trees { left, .. } = &mut op.shape {
+            left[block as usize] = left[block as usize].saturating_sub(data.len() as u64);
+        }
         op.want = op.want.saturating_sub(data.len() as u64);
         op.received += data.len() as u64;
         op.last = Instant::now();
@@ -886,7 +934,21 @@ impl Dispatcher {
                 }
                 let mine = sizes.get(me as usize).copied().unwrap_or(0);
                 let own_at = displs.get(me as usize).copied().unwrap_or(0);
-                (Shape::Ring { displs, sizes }, me, own_at, mine, len - mine)
+                // Blocks of one piece or less gain nothing from the ring's pipeline either.
+                let shape = if sizes.iter().all(|&s| s <= self.cfg.piece as u64) {
+                    let mut left = sizes.clone();
+                    if let Some(l) = left.get_mut(me as usize) {
+                        *l = 0;
+                    }
+                    Shape::Trees {
+                        displs,
+                        sizes,
+                        left,
+                    }
+                } else {
+                    Shape::Ring { displs, sizes }
+                };
+                (shape, me, own_at, mine, len - mine)
             }
         };
         let now = Instant::now();
@@ -1002,7 +1064,7 @@ impl Dispatcher {
             }
             let op = self.active.swap_remove(i);
             // The rank it waits on: the left neighbour, or the parent in a tree.
-            let peer = op.shape.source(me, size);
+            let peer = op.shape.waits_on(me, size);
             op.span
                 .in_scope(|| tracing::warn!(op = op.k, peer, "TCP operation timed out"));
             self.fail(op.reply, CommError::PeerUnresponsive { peer });
@@ -1074,6 +1136,7 @@ mod tests {
             threshold_permille: 1001,
             peer_timeout: Duration::from_secs(3),
             piece: PIECE,
+            tcp_threshold: 0,
         }
     }
 
@@ -1147,7 +1210,114 @@ mod tests {
                 assert!(seen.iter().all(|&x| x), "P={size} root={root}: not spanned");
                 assert!(depth <= depth_max, "P={size} root={root}: depth {depth}");
             }
+            // The Allgather's trees, one per block: every rank sends P - 1 blocks in all,
+            // as on the ring (it takes every position of a tree once).
+            for me in 0..size {
+                let sends: usize = (0..size).map(|b| tree_children(me, b, size).count()).sum();
+                assert_eq!(
+                    sends,
+                    size as usize - 1,
+                    "P={size}: rank {me} sends {sends}"
+                );
+            }
         }
+    }
+
+    /// Six ranks over TCP: Allgathervs whose blocks fit one piece (one tree per block, zero
+    /// and uneven blocks) and one with a larger block (the ring), all in flight at once, byte
+    /// for byte on every rank; the trees' counters show P - 1 blocks sent per rank.
+    #[test]
+    fn tree_and_ring_allgathers_deliver_every_byte() {
+        const P: u32 = 6;
+        let block = |op: u32, r: u32, len: usize| -> Vec<u8> {
+            (0..len)
+                .map(|i| (i as u32).wrapping_mul(13).wrapping_add(r * 101 + op * 7) as u8)
+                .collect()
+        };
+        let shapes: [[usize; P as usize]; 3] = [
+            [1000, 0, 4096, 7, 0, 2500],
+            [64, 64, 64, 64, 64, 64],
+            [10, 4097 * 2 + 3, 0, 1, 4096, 9000],
+        ];
+        let handles: Vec<_> = mesh(P as usize)
+            .into_iter()
+            .enumerate()
+            .map(|(me, m)| {
+                let c = FallbackConfig {
+                    rank: me as u32,
+                    piece: 4096,
+                    ..cfg(0, P)
+                };
+                start(c, m, None, FROM_START, Replay::new()).expect("start")
+            })
+            .collect();
+        let mut reqs = Vec::new();
+        for (me, h) in handles.iter().enumerate() {
+            let me = me as u32;
+            for (op, sizes) in shapes.iter().enumerate() {
+                let total: usize = sizes.iter().sum();
+                let at: usize = sizes[..me as usize].iter().sum();
+                let mut buf = vec![0u8; total];
+                let own = sizes[me as usize];
+                buf[at..at + own].copy_from_slice(&block(op as u32, me, own));
+                let kind = Kind::Allgather {
+                    sizes: sizes.iter().map(|&s| s as u64).collect(),
+                };
+                let req = h
+                    .post::<u8>(kind, buf, None, tracing::Span::none())
+                    .expect("post");
+                reqs.push((me, op, req));
+            }
+        }
+        for (me, op, req) in reqs {
+            let (got, st) = req.wait_with_stats().expect("the allgather completes");
+            let sizes = &shapes[op];
+            let want: Vec<u8> = (0..P)
+                .flat_map(|r| block(op as u32, r, sizes[r as usize]))
+                .collect();
+            assert!(got == want, "rank {me}, op {op}: other bytes");
+            if op == 1 {
+                // 64 bytes per block, one tree each: P - 1 blocks leave every rank.
+                assert_eq!(
+                    st.counters.tcp_bytes_sent,
+                    64 * u64::from(P - 1),
+                    "rank {me}"
+                );
+            }
+        }
+    }
+
+    /// Which shape a post takes and which rank a stalled operation blames.
+    #[test]
+    fn trees_blame_the_parent_of_the_first_missing_block() {
+        // P = 6, rank 5: block 0's parent is 4 (5 - 1 from root 0, lowest bit 1), block 1's
+        // is 1 (relative 4, less its lowest set bit, from root 1).
+        let mut left = vec![0u64; 6];
+        left[1] = 10;
+        left[0] = 3;
+        let t = Shape::Trees {
+            displs: vec![0; 6],
+            sizes: vec![10; 6],
+            left: left.clone(),
+        };
+        assert_eq!(
+            t.waits_on(5, 6),
+            tree_parent(5, 0, 6).expect("not the root")
+        );
+        assert_eq!(t.waits_on(5, 6), 4);
+        left[0] = 0;
+        let t = Shape::Trees {
+            displs: vec![0; 6],
+            sizes: vec![10; 6],
+            left,
+        };
+        assert_eq!(t.waits_on(5, 6), 1);
+        let small = FallbackConfig {
+            tcp_threshold: 100,
+            ..cfg(0, 2)
+        };
+        assert!(small.small(0) && small.small(100) && !small.small(101));
+        assert!(!cfg(0, 2).small(0), "a threshold of 0 sends nothing to TCP");
     }
 
     /// Six ranks over TCP: a one-piece Broadcast from every root (the tree), all in flight at

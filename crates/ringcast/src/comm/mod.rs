@@ -81,7 +81,7 @@ mod request;
 mod stats;
 mod track;
 
-pub use builder::{CommBuilder, Fallback};
+pub use builder::{CommBuilder, DEFAULT_TCP_THRESHOLD, Fallback};
 pub use error::{BuildError, CommError};
 pub use fallback::{FallbackReason, TransportMode};
 pub use probe::{ProbeFailure, Unheard};

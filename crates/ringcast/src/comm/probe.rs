@@ -38,7 +38,7 @@
 //! ## Reports on the control mesh
 //! A control message whose first byte is [`REPORT_KIND`] (`0xF0`; the core's kinds are small
 //! integers, 1 to 9 today, so the core would reject one as malformed): `kind, version, flags, 0, rank u32, ranks u32,
-//! lanes u16, port u16, interface [4], groups [4] x lanes, heard bitmap (lane-major,
+//! tcp_threshold u64, lanes u16, port u16, interface [4], groups [4] x lanes, heard bitmap (lane-major,
 //! ceil(lanes x ranks / 8) bytes), extra_len u16, extra`.
 
 use std::collections::VecDeque;
@@ -64,7 +64,7 @@ const PROBE_TX_OP: OpId = OpId(u64::MAX);
 const PROBE_RX_OP: OpId = OpId(u64::MAX - 1);
 /// First byte of a report on the control mesh.
 pub(crate) const REPORT_KIND: u8 = 0xF0;
-const REPORT_VERSION: u8 = 1;
+const REPORT_VERSION: u8 = 2;
 const FLAG_CHECKED: u8 = 1;
 const FLAG_FALLBACK_TCP: u8 = 2;
 /// How often a rank multicasts its probes.
@@ -86,6 +86,8 @@ pub(crate) struct ProbeSetup {
     /// How long after the window a missing report is waited for.
     pub(crate) report_wait: Duration,
     pub(crate) fallback_tcp: bool,
+    /// Operations up to this many bytes run over TCP (every rank must agree).
+    pub(crate) tcp_threshold: u64,
     /// Opaque bytes handed to every peer (the fallback listener's address).
     pub(crate) extra: Vec<u8>,
 }
@@ -111,6 +113,7 @@ pub(crate) struct Report {
     pub(crate) ranks: u32,
     pub(crate) checked: bool,
     pub(crate) fallback_tcp: bool,
+    pub(crate) tcp_threshold: u64,
     pub(crate) interface: Ipv4Addr,
     pub(crate) port: u16,
     pub(crate) groups: Vec<Ipv4Addr>,
@@ -143,6 +146,7 @@ impl Report {
         b.extend_from_slice(&[REPORT_KIND, REPORT_VERSION, flags, 0]);
         b.extend_from_slice(&self.rank.to_be_bytes());
         b.extend_from_slice(&self.ranks.to_be_bytes());
+        b.extend_from_slice(&self.tcp_threshold.to_be_bytes());
         b.extend_from_slice(&(self.lanes() as u16).to_be_bytes());
         b.extend_from_slice(&self.port.to_be_bytes());
         b.extend_from_slice(&self.interface.octets());
@@ -176,6 +180,7 @@ impl Report {
         let u16_ = |s: &[u8]| u16::from_be_bytes([s[0], s[1]]);
         let rank = u32_(take(&mut at, 4)?);
         let ranks = u32_(take(&mut at, 4)?);
+        let tcp_threshold = u64::from_be_bytes(take(&mut at, 8)?.try_into().ok()?);
         let lanes = usize::from(u16_(take(&mut at, 2)?));
         let port = u16_(take(&mut at, 2)?);
         let i = take(&mut at, 4)?;
@@ -203,6 +208,7 @@ impl Report {
             ranks,
             checked: flags & FLAG_CHECKED != 0,
             fallback_tcp: flags & FLAG_FALLBACK_TCP != 0,
+            tcp_threshold,
             interface,
             port,
             groups,
@@ -384,6 +390,13 @@ pub(crate) fn judge(reports: &[Report], window: Duration) -> Result<Option<Probe
                 name(r.fallback_tcp)
             ));
         }
+        if r.tcp_threshold != first.tcp_threshold {
+            return Err(format!(
+                "rank {} runs operations of up to {} bytes over TCP, rank {} up to {}: set \
+                 RINGCAST_TCP_THRESHOLD the same on every rank",
+                first.rank, first.tcp_threshold, r.rank, r.tcp_threshold
+            ));
+        }
     }
     if reports.iter().any(|r| !r.checked) {
         return Ok(None);
@@ -537,6 +550,7 @@ fn exchange(
                 ranks: s.ranks,
                 checked: checking,
                 fallback_tcp: s.fallback_tcp,
+                tcp_threshold: s.tcp_threshold,
                 interface: s.interface,
                 port: s.groups.first().map_or(0, SocketAddrV4::port),
                 groups: s.groups.iter().map(|g| *g.ip()).collect(),
@@ -686,6 +700,7 @@ mod tests {
             ranks,
             checked: true,
             fallback_tcp: false,
+            tcp_threshold: 65536,
             interface: Ipv4Addr::new(10, 0, 0, 1 + rank as u8),
             port: 4791,
             groups: vec![Ipv4Addr::new(239, 1, 2, 3)],
@@ -698,6 +713,7 @@ mod tests {
     fn report_round_trips_and_rejects_garbage() {
         let mut r = report(2, 4, &[0, 3]);
         r.fallback_tcp = true;
+        r.tcp_threshold = 0x0102_0304_0506_0708;
         r.groups.push(Ipv4Addr::new(239, 9, 9, 9));
         r.heard.extend([true, false, true, true]);
         let b = r.encode();
@@ -709,7 +725,7 @@ mod tests {
         long.push(0);
         assert_eq!(Report::decode(&long), None);
         let mut v2 = b;
-        v2[1] = 2;
+        v2[1] = 1;
         assert_eq!(Report::decode(&v2), None);
     }
 
@@ -752,6 +768,13 @@ mod tests {
         rs[1].fallback_tcp = true;
         let e = judge(&rs, Duration::ZERO).expect_err("mismatch");
         assert!(e.contains("RINGCAST_FALLBACK"), "{e}");
+        let mut rs = vec![report(0, 2, &[1]), report(1, 2, &[0])];
+        rs[0].tcp_threshold = 0;
+        let e = judge(&rs, Duration::ZERO).expect_err("mismatch");
+        assert!(
+            e.contains("RINGCAST_TCP_THRESHOLD") && e.contains("65536"),
+            "{e}"
+        );
         // Unchecked reports (the check is off) never fail the multicast verdict.
         let mut rs = vec![report(0, 2, &[]), report(1, 2, &[])];
         rs[0].checked = false;

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 /// Counters appended to each rank's timings in the gather.
-const EXTRA: usize = 5;
+const EXTRA: usize = 6;
 
 /// Runs `ringcast bench`: the parent of a local run, one of its ranks, or a launcher's rank.
 pub(crate) fn run(a: &BenchArgs) -> Result<ExitCode, CmdError> {
@@ -100,7 +100,8 @@ impl Output {
             ))?;
             o.line(&format!(
                 "# inject(B): the busiest rank's bytes on the wire per iteration (headers \
-                 included); {peer}"
+                 included; TCP: data only); {peer}; `tcp`: the size ran over TCP \
+                 (--tcp-threshold)"
             ))?;
             o.line(&format!(
                 "{:<10}{:>18}{:>18}{:>18}{:>12}{:>14}{:>14}{:>14}{:>14}",
@@ -137,8 +138,14 @@ impl Output {
                 v[k].as_array()
                     .map_or(0, |a| a.iter().filter_map(Value::as_u64).max().unwrap_or(0))
             };
+            // A size whose operations ran over TCP (at or below the TCP threshold) is marked.
+            let tcp = if max_u("tcp_per_rank") > 0 {
+                " tcp"
+            } else {
+                ""
+            };
             let s = format!(
-                "{:<10}{:>18.2}{:>18.2}{:>18.2}{:>12}{:>14.2}{:>14.2}{:>14}{:>14}",
+                "{:<10}{:>18.2}{:>18.2}{:>18.2}{:>12}{:>14.2}{:>14.2}{:>14}{:>14}{tcp}",
                 v["size"].as_u64().unwrap_or(0),
                 f("avg_us"),
                 f("min_us"),
@@ -245,7 +252,7 @@ impl Sink {
 }
 
 fn rank(a: &BenchArgs, child: bool) -> Result<(), CmdError> {
-    let comm = net::connect(&a.net).map_err(|e| {
+    let comm = net::connect(&a.net, None).map_err(|e| {
         if child {
             e
         } else {
@@ -378,6 +385,7 @@ fn one_size(
         inj.datagrams as f64 / iters,
         inj.served as f64 / iters,
         inj.fetched as f64 / iters,
+        inj.tcp as f64 / iters,
     ]);
     let mut all = vec![0f64; mine.len() * p as usize];
     comm.allgather(&mine, &mut all)?;
@@ -435,6 +443,7 @@ fn summarize(a: &BenchArgs, p: u32, size: u64, total: u64, blocks: &[u64], all: 
         "datagrams_per_rank": col(2),
         "served_per_rank": col(3),
         "fetched_per_rank": col(4),
+        "tcp_per_rank": col(5),
         "p2p_per_rank": p2p,
         "slowest_us": slowest.iter().map(|t| t * 1e6).collect::<Vec<f64>>(),
     })

@@ -69,7 +69,8 @@ pub(crate) fn typed(what: &str, e: &CommError) -> String {
 }
 
 fn child(a: &DemoArgs) -> Result<(), CmdError> {
-    let comm = net::connect(&a.net)?;
+    // The demo shows multicast at every size: small operations stay on it too.
+    let comm = net::connect(&a.net, Some(0))?;
     for (k, op) in ops(a).into_iter().enumerate() {
         let what = if op.broadcast {
             format!("broadcast of {} from rank {}", human(op.size), op.root)

@@ -10,8 +10,8 @@ use std::net::Ipv4Addr;
 pub(crate) const IP_UDP_HEADERS: u64 = 28;
 
 /// Joins the job: the launcher's environment (or a local run's `RINGCAST_*`), with the flags
-/// given on top.
-pub(crate) fn connect(net: &NetArgs) -> Result<Communicator, String> {
+/// given on top; `tcp_threshold` when `--tcp-threshold` is not given (`None`: the library's).
+pub(crate) fn connect(net: &NetArgs, tcp_threshold: Option<u64>) -> Result<Communicator, String> {
     let mut b = CommBuilder::from_env().map_err(|e| e.to_string())?;
     if net.child {
         // A local run: loopback multicast works without root.
@@ -29,6 +29,9 @@ pub(crate) fn connect(net: &NetArgs) -> Result<Communicator, String> {
     }
     if let Some(t) = net.peer_timeout {
         b = b.peer_timeout(t);
+    }
+    if let Some(t) = net.tcp_threshold.or(tcp_threshold) {
+        b = b.tcp_threshold(t);
     }
     b.build().map_err(|e| e.to_string())
 }
@@ -94,8 +97,11 @@ pub(crate) struct Injected {
     pub(crate) datagrams: u64,
     /// Chunk payload bytes multicast.
     pub(crate) payload: u64,
-    /// Bytes on the wire: UDP payload (RoCEv2 headers, payload, ICRC) plus IP and UDP headers.
+    /// Bytes on the wire: UDP payload (RoCEv2 headers, payload, ICRC) plus IP and UDP headers,
+    /// and the data of operations run over TCP (small ones, or after a fallback).
     pub(crate) wire: u64,
+    /// Data bytes sent over TCP by operations run there (headers not counted).
+    pub(crate) tcp: u64,
     /// Recovery bytes this rank served to peers over TCP (slow path).
     pub(crate) served: u64,
     /// Recovery bytes this rank fetched.
@@ -105,10 +111,15 @@ pub(crate) struct Injected {
 impl Injected {
     pub(crate) fn between(a: &CommStats, b: &CommStats) -> Self {
         let datagrams = b.tx.datagrams.saturating_sub(a.tx.datagrams);
+        let tcp = b
+            .counters
+            .tcp_bytes_sent
+            .saturating_sub(a.counters.tcp_bytes_sent);
         Injected {
             datagrams,
             payload: b.tx.payload_bytes.saturating_sub(a.tx.payload_bytes),
-            wire: b.tx.udp_bytes.saturating_sub(a.tx.udp_bytes) + datagrams * IP_UDP_HEADERS,
+            wire: b.tx.udp_bytes.saturating_sub(a.tx.udp_bytes) + datagrams * IP_UDP_HEADERS + tcp,
+            tcp,
             served: b
                 .control
                 .bytes_served
@@ -124,6 +135,7 @@ impl Injected {
         self.datagrams += o.datagrams;
         self.payload += o.payload;
         self.wire += o.wire;
+        self.tcp += o.tcp;
         self.served += o.served;
         self.fetched += o.fetched;
     }
