@@ -152,7 +152,7 @@ fn bench_allgather_json_has_the_fields() {
 
 /// At the default TCP threshold (64 KiB) a 4 KiB-per-rank Allgather (16 KiB in all) runs over
 /// TCP: no datagram, every rank sends its block P - 1 times (one tree per block), and the
-/// table marks the row.
+/// table marks the row (here of a blocking Broadcast).
 #[test]
 fn bench_runs_small_operations_over_tcp_by_default() {
     let out = run_bounded(command(&[
@@ -174,7 +174,15 @@ fn bench_runs_small_operations_over_tcp_by_default() {
         assert_eq!(row["tcp_per_rank"][r], 3 * 4096, "{row}");
     }
     let out = run_bounded(command(&[
-        "bench", "bcast", "--local", "4", "--sizes", "4KiB", "--iters", "2",
+        "bench",
+        "bcast",
+        "--local",
+        "4",
+        "--sizes",
+        "4KiB",
+        "--iters",
+        "2",
+        "--blocking",
     ]));
     assert!(out.status.success(), "{}", text(&out.stderr));
     let table = text(&out.stdout);

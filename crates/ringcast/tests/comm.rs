@@ -233,6 +233,47 @@ fn several_in_flight_complete_out_of_order() {
     });
 }
 
+/// Blocking calls run on the communicator's own buffers, kept between calls: whatever a
+/// former call left in one never shows. Roots and sizes change from call to call (a kept
+/// buffer holds the last call's data at every rank), typed and byte slices, Allgatherv with
+/// zero blocks after a larger Allgather.
+#[test]
+fn blocking_calls_reuse_buffers_and_deliver_every_byte() {
+    world(4, |comm| {
+        let me = comm.rank();
+        for (i, len) in [300_000usize, 300_000, 300_000, 70_000, 1 << 20]
+            .into_iter()
+            .enumerate()
+        {
+            let root = (i as u32 * 3) % RANKS;
+            broadcast_checked(&comm, &format!("broadcast {i}"), 40 + i as u64, root, len)?;
+        }
+        let words: Vec<u32> = (0..RANKS * 20_000)
+            .map(|i| i.wrapping_mul(2_654_435_761))
+            .collect();
+        let mine = &words[(me * 20_000) as usize..((me + 1) * 20_000) as usize];
+        let mut got = vec![0u32; words.len()];
+        comm.allgather(mine, &mut got).map_err(e)?;
+        check("u32 allgather", &got, &words)?;
+        let counts = [0usize, 7, 0, 3];
+        let blocks: Vec<Vec<u8>> = (0..RANKS)
+            .map(|r| pattern(50, r, counts[r as usize]))
+            .collect();
+        let mut recv = vec![0u8; 10];
+        comm.allgatherv(&blocks[me as usize], &mut recv, &counts)
+            .map_err(e)?;
+        check("allgatherv after a larger call", &recv, &blocks.concat())?;
+        let mut typed = if me == 2 {
+            words.clone()
+        } else {
+            vec![0; words.len()]
+        };
+        comm.broadcast(2, &mut typed).map_err(e)?;
+        check("u32 broadcast", &typed, &words)?;
+        Ok(())
+    });
+}
+
 /// With the TCP threshold at 64 KiB, operations at or below it run over TCP (trees) and the
 /// larger ones over multicast, interleaved and in flight together; every buffer byte for byte,
 /// and each operation's counters say which path carried it.

@@ -581,6 +581,7 @@ impl CommBuilder {
                 posts: None,
                 thread: None,
                 fallback: Some(handle),
+                pool: Default::default(),
             });
         }
         tracing::debug!(rank, elapsed = ?ex.elapsed, "start-up check: multicast reaches every rank");
@@ -648,6 +649,7 @@ impl CommBuilder {
             posts: Some(posts),
             thread: Some(thread),
             fallback,
+            pool: Default::default(),
         })
     }
 }

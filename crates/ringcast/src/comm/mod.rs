@@ -23,7 +23,11 @@
 //! style of tokio-uring: the engine owns the bytes while the operation runs, so a dropped or
 //! leaked request can never let it write into freed memory. Element types are
 //! [`bytemuck::Pod`]; byte-aligned types move without a copy, others are copied once each way.
-//! Blocking calls copy the caller's slice in and out. The crate has no `unsafe`.
+//! Blocking calls run on a buffer of the communicator's own and copy once: a Broadcast's root
+//! copies its data in, the others copy the result out; an Allgather copies its block in and
+//! the result out. Those buffers are kept for the next blocking call (up to
+//! [`POOL_BYTES`] in all), so a loop of blocking calls does not map, fault in and zero fresh
+//! memory every time. The crate has no `unsafe`.
 //!
 //! ## Threads
 //! Each communicator runs a control thread (the core's [`Session`](ringcast_core::Session),
@@ -88,7 +92,7 @@ pub use probe::{ProbeFailure, Unheard};
 pub use request::Request;
 pub use stats::{CommStats, ControlCounters, Counters, OpStats};
 
-use std::sync::mpsc;
+use std::sync::{Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -96,6 +100,39 @@ use bytemuck::Pod;
 
 use engine::{Command, Kind, Post, PostTx};
 use request::vec_to_bytes;
+
+/// Bytes of buffers a communicator keeps between blocking calls (see the module docs); a
+/// larger buffer is freed after its call.
+pub const POOL_BYTES: usize = 256 << 20;
+
+/// Buffers the blocking calls reuse.
+#[derive(Debug, Default)]
+struct Pool(Mutex<Vec<Vec<u8>>>);
+
+impl Pool {
+    /// A buffer of `len` bytes whose contents are unspecified (a former call's): the smallest
+    /// kept one that holds `len`, else the largest kept one (grown), else a new one.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let fits = (0..kept.len())
+            .filter(|&i| kept[i].capacity() >= len)
+            .min_by_key(|&i| kept[i].capacity());
+        let pick = fits.or_else(|| (0..kept.len()).max_by_key(|&i| kept[i].capacity()));
+        let mut v = pick.map(|i| kept.swap_remove(i)).unwrap_or_default();
+        drop(kept);
+        v.resize(len, 0);
+        v
+    }
+
+    /// Keeps `v` for a later call while the kept buffers stay within [`POOL_BYTES`].
+    fn put(&self, v: Vec<u8>) {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let held: usize = kept.iter().map(Vec::capacity).sum();
+        if held + v.capacity() <= POOL_BYTES {
+            kept.push(v);
+        }
+    }
+}
 
 /// How long [`Communicator::stats`] waits for the engine.
 const STATS_WAIT: Duration = Duration::from_secs(10);
@@ -111,8 +148,11 @@ pub struct Communicator {
     /// The multicast engine (`None` when the start-up check sent every operation to TCP).
     posts: Option<PostTx>,
     thread: Option<JoinHandle<()>>,
-    /// With `fallback = tcp`: routes each post to the engine or to TCP.
+    /// With `fallback = tcp` or small operations over TCP: routes each post to the engine or
+    /// to TCP.
     fallback: Option<fallback::Handle>,
+    /// Buffers of the blocking calls.
+    pool: Pool,
 }
 
 impl Communicator {
@@ -260,12 +300,22 @@ impl Communicator {
         self.post(Kind::Allgather { sizes }, bytes, typed, span)
     }
 
-    /// Broadcast of `buf` from `root`, blocking.
+    /// Broadcast of `buf` from `root`, blocking. The root's `buf` is only read; the others'
+    /// is written once the operation completed (left as it was when it fails).
     pub fn broadcast<T: Pod>(&self, root: u32, buf: &mut [T]) -> Result<OpStats, CommError> {
-        let (out, stats) = self
-            .ibroadcast(root, bytemuck::cast_slice::<T, u8>(buf).to_vec())?
-            .wait_with_stats()?;
-        bytemuck::cast_slice_mut::<T, u8>(buf).copy_from_slice(&out);
+        let bytes = bytemuck::cast_slice_mut::<T, u8>(buf);
+        let mut tmp = self.pool.take(bytes.len());
+        let is_root = root == self.rank;
+        if is_root {
+            tmp.copy_from_slice(bytes);
+        }
+        // The others' copy is written whole by a successful operation: what a former call
+        // left in it never reaches `buf`.
+        let (out, stats) = self.ibroadcast(root, tmp)?.wait_with_stats()?;
+        if !is_root {
+            bytes.copy_from_slice(&out);
+        }
+        self.pool.put(out);
         Ok(stats)
     }
 
@@ -293,10 +343,12 @@ impl Communicator {
                 required: counts.iter().sum(),
             });
         }
+        // Every block is written by a successful operation (this rank's by the post).
         let (out, stats) = self
-            .iallgatherv(send_bytes, vec![0u8; total], &byte_counts)?
+            .iallgatherv(send_bytes, self.pool.take(total), &byte_counts)?
             .wait_with_stats()?;
         bytemuck::cast_slice_mut::<T, u8>(recv).copy_from_slice(&out);
+        self.pool.put(out);
         Ok(stats)
     }
 }
@@ -316,5 +368,39 @@ impl Drop for Communicator {
         {
             tracing::error!(rank = self.rank, "the engine thread panicked");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_reuses_the_smallest_fitting_buffer_and_keeps_a_bounded_amount() {
+        let pool = Pool::default();
+        let a = pool.take(1000);
+        let b = pool.take(50_000);
+        assert_eq!((a.len(), b.len()), (1000, 50_000));
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        pool.put(a);
+        pool.put(b);
+        // 900 bytes fit both: the smaller one comes back, cut to length.
+        let c = pool.take(900);
+        assert_eq!((c.as_ptr(), c.len()), (pa, 900));
+        // Nothing kept holds 60 000: the largest grows.
+        let d = pool.take(60_000);
+        assert_eq!(d.len(), 60_000);
+        assert!(d.capacity() >= 60_000);
+        pool.put(c);
+        pool.put(d);
+        let e = pool.take(40_000);
+        assert_ne!(e.as_ptr(), pa, "the 1000-byte buffer does not fit");
+        assert_ne!(e.as_ptr(), pb, "the grown buffer is a new allocation");
+        // Beyond POOL_BYTES in all, a buffer is freed, not kept (capacity only: nothing is
+        // touched).
+        pool.put(Vec::with_capacity(POOL_BYTES));
+        let kept = |p: &Pool| p.0.lock().map(|v| v.len()).unwrap_or(0);
+        assert_eq!(kept(&pool), 1);
+        drop(e);
     }
 }

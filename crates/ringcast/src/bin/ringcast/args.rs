@@ -246,6 +246,11 @@ pub(crate) struct BenchArgs {
     /// Print one JSON document instead of the table (no progress bar).
     #[arg(long)]
     pub(crate) json: bool,
+    /// Time the blocking calls (`broadcast(&mut [T])`, `allgatherv(&[T], &mut [T])`, which
+    /// copy into and out of the communicator's buffers) instead of the non-blocking ones on
+    /// owned vectors.
+    #[arg(long)]
+    pub(crate) blocking: bool,
     #[command(flatten)]
     pub(crate) net: NetArgs,
 }

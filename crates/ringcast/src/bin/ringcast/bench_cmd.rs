@@ -82,11 +82,16 @@ impl Output {
             };
             o.line(&format!(
                 "# ringcast bench {}: {ranks} ranks ({launch}), {} verified + {} warm-up + {} \
-                 timed iterations per size",
+                 timed iterations per size, {} calls",
                 name(a.collective),
                 1,
                 a.warmup,
-                a.iters
+                a.iters,
+                if a.blocking {
+                    "blocking"
+                } else {
+                    "non-blocking"
+                }
             ))?;
             o.line(
                 "# Latency: per iteration the slowest rank's time; avg/min/max over iterations",
@@ -173,6 +178,7 @@ impl Output {
             "ranks": ranks,
             "launch": launch,
             "warmup": a.warmup,
+            "blocking": a.blocking,
             "iters": a.iters,
             "latency": "per iteration the slowest rank's time (us); avg/min/max over iterations",
             "algbw": "S / avg latency in GB/s (1e9 B/s); S = the buffer (bcast) or all blocks",
@@ -311,7 +317,23 @@ enum Bufs {
 }
 
 impl Bufs {
-    fn run(self, comm: &Communicator) -> Result<Self, CommError> {
+    fn run(self, comm: &Communicator, blocking: bool) -> Result<Self, CommError> {
+        if blocking {
+            return Ok(match self {
+                Bufs::Bcast(mut b) => {
+                    comm.broadcast(0, &mut b)?;
+                    Bufs::Bcast(b)
+                }
+                Bufs::Gather {
+                    send,
+                    mut recv,
+                    counts,
+                } => {
+                    comm.allgatherv(&send, &mut recv, &counts)?;
+                    Bufs::Gather { send, recv, counts }
+                }
+            });
+        }
         Ok(match self {
             Bufs::Bcast(b) => Bufs::Bcast(comm.ibroadcast(0, b)?.wait()?),
             Bufs::Gather { send, recv, counts } => {
@@ -351,7 +373,7 @@ fn one_size(
             counts: counts.clone(),
         },
     };
-    bufs = bufs.run(comm)?;
+    bufs = bufs.run(comm, a.blocking)?;
     let checked = match &bufs {
         Bufs::Bcast(b) => net::verify("bcast", b, &net::pattern(salt, 0, size as usize), &counts),
         Bufs::Gather { recv, .. } => {
@@ -364,7 +386,7 @@ fn one_size(
     checked.map_err(CmdError::Run)?;
     sink.emit("TICK", "")?;
     for _ in 0..a.warmup {
-        bufs = bufs.run(comm)?;
+        bufs = bufs.run(comm, a.blocking)?;
         sink.emit("TICK", "")?;
     }
     let mut mine = Vec::with_capacity(a.iters as usize + EXTRA);
@@ -373,7 +395,7 @@ fn one_size(
         net::barrier(comm)?;
         let s0 = comm.stats()?;
         let t0 = Instant::now();
-        bufs = bufs.run(comm)?;
+        bufs = bufs.run(comm, a.blocking)?;
         mine.push(t0.elapsed().as_secs_f64());
         inj.add(&Injected::between(&s0, &comm.stats()?));
         sink.emit("TICK", "")?;
