@@ -710,6 +710,20 @@ impl TcpControl {
             .map(|&(_, m)| m)
     }
 
+    /// Puts control messages taken off the mesh back in front of everything still queued, in
+    /// the order given: a caller that polled messages it does not own (ringcast's start-up
+    /// check reads only its reports) leaves the rest where the mesh's next owner finds them,
+    /// before anything that arrived after them.
+    pub fn unread(&mut self, messages: Vec<(Rank, Vec<u8>)>) {
+        for (from, bytes) in messages.into_iter().rev() {
+            self.ready.push_front(ControlInput::Message {
+                from,
+                len: bytes.len(),
+            });
+            self.local.push_front(bytes);
+        }
+    }
+
     /// Leaves the mesh cleanly: queues a goodbye carrying `mark` (an opaque value for the
     /// peers' [`departed`](Self::departed); ringcast sends the first operation this rank did
     /// not finish) to every live peer, lets the I/O thread flush what is queued (a peer that
@@ -1346,6 +1360,47 @@ mod tests {
             );
             assert_eq!(c.stats().reads_served.load(Ordering::Relaxed), N);
         }
+    }
+
+    /// Messages put back come out first, in the order given, then what arrived after them.
+    #[test]
+    fn unread_messages_come_back_first_and_in_order() {
+        let mut m = mesh(3, 41);
+        let mut two = m.pop().expect("rank 2");
+        let mut one = m.pop().expect("rank 1");
+        let mut zero = m.pop().expect("rank 0");
+        let mut buf = Vec::new();
+        zero.send_control(Rank(2), b"a");
+        one.send_control(Rank(2), b"b");
+        let mut taken = Vec::new();
+        for _ in 0..2 {
+            let ControlInput::Message { from, len } = wait(&mut two, &mut buf) else {
+                panic!("a message");
+            };
+            taken.push((from, buf[..len].to_vec()));
+        }
+        taken.sort();
+        zero.send_control(Rank(2), b"c");
+        // Let "c" reach the owner's queue before the others go back in front of it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while two.ready.is_empty() {
+            two.drain_inbound();
+            assert!(Instant::now() < deadline, "c never arrived");
+            thread::sleep(Duration::from_millis(1));
+        }
+        two.unread(taken);
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let ControlInput::Message { from, len } = wait(&mut two, &mut buf) else {
+                panic!("a message");
+            };
+            got.push((from.0, buf[..len].to_vec()));
+        }
+        assert_eq!(
+            got,
+            vec![(0, b"a".to_vec()), (1, b"b".to_vec()), (0, b"c".to_vec())]
+        );
+        assert!(two.poll_control(&mut buf).is_none());
     }
 
     #[test]

@@ -572,9 +572,8 @@ impl CommBuilder {
                 from_op: 0,
                 reason: FallbackReason::StartupCheck,
             };
-            // Pieces a peer sent once its own check was over are in the stash.
-            let handle =
-                fallback::start(fcfg, control, None, mode, ex.stash).map_err(BuildError::Spawn)?;
+            // Pieces a peer sent once its own check was over are back on the mesh, first.
+            let handle = fallback::start(fcfg, control, None, mode).map_err(BuildError::Spawn)?;
             return Ok(Communicator {
                 rank,
                 size,
@@ -620,7 +619,7 @@ impl CommBuilder {
             caps: p.caps,
             rx,
             tx: tx.into_iter().map(TrackedTx::new).collect(),
-            control: TrackedControl::new(control).with_replay(ex.stash),
+            control: TrackedControl::new(control),
         };
         let (posts, prx) = mpsc::sync_channel(POST_QUEUE);
         let engine = Engine::new(node, ports, prx);
@@ -631,14 +630,8 @@ impl CommBuilder {
         let posts = PostTx::new(posts, thread.thread().clone());
         let fallback = match fb_mesh {
             Some(mesh) => Some(
-                fallback::start(
-                    fcfg,
-                    mesh,
-                    Some(posts.clone()),
-                    TransportMode::Multicast,
-                    fallback::Replay::new(),
-                )
-                .map_err(BuildError::Spawn)?,
+                fallback::start(fcfg, mesh, Some(posts.clone()), TransportMode::Multicast)
+                    .map_err(BuildError::Spawn)?,
             ),
             None => None,
         };

@@ -259,20 +259,15 @@ pub(crate) struct Handle {
     thread: Option<JoinHandle<()>>,
 }
 
-/// Messages taken off the mesh before the dispatcher started, in arrival order.
-pub(crate) type Replay = VecDeque<(Rank, Vec<u8>)>;
-
 /// Starts the dispatcher over `mesh`. `engine` is the multicast engine's post channel, `None`
-/// when every operation runs over TCP (`mode` then says why). `replay` holds what the start-up
-/// check took off `mesh` that was not its own: a peer that finished the check first may
-/// already have sent pieces of its first TCP operations. They are handled before anything the
-/// mesh holds.
+/// when every operation runs over TCP (`mode` then says why). A peer that finished the
+/// start-up check first may already have sent pieces of its first TCP operations: the check
+/// put them back on `mesh` ([`TcpControl::unread`]), where the dispatcher reads them first.
 pub(crate) fn start(
     cfg: FallbackConfig,
     mesh: TcpControl,
     engine: Option<PostTx>,
     mode: TransportMode,
-    replay: Replay,
 ) -> std::io::Result<Handle> {
     let switch_at = match mode {
         TransportMode::Tcp { from_op, .. } => Some(from_op),
@@ -305,7 +300,6 @@ pub(crate) fn start(
         rx,
         me: tx.thread.clone(),
         mesh,
-        replay,
         held: VecDeque::new(),
         active: Vec::new(),
         early: HashMap::new(),
@@ -494,8 +488,6 @@ struct Dispatcher {
     /// Where this thread announces itself to the senders of `rx`.
     me: Arc<OnceLock<Thread>>,
     mesh: TcpControl,
-    /// Messages the start-up check took off the mesh (see [`start`]); handled first.
-    replay: Replay,
     /// Posts held while a switch is agreed.
     held: VecDeque<(u64, Post)>,
     active: Vec<TcpOp>,
@@ -562,9 +554,6 @@ impl Dispatcher {
         // whatever the mesh's I/O thread delivers.
         let _ = self.me.set(thread::current());
         self.mesh.wake_on_arrival(thread::current());
-        for (from, m) in std::mem::take(&mut self.replay) {
-            self.message(from.0, &m);
-        }
         while !self.stopping {
             let mut moved = self.poll_mesh();
             self.check_lost();
@@ -1146,13 +1135,13 @@ mod tests {
     };
 
     /// Rank 1's start-up check took rank 0's first piece off the mesh (rank 0 finished its
-    /// check first and broadcast at once): handed over as the replay, it completes the
-    /// operation with the piece that comes over the mesh after it. Dropped (as it was), rank 1
+    /// check first and broadcast at once): put back on the mesh, it completes the operation
+    /// with the piece that comes over the mesh after it. Dropped (as it once was), rank 1
     /// waited for it until the peer timeout: seen in the lab about one run in eight.
     #[test]
     fn pieces_the_start_up_check_took_off_the_mesh_are_not_lost() {
         let mut m = mesh(2);
-        let one = m.pop().expect("rank 1");
+        let mut one = m.pop().expect("rank 1");
         let mut zero = m.pop().expect("rank 0");
         let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + 3) as u8).collect();
         let piece = |offset: usize, end: usize| {
@@ -1161,9 +1150,19 @@ mod tests {
             p.extend_from_slice(&data[offset..end]);
             p
         };
-        let mut replay = Replay::new();
-        replay.push_back((Rank(0), piece(0, 60_000)));
-        let one = start(cfg(1, 2), one, None, FROM_START, replay).expect("start rank 1");
+        // The check's reading: the first piece comes off rank 1's mesh and goes back.
+        zero.send_control(Rank(1), &piece(0, 60_000));
+        let mut buf = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let taken = loop {
+            if let Some(ControlInput::Message { from, len }) = one.poll_control(&mut buf) {
+                break (from, buf[..len].to_vec());
+            }
+            assert!(Instant::now() < deadline, "the first piece never arrived");
+            thread::sleep(Duration::from_millis(1));
+        };
+        one.unread(vec![taken]);
+        let one = start(cfg(1, 2), one, None, FROM_START).expect("start rank 1");
         // Rank 0's end of the mesh sends the rest of the broadcast.
         zero.send_control(Rank(1), &piece(60_000, data.len()));
         let req = one
@@ -1248,7 +1247,7 @@ mod tests {
                     piece: 4096,
                     ..cfg(0, P)
                 };
-                start(c, m, None, FROM_START, Replay::new()).expect("start")
+                start(c, m, None, FROM_START).expect("start")
             })
             .collect();
         let mut reqs = Vec::new();
@@ -1341,7 +1340,7 @@ mod tests {
                     rank: me as u32,
                     ..small
                 };
-                start(c, m, None, FROM_START, Replay::new()).expect("start")
+                start(c, m, None, FROM_START).expect("start")
             })
             .collect();
         let mut reqs = Vec::new();

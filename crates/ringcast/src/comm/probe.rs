@@ -21,8 +21,9 @@
 //!
 //! A rank starts its engine only after every report is in, i.e. after every rank stopped
 //! reading its data sockets: no real chunk is ever consumed by the check. Control messages of
-//! a peer whose engine already started are kept and replayed to the engine
-//! ([`Exchange::stash`]).
+//! a peer whose engine (or TCP dispatcher) already started are put back on the mesh, in
+//! order, in front of what came after them ([`TcpControl::unread`]): whoever owns the mesh
+//! next reads them first.
 //!
 //! ## The probe datagram (what the core sees of a late one)
 //! A valid RoCEv2 UD `SEND_ONLY_WITH_IMMEDIATE` of the job (its P_Key, Q_Key, DestQP), so that
@@ -41,7 +42,6 @@
 //! tcp_threshold u64, lanes u16, port u16, interface [4], groups [4] x lanes, heard bitmap (lane-major,
 //! ceil(lanes x ranks / 8) bytes), extra_len u16, extra`.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::thread;
@@ -97,9 +97,6 @@ pub(crate) struct ProbeSetup {
 pub(crate) struct Exchange {
     /// `Some` when multicast does not reach every rank.
     pub(crate) failure: Option<ProbeFailure>,
-    /// Control messages that were not reports (a peer's engine already started): the engine
-    /// must see them first.
-    pub(crate) stash: VecDeque<(Rank, Vec<u8>)>,
     /// Every rank's extra bytes, by rank.
     pub(crate) extras: Vec<Vec<u8>>,
     /// How long the check took.
@@ -487,9 +484,21 @@ pub(crate) fn run(
     let inbox = OpBuffer::zeroed(PROBE_LEN);
     registry.register(PROBE_TX_OP, out.clone());
     registry.register(PROBE_RX_OP, inbox.clone());
+    let mut others = Vec::new();
     let result = exchange(
-        s, rx, tx, control, &out, &inbox, &mut heard, started, &mut ex,
+        s,
+        rx,
+        tx,
+        control,
+        &out,
+        &inbox,
+        &mut heard,
+        started,
+        &mut ex,
+        &mut others,
     );
+    // What was not a report belongs to the mesh's next owner.
+    control.unread(others);
     registry.unregister(PROBE_TX_OP);
     registry.unregister(PROBE_RX_OP);
     // Drain what the senders report done (all were sent synchronously).
@@ -512,6 +521,7 @@ fn exchange(
     heard: &mut [bool],
     started: Instant,
     ex: &mut Exchange,
+    others: &mut Vec<(Rank, Vec<u8>)>,
 ) -> Result<(), BuildError> {
     let n = s.ranks as usize;
     let lanes = usize::from(s.lanes);
@@ -570,14 +580,14 @@ fn exchange(
             reports[s.rank as usize] = Some(me);
             reported = true;
         }
-        // 4. Peers' reports; anything else is kept for the engine.
+        // 4. Peers' reports; anything else is put back on the mesh at the end.
         while let Some(input) = control.poll_control(&mut buf) {
             let ControlInput::Message { from, len } = input else {
                 continue;
             };
             let bytes = &buf[..len.min(buf.len())];
             if bytes.first() != Some(&REPORT_KIND) {
-                ex.stash.push_back((from, bytes.to_vec()));
+                others.push((from, bytes.to_vec()));
                 continue;
             }
             let rep = Report::decode(bytes).ok_or_else(|| {

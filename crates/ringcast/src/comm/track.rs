@@ -78,9 +78,6 @@ pub(crate) struct TrackedControl {
     pub(crate) inner: TcpControl,
     reads: HashMap<u64, OpId>,
     per_op: Counts,
-    /// Messages that arrived before the engine started (during the start-up check), handed
-    /// out first.
-    replay: std::collections::VecDeque<(Rank, Vec<u8>)>,
 }
 
 impl TrackedControl {
@@ -89,18 +86,7 @@ impl TrackedControl {
             inner,
             reads: HashMap::new(),
             per_op: Counts::default(),
-            replay: std::collections::VecDeque::new(),
         }
-    }
-
-    /// Hands out `replay` (messages taken off the mesh before the engine started) before
-    /// anything else.
-    pub(crate) fn with_replay(
-        mut self,
-        replay: std::collections::VecDeque<(Rank, Vec<u8>)>,
-    ) -> Self {
-        self.replay = replay;
-        self
     }
 
     pub(crate) fn in_flight(&self, op: OpId) -> u64 {
@@ -121,11 +107,6 @@ impl ControlPort for TrackedControl {
     }
 
     fn poll_control(&mut self, buf: &mut Vec<u8>) -> Option<ControlInput> {
-        if let Some((from, m)) = self.replay.pop_front() {
-            buf.clear();
-            buf.extend_from_slice(&m);
-            return Some(ControlInput::Message { from, len: m.len() });
-        }
         let input = self.inner.poll_control(buf)?;
         if let ControlInput::ReadDone { id, .. } = input
             && let Some(op) = self.reads.remove(&id.0)
