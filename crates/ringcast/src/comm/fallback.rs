@@ -73,6 +73,8 @@ use super::stats::{CommStats, Counters, OpStats};
 pub(crate) const PIECE: usize = 256 << 10;
 /// Chunks a loss window must hold before it is judged.
 pub(crate) const MIN_SAMPLE: u64 = 64;
+/// TCP operations remembered as ended (see `Dispatcher::ended`).
+const ENDED_KEEP: usize = 1024;
 /// Bytes of a piece's header.
 const PIECE_HEADER: usize = 24;
 const KIND_PIECE: u8 = 0xF1;
@@ -303,6 +305,7 @@ pub(crate) fn start(
         held: VecDeque::new(),
         active: Vec::new(),
         early: HashMap::new(),
+        ended: VecDeque::new(),
         next_tcp: switch_at.unwrap_or(0),
         lost: None,
         loss_asked: false,
@@ -491,11 +494,14 @@ struct Dispatcher {
     /// Posts held while a switch is agreed.
     held: VecDeque<(u64, Post)>,
     active: Vec<TcpOp>,
-    /// Pieces of TCP operations not posted here yet, with their senders.
+    /// Pieces of TCP operations not started here yet, with their senders. Any operation may
+    /// be one: small ones run over TCP between multicast ones, and before the switch point
+    /// is known here a peer may have learnt it first.
     early: HashMap<u64, Vec<(u32, Vec<u8>)>>,
-    /// Index of the next TCP operation to start: pieces of operations from it on are kept
-    /// until they start (before the switch point is known here, any piece may be early: a
-    /// peer may have learnt it first).
+    /// The last [`ENDED_KEEP`] TCP operations that ended here (completed or failed): a piece
+    /// of one of them is dropped, not kept as early.
+    ended: VecDeque<u64>,
+    /// One past the last TCP operation started here (for the goodbye's mark).
     next_tcp: u64,
     /// A peer lost, and the first TCP operation it did not finish when it left cleanly.
     lost: Option<(u32, Option<u64>)>,
@@ -637,6 +643,15 @@ impl Dispatcher {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Remembers that TCP operation `k` ended here (its late pieces are dropped).
+    fn ended(&mut self, k: u64) {
+        if self.ended.len() == ENDED_KEEP {
+            self.ended.pop_front();
+        }
+        self.ended.push_back(k);
+        self.early.remove(&k);
+    }
+
     fn fail(&self, reply: SyncSender<Completion>, e: CommError) {
         let c = &self.shared.counters;
         if e == CommError::Cancelled {
@@ -747,8 +762,6 @@ impl Dispatcher {
                 reason,
             };
         }
-        // Small operations may have started here after this rank froze, beyond `at`.
-        self.next_tcp = self.next_tcp.max(at);
         tracing::warn!(
             rank = self.cfg.rank,
             from_op = at,
@@ -832,8 +845,10 @@ impl Dispatcher {
         };
         match self.active.iter().position(|o| o.k == k) {
             Some(i) => self.place(i, from, &msg),
-            None if k >= self.next_tcp => self.early.entry(k).or_default().push((from, msg)),
-            None => tracing::debug!(op = k, "fallback: piece of a finished operation ignored"),
+            None if self.ended.contains(&k) => {
+                tracing::debug!(op = k, "fallback: piece of a finished operation ignored");
+            }
+            None => self.early.entry(k).or_default().push((from, msg)),
         }
         self.reap();
     }
@@ -993,6 +1008,7 @@ impl Dispatcher {
                 continue;
             }
             let op = self.active.swap_remove(i);
+            self.ended(op.k);
             let stats = OpStats {
                 op: op.k,
                 bytes: op.buf.len() as u64,
@@ -1032,6 +1048,7 @@ impl Dispatcher {
             .partition(|op| self.dooms(op.k).is_some());
         self.active = kept;
         for op in doomed {
+            self.ended(op.k);
             self.fail(op.reply, CommError::PeerLost { peer });
         }
         // A switch can no longer be agreed: held posts fail too.
@@ -1052,6 +1069,7 @@ impl Dispatcher {
                 continue;
             }
             let op = self.active.swap_remove(i);
+            self.ended(op.k);
             // The rank it waits on: the left neighbour, or the parent in a tree.
             let peer = op.shape.waits_on(me, size);
             op.span
@@ -1175,6 +1193,55 @@ mod tests {
             .expect("post");
         let got = req.wait().expect("the broadcast completes");
         assert!(got == data, "the broadcast delivered other bytes");
+        drop(one);
+        drop(zero);
+    }
+
+    /// A switch point learnt before this rank posted the small TCP operations below it: their
+    /// pieces, arriving after the switch and before the posts, are kept until the posts (a
+    /// watermark raised to the switch point dropped them, and the operations timed out).
+    #[test]
+    fn pieces_of_small_operations_below_the_switch_point_wait_for_their_posts() {
+        let mut m = mesh(2);
+        let one = m.pop().expect("rank 1");
+        let mut zero = m.pop().expect("rank 0");
+        let c = FallbackConfig {
+            tcp_threshold: 1 << 20,
+            ..cfg(1, 2)
+        };
+        let one = start(c, one, None, TransportMode::Multicast).expect("start rank 1");
+        let mut switch = vec![KIND_SWITCH, 0, 0, 0];
+        switch.extend_from_slice(&1u32.to_be_bytes());
+        switch.extend_from_slice(&5u64.to_be_bytes());
+        switch.extend_from_slice(&0u64.to_be_bytes());
+        switch.extend_from_slice(&500u32.to_be_bytes());
+        zero.send_control(Rank(1), &switch);
+        let data = |k: u64| -> Vec<u8> { (0..3000u32).map(|i| (i as u64 * 3 + k) as u8).collect() };
+        for k in 0..3u64 {
+            let mut p = Vec::new();
+            piece_header(&mut p, 0, k, 0);
+            p.extend_from_slice(&data(k));
+            zero.send_control(Rank(1), &p);
+        }
+        // Let the switch and the pieces reach rank 1's dispatcher before its posts.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !one.mode().is_tcp() {
+            assert!(Instant::now() < deadline, "the switch never arrived");
+            thread::sleep(Duration::from_millis(1));
+        }
+        thread::sleep(Duration::from_millis(50));
+        for k in 0..3u64 {
+            let req = one
+                .post::<u8>(
+                    Kind::Broadcast { root: 0 },
+                    vec![0; 3000],
+                    None,
+                    tracing::Span::none(),
+                )
+                .expect("post");
+            let got = req.wait().expect("the small broadcast completes");
+            assert!(got == data(k), "op {k}: other bytes");
+        }
         drop(one);
         drop(zero);
     }
