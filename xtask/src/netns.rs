@@ -164,6 +164,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
         let checks: &[(&str, Check)] = &[
             ("correctness+wire", correctness),
             ("no-offload", no_offload),
+            ("small-tcp", small_tcp),
             ("loss", loss),
             ("hostile", hostile),
             ("kill", kill),
@@ -449,6 +450,68 @@ fn correctness(ctx: &Ctx<'_>) -> Result<String, String> {
         ops.get("ops").map_or("?", String::as_str),
         ctx.p(),
         ops.get("ms").map_or("?", String::as_str),
+    ))
+}
+
+/// Small operations over TCP beside multicast, on the bridge: with the TCP threshold one byte
+/// below the 64 KiB size, the Broadcasts and Allgathers (64 KiB in all) multicast while the
+/// Allgathervs (zero-sized blocks, less in all) run over TCP trees, 6 in flight at once, with
+/// 1 % of the data datagrams dropped at every rank; byte for byte, both paths used, the
+/// communicator still in multicast mode.
+fn small_tcp(ctx: &Ctx<'_>) -> Result<String, String> {
+    let rule = format!("udp dport {DATA_PORT} numgen random mod 100 < 1 counter drop");
+    for ns in &ctx.lab.ns {
+        ctx.lab.nft(ns, std::slice::from_ref(&rule), &[])?;
+    }
+    let mut r = ctx.start(
+        "small",
+        &[
+            "check",
+            "--rounds",
+            "4",
+            "--inflight",
+            "6",
+            "--size",
+            "65536",
+        ],
+        &[("RINGCAST_TCP_THRESHOLD", "65535".to_owned())],
+    )?;
+    let done = r.wait_all(Duration::from_secs(120));
+    for ns in &ctx.lab.ns {
+        ctx.lab.nft_clear(ns)?;
+    }
+    let outs = all_checked(&r, ctx.p())?;
+    if !done {
+        return Err("ranks ran past 120 s".to_owned());
+    }
+    let after: Vec<HashMap<String, String>> = outs
+        .iter()
+        .filter_map(|o| stats(o).remove("after"))
+        .collect();
+    let sum = |k: &str| after.iter().map(|m| num(m, k)).sum::<u64>();
+    let (tcp, datagrams) = (sum("tcp_sent"), sum("sent"));
+    if after.len() != ctx.p() || tcp == 0 || datagrams == 0 {
+        return Err(format!(
+            "{} STATS lines, {tcp} bytes over TCP, {datagrams} datagrams: both paths should \
+             carry operations",
+            after.len()
+        ));
+    }
+    if let Some(m) = after
+        .iter()
+        .find(|m| m.get("mode").map(String::as_str) != Some("multicast"))
+    {
+        return Err(format!("small operations switched a rank to TCP: {m:?}"));
+    }
+    let ops = kv(outs[0]
+        .lines()
+        .find(|l| l.starts_with("CHECKED"))
+        .unwrap_or(""));
+    Ok(format!(
+        "{} ops per rank byte for byte at 1 % loss: Allgathervs over TCP trees ({tcp} B \
+         sent), Broadcasts and Allgathers over multicast ({datagrams} datagrams), still in \
+         multicast mode",
+        ops.get("ops").map_or("?", String::as_str),
     ))
 }
 

@@ -198,6 +198,12 @@ pub struct ControlConfig {
     pub max_frame: usize,
     /// Bound on the whole start-up (connects, accepts, hellos).
     pub connect_timeout: Duration,
+    /// No I/O thread: the owner's own calls do the I/O ([`TcpControl::poll_io`] waits on
+    /// every connection; [`ControlPort::poll_control`] reads what is there without waiting).
+    /// Saves a thread and a wake-up per frame for an owner that only waits on this mesh. The
+    /// read service then runs in the owner's calls too, so keep it for meshes with small
+    /// reads or none.
+    pub inline_io: bool,
 }
 
 impl ControlConfig {
@@ -209,6 +215,7 @@ impl ControlConfig {
             max_read,
             max_frame: max_read as usize + 64,
             connect_timeout: Duration::from_secs(10),
+            inline_io: false,
         }
     }
 }
@@ -404,10 +411,49 @@ pub struct TcpControl {
     new_lost: VecDeque<PeerLost>,
     departed: Vec<(Rank, u64)>,
     waker: Arc<OnceLock<Thread>>,
-    /// The I/O thread, its stop flag and its poll's waker.
-    io: Option<JoinHandle<()>>,
+    /// Who does the I/O: the I/O thread, or the owner's calls.
+    io: IoMode,
+    /// The I/O thread's stop flag, and its poll's waker (the owner's, inline).
     stop: Arc<AtomicBool>,
     io_waker: Arc<mio::Waker>,
+}
+
+/// Who reads the connections.
+enum IoMode {
+    /// The I/O thread (`None` once joined).
+    Thread(Option<JoinHandle<()>>),
+    /// The owner, in [`TcpControl::poll_io`] and [`ControlPort::poll_control`].
+    Inline(Box<Io>, mio::Events),
+}
+
+/// Wakes the owner of a [`TcpControl`] that waits in [`TcpControl::poll_io`]: from another
+/// thread (a post to a dispatcher, say), where the mesh's own arrivals wake it by themselves.
+#[derive(Clone, Debug)]
+pub struct IoWaker(WakeBy);
+
+#[derive(Clone, Debug)]
+enum WakeBy {
+    /// Inline I/O: the owner waits in the poll.
+    Poll(Arc<mio::Waker>),
+    /// An I/O thread: the owner parks (the thread given to
+    /// [`wake_on_arrival`](TcpControl::wake_on_arrival)).
+    Park(Arc<OnceLock<Thread>>),
+}
+
+impl IoWaker {
+    /// Ends the owner's current (or next) [`TcpControl::poll_io`] wait.
+    pub fn wake(&self) {
+        match &self.0 {
+            WakeBy::Poll(w) => {
+                let _ = w.wake();
+            }
+            WakeBy::Park(t) => {
+                if let Some(t) = t.get() {
+                    t.unpark();
+                }
+            }
+        }
+    }
 }
 
 /// The I/O thread's way to the owner: a channel, and the thread to unpark after each send.
@@ -629,17 +675,29 @@ impl TcpControl {
         let io = Io {
             peers: io_peers,
             poll,
+            failed: false,
             stop: Arc::clone(&stop),
             owner: to_owner,
             registry: registry.clone(),
             stats: Arc::clone(&stats),
             cfg,
         };
-        let io = thread::Builder::new()
-            .name(format!("rc-ctl-io{rank}"))
-            .spawn(move || io.run())
-            .map_err(io_err("spawn"))?;
-        tracing::debug!(rank, ranks, "control mesh connected");
+        let io = if cfg.inline_io {
+            IoMode::Inline(Box::new(io), mio::Events::with_capacity(64))
+        } else {
+            IoMode::Thread(Some(
+                thread::Builder::new()
+                    .name(format!("rc-ctl-io{rank}"))
+                    .spawn(move || io.run())
+                    .map_err(io_err("spawn"))?,
+            ))
+        };
+        tracing::debug!(
+            rank,
+            ranks,
+            inline = cfg.inline_io,
+            "control mesh connected"
+        );
         Ok(TcpControl {
             rank: Rank(rank),
             peers,
@@ -654,9 +712,39 @@ impl TcpControl {
             new_lost: VecDeque::new(),
             departed: Vec::new(),
             waker,
-            io: Some(io),
+            io,
             stop,
             io_waker,
+        })
+    }
+
+    /// Waits at most `timeout` for the mesh: with inline I/O ([`ControlConfig::inline_io`]),
+    /// reads and writes what the connections allow and returns once something arrived for
+    /// [`poll_control`](ControlPort::poll_control), the [`IoWaker`] was woken or the time is
+    /// up; with an I/O thread, parks until that thread (see
+    /// [`wake_on_arrival`](Self::wake_on_arrival)) or the waker unparks this thread.
+    /// Returns at once when something is there already.
+    pub fn poll_io(&mut self, timeout: Duration) {
+        if let IoMode::Thread(_) = self.io {
+            // The I/O thread unparks the owner it was given, or this thread from now on: what
+            // arrives after the drain below ends the park at once.
+            let _ = self.waker.get_or_init(thread::current);
+        }
+        self.drain_inbound();
+        if !self.ready.is_empty() || !self.new_lost.is_empty() {
+            return;
+        }
+        match &mut self.io {
+            IoMode::Inline(io, events) => io.turn(events, Some(timeout)),
+            IoMode::Thread(_) => thread::park_timeout(timeout),
+        }
+    }
+
+    /// What wakes this mesh's owner from [`poll_io`](Self::poll_io).
+    pub fn waker(&self) -> IoWaker {
+        IoWaker(match &self.io {
+            IoMode::Inline(..) => WakeBy::Poll(Arc::clone(&self.io_waker)),
+            IoMode::Thread(_) => WakeBy::Park(Arc::clone(&self.waker)),
         })
     }
 
@@ -742,15 +830,24 @@ impl TcpControl {
         for l in &live {
             l.send(bye.clone());
         }
-        // The I/O thread writes the rest as the sockets take it.
+        let live: Vec<Arc<Link>> = live.into_iter().cloned().collect();
+        let mut this = self;
+        // The I/O thread (or, inline, this loop) writes the rest as the sockets take it.
         let deadline = Instant::now() + linger;
         while live.iter().any(|l| l.pending()) && Instant::now() < deadline {
-            thread::sleep(Duration::from_millis(1));
+            match &mut this.io {
+                IoMode::Inline(io, events) => io.turn(events, Some(Duration::from_millis(1))),
+                IoMode::Thread(_) => thread::sleep(Duration::from_millis(1)),
+            }
         }
         // Drop shuts the connections down and joins the I/O thread.
     }
 
     fn drain_inbound(&mut self) {
+        // Inline, what the sockets hold is read now, without waiting.
+        if let IoMode::Inline(io, events) = &mut self.io {
+            io.turn(events, Some(Duration::ZERO));
+        }
         while let Ok(i) = self.inbound.try_recv() {
             self.handle(i);
         }
@@ -908,7 +1005,9 @@ impl Drop for TcpControl {
         }
         self.stop.store(true, Ordering::Release);
         let _ = self.io_waker.wake();
-        if let Some(t) = self.io.take() {
+        if let IoMode::Thread(t) = &mut self.io
+            && let Some(t) = t.take()
+        {
             let _ = t.join();
         }
     }
@@ -943,6 +1042,8 @@ enum Ended {
 struct Io {
     peers: Vec<Option<IoPeer>>,
     poll: mio::Poll,
+    /// The poll failed: every connection was ended.
+    failed: bool,
     stop: Arc<AtomicBool>,
     owner: Owner,
     registry: Registry,
@@ -954,35 +1055,53 @@ impl Io {
     /// Until the owner stops it (or every connection ended).
     fn run(mut self) {
         let mut events = mio::Events::with_capacity(64);
-        while !self.stop.load(Ordering::Acquire) && self.peers.iter().any(Option::is_some) {
-            if let Err(e) = self.poll.poll(&mut events, None) {
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                tracing::error!(error = %e, "control: epoll failed");
-                break;
-            }
-            for ev in events.iter() {
-                let j = ev.token().0;
-                if ev.token() == WAKE {
-                    continue;
-                }
-                if ev.is_writable()
-                    && let Some(Some(p)) = self.peers.get(j)
-                {
-                    p.link.flush(&mut p.link.out());
-                }
-                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                    // Without a hang-up or an error in the event, a short read means the
-                    // socket is empty: data arriving later raises a new edge.
-                    self.read(j, !(ev.is_read_closed() || ev.is_error()));
-                }
-            }
+        while !self.stop.load(Ordering::Acquire)
+            && !self.failed
+            && self.peers.iter().any(Option::is_some)
+        {
+            self.turn(&mut events, None);
         }
         // Stopped by the owner, or the poll failed: every connection still open counts as
         // lost (the owner, if still there, fails what waits on it).
         for j in 0..self.peers.len() {
             self.end(j, Ended::Closed);
+        }
+    }
+
+    /// One wait on every connection (at most `timeout`), then what the events allow: reads
+    /// (frames to the owner, reads served) and writes. A failed poll ends every connection.
+    fn turn(&mut self, events: &mut mio::Events, timeout: Option<Duration>) {
+        if self.failed {
+            if let Some(t) = timeout {
+                thread::sleep(t);
+            }
+            return;
+        }
+        if let Err(e) = self.poll.poll(events, timeout) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                tracing::error!(error = %e, "control: epoll failed");
+                self.failed = true;
+                for j in 0..self.peers.len() {
+                    self.end(j, Ended::Closed);
+                }
+            }
+            return;
+        }
+        for ev in events.iter() {
+            let j = ev.token().0;
+            if ev.token() == WAKE {
+                continue;
+            }
+            if ev.is_writable()
+                && let Some(Some(p)) = self.peers.get(j)
+            {
+                p.link.flush(&mut p.link.out());
+            }
+            if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                // Without a hang-up or an error in the event, a short read means the
+                // socket is empty: data arriving later raises a new edge.
+                self.read(j, !(ev.is_read_closed() || ev.is_error()));
+            }
         }
     }
 
@@ -1184,6 +1303,11 @@ mod tests {
     use ringcast_core::ChunkRun;
 
     fn mesh(n: usize, nonce: u64) -> Vec<TcpControl> {
+        mesh_io(n, nonce, |_| false)
+    }
+
+    /// A mesh whose ranks `r` with `inline(r)` do their own I/O.
+    fn mesh_io(n: usize, nonce: u64, inline: impl Fn(usize) -> bool) -> Vec<TcpControl> {
         let listeners: Vec<TcpListener> = (0..n)
             .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
             .collect();
@@ -1196,15 +1320,13 @@ mod tests {
             .enumerate()
             .map(|(r, l)| {
                 let table = table.clone();
+                let cfg = ControlConfig {
+                    inline_io: inline(r),
+                    ..ControlConfig::new(nonce)
+                };
                 thread::spawn(move || {
-                    TcpControl::connect(
-                        r as u32,
-                        &table,
-                        l,
-                        Registry::default(),
-                        ControlConfig::new(nonce),
-                    )
-                    .expect("connect")
+                    TcpControl::connect(r as u32, &table, l, Registry::default(), cfg)
+                        .expect("connect")
                 })
             })
             .collect();
@@ -1238,7 +1360,17 @@ mod tests {
 
     #[test]
     fn messages_reads_refusals_and_loss() {
-        let mut m = mesh(3, 77);
+        messages_reads_refusals_and_loss_on(mesh(3, 77));
+    }
+
+    /// The same with ranks 0 and 2 doing their own I/O, rank 1 (which serves the reads) an
+    /// I/O thread: both kinds meet on one mesh.
+    #[test]
+    fn inline_io_meets_the_same_checks() {
+        messages_reads_refusals_and_loss_on(mesh_io(3, 76, |r| r != 1));
+    }
+
+    fn messages_reads_refusals_and_loss_on(mut m: Vec<TcpControl>) {
         let mut buf = Vec::new();
         m[2].send_control(Rank(0), b"hello zero");
         assert_eq!(
@@ -1319,11 +1451,21 @@ mod tests {
 
     #[test]
     fn ranks_serving_each_others_large_reads_do_not_deadlock() {
+        large_reads_both_ways(mesh(2, 79));
+    }
+
+    /// The same with both ranks doing their own I/O: each serves the other's reads in its
+    /// own polls, and neither blocks on a full socket.
+    #[test]
+    fn inline_ranks_serving_each_others_large_reads_do_not_deadlock() {
+        large_reads_both_ways(mesh_io(2, 80, |_| true));
+    }
+
+    fn large_reads_both_ways(mut m: Vec<TcpControl>) {
         // Each rank asks the other for six 4 MiB reads at once, far more than the TCP
-        // buffers hold: both I/O threads must keep reading while their answers wait.
+        // buffers hold: both sides must keep reading while their answers wait.
         const LEN: u64 = 4 << 20;
         const N: u64 = 6;
-        let mut m = mesh(2, 79);
         let mut want = Vec::new();
         for (r, c) in m.iter().enumerate() {
             let src: Vec<u8> = (0..2 * N * LEN)
@@ -1341,14 +1483,21 @@ mod tests {
                 c.read(&req(k, 1 - r as u32, 9, half(r) + k * LEN, LEN));
             }
         }
+        // Both ranks polled by turns (an inline rank serves only while it polls).
         let mut buf = Vec::new();
-        for c in m.iter_mut() {
-            for _ in 0..N {
-                let got = wait(c, &mut buf);
-                assert!(
-                    matches!(got, ControlInput::ReadDone { result: Ok(()), .. }),
-                    "{got:?}"
-                );
+        let mut done = [0u64; 2];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while done.iter().any(|&d| d < N) {
+            assert!(Instant::now() < deadline, "reads done: {done:?}");
+            for (r, c) in m.iter_mut().enumerate() {
+                c.poll_io(Duration::from_millis(1));
+                while let Some(got) = c.poll_control(&mut buf) {
+                    assert!(
+                        matches!(got, ControlInput::ReadDone { result: Ok(()), .. }),
+                        "{got:?}"
+                    );
+                    done[r] += 1;
+                }
             }
         }
         for (r, c) in m.iter().enumerate() {
@@ -1359,6 +1508,36 @@ mod tests {
                 "rank {r} holds the peer's bytes"
             );
             assert_eq!(c.stats().reads_served.load(Ordering::Relaxed), N);
+        }
+    }
+
+    /// An inline rank waiting in `poll_io` returns when a frame arrives and when its waker is
+    /// woken from another thread; an I/O-thread rank's `poll_io` parks and is unparked alike.
+    #[test]
+    fn poll_io_returns_on_arrival_and_on_wake() {
+        for inline in [true, false] {
+            let mut m = mesh_io(2, 81 + u64::from(inline), |r| r == 0 && inline);
+            let mut one = m.pop().expect("rank 1");
+            let mut zero = m.pop().expect("rank 0");
+            let waker = zero.waker();
+            let (tx, rx) = mpsc::channel();
+            let waiter = thread::spawn(move || {
+                zero.wake_on_arrival(thread::current());
+                let mut buf = Vec::new();
+                // Long waits: only the arrival and the waker end them in time.
+                zero.poll_io(Duration::from_secs(600));
+                let first = zero.poll_control(&mut buf).map(|_| buf.clone());
+                let _ = tx.send(first);
+                zero.poll_io(Duration::from_secs(600));
+                let _ = tx.send(None);
+                zero
+            });
+            one.send_control(Rank(0), b"wake up");
+            let got = rx.recv_timeout(Duration::from_secs(60));
+            assert_eq!(got, Ok(Some(b"wake up".to_vec())), "inline {inline}");
+            waker.wake();
+            assert_eq!(rx.recv_timeout(Duration::from_secs(60)), Ok(None));
+            drop(waiter.join().expect("waiter"));
         }
     }
 

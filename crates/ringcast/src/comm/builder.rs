@@ -605,6 +605,9 @@ impl CommBuilder {
                 fc.max_read = 0;
                 fc.max_frame = fallback::PIECE + 64;
                 fc.connect_timeout = self.connect_timeout;
+                // Only the dispatcher waits on it, and it serves no reads: the dispatcher
+                // reads it itself (no I/O thread to wake it for every piece).
+                fc.inline_io = true;
                 Some(TcpControl::connect(
                     rank,
                     &table,

@@ -13,7 +13,10 @@
 //! ## The TCP collectives
 //! Over a TCP mesh ([`TcpControl`]): the control mesh itself when the start-up check failed
 //! (the engine never starts), or a second mesh formed at build time when multicast works (so
-//! that bulk data never delays the engine's control messages). Data moves in pieces of
+//! that bulk data never delays the engine's control messages). The dispatcher does that second
+//! mesh's I/O itself ([`ControlConfig::inline_io`](ringcast_transport_rocev2_udp::ControlConfig::inline_io)):
+//! it waits in [`TcpControl::poll_io`], which a piece arriving or a post ([`IoWaker`]) ends,
+//! so a piece costs one thread wake-up at each hop instead of two. Data moves in pieces of
 //! [`PIECE`] bytes, each a message `0xF1, 0, 0, 0, block u32, op u64, offset u64, bytes`:
 //! * **Allgather(v)**: a pipelined ring. Each rank sends its block to its right neighbour;
 //!   every piece received from the left is written in place and passed on to the right
@@ -55,14 +58,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::thread::{self, JoinHandle, Thread};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
 use ringcast_core::Rank;
 use ringcast_core::port::{ControlInput, ControlPort};
-use ringcast_transport_rocev2_udp::TcpControl;
+use ringcast_transport_rocev2_udp::{IoWaker, TcpControl};
 
 use super::engine::{Command, Kind, Post, PostTx};
 use super::error::CommError;
@@ -196,21 +199,19 @@ enum Msg {
     Shutdown,
 }
 
-/// The way to the dispatcher: its channel, and its thread to unpark after each message (the
-/// dispatcher parks between turns; the mesh's I/O thread unparks it too).
+/// The way to the dispatcher: its channel, and what ends its wait on the mesh after each
+/// message (the dispatcher waits in [`TcpControl::poll_io`] between turns, which the mesh's
+/// arrivals end by themselves).
 #[derive(Clone, Debug)]
 struct Inbox {
     tx: Sender<Msg>,
-    /// Set by the dispatcher when it starts: a message sent before is seen at its first turn.
-    thread: Arc<OnceLock<Thread>>,
+    waker: IoWaker,
 }
 
 impl Inbox {
     fn send(&self, m: Msg) -> Result<(), mpsc::SendError<Msg>> {
         self.tx.send(m)?;
-        if let Some(t) = self.thread.get() {
-            t.unpark();
-        }
+        self.waker.wake();
         Ok(())
     }
 }
@@ -288,7 +289,7 @@ pub(crate) fn start(
     let (tx, rx) = mpsc::channel();
     let tx = Inbox {
         tx,
-        thread: Arc::new(OnceLock::new()),
+        waker: mesh.waker(),
     };
     let tap = Arc::new(LossTap {
         window: Mutex::new((0, 0)),
@@ -300,7 +301,6 @@ pub(crate) fn start(
         cfg,
         shared: shared.clone(),
         rx,
-        me: tx.thread.clone(),
         mesh,
         held: VecDeque::new(),
         active: Vec::new(),
@@ -488,8 +488,8 @@ struct Dispatcher {
     cfg: FallbackConfig,
     shared: Arc<Shared>,
     rx: Receiver<Msg>,
-    /// Where this thread announces itself to the senders of `rx`.
-    me: Arc<OnceLock<Thread>>,
+    /// The TCP mesh: its own (inline I/O, read in this thread) or, when multicast failed the
+    /// start-up check, the control mesh with its I/O thread.
     mesh: TcpControl,
     /// Posts held while a switch is agreed.
     held: VecDeque<(u64, Post)>,
@@ -556,9 +556,9 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 
 impl Dispatcher {
     fn run(mut self) {
-        // Every input unparks this thread from now on: posts and loss reports (`Inbox`) and
-        // whatever the mesh's I/O thread delivers.
-        let _ = self.me.set(thread::current());
+        // Every input ends the wait on the mesh from now on: posts and loss reports (`Inbox`
+        // wakes it) and whatever arrives on the mesh (read right there with inline I/O; an
+        // I/O thread unparks this one).
         self.mesh.wake_on_arrival(thread::current());
         while !self.stopping {
             let mut moved = self.poll_mesh();
@@ -580,7 +580,7 @@ impl Dispatcher {
             if !moved && !self.stopping {
                 let busy =
                     !self.active.is_empty() || self.agreement.is_some() || !self.held.is_empty();
-                thread::park_timeout(if busy { BUSY_WAIT } else { IDLE_WAIT });
+                self.mesh.poll_io(if busy { BUSY_WAIT } else { IDLE_WAIT });
             }
         }
         self.shutdown();
