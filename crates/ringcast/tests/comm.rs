@@ -487,6 +487,17 @@ fn child_role() {
 }
 
 fn child(role: &str) -> Result<(), String> {
+    if role == "file-limit" {
+        // Run under a hard limit of 48 open files: 64 ranks need more before anyone is met.
+        return match Communicator::from_env() {
+            Err(err @ ringcast::BuildError::FileLimit { .. }) => {
+                println!("@@FILELIMIT {err}");
+                Ok(())
+            }
+            Err(other) => Err(format!("another error: {other}")),
+            Ok(_) => Err("built under a 48-file limit".into()),
+        };
+    }
     let comm = Communicator::from_env().map_err(|e| format!("from_env: {e}"))?;
     let me = comm.rank();
     let n = comm.size();
@@ -529,6 +540,43 @@ fn child(role: &str) -> Result<(), String> {
             }
         }
         other => Err(format!("unknown role {other}")),
+    }
+}
+
+/// A process whose hard limit on open files cannot hold a connection to every peer gets a
+/// typed error that says what to raise, at once, instead of a failed accept midway through
+/// the mesh.
+#[test]
+fn too_few_open_files_is_a_clear_error() {
+    let exe = std::env::current_exe().expect("test binary");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 48 && exec \"$0\" --exact child_role --nocapture --test-threads=1")
+        .arg(&exe)
+        .env(CHILD_ENV, "file-limit")
+        .env("RINGCAST_RANK", "0")
+        .env("RINGCAST_WORLD_SIZE", "64")
+        .env(
+            "RINGCAST_BOOTSTRAP",
+            format!("127.0.0.1:{}", free_tcp_port()),
+        )
+        .env_remove("RINGCAST_TCP_THRESHOLD")
+        .output()
+        .expect("run the child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once("@@FILELIMIT ").map(|(_, m)| m.to_owned()))
+        .unwrap_or_else(|| panic!("no FILELIMIT report: {stdout}"));
+    assert!(out.status.success(), "{stdout}");
+    for want in [
+        "64 ranks",
+        "2 TCP meshes of 63",
+        "may open 48",
+        "ulimit -n 192",
+        "RINGCAST_TCP_THRESHOLD=0",
+    ] {
+        assert!(line.contains(want), "{want:?} not in {line}");
     }
 }
 

@@ -398,6 +398,14 @@ impl CommBuilder {
                 why: format!("rank {rank} is not below the world size {size}"),
             });
         }
+        // Every mesh holds a connection to every peer: make sure this process may open them
+        // before meeting anyone (the soft limit is raised as far as the hard one allows).
+        let meshes = if size > 1 && (self.fallback == Fallback::Tcp || self.tcp_threshold > 0) {
+            2
+        } else {
+            1
+        };
+        ensure_files(size, meshes, self.lanes)?;
         let peers = self.peers.ok_or(BuildError::Missing(
             "peers",
             "call CommBuilder::peer_table or CommBuilder::rendezvous, or set RINGCAST_BOOTSTRAP",
@@ -653,6 +661,32 @@ impl CommBuilder {
 /// Default of [`CommBuilder::tcp_threshold`]: operations of at most this many bytes run
 /// over TCP (BENCHMARKS.md, "Small operations over TCP").
 pub const DEFAULT_TCP_THRESHOLD: u64 = 64 << 10;
+
+/// File descriptors a rank holds: `meshes` TCP meshes of a connection to every peer, a
+/// receive and a send socket per lane, and room for listeners, eventfds, epoll and the
+/// application's own files.
+fn files_needed(ranks: u32, meshes: u32, lanes: u16) -> u64 {
+    u64::from(ranks.saturating_sub(1)) * u64::from(meshes) + 2 * u64::from(lanes) + 64
+}
+
+/// Raises the soft `RLIMIT_NOFILE` as far as needed and allowed; [`BuildError::FileLimit`]
+/// when the hard limit is too low. A limit that cannot be read is not checked.
+fn ensure_files(ranks: u32, meshes: u32, lanes: u16) -> Result<(), BuildError> {
+    let need = files_needed(ranks, meshes, lanes);
+    match rlimit::increase_nofile_limit(need) {
+        Ok(limit) if limit < need => Err(BuildError::FileLimit {
+            ranks,
+            meshes,
+            need,
+            limit,
+        }),
+        Ok(_) => Ok(()),
+        Err(e) => {
+            tracing::debug!(error = %e, "RLIMIT_NOFILE not checked");
+            Ok(())
+        }
+    }
+}
 
 /// How long a rank whose build fails lets its last control frames flush.
 const PROBE_LINGER: Duration = Duration::from_secs(1);

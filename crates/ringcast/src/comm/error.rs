@@ -167,4 +167,28 @@ pub enum BuildError {
     /// The engine thread could not be started.
     #[error("could not start the engine thread: {0}")]
     Spawn(#[source] io::Error),
+    /// This process may not open the file descriptors a rank needs (a TCP connection to every
+    /// peer per mesh, its sockets), and its hard limit does not let it raise the soft one.
+    #[error(
+        "{ranks} ranks need about {need} open files per rank ({meshes} TCP {mesh} of {peers} \
+         connections, the multicast sockets), but this process may open {limit}: raise the \
+         limit (`ulimit -n {need}`, or the hard limit in limits.conf / the launcher){halve}",
+        peers = ranks.saturating_sub(1),
+        mesh = if *meshes > 1 { "meshes" } else { "mesh" },
+        halve = if *meshes > 1 {
+            ", or set RINGCAST_TCP_THRESHOLD=0 (and no fallback) for one mesh instead of two"
+        } else {
+            ""
+        }
+    )]
+    FileLimit {
+        /// The job's ranks.
+        ranks: u32,
+        /// TCP meshes this rank connects.
+        meshes: u32,
+        /// File descriptors needed, with some to spare.
+        need: u64,
+        /// The soft limit after trying to raise it.
+        limit: u64,
+    },
 }
