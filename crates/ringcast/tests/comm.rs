@@ -513,6 +513,30 @@ fn child(role: &str) -> Result<(), String> {
             say("OK");
             Ok(())
         }
+        "victim-small" => {
+            // A 4 KiB-per-rank Allgather over the TCP trees: every survivor needs the
+            // victim's block, most of them through another rank.
+            let mut x = [0u8; 8];
+            comm.broadcast(0, &mut x).map_err(e)?;
+            let victim = n - 1;
+            let block = pattern(23, me, 4096);
+            if me == victim {
+                say("POSTED");
+                thread::sleep(Duration::from_secs(120));
+                return Err("not killed".into());
+            }
+            let req = comm
+                .iallgather(&block, vec![0u8; 4096 * n as usize])
+                .map_err(e)?;
+            say("POSTED");
+            match req.wait() {
+                Err(err) => {
+                    say(&format!("FAILED peer={:?} {err}", err.peer()));
+                    Ok(())
+                }
+                Ok(_) => Err("completed without the victim".into()),
+            }
+        }
         "victim" => {
             let mut x = [0u8; 8];
             comm.broadcast(0, &mut x).map_err(e)?;
@@ -608,7 +632,15 @@ fn spawn_children(role: &str, peer_timeout_s: u32) -> (Children, mpsc::Receiver<
             .env("RINGCAST_BOOTSTRAP", &bootstrap)
             .env("RINGCAST_PORT", &port)
             .env("RINGCAST_LANES", "2")
-            .env("RINGCAST_TCP_THRESHOLD", "0")
+            // The "-small" roles run their collectives over TCP (the default threshold).
+            .env(
+                "RINGCAST_TCP_THRESHOLD",
+                if role.ends_with("-small") {
+                    "65536"
+                } else {
+                    "0"
+                },
+            )
             .env("RINGCAST_PEER_TIMEOUT", peer_timeout_s.to_string())
             .env("RINGCAST_BOOTSTRAP_TIMEOUT", "30")
             .env_remove("RINGCAST_IFNAME")
@@ -689,7 +721,7 @@ fn a_killed_process_fails_the_others_naming_it() {
     expect_lines(&rx, &all, deadline);
     let victim = RANKS - 1;
     kids.0[victim as usize].kill().expect("SIGKILL");
-    survivors_name(&mut kids, &rx, victim, deadline);
+    survivors_name(&mut kids, &rx, victim, true, deadline);
 }
 
 #[test]
@@ -708,7 +740,37 @@ fn a_hung_process_fails_the_others_naming_it() {
         .expect("kill -STOP");
     assert!(stopped.success(), "kill -STOP {pid}");
     // `Children` kills it (SIGKILL works on a stopped process) when the test ends.
-    survivors_name(&mut kids, &rx, victim, deadline);
+    survivors_name(&mut kids, &rx, victim, false, deadline);
+}
+
+/// The same over the TCP trees of small operations: a killed rank's connections close.
+#[test]
+fn a_killed_process_fails_small_operations_naming_it() {
+    let deadline = Instant::now() + DEADLINE;
+    let (mut kids, rx) = spawn_children("victim-small", 10);
+    let all: Vec<u32> = (0..RANKS).collect();
+    expect_lines(&rx, &all, deadline);
+    let victim = RANKS - 1;
+    kids.0[victim as usize].kill().expect("SIGKILL");
+    survivors_name(&mut kids, &rx, victim, true, deadline);
+}
+
+/// A hung rank over the TCP trees: its connections stay open, and a rank that gets its block
+/// through another rank must still name the hung one, not the rank in between.
+#[test]
+fn a_hung_process_fails_small_operations_naming_it() {
+    let deadline = Instant::now() + DEADLINE;
+    let (mut kids, rx) = spawn_children("victim-small", 2);
+    let all: Vec<u32> = (0..RANKS).collect();
+    expect_lines(&rx, &all, deadline);
+    let victim = RANKS - 1;
+    let pid = kids.0[victim as usize].id().to_string();
+    let stopped = Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .expect("kill -STOP");
+    assert!(stopped.success(), "kill -STOP {pid}");
+    survivors_name(&mut kids, &rx, victim, false, deadline);
 }
 
 /// Every rank but `victim` reports a failure naming it, and exits cleanly.
@@ -716,11 +778,17 @@ fn survivors_name(
     kids: &mut Children,
     rx: &mpsc::Receiver<(u32, String)>,
     victim: u32,
+    killed: bool,
     deadline: Instant,
 ) {
     let survivors: Vec<u32> = (0..victim).collect();
     let lines = expect_lines(rx, &survivors, deadline);
     for (r, line) in lines {
+        // A killed rank's connections close: nobody should have to wait for the timeout.
+        assert!(
+            !(killed && line.contains("(peer timeout)")),
+            "rank {r}: {line}"
+        );
         assert!(
             line.starts_with(&format!("FAILED peer=Some({victim})")),
             "rank {r}: {line}"

@@ -32,10 +32,15 @@
 //!   same length, so every rank picks the same shape.
 //!
 //! Several TCP operations may be in flight at once; pieces of an operation this rank has not
-//! posted yet wait for it. A peer whose connection closes fails every TCP operation in flight
-//! ([`CommError::PeerLost`]); an operation with no progress for the peer timeout fails naming
-//! the rank it waits on, its left neighbour or its parent in the tree
-//! ([`CommError::PeerUnresponsive`]).
+//! posted yet wait for it. A peer whose connection closes (it crashed) fails every TCP
+//! operation in flight ([`CommError::PeerLost`]); one that said goodbye fails those it did not
+//! finish; a crash is named before a departure, which it may have caused. An operation with no
+//! progress fails naming the rank it waits on, its left neighbour or its parent in the tree
+//! ([`CommError::PeerUnresponsive`]), and tells every rank (`KIND_ABORT`), which fail it too
+//! naming that rank ([`CommError::PeerFailed`]). In a tree, how long a rank waits grows with
+//! its distance from the block's owner (the peer timeout, plus half of it per hop beyond the
+//! first): the children of a hung rank give up first and name it, before a rank further down
+//! would name the live parent that only had nothing to pass on.
 //!
 //! ## The switch on loss
 //! Each completed multicast operation's [`OpStats`] feeds a window: chunks fetched (ring
@@ -85,6 +90,8 @@ const KIND_LOSS: u8 = 0xF2;
 const KIND_FREEZE: u8 = 0xF3;
 const KIND_FROZEN: u8 = 0xF4;
 const KIND_SWITCH: u8 = 0xF5;
+/// `0xF6, 0, 0, 0, peer u32, op u64`: operation `op` timed out at the sender waiting on `peer`.
+const KIND_ABORT: u8 = 0xF6;
 /// With TCP work in flight, the longest the dispatcher parks when nothing moved. Every input
 /// wakes it (a post, a loss report, the mesh's I/O thread), so this only paces the checks of
 /// the peer timeout.
@@ -152,6 +159,12 @@ pub(crate) struct FallbackConfig {
 }
 
 impl FallbackConfig {
+    /// How long an operation may wait `hops` hops from a block's owner without progress:
+    /// the peer timeout, plus half of it per hop beyond the first.
+    fn timeout(&self, hops: u32) -> Duration {
+        self.peer_timeout + self.peer_timeout / 2 * hops.saturating_sub(1)
+    }
+
     /// Whether an operation of `len` bytes runs over TCP whatever the mode (see
     /// [`CommBuilder::tcp_threshold`](super::CommBuilder::tcp_threshold)). Every rank posts
     /// the same lengths, so every rank decides alike.
@@ -306,8 +319,9 @@ pub(crate) fn start(
         active: Vec::new(),
         early: HashMap::new(),
         ended: VecDeque::new(),
+        aborts: HashMap::new(),
         next_tcp: switch_at.unwrap_or(0),
-        lost: None,
+        lost: Vec::new(),
         loss_asked: false,
         agreement: None,
         stopping: false,
@@ -433,15 +447,29 @@ impl Shape {
         }
     }
 
-    /// The rank an operation that stopped moving waits on: its source, or in the trees the
-    /// parent of the first block still missing.
-    fn waits_on(&self, me: u32, size: u32) -> u32 {
-        let block = match self {
-            Shape::Trees { left, .. } => left.iter().position(|&l| l > 0).unwrap_or(0) as u32,
-            Shape::Tree { root } | Shape::Chain { root } => *root,
-            Shape::Ring { .. } => me,
+    /// The rank an operation that stopped moving waits on (its source; in the trees, the
+    /// parent of the missing block nearest to its owner), and how many hops that wait is
+    /// from the block's owner (1 on the ring and the chain).
+    ///
+    /// A hung rank starves its whole subtree: the hops order the timeouts
+    /// ([`FallbackConfig::timeout`]) so that its children, which wait on it directly, give
+    /// up first and tell the others whom to blame (`KIND_ABORT`), before a rank further
+    /// down would blame a live parent that only had nothing to pass on.
+    fn waits_on(&self, me: u32, size: u32) -> (u32, u32) {
+        let hops = |root: u32| ((me + size - root) % size).count_ones().max(1);
+        let (block, depth) = match self {
+            Shape::Trees { left, .. } => left
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| **l > 0)
+                .map(|(b, _)| (b as u32, hops(b as u32)))
+                .min_by_key(|&(_, d)| d)
+                .unwrap_or((0, 1)),
+            Shape::Tree { root } => (*root, hops(*root)),
+            Shape::Chain { root } => (*root, 1),
+            Shape::Ring { .. } => (me, 1),
         };
-        self.source(me, size, block)
+        (self.source(me, size, block), depth)
     }
 
     /// Where rank `me` sends a piece of `block` (one it received, or its own).
@@ -501,10 +529,14 @@ struct Dispatcher {
     /// The last [`ENDED_KEEP`] TCP operations that ended here (completed or failed): a piece
     /// of one of them is dropped, not kept as early.
     ended: VecDeque<u64>,
+    /// Operations a peer gave up on before they started here: the rank it waited on, and
+    /// the peer.
+    aborts: HashMap<u64, (u32, u32)>,
     /// One past the last TCP operation started here (for the goodbye's mark).
     next_tcp: u64,
-    /// A peer lost, and the first TCP operation it did not finish when it left cleanly.
-    lost: Option<(u32, Option<u64>)>,
+    /// The peers lost, in the order their connections closed, each with the first TCP
+    /// operation it did not finish when it left cleanly (`None`: it crashed).
+    lost: Vec<(u32, Option<u64>)>,
     loss_asked: bool,
     agreement: Option<Agreement>,
     /// A shutdown was taken out of the channel while switching.
@@ -544,6 +576,18 @@ fn tree_children(me: u32, root: u32, size: u32) -> impl Iterator<Item = u32> {
         .map(move |i| vr + (1 << i))
         .filter(move |&c| c < size)
         .map(move |c| (c + root) % size)
+}
+
+/// Of the peers `lost` (with the first operation each did not finish when it left cleanly,
+/// `None` when it crashed), the one that dooms operation `k`: a crashed one before one that
+/// left cleanly, since a rank may leave because of another's crash and be heard of first.
+fn doomed_by(lost: &[(u32, Option<u64>)], k: u64) -> Option<u32> {
+    let crashed = lost.iter().filter(|(_, m)| m.is_none());
+    let left = lost.iter().filter(|(_, m)| m.is_some());
+    crashed
+        .chain(left)
+        .find(|(_, mark)| mark.is_none_or(|m| k >= m))
+        .map(|&(peer, _)| peer)
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
@@ -612,12 +656,9 @@ impl Dispatcher {
         }
     }
 
-    /// The lost peer that dooms TCP operation `k`, if any.
+    /// The lost peer that dooms TCP operation `k`, if any (see [`doomed_by`]).
     fn dooms(&self, k: u64) -> Option<u32> {
-        match self.lost {
-            Some((peer, mark)) if mark.is_none_or(|m| k >= m) => Some(peer),
-            _ => None,
-        }
+        doomed_by(&self.lost, k)
     }
 
     fn post(&mut self, k: u64, p: Post) {
@@ -650,6 +691,7 @@ impl Dispatcher {
         }
         self.ended.push_back(k);
         self.early.remove(&k);
+        self.aborts.remove(&k);
     }
 
     fn fail(&self, reply: SyncSender<Completion>, e: CommError) {
@@ -819,6 +861,11 @@ impl Dispatcher {
                 }
                 self.try_conclude();
             }
+            Some(KIND_ABORT) => {
+                if let (Some(peer), Some(k)) = (u32_at(b, 4), u64_at(b, 8)) {
+                    self.aborted(from, k, peer);
+                }
+            }
             Some(KIND_SWITCH) if from == 0 => {
                 let (Some(rank), Some(at), Some(op), Some(permille)) =
                     (u32_at(b, 4), u64_at(b, 8), u64_at(b, 16), u32_at(b, 24))
@@ -915,6 +962,13 @@ impl Dispatcher {
     /// Starts TCP operation `k`: sends this rank's pieces, takes the early ones.
     fn start(&mut self, k: u64, p: Post) {
         let (me, size) = (self.cfg.rank, self.cfg.size);
+        self.next_tcp = self.next_tcp.max(k + 1);
+        if let Some((peer, reported_by)) = self.aborts.remove(&k) {
+            // A peer already gave up on it.
+            self.ended(k);
+            self.fail(p.reply, CommError::PeerFailed { peer, reported_by });
+            return;
+        }
         let len = p.buf.len() as u64;
         let (shape, own_block, own_at, own_len, want) = match p.kind {
             Kind::Broadcast { root } => {
@@ -990,7 +1044,6 @@ impl Dispatcher {
                 .bytes_sent
                 .fetch_add(sent, Ordering::Relaxed);
         }
-        self.next_tcp = self.next_tcp.max(k + 1);
         self.active.push(op);
         let i = self.active.len() - 1;
         for (from, m) in self.early.remove(&k).unwrap_or_default() {
@@ -1034,47 +1087,85 @@ impl Dispatcher {
     /// peer that left cleanly finished (and flushed) every operation before its goodbye mark:
     /// those still complete here.
     fn check_lost(&mut self) {
-        let Some(lost) = self.mesh.take_lost() else {
-            return;
-        };
-        let peer = lost.0.0;
-        let mark = self.mesh.departed(lost.0);
-        if self.lost.is_none() {
+        let before = self.lost.len();
+        while let Some(lost) = self.mesh.take_lost() {
+            let peer = lost.0.0;
+            let mark = self.mesh.departed(lost.0);
             tracing::warn!(rank = self.cfg.rank, peer, ?mark, "fallback: peer lost");
-            self.lost = Some((peer, mark));
+            self.lost.push((peer, mark));
         }
-        let (doomed, kept): (Vec<TcpOp>, Vec<TcpOp>) = std::mem::take(&mut self.active)
-            .into_iter()
-            .partition(|op| self.dooms(op.k).is_some());
-        self.active = kept;
-        for op in doomed {
+        if self.lost.len() == before {
+            return;
+        }
+        let mut i = 0;
+        while i < self.active.len() {
+            let Some(peer) = self.dooms(self.active[i].k) else {
+                i += 1;
+                continue;
+            };
+            let op = self.active.swap_remove(i);
             self.ended(op.k);
             self.fail(op.reply, CommError::PeerLost { peer });
         }
         // A switch can no longer be agreed: held posts fail too.
         if self.agreement.is_some() || self.route().frozen {
             self.agreement = None;
+            let peer = self.dooms(u64::MAX).unwrap_or(self.lost[0].0);
             for (_, p) in std::mem::take(&mut self.held) {
                 self.fail(p.reply, CommError::PeerLost { peer });
             }
         }
     }
 
+    /// Fails the operations that waited too long, and tells every rank whom they waited on
+    /// (`KIND_ABORT`): the ranks further down fail too, naming the same rank.
     fn check_timeouts(&mut self) {
-        let (limit, me, size) = (self.cfg.peer_timeout, self.cfg.rank, self.cfg.size);
+        let (me, size) = (self.cfg.rank, self.cfg.size);
         let mut i = 0;
         while i < self.active.len() {
-            if self.active[i].last.elapsed() <= limit {
+            let (peer, hops) = self.active[i].shape.waits_on(me, size);
+            if self.active[i].last.elapsed() <= self.cfg.timeout(hops) {
                 i += 1;
                 continue;
             }
             let op = self.active.swap_remove(i);
             self.ended(op.k);
-            // The rank it waits on: the left neighbour, or the parent in a tree.
-            let peer = op.shape.waits_on(me, size);
             op.span
                 .in_scope(|| tracing::warn!(op = op.k, peer, "TCP operation timed out"));
+            let mut b = vec![KIND_ABORT, 0, 0, 0];
+            b.extend_from_slice(&peer.to_be_bytes());
+            b.extend_from_slice(&op.k.to_be_bytes());
+            for to in (0..size).filter(|&r| r != me) {
+                self.mesh.send_control(Rank(to), &b);
+            }
             self.fail(op.reply, CommError::PeerUnresponsive { peer });
+        }
+    }
+
+    /// `from` gave up on operation `k` waiting on `peer`: it fails here too (now, or when it
+    /// starts), naming `peer`.
+    fn aborted(&mut self, from: u32, k: u64, peer: u32) {
+        if self.ended.contains(&k) {
+            return;
+        }
+        match self.active.iter().position(|o| o.k == k) {
+            Some(i) => {
+                let op = self.active.swap_remove(i);
+                self.ended(op.k);
+                op.span.in_scope(|| {
+                    tracing::warn!(op = k, peer, reported_by = from, "TCP operation aborted")
+                });
+                self.fail(
+                    op.reply,
+                    CommError::PeerFailed {
+                        peer,
+                        reported_by: from,
+                    },
+                );
+            }
+            None => {
+                self.aborts.entry(k).or_insert((peer, from));
+            }
         }
     }
 
@@ -1353,31 +1444,44 @@ mod tests {
         }
     }
 
-    /// Which shape a post takes and which rank a stalled operation blames.
+    /// Rank 2 left cleanly after operation 1 (it failed it because rank 3 crashed) and was
+    /// heard of first: operation 1 is doomed by rank 3, not kept waiting, and later ones name
+    /// the crash too.
     #[test]
-    fn trees_blame_the_parent_of_the_first_missing_block() {
-        // P = 6, rank 5: block 0's parent is 4 (5 - 1 from root 0, lowest bit 1), block 1's
-        // is 1 (relative 4, less its lowest set bit, from root 1).
-        let mut left = vec![0u64; 6];
-        left[1] = 10;
-        left[0] = 3;
-        let t = Shape::Trees {
-            displs: vec![0; 6],
-            sizes: vec![10; 6],
-            left: left.clone(),
-        };
+    fn a_crash_dooms_before_a_clean_departure() {
+        let lost = [(2, Some(2)), (3, None)];
+        assert_eq!(doomed_by(&lost, 1), Some(3));
+        assert_eq!(doomed_by(&lost, 7), Some(3));
         assert_eq!(
-            t.waits_on(5, 6),
-            tree_parent(5, 0, 6).expect("not the root")
+            doomed_by(&lost[..1], 1),
+            None,
+            "rank 2 finished operation 1"
         );
-        assert_eq!(t.waits_on(5, 6), 4);
-        left[0] = 0;
-        let t = Shape::Trees {
+        assert_eq!(doomed_by(&lost[..1], 2), Some(2));
+        assert_eq!(doomed_by(&[], 0), None);
+    }
+
+    /// Which rank a stalled operation blames, and how long it waits before it does.
+    #[test]
+    fn trees_blame_the_parent_of_the_missing_block_nearest_its_owner() {
+        // P = 6, rank 5: block 0 comes from 4 (relative 5, less its lowest bit), two hops
+        // from its owner; block 1 straight from its owner (relative 4).
+        let trees = |left: Vec<u64>| Shape::Trees {
             displs: vec![0; 6],
             sizes: vec![10; 6],
             left,
         };
-        assert_eq!(t.waits_on(5, 6), 1);
+        assert_eq!(tree_parent(5, 0, 6), Some(4));
+        assert_eq!(tree_parent(5, 1, 6), Some(1));
+        assert_eq!(trees(vec![3, 10, 0, 0, 0, 0]).waits_on(5, 6), (1, 1));
+        assert_eq!(trees(vec![3, 0, 0, 0, 0, 0]).waits_on(5, 6), (4, 2));
+        // A Broadcast's tree: rank 3 of 4 from root 0 hangs off rank 2, two hops down.
+        assert_eq!(Shape::Tree { root: 0 }.waits_on(3, 4), (2, 2));
+        assert_eq!(Shape::Chain { root: 0 }.waits_on(3, 4), (2, 1));
+        // Deeper waits give up later: half a peer timeout per hop.
+        let c = cfg(0, 2);
+        assert_eq!(c.timeout(1), Duration::from_secs(3));
+        assert_eq!(c.timeout(3), Duration::from_secs(6));
         let small = FallbackConfig {
             tcp_threshold: 100,
             ..cfg(0, 2)
