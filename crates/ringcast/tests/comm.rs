@@ -513,47 +513,30 @@ fn child(role: &str) -> Result<(), String> {
             say("OK");
             Ok(())
         }
-        "victim-small" => {
-            // A 4 KiB-per-rank Allgather over the TCP trees: every survivor needs the
-            // victim's block, most of them through another rank.
+        "victim" | "victim-small" => {
             let mut x = [0u8; 8];
             comm.broadcast(0, &mut x).map_err(e)?;
             let victim = n - 1;
-            let block = pattern(23, me, 4096);
-            if me == victim {
-                say("POSTED");
-                thread::sleep(Duration::from_secs(120));
-                return Err("not killed".into());
-            }
-            let req = comm
-                .iallgather(&block, vec![0u8; 4096 * n as usize])
-                .map_err(e)?;
-            say("POSTED");
-            match req.wait() {
-                Err(err) => {
-                    say(&format!("FAILED peer={:?} {err}", err.peer()));
-                    Ok(())
-                }
-                Ok(_) => Err("completed without the victim".into()),
-            }
-        }
-        "victim" => {
-            let mut x = [0u8; 8];
-            comm.broadcast(0, &mut x).map_err(e)?;
-            let victim = n - 1;
-            let len = 8 << 20;
-            let buf = if me == 0 {
-                pattern(22, 0, len)
-            } else {
-                vec![0; len]
-            };
             if me == victim {
                 // Stops short of the collective the others are in, and waits to be killed.
                 say("POSTED");
                 thread::sleep(Duration::from_secs(120));
                 return Err("not killed".into());
             }
-            let req = comm.ibroadcast(0, buf).map_err(e)?;
+            let req = if role == "victim" {
+                let len = 8 << 20;
+                let buf = if me == 0 {
+                    pattern(22, 0, len)
+                } else {
+                    vec![0; len]
+                };
+                comm.ibroadcast(0, buf)
+            } else {
+                // A 4 KiB-per-rank Allgather over the TCP trees: every survivor needs the
+                // victim's block, most of them through another rank.
+                comm.iallgather(&pattern(23, me, 4096), vec![0u8; 4096 * n as usize])
+            }
+            .map_err(e)?;
             say("POSTED");
             match req.wait() {
                 Err(err) => {
@@ -715,8 +698,31 @@ fn processes_bootstrap_from_env_and_run_collectives() {
 
 #[test]
 fn a_killed_process_fails_the_others_naming_it() {
+    killed_rank_is_named("victim");
+}
+
+#[test]
+fn a_hung_process_fails_the_others_naming_it() {
+    hung_rank_is_named("victim");
+}
+
+/// The same over the TCP trees of small operations: a killed rank's connections close.
+#[test]
+fn a_killed_process_fails_small_operations_naming_it() {
+    killed_rank_is_named("victim-small");
+}
+
+/// A hung rank over the TCP trees: its connections stay open, and a rank that gets its block
+/// through another rank must still name the hung one, not the rank in between.
+#[test]
+fn a_hung_process_fails_small_operations_naming_it() {
+    hung_rank_is_named("victim-small");
+}
+
+/// The last rank, killed while the others wait in `role`'s collective, is named by each.
+fn killed_rank_is_named(role: &str) {
     let deadline = Instant::now() + DEADLINE;
-    let (mut kids, rx) = spawn_children("victim", 10);
+    let (mut kids, rx) = spawn_children(role, 10);
     let all: Vec<u32> = (0..RANKS).collect();
     expect_lines(&rx, &all, deadline);
     let victim = RANKS - 1;
@@ -724,12 +730,12 @@ fn a_killed_process_fails_the_others_naming_it() {
     survivors_name(&mut kids, &rx, victim, true, deadline);
 }
 
-#[test]
-fn a_hung_process_fails_the_others_naming_it() {
+/// The last rank, stopped (SIGSTOP) while the others wait in `role`'s collective, is named by
+/// each. A short peer timeout: the hung rank keeps its connections open, so only the timeout
+/// can tell.
+fn hung_rank_is_named(role: &str) {
     let deadline = Instant::now() + DEADLINE;
-    // A short peer timeout: the hung rank keeps its connections open, so only the timeout
-    // can tell.
-    let (mut kids, rx) = spawn_children("victim", 2);
+    let (mut kids, rx) = spawn_children(role, 2);
     let all: Vec<u32> = (0..RANKS).collect();
     expect_lines(&rx, &all, deadline);
     let victim = RANKS - 1;
@@ -740,36 +746,6 @@ fn a_hung_process_fails_the_others_naming_it() {
         .expect("kill -STOP");
     assert!(stopped.success(), "kill -STOP {pid}");
     // `Children` kills it (SIGKILL works on a stopped process) when the test ends.
-    survivors_name(&mut kids, &rx, victim, false, deadline);
-}
-
-/// The same over the TCP trees of small operations: a killed rank's connections close.
-#[test]
-fn a_killed_process_fails_small_operations_naming_it() {
-    let deadline = Instant::now() + DEADLINE;
-    let (mut kids, rx) = spawn_children("victim-small", 10);
-    let all: Vec<u32> = (0..RANKS).collect();
-    expect_lines(&rx, &all, deadline);
-    let victim = RANKS - 1;
-    kids.0[victim as usize].kill().expect("SIGKILL");
-    survivors_name(&mut kids, &rx, victim, true, deadline);
-}
-
-/// A hung rank over the TCP trees: its connections stay open, and a rank that gets its block
-/// through another rank must still name the hung one, not the rank in between.
-#[test]
-fn a_hung_process_fails_small_operations_naming_it() {
-    let deadline = Instant::now() + DEADLINE;
-    let (mut kids, rx) = spawn_children("victim-small", 2);
-    let all: Vec<u32> = (0..RANKS).collect();
-    expect_lines(&rx, &all, deadline);
-    let victim = RANKS - 1;
-    let pid = kids.0[victim as usize].id().to_string();
-    let stopped = Command::new("kill")
-        .args(["-STOP", &pid])
-        .status()
-        .expect("kill -STOP");
-    assert!(stopped.success(), "kill -STOP {pid}");
     survivors_name(&mut kids, &rx, victim, false, deadline);
 }
 

@@ -287,36 +287,34 @@ fn with_fallback_the_collectives_run_over_tcp_and_say_so() {
     );
 }
 
+/// No start-up check: multicast to and from rank 3 silently fails, the ring recovery fetches
+/// everything, the loss window trips and the ranks agree on a switch point.
+fn switching_on_loss(r: u32, b: CommBuilder, port: u16) -> CommBuilder {
+    rank3_elsewhere(r, b, port)
+        .startup_check(Duration::ZERO)
+        .fallback(Fallback::Tcp)
+        .fallback_loss_threshold(0.1)
+}
+
 #[test]
 fn loss_during_the_run_switches_every_rank_at_the_same_operation() {
-    // No start-up check: multicast to and from rank 3 silently fails, the ring recovery
-    // fetches everything, the loss window trips and the ranks agree on a switch point.
-    let got = world(
-        5,
-        |r, b, port| {
-            rank3_elsewhere(r, b, port)
-                .startup_check(Duration::ZERO)
-                .fallback(Fallback::Tcp)
-                .fallback_loss_threshold(0.1)
-        },
-        |_, comm| {
-            let comm = comm.map_err(|e| format!("build: {e}"))?;
-            let mut ops = Vec::new();
-            for i in 0..12u32 {
-                let root = i % RANKS;
-                let len = 256 << 10;
-                let what = format!("broadcast {i}");
-                ops.push(broadcast_checked(
-                    &comm,
-                    &what,
-                    500 + u64::from(i),
-                    root,
-                    len,
-                )?);
-            }
-            Ok((comm.transport_mode(), ops))
-        },
-    );
+    let got = world(5, switching_on_loss, |_, comm| {
+        let comm = comm.map_err(|e| format!("build: {e}"))?;
+        let mut ops = Vec::new();
+        for i in 0..12u32 {
+            let root = i % RANKS;
+            let len = 256 << 10;
+            let what = format!("broadcast {i}");
+            ops.push(broadcast_checked(
+                &comm,
+                &what,
+                500 + u64::from(i),
+                root,
+                len,
+            )?);
+        }
+        Ok((comm.transport_mode(), ops))
+    });
     let mode = got[0].0;
     let TransportMode::Tcp {
         from_op,
@@ -343,13 +341,7 @@ fn loss_during_the_run_switches_every_rank_at_the_same_operation() {
 fn a_switch_on_loss_keeps_small_operations_on_tcp() {
     let got = world(
         8,
-        |r, b, port| {
-            rank3_elsewhere(r, b, port)
-                .startup_check(Duration::ZERO)
-                .fallback(Fallback::Tcp)
-                .fallback_loss_threshold(0.1)
-                .tcp_threshold(4096)
-        },
+        |r, b, port| switching_on_loss(r, b, port).tcp_threshold(4096),
         |_, comm| {
             let comm = comm.map_err(|e| format!("build: {e}"))?;
             let me = comm.rank();

@@ -398,14 +398,12 @@ impl CommBuilder {
                 why: format!("rank {rank} is not below the world size {size}"),
             });
         }
+        // With fallback = tcp or small operations over TCP, a second TCP mesh.
+        let tcp_fallback = self.fallback == Fallback::Tcp && size > 1;
+        let tcp_mesh = tcp_fallback || (self.tcp_threshold > 0 && size > 1);
         // Every mesh holds a connection to every peer: make sure this process may open them
         // before meeting anyone (the soft limit is raised as far as the hard one allows).
-        let meshes = if size > 1 && (self.fallback == Fallback::Tcp || self.tcp_threshold > 0) {
-            2
-        } else {
-            1
-        };
-        ensure_files(size, meshes, self.lanes)?;
+        ensure_files(size, 1 + u32::from(tcp_mesh), self.lanes)?;
         let peers = self.peers.ok_or(BuildError::Missing(
             "peers",
             "call CommBuilder::peer_table or CommBuilder::rendezvous, or set RINGCAST_BOOTSTRAP",
@@ -455,10 +453,8 @@ impl CommBuilder {
             }
         };
         let chunk = self.chunk_size.unwrap_or_else(|| default_chunk(iface));
-        // With fallback = tcp or small operations over TCP, a second listener for the TCP
-        // mesh, on the control address; its address travels in the start-up reports.
-        let tcp_fallback = self.fallback == Fallback::Tcp && size > 1;
-        let tcp_mesh = tcp_fallback || (self.tcp_threshold > 0 && size > 1);
+        // The second mesh's listener, on the control address; its address travels in the
+        // start-up reports.
         let fb_listener = if tcp_mesh {
             let ip = match control[rank as usize].ip() {
                 IpAddr::V4(a) if !a.is_unspecified() => a,

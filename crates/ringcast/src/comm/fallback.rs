@@ -1243,6 +1243,22 @@ mod tests {
         reason: FallbackReason::StartupCheck,
     };
 
+    /// `p` dispatchers over one mesh, every operation over TCP in pieces of `piece` bytes.
+    fn dispatchers(p: u32, piece: usize) -> Vec<Handle> {
+        mesh(p as usize)
+            .into_iter()
+            .enumerate()
+            .map(|(me, m)| {
+                let c = FallbackConfig {
+                    rank: me as u32,
+                    piece,
+                    ..cfg(0, p)
+                };
+                start(c, m, None, FROM_START).expect("start")
+            })
+            .collect()
+    }
+
     /// Rank 1's start-up check took rank 0's first piece off the mesh (rank 0 finished its
     /// check first and broadcast at once): put back on the mesh, it completes the operation
     /// with the piece that comes over the mesh after it. Dropped (as it once was), rank 1
@@ -1396,18 +1412,7 @@ mod tests {
             [64, 64, 64, 64, 64, 64],
             [10, 4097 * 2 + 3, 0, 1, 4096, 9000],
         ];
-        let handles: Vec<_> = mesh(P as usize)
-            .into_iter()
-            .enumerate()
-            .map(|(me, m)| {
-                let c = FallbackConfig {
-                    rank: me as u32,
-                    piece: 4096,
-                    ..cfg(0, P)
-                };
-                start(c, m, None, FROM_START).expect("start")
-            })
-            .collect();
+        let handles = dispatchers(P, 4096);
         let mut reqs = Vec::new();
         for (me, h) in handles.iter().enumerate() {
             let me = me as u32;
@@ -1500,20 +1505,8 @@ mod tests {
                 .map(|i| (i as u32).wrapping_mul(31).wrapping_add(root * 17) as u8)
                 .collect()
         };
-        let mut small = cfg(0, P);
-        small.piece = 4096;
         let lens: Vec<usize> = (0..P).map(|r| 1000 + 500 * r as usize).collect();
-        let handles: Vec<_> = mesh(P as usize)
-            .into_iter()
-            .enumerate()
-            .map(|(me, m)| {
-                let c = FallbackConfig {
-                    rank: me as u32,
-                    ..small
-                };
-                start(c, m, None, FROM_START).expect("start")
-            })
-            .collect();
+        let handles = dispatchers(P, 4096);
         let mut reqs = Vec::new();
         for (me, h) in handles.iter().enumerate() {
             let me = me as u32;

@@ -283,8 +283,8 @@ pub(crate) struct NetArgs {
     /// How long a rank waits on a silent peer before failing the operation.
     #[arg(long, value_parser = units::duration)]
     pub(crate) peer_timeout: Option<Duration>,
-    /// Operations of at most this many bytes (a Broadcast's buffer, an Allgather's every
-    /// block) run over TCP instead of multicast; 0 sends all to multicast. Default: the
+    /// Operations of at most this many bytes (a Broadcast's buffer, an Allgather's blocks
+    /// summed) run over TCP instead of multicast; 0 sends all to multicast. Default: the
     /// library's (64 KiB, or RINGCAST_TCP_THRESHOLD) for `bench`, 0 for `demo`.
     #[arg(long, value_parser = units::size)]
     pub(crate) tcp_threshold: Option<u64>,
