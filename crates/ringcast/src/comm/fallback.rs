@@ -663,6 +663,8 @@ impl Dispatcher {
 
     fn post(&mut self, k: u64, p: Post) {
         if let Some(peer) = self.dooms(k) {
+            // Ended before it started: pieces peers sent for it are dropped, not kept.
+            self.ended(k);
             self.fail(p.reply, CommError::PeerLost { peer });
             return;
         }
