@@ -1451,6 +1451,79 @@ mod tests {
         }
     }
 
+    /// Every job size from 2 to 9 ranks: Allgathervs of seeded random blocks (zeros, one
+    /// byte, whole pieces, several pieces: trees and rings) and a Broadcast from every root
+    /// (trees and chains), all in flight at once, byte for byte on every rank.
+    #[test]
+    fn every_size_up_to_nine_ranks_delivers_every_byte() {
+        const PIECE_T: usize = 1024;
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let bytes = |salt: u64, len: usize| -> Vec<u8> {
+            (0..len as u64)
+                .map(|i| (i.wrapping_mul(0x9e37_79b9) ^ salt.wrapping_mul(31)) as u8)
+                .collect()
+        };
+        for p in 2..=9u32 {
+            let handles = dispatchers(p, PIECE_T);
+            // Three Allgathervs: blocks within one piece (trees), then any size (rings).
+            let gathers: Vec<Vec<usize>> = (0..3)
+                .map(|g| {
+                    (0..p)
+                        .map(|_| match next() % 5 {
+                            0 => 0,
+                            1 => 1,
+                            2 => PIECE_T,
+                            _ if g == 0 => (next() % PIECE_T as u64) as usize,
+                            _ => (next() % (3 * PIECE_T as u64)) as usize,
+                        })
+                        .collect()
+                })
+                .collect();
+            let bcast_len: Vec<usize> = (0..p)
+                .map(|r| if r % 2 == 0 { 700 } else { 2 * PIECE_T + 5 })
+                .collect();
+            let mut reqs = Vec::new();
+            for (me, h) in handles.iter().enumerate() {
+                for (g, sizes) in gathers.iter().enumerate() {
+                    let total: usize = sizes.iter().sum();
+                    let at: usize = sizes[..me].iter().sum();
+                    let mut buf = vec![0u8; total];
+                    let own = bytes((g * 100 + me) as u64, sizes[me]);
+                    buf[at..at + own.len()].copy_from_slice(&own);
+                    let kind = Kind::Allgather {
+                        sizes: sizes.iter().map(|&s| s as u64).collect(),
+                    };
+                    let want: Vec<u8> = (0..p as usize)
+                        .flat_map(|r| bytes((g * 100 + r) as u64, sizes[r]))
+                        .collect();
+                    let req = h.post::<u8>(kind, buf, None, tracing::Span::none());
+                    reqs.push((format!("P={p} rank {me} allgatherv {sizes:?}"), req, want));
+                }
+                for root in 0..p {
+                    let want = bytes(1000 + u64::from(root), bcast_len[root as usize]);
+                    let buf = if me as u32 == root {
+                        want.clone()
+                    } else {
+                        vec![0; want.len()]
+                    };
+                    let req =
+                        h.post::<u8>(Kind::Broadcast { root }, buf, None, tracing::Span::none());
+                    reqs.push((format!("P={p} rank {me} broadcast from {root}"), req, want));
+                }
+            }
+            for (what, req, want) in reqs {
+                let got = req.expect("post").wait().expect(&what);
+                assert!(got == want, "{what}: other bytes");
+            }
+        }
+    }
+
     /// Rank 2 left cleanly after operation 1 (it failed it because rank 3 crashed) and was
     /// heard of first: operation 1 is doomed by rank 3, not kept waiting, and later ones name
     /// the crash too.
