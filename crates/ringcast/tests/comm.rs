@@ -239,7 +239,7 @@ fn several_in_flight_complete_out_of_order() {
 /// zero blocks after a larger Allgather.
 #[test]
 fn blocking_calls_reuse_buffers_and_deliver_every_byte() {
-    world(4, |comm| {
+    world(5, |comm| {
         let me = comm.rank();
         for (i, len) in [300_000usize, 300_000, 300_000, 70_000, 1 << 20]
             .into_iter()
@@ -280,7 +280,7 @@ fn blocking_calls_reuse_buffers_and_deliver_every_byte() {
 #[test]
 fn small_operations_run_over_tcp_beside_multicast() {
     const T: u64 = 64 << 10;
-    world_with(3, false, T, |comm| {
+    world_with(6, false, T, |comm| {
         let me = comm.rank();
         let small_b = pattern(30, 1, 4096);
         let edge_b = pattern(31, 3, T as usize);
@@ -406,6 +406,32 @@ fn dropping_with_requests_in_flight_returns_promptly() {
         for r in reqs {
             match r.wait() {
                 // Another rank that saw a leaver first may tell us through `Abort`.
+                Ok(_)
+                | Err(CommError::Cancelled)
+                | Err(CommError::PeerLost { .. })
+                | Err(CommError::PeerFailed { .. }) => {}
+                Err(other) => return Err(format!("unexpected: {other}")),
+            }
+        }
+        Ok(())
+    });
+}
+
+/// The same with small operations over TCP in flight beside multicast ones: dropping the
+/// communicator cancels both kinds, and the engine and the dispatcher both stop.
+#[test]
+fn dropping_with_small_operations_in_flight_returns_promptly() {
+    world_with(7, false, 64 << 10, |comm| {
+        let me = comm.rank();
+        let mut reqs = Vec::new();
+        for k in 0..6u32 {
+            let len = if k % 2 == 0 { 4096 } else { 1 << 20 };
+            reqs.push(comm.ibroadcast(k % RANKS, vec![me as u8; len]).map_err(e)?);
+        }
+        std::mem::forget(comm.ibroadcast(2, vec![0u8; 1000]).map_err(e)?);
+        drop(comm);
+        for r in reqs {
+            match r.wait() {
                 Ok(_)
                 | Err(CommError::Cancelled)
                 | Err(CommError::PeerLost { .. })
