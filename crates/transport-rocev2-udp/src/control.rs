@@ -12,8 +12,8 @@
 //! Every frame is `[u32 length, big-endian][u8 kind][body]`, `length` covering kind and body
 //! and bounded by [`ControlConfig::max_frame`] (a longer one is a protocol error, read no
 //! further). Kinds: hello, control message (its bytes), read request `{id, op, offset, len}`,
-//! read response `{id, bytes}`, read refusal `{id}`, goodbye `{mark}`. Every field is checked; a malformed frame
-//! closes the connection. Nothing on network data is unwrapped.
+//! read response `{id, bytes}`, read refusal `{id}`, goodbye `{mark}` or `{mark, blamed}`.
+//! Every field is checked; a malformed frame closes the connection. Nothing on network data is unwrapped.
 //!
 //! ## Threads
 //! One **I/O thread** per rank, whatever the number of peers (`rc-ctl-io{rank}`): it waits on
@@ -298,7 +298,7 @@ enum Inbound {
     ReadData(u64, Vec<u8>),
     Refused(u64),
     Lost(Rank),
-    Bye(Rank, u64),
+    Bye(Rank, u64, Option<Rank>),
 }
 
 /// What the owner and the I/O thread share of one connection: the socket (non-blocking) and
@@ -409,7 +409,8 @@ pub struct TcpControl {
     local: VecDeque<Vec<u8>>,
     lost: Vec<Rank>,
     new_lost: VecDeque<PeerLost>,
-    departed: Vec<(Rank, u64)>,
+    /// Peers that said goodbye: the mark, and the rank they blamed for leaving, if any.
+    departed: Vec<(Rank, u64, Option<Rank>)>,
     waker: Arc<OnceLock<Thread>>,
     /// Who does the I/O: the I/O thread, or the owner's calls.
     io: IoMode,
@@ -794,8 +795,18 @@ impl TcpControl {
     pub fn departed(&self, peer: Rank) -> Option<u64> {
         self.departed
             .iter()
-            .find(|(p, _)| *p == peer)
-            .map(|&(_, m)| m)
+            .find(|(p, ..)| *p == peer)
+            .map(|&(_, m, _)| m)
+    }
+
+    /// The rank `peer` blamed in its goodbye ([`close_blaming`](Self::close_blaming)): it left
+    /// because that rank failed an operation it was in. Operations `peer`'s departure dooms
+    /// are that rank's failure, not `peer`'s.
+    pub fn departed_blaming(&self, peer: Rank) -> Option<Rank> {
+        self.departed
+            .iter()
+            .find(|(p, ..)| *p == peer)
+            .and_then(|&(.., b)| b)
     }
 
     /// Puts control messages taken off the mesh back in front of everything still queued, in
@@ -818,8 +829,18 @@ impl TcpControl {
     /// does not read for `linger` is cut off), then closes every connection and joins the
     /// I/O thread. Dropping a `TcpControl` without it closes at once and may lose queued frames.
     pub fn close(self, mark: u64, linger: Duration) {
-        let mut bye = frame(KIND_BYE, 8);
+        self.close_blaming(mark, None, linger);
+    }
+
+    /// [`close`](Self::close), naming in the goodbye the rank whose failure this one leaves
+    /// over (see [`departed_blaming`](Self::departed_blaming)): a peer that hears of this
+    /// departure before the failure itself then blames the right rank.
+    pub fn close_blaming(self, mark: u64, blamed: Option<Rank>, linger: Duration) {
+        let mut bye = frame(KIND_BYE, if blamed.is_some() { 12 } else { 8 });
         bye.extend_from_slice(&mark.to_be_bytes());
+        if let Some(b) = blamed {
+            bye.extend_from_slice(&b.0.to_be_bytes());
+        }
         let live: Vec<&Arc<Link>> = self
             .peers
             .iter()
@@ -896,9 +917,9 @@ impl TcpControl {
                 None => bump(&self.stats.stray_responses),
             },
             Inbound::Lost(r) => self.mark_lost(r),
-            Inbound::Bye(r, mark) => {
-                if !self.departed.iter().any(|(p, _)| *p == r) {
-                    self.departed.push((r, mark));
+            Inbound::Bye(r, mark, blamed) => {
+                if !self.departed.iter().any(|(p, ..)| *p == r) {
+                    self.departed.push((r, mark, blamed));
                 }
             }
         }
@@ -1252,9 +1273,14 @@ impl Served<'_> {
                 }
                 None => false,
             },
-            KIND_BYE => match u64_at(body, 0) {
-                Some(mark) if body.len() == 8 => {
-                    let _ = self.owner.send(Inbound::Bye(self.peer, mark));
+            KIND_BYE => match (u64_at(body, 0), body.len()) {
+                (Some(mark), 8) => {
+                    let _ = self.owner.send(Inbound::Bye(self.peer, mark, None));
+                    true
+                }
+                (Some(mark), 12) => {
+                    let blamed = u32_at(body, 8).map(Rank);
+                    let _ = self.owner.send(Inbound::Bye(self.peer, mark, blamed));
                     true
                 }
                 _ => false,
@@ -1608,6 +1634,24 @@ mod tests {
             assert_eq!(lost, PeerLost(Rank(2)));
             assert_eq!(c.departed(Rank(2)), Some(7));
             assert_eq!(c.departed(Rank(0)), None);
+            assert_eq!(c.departed_blaming(Rank(2)), None);
+        }
+    }
+
+    /// A goodbye that names the rank it leaves over: every peer learns the mark and the name.
+    #[test]
+    fn a_goodbye_names_the_rank_it_blames() {
+        let mut m = mesh(3, 82);
+        let leaving = m.pop().expect("rank 2");
+        leaving.close_blaming(9, Some(Rank(1)), Duration::from_secs(2));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for c in m.iter_mut() {
+            while c.take_lost().is_none() {
+                assert!(Instant::now() < deadline, "loss not seen");
+                thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(c.departed(Rank(2)), Some(9));
+            assert_eq!(c.departed_blaming(Rank(2)), Some(Rank(1)));
         }
     }
 

@@ -161,11 +161,12 @@ struct Live {
 }
 
 /// A lost rank, and the goodbye mark it sent (the first operation it did not finish), when it
-/// left cleanly.
+/// left cleanly, with the rank it left over (whose failure it was in), if it named one.
 #[derive(Clone, Copy, Debug)]
 struct Lost {
     rank: u32,
     mark: Option<u64>,
+    blamed: Option<u32>,
 }
 
 impl Lost {
@@ -554,7 +555,7 @@ impl Engine {
             _ => return,
         };
         if let Err(error) = verdict {
-            self.culprit = self.culprit.or(CommError::from(error).peer());
+            self.culprit = self.culprit.or(self.blame(error).peer());
         }
         let Some(i) = self.live.iter().position(|l| l.op == op) else {
             return;
@@ -578,9 +579,28 @@ impl Engine {
                 live.span
                     .in_scope(|| tracing::warn!(op = op.0, %error, "operation failed"));
                 self.failed += 1;
-                let _ = reply.send(Err(error.into()));
+                let error = self.blame(error);
+                let _ = reply.send(Err(error));
             }
         }
+    }
+
+    /// What a failure tells the application: a loss of a rank that left over another rank's
+    /// failure names that rank, as reported by the one that left.
+    fn blame(&self, e: OpError) -> CommError {
+        if let OpError::PeerLost { peer } = e
+            && let Some(b) = self
+                .lost
+                .iter()
+                .find(|l| l.rank == peer.0)
+                .and_then(|l| l.blamed)
+        {
+            return CommError::PeerFailed {
+                peer: b,
+                reported_by: peer.0,
+            };
+        }
+        e.into()
     }
 
     /// Whether report `r` goes to the roots (in flight, and at an operation's end): when the
@@ -612,9 +632,18 @@ impl Engine {
     /// through the session, which also tells the other ranks (`Abort` naming it).
     fn peer_lost(&mut self, now: ringcast_core::Instant, rank: u32) {
         let mark = self.control.inner.departed(Rank(rank));
-        let lost = Lost { rank, mark };
-        tracing::warn!(rank, ?mark, "peer lost");
+        let blamed = self
+            .control
+            .inner
+            .departed_blaming(Rank(rank))
+            .map(|b| b.0)
+            .filter(|&b| b != self.rank());
+        let lost = Lost { rank, mark, blamed };
+        tracing::warn!(rank, ?mark, ?blamed, "peer lost");
         self.lost.push(lost);
+        // It left over another rank's failure, which this rank may not have heard of yet
+        // (it travels over another connection): that rank is the one to blame.
+        self.culprit = self.culprit.or(blamed);
         self.session
             .handle_peer_lost(now, Rank(rank), OpId(mark.unwrap_or(0)));
         for p in self.queued.drain(..) {
@@ -739,6 +768,14 @@ impl Engine {
         // The first operation this rank did not finish: the peers fail it and later ones at
         // once, and let earlier ones finish without us.
         let mut mark = self.next_op;
+        // Leaving with failed operations still here: the peers may hear of this departure
+        // before the failure itself, so the goodbye names the rank it blamed.
+        let blamed = self
+            .live
+            .iter()
+            .any(|l| matches!(l.verdict, Some(Err(_))))
+            .then_some(self.culprit)
+            .flatten();
         for l in &mut self.live {
             if l.verdict != Some(Ok(())) {
                 mark = mark.min(l.op.0);
@@ -767,7 +804,7 @@ impl Engine {
                 tracing::error!(rank, "a lane worker panicked");
             }
         }
-        control.inner.close(mark, LINGER);
+        control.inner.close_blaming(mark, blamed.map(Rank), LINGER);
         // Nothing touches the buffers any more: every thread that could is joined.
         drop(live);
     }
