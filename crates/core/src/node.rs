@@ -97,6 +97,11 @@ impl Node {
         r
     }
 
+    /// See [`Session::skip_op`].
+    pub fn skip_op(&mut self) -> OpId {
+        self.session.skip_op()
+    }
+
     /// See [`Session::start_allgather`].
     pub fn start_allgather(&mut self, now: Instant, sizes: &[u64]) -> Result<OpId, StartError> {
         let r = self.session.start_allgather(now, sizes);

@@ -133,6 +133,19 @@ impl Session {
         self.start(now, |cx, id| Collective::allgather(cx, id, sizes))
     }
 
+    /// Takes the next operation id without running anything here: the operation runs over
+    /// another path (ringcast sends short ones over TCP). Every rank must skip the same ids,
+    /// in the same order relative to the collectives it starts, so that ids keep naming the
+    /// same operation everywhere; a rank that started the operation instead waits for ranks
+    /// that skipped it and fails it at its deadline, never mistaking it for the next one.
+    /// Messages for a skipped id are stale.
+    pub fn skip_op(&mut self) -> OpId {
+        let id = OpId(self.next_seq);
+        self.next_seq += 1;
+        self.early.retain(|e| e.seq != id.0);
+        id
+    }
+
     fn start(
         &mut self,
         now: Instant,

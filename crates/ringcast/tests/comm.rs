@@ -15,6 +15,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use ringcast::comm::CommBuilder;
 use ringcast::{CommError, Communicator};
 
 mod common;
@@ -30,15 +31,14 @@ fn world<R: Send + 'static>(
     salt: u64,
     f: impl Fn(Communicator) -> Result<R, String> + Send + Sync + Clone + 'static,
 ) -> Vec<R> {
-    world_with(salt, false, 0, f)
+    world_with(salt, |b| b.tcp_threshold(0), f)
 }
 
-/// [`world`], every rank checking each datagram's ICRC when `icrc`, and running operations of
-/// at most `tcp_threshold` bytes over TCP.
+/// [`world`], with `tweak` applied to every rank's builder last (the TCP threshold, the ICRC
+/// check, the peer timeout).
 fn world_with<R: Send + 'static>(
     salt: u64,
-    icrc: bool,
-    tcp_threshold: u64,
+    tweak: impl Fn(CommBuilder) -> CommBuilder + Send + Sync + Clone + 'static,
     f: impl Fn(Communicator) -> Result<R, String> + Send + Sync + Clone + 'static,
 ) -> Vec<R> {
     let nonce = nonce(salt);
@@ -52,11 +52,11 @@ fn world_with<R: Send + 'static>(
         .collect();
     let (tx, rx) = mpsc::channel();
     for (r, l) in listeners.into_iter().enumerate() {
-        let (table, tx, f) = (table.clone(), tx.clone(), f.clone());
+        let (table, tx, f, tweak) = (table.clone(), tx.clone(), f.clone(), tweak.clone());
         thread::Builder::new()
             .name(format!("test-rank{r}"))
             .spawn(move || {
-                let comm = Communicator::builder()
+                let b = Communicator::builder()
                     .rank(r as u32)
                     .world_size(RANKS)
                     .peer_table(table, nonce)
@@ -66,9 +66,8 @@ fn world_with<R: Send + 'static>(
                     .lanes(2)
                     .peer_timeout(Duration::from_secs(10))
                     .link_bandwidth(100_000_000)
-                    .cutoff_alpha(Duration::from_millis(20))
-                    .verify_icrc(icrc)
-                    .tcp_threshold(tcp_threshold)
+                    .cutoff_alpha(Duration::from_millis(20));
+                let comm = tweak(b)
                     .build()
                     .map_err(|e| format!("rank {r}: build: {e}"));
                 let _ = tx.send((r, comm.and_then(&f)));
@@ -156,20 +155,24 @@ fn broadcast_allgather_allgatherv_byte_for_byte() {
 
 #[test]
 fn with_the_icrc_checked_every_datagram_passes_it() {
-    world_with(11, true, 0, |comm| {
-        let me = comm.rank();
-        broadcast_checked(&comm, "broadcast", 11, 2, (1 << 20) + 7)?;
-        let s = comm.stats().map_err(e)?;
-        if s.rx.bad_icrc != 0 || (me != 2 && s.rx.accepted == 0) {
-            return Err(format!("ICRC counters: {:?}", s.rx));
-        }
-        // The root gathered every datagram from the buffer (GSO on loopback), so the ICRCs
-        // just checked are those of datagrams sent in place.
-        if me == 2 && (s.tx.datagrams == 0 || s.tx.in_place != s.tx.datagrams) {
-            return Err(format!("sent in place: {:?}", s.tx));
-        }
-        Ok(())
-    });
+    world_with(
+        11,
+        |b| b.verify_icrc(true).tcp_threshold(0),
+        |comm| {
+            let me = comm.rank();
+            broadcast_checked(&comm, "broadcast", 11, 2, (1 << 20) + 7)?;
+            let s = comm.stats().map_err(e)?;
+            if s.rx.bad_icrc != 0 || (me != 2 && s.rx.accepted == 0) {
+                return Err(format!("ICRC counters: {:?}", s.rx));
+            }
+            // The root gathered every datagram from the buffer (GSO on loopback), so the ICRCs
+            // just checked are those of datagrams sent in place.
+            if me == 2 && (s.tx.datagrams == 0 || s.tx.in_place != s.tx.datagrams) {
+                return Err(format!("sent in place: {:?}", s.tx));
+            }
+            Ok(())
+        },
+    );
 }
 
 #[test]
@@ -280,67 +283,71 @@ fn blocking_calls_reuse_buffers_and_deliver_every_byte() {
 #[test]
 fn small_operations_run_over_tcp_beside_multicast() {
     const T: u64 = 64 << 10;
-    world_with(6, false, T, |comm| {
-        let me = comm.rank();
-        let small_b = pattern(30, 1, 4096);
-        let edge_b = pattern(31, 3, T as usize);
-        let big_b = pattern(32, 2, (1 << 20) + 7);
-        let counts = [100usize, 0, 3000, 1];
-        let vblocks: Vec<Vec<u8>> = (0..RANKS)
-            .map(|r| pattern(33, r, counts[r as usize]))
-            .collect();
-        let blocks: Vec<Vec<u8>> = (0..RANKS).map(|r| pattern(34, r, 20_000)).collect();
-        let bcast = |root: u32, data: &Vec<u8>| {
-            let buf = if me == root {
-                data.clone()
-            } else {
-                vec![0; data.len()]
+    world_with(
+        6,
+        |b| b.tcp_threshold(T),
+        |comm| {
+            let me = comm.rank();
+            let small_b = pattern(30, 1, 4096);
+            let edge_b = pattern(31, 3, T as usize);
+            let big_b = pattern(32, 2, (1 << 20) + 7);
+            let counts = [100usize, 0, 3000, 1];
+            let vblocks: Vec<Vec<u8>> = (0..RANKS)
+                .map(|r| pattern(33, r, counts[r as usize]))
+                .collect();
+            let blocks: Vec<Vec<u8>> = (0..RANKS).map(|r| pattern(34, r, 20_000)).collect();
+            let bcast = |root: u32, data: &Vec<u8>| {
+                let buf = if me == root {
+                    data.clone()
+                } else {
+                    vec![0; data.len()]
+                };
+                comm.ibroadcast(root, buf).map_err(e)
             };
-            comm.ibroadcast(root, buf).map_err(e)
-        };
-        // Small, large, small, large, small: posted together, waited in another order.
-        let r_small = bcast(1, &small_b)?;
-        let r_big = bcast(2, &big_b)?;
-        let r_v = comm
-            .iallgatherv(&vblocks[me as usize], vec![0; 3101], &counts)
-            .map_err(e)?;
-        let r_ag = comm
-            .iallgather(&blocks[me as usize], vec![0; 20_000 * RANKS as usize])
-            .map_err(e)?;
-        let r_edge = bcast(3, &edge_b)?;
-        let mut results = Vec::new();
-        for (name, req, want, tcp) in [
-            ("edge broadcast", r_edge, edge_b, true),
-            ("allgather 80 KB", r_ag, blocks.concat(), false),
-            ("allgatherv", r_v, vblocks.concat(), true),
-            ("large broadcast", r_big, big_b, false),
-            ("small broadcast", r_small, small_b, true),
-        ] {
-            let (got, st) = req.wait_with_stats().map_err(e)?;
-            check(name, &got, &want)?;
-            results.push((name, st, tcp));
-        }
-        for (name, st, tcp) in results {
-            let c = &st.counters;
-            let by_tcp = c.tcp_bytes_sent + c.tcp_bytes_received;
-            let by_mcast = c.chunks_sent + c.chunks_received + c.chunks_fetched;
-            let ok = if tcp {
-                by_mcast == 0 && by_tcp > 0
-            } else {
-                by_tcp == 0 && by_mcast > 0
-            };
-            if !ok {
-                return Err(format!(
-                    "{name}: want it over {}, counters {c:?}",
-                    if tcp { "TCP" } else { "multicast" }
-                ));
+            // Small, large, small, large, small: posted together, waited in another order.
+            let r_small = bcast(1, &small_b)?;
+            let r_big = bcast(2, &big_b)?;
+            let r_v = comm
+                .iallgatherv(&vblocks[me as usize], vec![0; 3101], &counts)
+                .map_err(e)?;
+            let r_ag = comm
+                .iallgather(&blocks[me as usize], vec![0; 20_000 * RANKS as usize])
+                .map_err(e)?;
+            let r_edge = bcast(3, &edge_b)?;
+            let mut results = Vec::new();
+            for (name, req, want, tcp) in [
+                ("edge broadcast", r_edge, edge_b, true),
+                ("allgather 80 KB", r_ag, blocks.concat(), false),
+                ("allgatherv", r_v, vblocks.concat(), true),
+                ("large broadcast", r_big, big_b, false),
+                ("small broadcast", r_small, small_b, true),
+            ] {
+                let (got, st) = req.wait_with_stats().map_err(e)?;
+                check(name, &got, &want)?;
+                results.push((name, st, tcp));
             }
-        }
-        if comm.transport_mode().is_tcp() {
-            return Err("small operations must not switch the communicator to TCP".into());
-        }
-        Ok(())
-    });
+            for (name, st, tcp) in results {
+                let c = &st.counters;
+                let by_tcp = c.tcp_bytes_sent + c.tcp_bytes_received;
+                let by_mcast = c.chunks_sent + c.chunks_received + c.chunks_fetched;
+                let ok = if tcp {
+                    by_mcast == 0 && by_tcp > 0
+                } else {
+                    by_tcp == 0 && by_mcast > 0
+                };
+                if !ok {
+                    return Err(format!(
+                        "{name}: want it over {}, counters {c:?}",
+                        if tcp { "TCP" } else { "multicast" }
+                    ));
+                }
+            }
+            if comm.transport_mode().is_tcp() {
+                return Err("small operations must not switch the communicator to TCP".into());
+            }
+            Ok(())
+        },
+    );
 }
 
 #[test]
@@ -417,30 +424,86 @@ fn dropping_with_requests_in_flight_returns_promptly() {
     });
 }
 
+/// An erroneous program: ranks 1 and 3 broadcast 70 000 bytes where ranks 0 and 2 broadcast
+/// 60 000, across the TCP threshold, so the ranks disagree on where the operation runs. No
+/// rank may end up with another operation's bytes: every result is the right one or an
+/// error, and the operations after it, on which the ranks agree, still line up (the ranks
+/// that ran it over TCP skipped its id in the multicast engine).
+#[test]
+fn ranks_disagreeing_on_a_length_get_errors_never_other_bytes() {
+    let got = world_with(
+        8,
+        |b| b.tcp_threshold(65_000).peer_timeout(Duration::from_secs(2)),
+        |comm| {
+            let me = comm.rank();
+            let lens = [60_000usize, 70_000, 60_000, 70_000];
+            let a = pattern(80, 0, lens[me as usize]);
+            let big = pattern(81, 0, 1 << 20);
+            let small = pattern(82, 0, 4096);
+            let post = |data: &Vec<u8>| {
+                let buf = if me == 0 {
+                    data.clone()
+                } else {
+                    vec![0; data.len()]
+                };
+                comm.ibroadcast(0, buf).map_err(e)
+            };
+            let reqs = [post(&a)?, post(&big)?, post(&small)?];
+            let mut verdicts = Vec::new();
+            for (name, req, want) in [("a", &a, ()), ("big", &big, ()), ("small", &small, ())]
+                .into_iter()
+                .zip(reqs)
+                .map(|((n, w, ()), r)| (n, r, w))
+            {
+                match req.wait() {
+                    Ok(v) if v == *want => verdicts.push(format!("{name} ok")),
+                    Ok(v) => {
+                        return Err(format!(
+                            "{name}: completed with other bytes than the root's ({} bytes)",
+                            v.len()
+                        ));
+                    }
+                    Err(err) => verdicts.push(format!("{name} failed: {err}")),
+                }
+            }
+            Ok(verdicts)
+        },
+    );
+    // The operations every rank agrees on complete everywhere.
+    for (r, v) in got.iter().enumerate() {
+        assert_eq!(v[1], "big ok", "rank {r}: {v:?}");
+        assert_eq!(v[2], "small ok", "rank {r}: {v:?}");
+    }
+}
+
 /// The same with small operations over TCP in flight beside multicast ones: dropping the
 /// communicator cancels both kinds, and the engine and the dispatcher both stop.
 #[test]
 fn dropping_with_small_operations_in_flight_returns_promptly() {
-    world_with(7, false, 64 << 10, |comm| {
-        let me = comm.rank();
-        let mut reqs = Vec::new();
-        for k in 0..6u32 {
-            let len = if k % 2 == 0 { 4096 } else { 1 << 20 };
-            reqs.push(comm.ibroadcast(k % RANKS, vec![me as u8; len]).map_err(e)?);
-        }
-        std::mem::forget(comm.ibroadcast(2, vec![0u8; 1000]).map_err(e)?);
-        drop(comm);
-        for r in reqs {
-            match r.wait() {
-                Ok(_)
-                | Err(CommError::Cancelled)
-                | Err(CommError::PeerLost { .. })
-                | Err(CommError::PeerFailed { .. }) => {}
-                Err(other) => return Err(format!("unexpected: {other}")),
+    world_with(
+        7,
+        |b| b.tcp_threshold(64 << 10),
+        |comm| {
+            let me = comm.rank();
+            let mut reqs = Vec::new();
+            for k in 0..6u32 {
+                let len = if k % 2 == 0 { 4096 } else { 1 << 20 };
+                reqs.push(comm.ibroadcast(k % RANKS, vec![me as u8; len]).map_err(e)?);
             }
-        }
-        Ok(())
-    });
+            std::mem::forget(comm.ibroadcast(2, vec![0u8; 1000]).map_err(e)?);
+            drop(comm);
+            for r in reqs {
+                match r.wait() {
+                    Ok(_)
+                    | Err(CommError::Cancelled)
+                    | Err(CommError::PeerLost { .. })
+                    | Err(CommError::PeerFailed { .. }) => {}
+                    Err(other) => return Err(format!("unexpected: {other}")),
+                }
+            }
+            Ok(())
+        },
+    );
 }
 
 #[test]

@@ -677,6 +677,7 @@ impl TcpControl {
             peers: io_peers,
             poll,
             failed: false,
+            woken: false,
             stop: Arc::clone(&stop),
             owner: to_owner,
             registry: registry.clone(),
@@ -736,7 +737,14 @@ impl TcpControl {
             return;
         }
         match &mut self.io {
-            IoMode::Inline(io, events) => io.turn(events, Some(timeout)),
+            IoMode::Inline(io, events) => {
+                // The drain's own look at the poll may have taken the waker's event: then the
+                // owner was woken already, and must not wait for another.
+                if !std::mem::take(&mut io.woken) {
+                    io.turn(events, Some(timeout));
+                }
+                io.woken = false;
+            }
             IoMode::Thread(_) => thread::park_timeout(timeout),
         }
     }
@@ -1065,6 +1073,8 @@ struct Io {
     poll: mio::Poll,
     /// The poll failed: every connection was ended.
     failed: bool,
+    /// A turn saw the waker's event since the owner last waited (inline I/O).
+    woken: bool,
     stop: Arc<AtomicBool>,
     owner: Owner,
     registry: Registry,
@@ -1111,6 +1121,7 @@ impl Io {
         for ev in events.iter() {
             let j = ev.token().0;
             if ev.token() == WAKE {
+                self.woken = true;
                 continue;
             }
             if ev.is_writable()

@@ -132,13 +132,35 @@ impl PostTx {
         self.engine.unpark();
         sent
     }
+
+    /// Sends `c` without waking the control thread (it sees it at its next turn, before any
+    /// later post, which wakes it), unless the queue is full.
+    pub(crate) fn send_quiet(&self, c: Command) -> Result<(), std::sync::mpsc::SendError<Command>> {
+        match self.tx.try_send(c) {
+            Ok(()) => Ok(()),
+            Err(std::sync::mpsc::TrySendError::Full(c)) => self.send(c),
+            Err(std::sync::mpsc::TrySendError::Disconnected(c)) => {
+                Err(std::sync::mpsc::SendError(c))
+            }
+        }
+    }
 }
 
 /// What the application thread sends the engine.
 #[derive(Debug)]
 pub(crate) enum Command {
     Post(Post),
+    /// The next operation runs over TCP (a small one): its id is skipped here, so that ids
+    /// name the same operation on every rank even where ranks disagree on a length.
+    Skip,
     Stats(SyncSender<CommStats>),
+}
+
+/// An operation waiting for room in the core, or an id to skip in its turn.
+#[derive(Debug)]
+enum Queued {
+    Post(Post),
+    Skip,
 }
 
 type EnginePorts = Ports<UdpRx, TrackedTx, TrackedControl>;
@@ -194,7 +216,7 @@ pub(crate) struct Engine {
     rates: Rates,
     /// When this rank last sent a rate report, and the socket drops it carried.
     reported: Option<(StdInstant, u64)>,
-    queued: VecDeque<Post>,
+    queued: VecDeque<Queued>,
     live: Vec<Live>,
     lost: Vec<Lost>,
     /// The rank the first failure blamed: what every later post's failure names. Losses
@@ -356,9 +378,10 @@ impl Engine {
                     self.failed += 1;
                     let _ = p.reply.send(Err(CommError::PeerLost { peer }));
                 } else {
-                    self.queued.push_back(p);
+                    self.queued.push_back(Queued::Post(p));
                 }
             }
+            Command::Skip => self.queued.push_back(Queued::Skip),
             Command::Stats(reply) => {
                 let _ = reply.send(self.stats());
             }
@@ -368,8 +391,13 @@ impl Engine {
     /// Starts posted operations, in order, while the core has room.
     fn start_queued(&mut self) {
         while self.session.inflight() < self.max_inflight {
-            let Some(p) = self.queued.pop_front() else {
-                return;
+            let p = match self.queued.pop_front() {
+                None => return,
+                Some(Queued::Skip) => {
+                    self.next_op = self.session.skip_op().0 + 1;
+                    continue;
+                }
+                Some(Queued::Post(p)) => p,
             };
             let now = self.clock.now();
             let len = p.buf.len() as u64;
@@ -646,11 +674,13 @@ impl Engine {
         self.culprit = self.culprit.or(blamed);
         self.session
             .handle_peer_lost(now, Rank(rank), OpId(mark.unwrap_or(0)));
-        for p in self.queued.drain(..) {
-            self.failed += 1;
-            let _ = p.reply.send(Err(CommError::PeerLost {
-                peer: self.culprit.unwrap_or(rank),
-            }));
+        for q in self.queued.drain(..) {
+            if let Queued::Post(p) = q {
+                self.failed += 1;
+                let _ = p.reply.send(Err(CommError::PeerLost {
+                    peer: self.culprit.unwrap_or(rank),
+                }));
+            }
         }
     }
 
@@ -758,12 +788,14 @@ impl Engine {
     fn shutdown(mut self) {
         while let Ok(c) = self.posts.try_recv() {
             if let Command::Post(p) = c {
-                self.queued.push_back(p);
+                self.queued.push_back(Queued::Post(p));
             }
         }
-        for p in self.queued.drain(..) {
-            self.cancelled += 1;
-            let _ = p.reply.send(Err(CommError::Cancelled));
+        for q in self.queued.drain(..) {
+            if let Queued::Post(p) = q {
+                self.cancelled += 1;
+                let _ = p.reply.send(Err(CommError::Cancelled));
+            }
         }
         // The first operation this rank did not finish: the peers fail it and later ones at
         // once, and let earlier ones finish without us.
