@@ -20,8 +20,8 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [options]
 
 commands:
-  ci                          fmt check, clippy, core dependency check, tests, no_std riscv build,
-                              fuzz smoke (10 s/target)
+  ci                          fmt check, clippy, docs (warnings denied), core dependency check,
+                              tests, no_std riscv build, fuzz smoke (10 s/target)
   test                        cargo test --workspace --features ringcast/cli
   core-deps                   check that ringcast-core depends on nothing but bitvec (no I/O, no runtime)
   long [--cases N]            long campaigns, not in `ci`: the core's property tests with N cases
@@ -247,6 +247,15 @@ fn ci(root: &Path) -> Result<(), StepError> {
         .concat(),
         minutes(40),
     )
+    .run()?;
+    // Every doc link resolves (the crate docs are the reference users read).
+    Step::new(
+        root,
+        &cargo,
+        &[&["doc", "--workspace", "--no-deps"], CLI].concat(),
+        minutes(20),
+    )
+    .env("RUSTDOCFLAGS", "-D warnings")
     .run()?;
     core_deps_check(root, &cargo)?;
     test(root)?;

@@ -58,7 +58,7 @@ pub enum Placement {
     Drop(DropReason),
 }
 
-/// Why a chunk was dropped. Each reason has a counter in [`Stats`](crate::Stats).
+/// Why a chunk was dropped. Each reason has a counter in [`Stats`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum DropReason {

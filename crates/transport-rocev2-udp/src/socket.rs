@@ -302,7 +302,7 @@ impl RxSocket {
         self.state.recv((&self.sock).into(), bufs, meta)
     }
 
-    /// A handle that ends [`wait_readable`](Self::wait_readable) from another thread.
+    /// A handle that ends `wait_readable` from another thread.
     pub fn waker(&self) -> RxWaker {
         self.waker.clone()
     }

@@ -61,7 +61,7 @@ impl RxStats {
 }
 
 /// One block's part on a lane, as the fast path places its chunks, and the watch point that
-/// sends the rare chunk to the cold path ([`LaneRx::watched`]).
+/// sends the rare chunk to the cold path (its `watched` table).
 ///
 /// A settle hands the chunks below a point to the session: `lo`, `base`, `count` and `full`
 /// move up together, so a chunk below `lo` fails the fast path's one range check and is
@@ -650,7 +650,7 @@ impl LaneRx {
     ///
     /// The fast path is the common chunk: of the operation whose chunk came last, full-size,
     /// before its block's watch point, and new. Every other chunk takes
-    /// [`handle_slow`](Self::handle_slow), which checks everything again from the start.
+    /// `handle_slow`, which checks everything again from the start.
     // Always inlined: the caller's loop then keeps the placement in registers instead of
     // passing a 24-byte enum through memory (a store-forwarding stall on every chunk).
     #[inline(always)]

@@ -4,8 +4,8 @@
 //! | thread | owns | does |
 //! |---|---|---|
 //! | control (`ringcast-r{rank}`) | the [`Session`], the TCP control path ([`TcpControl`](ringcast_transport_rocev2_udp::TcpControl)), the operations' buffers and requests, the [`RateController`](ringcast_transport_rocev2_udp::pace::RateController) | posts, control messages, reads, timers, lane commands, completions, rate reports |
-//! | lane `l` receive (`-rx{l}`) | lane `l`'s [`LaneRx`](ringcast_core::lane::LaneRx) and [`UdpRx`](ringcast_transport_rocev2_udp::UdpRx) | `recvmmsg` batches, `handle_chunk`, the copy into the buffer, `commit` |
-//! | lane `l` send (`-tx{l}`) | lane `l`'s [`LaneTx`](ringcast_core::lane::LaneTx), [`UdpTx`](ringcast_transport_rocev2_udp::UdpTx) and [`Pacer`] | the root's multicasts, one GSO batch per pacer release |
+//! | lane `l` receive (`-rx{l}`) | lane `l`'s [`LaneRx`] and [`UdpRx`] | `recvmmsg` batches, `handle_chunk`, the copy into the buffer, `commit` |
+//! | lane `l` send (`-tx{l}`) | lane `l`'s [`LaneTx`], [`UdpTx`] and [`Pacer`] | the root's multicasts, one GSO batch per pacer release |
 //!
 //! Buffers are shared through the transport's registry ([`OpBuffer`]: a mutex per buffer):
 //! the workers find an operation's buffer by its id, per batch, so a buffer that was released
