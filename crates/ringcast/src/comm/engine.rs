@@ -134,11 +134,15 @@ impl PostTx {
     }
 
     /// Sends `c` without waking the control thread (it sees it at its next turn, before any
-    /// later post, which wakes it), unless the queue is full.
+    /// later post, which wakes it), unless the queue is full: then the control thread, which
+    /// nothing may have woken for all those commands, is woken before this waits for room.
     pub(crate) fn send_quiet(&self, c: Command) -> Result<(), std::sync::mpsc::SendError<Command>> {
         match self.tx.try_send(c) {
             Ok(()) => Ok(()),
-            Err(std::sync::mpsc::TrySendError::Full(c)) => self.send(c),
+            Err(std::sync::mpsc::TrySendError::Full(c)) => {
+                self.engine.unpark();
+                self.send(c)
+            }
             Err(std::sync::mpsc::TrySendError::Disconnected(c)) => {
                 Err(std::sync::mpsc::SendError(c))
             }
