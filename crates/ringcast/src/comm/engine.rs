@@ -4,8 +4,8 @@
 //! | thread | owns | does |
 //! |---|---|---|
 //! | control (`ringcast-r{rank}`) | the [`Session`], the TCP control path ([`TcpControl`](ringcast_transport_rocev2_udp::TcpControl)), the operations' buffers and requests, the [`RateController`](ringcast_transport_rocev2_udp::pace::RateController) | posts, control messages, reads, timers, lane commands, completions, rate reports |
-//! | lane `l` receive (`-rx{l}`) | lane `l`'s [`LaneRx`] and [`UdpRx`] | `recvmmsg` batches, `handle_chunk`, the copy into the buffer, `commit` |
-//! | lane `l` send (`-tx{l}`) | lane `l`'s [`LaneTx`], [`UdpTx`] and [`Pacer`] | the root's multicasts, one GSO batch per pacer release |
+//! | lane `l` receive (`-rx{l}`) | lane `l`'s [`LaneRx`](ringcast_core::lane::LaneRx) and [`UdpRx`](ringcast_transport_rocev2_udp::UdpRx) | `recvmmsg` batches, `handle_chunk`, the copy into the buffer, `commit` |
+//! | lane `l` send (`-tx{l}`) | lane `l`'s [`LaneTx`](ringcast_core::lane::LaneTx), [`UdpTx`](ringcast_transport_rocev2_udp::UdpTx) and [`Pacer`] | the root's multicasts, one GSO batch per pacer release |
 //!
 //! Buffers are shared through the transport's registry ([`OpBuffer`]: a mutex per buffer):
 //! the workers find an operation's buffer by its id, per batch, so a buffer that was released
@@ -112,6 +112,11 @@ pub(crate) struct Post {
     pub(crate) buf: Vec<u8>,
     pub(crate) reply: SyncSender<Completion>,
     pub(crate) span: tracing::Span,
+    /// The communicator's index of this operation, when a router numbers them (the small
+    /// ones run over TCP, never reaching the engine): the engine skips the ids of those it
+    /// did not get (`Session::skip_op`), so that an id names the same operation on every
+    /// rank even where ranks disagree on a length and so on where it runs.
+    pub(crate) index: Option<u64>,
 }
 
 /// The application's (and the fallback router's) end of the post channel: every send also
@@ -132,39 +137,13 @@ impl PostTx {
         self.engine.unpark();
         sent
     }
-
-    /// Sends `c` without waking the control thread (it sees it at its next turn, before any
-    /// later post, which wakes it), unless the queue is full: then the control thread, which
-    /// nothing may have woken for all those commands, is woken before this waits for room.
-    pub(crate) fn send_quiet(&self, c: Command) -> Result<(), std::sync::mpsc::SendError<Command>> {
-        match self.tx.try_send(c) {
-            Ok(()) => Ok(()),
-            Err(std::sync::mpsc::TrySendError::Full(c)) => {
-                self.engine.unpark();
-                self.send(c)
-            }
-            Err(std::sync::mpsc::TrySendError::Disconnected(c)) => {
-                Err(std::sync::mpsc::SendError(c))
-            }
-        }
-    }
 }
 
 /// What the application thread sends the engine.
 #[derive(Debug)]
 pub(crate) enum Command {
     Post(Post),
-    /// The next operation runs over TCP (a small one): its id is skipped here, so that ids
-    /// name the same operation on every rank even where ranks disagree on a length.
-    Skip,
     Stats(SyncSender<CommStats>),
-}
-
-/// An operation waiting for room in the core, or an id to skip in its turn.
-#[derive(Debug)]
-enum Queued {
-    Post(Post),
-    Skip,
 }
 
 type EnginePorts = Ports<UdpRx, TrackedTx, TrackedControl>;
@@ -220,7 +199,7 @@ pub(crate) struct Engine {
     rates: Rates,
     /// When this rank last sent a rate report, and the socket drops it carried.
     reported: Option<(StdInstant, u64)>,
-    queued: VecDeque<Queued>,
+    queued: VecDeque<Post>,
     live: Vec<Live>,
     lost: Vec<Lost>,
     /// The rank the first failure blamed: what every later post's failure names. Losses
@@ -382,10 +361,9 @@ impl Engine {
                     self.failed += 1;
                     let _ = p.reply.send(Err(CommError::PeerLost { peer }));
                 } else {
-                    self.queued.push_back(Queued::Post(p));
+                    self.queued.push_back(p);
                 }
             }
-            Command::Skip => self.queued.push_back(Queued::Skip),
             Command::Stats(reply) => {
                 let _ = reply.send(self.stats());
             }
@@ -395,14 +373,15 @@ impl Engine {
     /// Starts posted operations, in order, while the core has room.
     fn start_queued(&mut self) {
         while self.session.inflight() < self.max_inflight {
-            let p = match self.queued.pop_front() {
-                None => return,
-                Some(Queued::Skip) => {
-                    self.next_op = self.session.skip_op().0 + 1;
-                    continue;
-                }
-                Some(Queued::Post(p)) => p,
+            let Some(p) = self.queued.pop_front() else {
+                return;
             };
+            // The operations before it that ran elsewhere take their ids first.
+            if let Some(k) = p.index {
+                while self.next_op < k {
+                    self.next_op = self.session.skip_op().0 + 1;
+                }
+            }
             let now = self.clock.now();
             let len = p.buf.len() as u64;
             let me = self.rank();
@@ -678,13 +657,11 @@ impl Engine {
         self.culprit = self.culprit.or(blamed);
         self.session
             .handle_peer_lost(now, Rank(rank), OpId(mark.unwrap_or(0)));
-        for q in self.queued.drain(..) {
-            if let Queued::Post(p) = q {
-                self.failed += 1;
-                let _ = p.reply.send(Err(CommError::PeerLost {
-                    peer: self.culprit.unwrap_or(rank),
-                }));
-            }
+        for p in self.queued.drain(..) {
+            self.failed += 1;
+            let _ = p.reply.send(Err(CommError::PeerLost {
+                peer: self.culprit.unwrap_or(rank),
+            }));
         }
     }
 
@@ -792,14 +769,12 @@ impl Engine {
     fn shutdown(mut self) {
         while let Ok(c) = self.posts.try_recv() {
             if let Command::Post(p) = c {
-                self.queued.push_back(Queued::Post(p));
+                self.queued.push_back(p);
             }
         }
-        for q in self.queued.drain(..) {
-            if let Queued::Post(p) = q {
-                self.cancelled += 1;
-                let _ = p.reply.send(Err(CommError::Cancelled));
-            }
+        for p in self.queued.drain(..) {
+            self.cancelled += 1;
+            let _ = p.reply.send(Err(CommError::Cancelled));
         }
         // The first operation this rank did not finish: the peers fail it and later ones at
         // once, and let earlier ones finish without us.

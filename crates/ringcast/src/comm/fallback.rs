@@ -9,11 +9,11 @@
 //! runs it over TCP. The engine is not touched: the routing happens at the operation-dispatch
 //! boundary ([`Handle::post`]), the loss is observed where completions are consumed
 //! ([`LossTap`], called by [`Request`]). A small operation (see
-//! [`FallbackConfig::tcp_threshold`]) runs over TCP even while multicast works, and the engine
-//! skips its id in its turn (`Command::Skip`): the engine's ids then name the same operation on
-//! every rank even in an erroneous program whose ranks disagree on a length across the
-//! threshold, which fails (a rank waits for ranks that ran it elsewhere) instead of matching
-//! one rank's operation with another's next one.
+//! [`FallbackConfig::tcp_threshold`]) runs over TCP even while multicast works; every post to
+//! the engine carries its index, and the engine skips the ids of the operations it did not
+//! get: its ids then name the same operation on every rank even in an erroneous program whose
+//! ranks disagree on a length across the threshold, which fails (a rank waits for ranks that
+//! ran it elsewhere) instead of matching one rank's operation with another's next one.
 //!
 //! ## The TCP collectives
 //! Over a TCP mesh ([`TcpControl`]): the control mesh itself when the start-up check failed
@@ -212,13 +212,8 @@ struct Shared {
 /// What the dispatcher thread is told.
 #[derive(Debug)]
 enum Msg {
-    /// Operation `k`; `true` when it runs here while the route is frozen and the engine
-    /// still owes it a skipped id (see [`Held::Skip`]).
-    Post(u64, Post, bool),
-    Loss {
-        op: u64,
-        permille: u32,
-    },
+    Post(u64, Post),
+    Loss { op: u64, permille: u32 },
     Shutdown,
 }
 
@@ -231,9 +226,13 @@ struct Inbox {
     waker: IoWaker,
 }
 
+/// The dispatcher is gone (its channel closed).
+#[derive(Debug)]
+struct Gone;
+
 impl Inbox {
-    fn send(&self, m: Msg) -> Result<(), mpsc::SendError<Msg>> {
-        self.tx.send(m)?;
+    fn send(&self, m: Msg) -> Result<(), Gone> {
+        self.tx.send(m).map_err(|_| Gone)?;
         self.waker.wake();
         Ok(())
     }
@@ -368,29 +367,16 @@ impl Handle {
     ) -> Result<Request<T>, CommError> {
         let (reply, rx) = mpsc::sync_channel(1);
         let small = self.cfg.small(buf.len());
+        let mut r = self.route();
+        let k = r.next;
         let post = Post {
             kind,
             buf,
             reply,
             span,
+            index: Some(k),
         };
-        let mut r = self.route();
-        let k = r.next;
-        let below_switch = r.switch_at.is_none_or(|s| k < s);
-        let to_engine = !small && !r.frozen && below_switch;
-        // A small operation takes no id from the engine but skips one there, in its turn:
-        // the engine's ids then name the same operation on every rank, even where ranks
-        // disagree on a length and so on where it runs. While frozen, the dispatcher keeps
-        // the skip in order with the posts it holds.
-        let skip = small && below_switch && r.engine.is_some();
-        if skip
-            && !r.frozen
-            && let Some(engine) = &r.engine
-        {
-            engine
-                .send_quiet(Command::Skip)
-                .map_err(|_| CommError::Cancelled)?;
-        }
+        let to_engine = !small && !r.frozen && r.switch_at.is_none_or(|s| k < s);
         if to_engine {
             let Some(engine) = &r.engine else {
                 return Err(CommError::Cancelled);
@@ -402,7 +388,7 @@ impl Handle {
             return Ok(Request::new(rx, typed).with_tap(self.tap.clone()));
         }
         self.tx
-            .send(Msg::Post(k, post, skip && r.frozen))
+            .send(Msg::Post(k, post))
             .map_err(|_| CommError::Cancelled)?;
         r.next += 1;
         Ok(Request::new(rx, typed))
@@ -529,16 +515,6 @@ struct TcpOp {
     received: u64,
 }
 
-/// What the dispatcher holds while a switch is agreed, in operation order.
-#[derive(Debug)]
-enum Held {
-    /// A post that runs over multicast below the switch point, over TCP above it.
-    Post(Post),
-    /// A small operation (already running here) whose id the engine must skip, in its
-    /// turn, if it is below the switch point.
-    Skip,
-}
-
 /// Rank 0's agreement on the switch point.
 #[derive(Debug)]
 struct Agreement {
@@ -553,8 +529,8 @@ struct Dispatcher {
     /// The TCP mesh: its own (inline I/O, read in this thread) or, when multicast failed the
     /// start-up check, the control mesh with its I/O thread.
     mesh: TcpControl,
-    /// Posts held while a switch is agreed, and the engine's skips owed in their order.
-    held: VecDeque<(u64, Held)>,
+    /// Posts held while a switch is agreed.
+    held: VecDeque<(u64, Post)>,
     active: Vec<TcpOp>,
     /// Pieces of TCP operations not started here yet, with their senders. Any operation may
     /// be one: small ones run over TCP between multicast ones, and before the switch point
@@ -666,7 +642,7 @@ impl Dispatcher {
 
     fn msg(&mut self, m: Msg) {
         match m {
-            Msg::Post(k, p, skip) => self.post(k, p, skip),
+            Msg::Post(k, p) => self.post(k, p),
             Msg::Loss { op, permille } => {
                 if self.loss_asked {
                     return;
@@ -695,10 +671,7 @@ impl Dispatcher {
         doomed_by(&self.lost, k)
     }
 
-    fn post(&mut self, k: u64, p: Post, skip: bool) {
-        if skip {
-            self.held.push_back((k, Held::Skip));
-        }
+    fn post(&mut self, k: u64, p: Post) {
         if let Some(peer) = self.dooms(k) {
             // Ended before it started: pieces peers sent for it are dropped, not kept.
             self.ended(k);
@@ -712,7 +685,7 @@ impl Dispatcher {
             // to the engine, so the switch point does not concern them.
             _ if self.cfg.small(p.buf.len()) => self.start(k, p),
             // Frozen (or routed here before the switch point was known): held.
-            _ => self.held.push_back((k, Held::Post(p))),
+            _ => self.held.push_back((k, p)),
         }
     }
 
@@ -814,36 +787,26 @@ impl Dispatcher {
             // the lock): take them before releasing the rest.
             loop {
                 match self.rx.try_recv() {
-                    Ok(Msg::Post(k, p, skip)) => {
-                        if skip {
-                            self.held.push_back((k, Held::Skip));
-                        }
-                        self.held.push_back((k, Held::Post(p)));
-                    }
+                    Ok(Msg::Post(k, p)) => self.held.push_back((k, p)),
                     Ok(Msg::Shutdown) => self.stopping = true,
                     Ok(Msg::Loss { .. }) => {}
                     Err(_) => break,
                 }
             }
-            // In operation order: the engine gets the posts and skips below the switch point.
-            for (k, h) in self.held.drain(..) {
-                let engine = r.engine.as_ref();
-                match h {
-                    Held::Skip if k < at => {
-                        if let Some(e) = engine {
-                            let _ = e.send(Command::Skip);
-                        }
-                    }
-                    Held::Skip => {}
-                    // Small operations taken from the channel here run over TCP like the
-                    // others.
-                    Held::Post(p) if k < at && !self.cfg.small(p.buf.len()) => {
-                        let sent = engine.map(|e| e.send(Command::Post(p)));
-                        if let Some(Err(mpsc::SendError(Command::Post(p)))) = sent {
+            for (k, p) in self.held.drain(..) {
+                // Small operations taken from the channel here run over TCP like the others.
+                if k < at && !self.cfg.small(p.buf.len()) {
+                    let engine = r.engine.as_ref();
+                    let sent = engine.map(|e| e.send(Command::Post(p)));
+                    match sent {
+                        Some(Ok(())) => {}
+                        Some(Err(mpsc::SendError(Command::Post(p)))) => {
                             let _ = p.reply.send(Err(CommError::Cancelled));
                         }
+                        Some(Err(_)) | None => {}
                     }
-                    Held::Post(p) => tcp.push((k, p)),
+                } else {
+                    tcp.push((k, p));
                 }
             }
             r.frozen = false;
@@ -1160,10 +1123,8 @@ impl Dispatcher {
         if self.agreement.is_some() || self.route().frozen {
             self.agreement = None;
             let peer = self.dooms(u64::MAX).unwrap_or(self.lost[0].0);
-            for (_, h) in std::mem::take(&mut self.held) {
-                if let Held::Post(p) = h {
-                    self.fail(p.reply, CommError::PeerLost { peer });
-                }
+            for (_, p) in std::mem::take(&mut self.held) {
+                self.fail(p.reply, CommError::PeerLost { peer });
             }
         }
     }
@@ -1222,8 +1183,8 @@ impl Dispatcher {
 
     fn shutdown(mut self) {
         while let Ok(m) = self.rx.try_recv() {
-            if let Msg::Post(k, p, _) = m {
-                self.held.push_back((k, Held::Post(p)));
+            if let Msg::Post(k, p) = m {
+                self.held.push_back((k, p));
             }
         }
         // The first TCP operation this rank did not finish: the peers fail it and later
@@ -1232,17 +1193,10 @@ impl Dispatcher {
             .active
             .iter()
             .map(|o| o.k)
-            .chain(
-                self.held
-                    .iter()
-                    .filter(|(_, h)| matches!(h, Held::Post(_)))
-                    .map(|(k, _)| *k),
-            )
+            .chain(self.held.iter().map(|(k, _)| *k))
             .fold(self.next_tcp, u64::min);
-        for (_, h) in std::mem::take(&mut self.held) {
-            if let Held::Post(p) = h {
-                self.fail(p.reply, CommError::Cancelled);
-            }
+        for (_, p) in std::mem::take(&mut self.held) {
+            self.fail(p.reply, CommError::Cancelled);
         }
         for op in std::mem::take(&mut self.active) {
             self.fail(op.reply, CommError::Cancelled);

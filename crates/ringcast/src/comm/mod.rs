@@ -228,6 +228,7 @@ impl Communicator {
             buf: bytes,
             reply,
             span,
+            index: None,
         }))?;
         Ok(Request::new(rx, typed))
     }
