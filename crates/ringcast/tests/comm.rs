@@ -410,18 +410,23 @@ fn dropping_with_requests_in_flight_returns_promptly() {
         // One request leaked outright: the engine still owns its buffer.
         std::mem::forget(comm.ibroadcast(1, vec![0u8; 1 << 20]).map_err(e)?);
         drop(comm);
-        for r in reqs {
-            match r.wait() {
-                // Another rank that saw a leaver first may tell us through `Abort`.
-                Ok(_)
-                | Err(CommError::Cancelled)
-                | Err(CommError::PeerLost { .. })
-                | Err(CommError::PeerFailed { .. }) => {}
-                Err(other) => return Err(format!("unexpected: {other}")),
-            }
-        }
-        Ok(())
+        settled(reqs)
     });
+}
+
+/// Every request of a dropped communicator ends: completed, cancelled, or failed because a
+/// peer left (another rank that saw a leaver first may tell us through `Abort`).
+fn settled(reqs: Vec<ringcast::Request<u8>>) -> Result<(), String> {
+    for r in reqs {
+        match r.wait() {
+            Ok(_)
+            | Err(CommError::Cancelled)
+            | Err(CommError::PeerLost { .. })
+            | Err(CommError::PeerFailed { .. }) => {}
+            Err(other) => return Err(format!("unexpected: {other}")),
+        }
+    }
+    Ok(())
 }
 
 /// An erroneous program: ranks 1 and 3 broadcast 70 000 bytes where ranks 0 and 2 broadcast
@@ -492,16 +497,7 @@ fn dropping_with_small_operations_in_flight_returns_promptly() {
             }
             std::mem::forget(comm.ibroadcast(2, vec![0u8; 1000]).map_err(e)?);
             drop(comm);
-            for r in reqs {
-                match r.wait() {
-                    Ok(_)
-                    | Err(CommError::Cancelled)
-                    | Err(CommError::PeerLost { .. })
-                    | Err(CommError::PeerFailed { .. }) => {}
-                    Err(other) => return Err(format!("unexpected: {other}")),
-                }
-            }
-            Ok(())
+            settled(reqs)
         },
     );
 }
