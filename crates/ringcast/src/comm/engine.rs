@@ -565,8 +565,10 @@ impl Engine {
             Event::Failed { op, error } => (op, Err(error)),
             _ => return,
         };
-        if let Err(error) = verdict {
-            self.culprit = self.culprit.or(self.blame(error).peer());
+        // What the application is told, decided once.
+        let told = verdict.err().map(|e| self.blame(e));
+        if let Some(t) = &told {
+            self.culprit = self.culprit.or(t.peer());
         }
         let Some(i) = self.live.iter().position(|l| l.op == op) else {
             return;
@@ -583,15 +585,14 @@ impl Engine {
         }
         let live = &mut self.live[i];
         live.verdict = Some(verdict);
-        if let Err(error) = verdict {
+        if let (Err(error), Some(told)) = (verdict, told) {
             // Answered now; the buffer waits for the transport's work on it to drain.
             live.failed_at.get_or_insert_with(StdInstant::now);
             if let Some(reply) = live.reply.take() {
                 live.span
                     .in_scope(|| tracing::warn!(op = op.0, %error, "operation failed"));
                 self.failed += 1;
-                let error = self.blame(error);
-                let _ = reply.send(Err(error));
+                let _ = reply.send(Err(told));
             }
         }
     }
