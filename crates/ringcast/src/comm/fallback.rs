@@ -1135,8 +1135,15 @@ impl Dispatcher {
         let (me, size) = (self.cfg.rank, self.cfg.size);
         let mut i = 0;
         while i < self.active.len() {
+            // Every wait is at least the peer timeout: only an operation quiet for that long
+            // is worth the look at its missing blocks (this runs at every turn).
+            let quiet = self.active[i].last.elapsed();
+            if quiet <= self.cfg.peer_timeout {
+                i += 1;
+                continue;
+            }
             let (peer, hops) = self.active[i].shape.waits_on(me, size);
-            if self.active[i].last.elapsed() <= self.cfg.timeout(hops) {
+            if quiet <= self.cfg.timeout(hops) {
                 i += 1;
                 continue;
             }
