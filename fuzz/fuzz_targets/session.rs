@@ -33,9 +33,10 @@
 //!   (0: the chunk size, else the raw byte)
 //! * 2 chunk, raw: `imm u32`, `lane u8` (as in 1), `from u8`, `len u16`
 //! * 3 control, raw bytes: `from u8`, `n u8`, then `n` bytes
-//! * 4 control, well-formed: `from u8`, `kind u8` (% 7), `op u8` (index into started ops; 255:
-//!   the op after the last one), `arg u32` (FetchAck's hops, Abort's culprit), `runs u8` (% 5),
-//!   then per run `start u16`, `len u16`
+//! * 4 control, well-formed: `from u8`, `kind u8` (% 8), `op u8` (index into started ops; 255:
+//!   the op after the last one), `arg u32` (FetchAck's hops, Abort's and Mismatch's culprit;
+//!   Ready's shape when odd, the operation's own when even), `runs u8` (% 5), then per run
+//!   `start u16`, `len u16`
 //! * 5 read done: `which u8` (index into reads handed out and not reported; 255: an id never
 //!   handed out; 254: an id already reported), `ok u8` (odd: success)
 //! * 6 send done: `lane u8` (% lanes), `which u8` (index into that lane's outstanding
@@ -54,6 +55,7 @@ use ringcast_core::port::{RxMeta, pump};
 use ringcast_core::wire::{ChunkRun, ControlRepr, Imm, RunList};
 use ringcast_core::{
     Config, DropReason, Event, Instant, Node, OpId, Placement, Rank, ReadError, ReadId,
+    allgather_shape, broadcast_shape,
 };
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
@@ -77,7 +79,8 @@ struct Driver {
     ports: Mailbox<Sent>,
     now: Instant,
     /// Started operations: id and the bytes each rank contributes (a Broadcast: only the root).
-    ops: Vec<(OpId, Vec<u64>)>,
+    /// Started operations: id, block sizes, shape fingerprint.
+    ops: Vec<(OpId, Vec<u64>, u32)>,
     /// Operations that reported `Completed` or `Failed`.
     ended: BTreeSet<OpId>,
     /// Reads handed out and not reported back.
@@ -95,8 +98,8 @@ impl Driver {
     fn sizes(&self, op: OpId) -> &[u64] {
         self.ops
             .iter()
-            .find(|(id, _)| *id == op)
-            .map(|(_, sizes)| sizes.as_slice())
+            .find(|(id, ..)| *id == op)
+            .map(|(_, sizes, _)| sizes.as_slice())
             .unwrap_or_else(|| panic!("output for {op}, which was never started"))
     }
 
@@ -133,7 +136,7 @@ impl Driver {
                 continue;
             };
             assert!(
-                self.ops.iter().any(|(id, _)| *id == op),
+                self.ops.iter().any(|(id, ..)| *id == op),
                 "event for {op}, which was never started"
             );
             assert!(self.ended.insert(op), "two final events for {op}");
@@ -166,7 +169,7 @@ impl Driver {
                     continue;
                 };
                 assert!(
-                    self.ops.iter().any(|(id, _)| *id == op),
+                    self.ops.iter().any(|(id, ..)| *id == op),
                     "placement for {op}, which was never started"
                 );
                 assert!(
@@ -261,7 +264,7 @@ impl Driver {
                 if let Ok(id) = self.node.start_broadcast(self.now, root, len) {
                     let mut sizes = vec![0; ranks as usize];
                     sizes[root.index()] = len;
-                    self.ops.push((id, sizes));
+                    self.ops.push((id, sizes, broadcast_shape(root, len)));
                 }
             }
             8 => {
@@ -272,7 +275,8 @@ impl Driver {
                 }
                 if let Ok(id) = self.node.start_allgather(self.now, &sizes) {
                     assert_eq!(sizes.len(), ranks as usize, "accepted a wrong sizes count");
-                    self.ops.push((id, sizes));
+                    let shape = allgather_shape(&sizes);
+                    self.ops.push((id, sizes, shape));
                 }
             }
             1 => {
@@ -308,10 +312,10 @@ impl Driver {
             }
             4 => {
                 let from = Rank(u32::from(u.arbitrary::<u8>()?) % (ranks + 1));
-                let kind = u.arbitrary::<u8>()? % 7;
+                let kind = u.arbitrary::<u8>()? % 8;
                 let which = u.arbitrary::<u8>()?;
                 let op = if which == 255 {
-                    self.ops.last().map_or(0, |(id, _)| id.0 + 1)
+                    self.ops.last().map_or(0, |(id, ..)| id.0 + 1)
                 } else {
                     self.pick_op(which).0
                 };
@@ -325,7 +329,13 @@ impl Driver {
                 }
                 let runs = RunList::Slice(&runs);
                 let repr = match kind {
-                    0 => ControlRepr::Ready { op },
+                    0 => ControlRepr::Ready {
+                        op,
+                        shape: match self.ops.iter().find(|(id, ..)| id.0 == op) {
+                            Some(&(_, _, shape)) if arg & 1 == 0 => shape,
+                            _ => arg,
+                        },
+                    },
                     1 => ControlRepr::Go { op },
                     2 => ControlRepr::Fetch { op, runs },
                     3 => ControlRepr::FetchAck {
@@ -335,7 +345,8 @@ impl Driver {
                     },
                     4 => ControlRepr::FetchNack { op },
                     5 => ControlRepr::Fin { op },
-                    _ => ControlRepr::Abort { op, culprit: arg },
+                    6 => ControlRepr::Abort { op, culprit: arg },
+                    _ => ControlRepr::Mismatch { op, culprit: arg },
                 };
                 let mut bytes = Vec::new();
                 if repr.emit_vec(&mut bytes).is_ok() {

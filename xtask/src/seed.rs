@@ -78,7 +78,7 @@ fn control_seeds() -> Result<Vec<(String, Vec<u8>)>, StepError> {
         ChunkRun { start: 10, len: 1 },
     ];
     let reprs = [
-        ("ready", ControlRepr::Ready { op: 0 }),
+        ("ready", ControlRepr::Ready { op: 0, shape: 7 }),
         ("go", ControlRepr::Go { op: 1 }),
         (
             "fetch",
@@ -99,6 +99,7 @@ fn control_seeds() -> Result<Vec<(String, Vec<u8>)>, StepError> {
         ("lacking", ControlRepr::Lacking { op: 3 }),
         ("fin", ControlRepr::Fin { op: u64::MAX }),
         ("abort", ControlRepr::Abort { op: 4, culprit: 1 }),
+        ("mismatch", ControlRepr::Mismatch { op: 5, culprit: 2 }),
     ];
     reprs
         .into_iter()

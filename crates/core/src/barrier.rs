@@ -9,8 +9,16 @@
 //!
 //! A rank queues the lanes' `Open` before it says `Ready` (see [`crate::lane`]), so no chunk
 //! can reach a lane before its operation.
+//!
+//! `Ready` carries the sender's fingerprint of the operation's shape (see [`crate::shape`]).
+//! The hub compares it with its own; a rank that is not the hub has no `Ready` to expect, so
+//! one that reaches it says that its sender took another rank for the root. Either way the
+//! rank that sees the difference fails the operation and tells every other rank
+//! (`Mismatch`, naming the sender), before `Go`: no chunk of it is ever sent, and the ranks
+//! stay in step for the next operation.
 
 use crate::config::Rank;
+use crate::event::OpError;
 use crate::op::{Collective, Phase};
 use crate::out::{ControlMsg, Ctx, Outcome, bump};
 use crate::timer::Timer;
@@ -25,11 +33,14 @@ pub(crate) struct Barrier {
     ready: BitVec<u64, Lsb0>,
     ready_count: u32,
     me: Rank,
+    /// This rank's fingerprint of the operation's shape.
+    shape: u32,
 }
 
 impl Barrier {
-    pub(crate) fn new(hub: Rank, me: Rank, ranks: u32) -> Self {
+    pub(crate) fn new(hub: Rank, me: Rank, ranks: u32, shape: u32) -> Self {
         Barrier {
+            shape,
             hub,
             ready: if me == hub {
                 bitvec![u64, Lsb0; 0; ranks as usize]
@@ -83,15 +94,30 @@ impl Collective {
             self.maybe_go(cx)
         } else {
             let hub = self.barrier.hub();
-            cx.send(hub, ControlMsg::simple(ControlKind::Ready, self.id.0));
+            let mut ready = ControlMsg::simple(ControlKind::Ready, self.id.0);
+            ready.arg = self.barrier.shape;
+            cx.send(hub, ready);
             self.timers
                 .set(Timer::Go, cx.now + cx.config.peer_timeout * 2);
             None
         }
     }
 
-    /// Hub: a rank posted its receives.
-    pub(crate) fn on_ready(&mut self, cx: &mut Ctx<'_>, from: Rank) -> Option<Outcome> {
+    /// Hub: a rank posted its receives, for an operation of shape `shape`. Anywhere else,
+    /// or with a shape other than this rank's, the ranks disagree on the operation.
+    pub(crate) fn on_ready(&mut self, cx: &mut Ctx<'_>, from: Rank, shape: u32) -> Option<Outcome> {
+        if self.phase == Phase::Barrier
+            && from != self.me
+            && (!self.barrier.is_hub() || shape != self.barrier.shape)
+        {
+            return Some(Outcome::Failed {
+                error: OpError::ShapeMismatch {
+                    peer: from,
+                    reported_by: self.me,
+                },
+                abort: true,
+            });
+        }
         if self.phase != Phase::Barrier || !self.barrier.mark(from) {
             bump(&mut cx.stats.control_unexpected);
             return None;

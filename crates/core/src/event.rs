@@ -124,6 +124,15 @@ pub enum OpError {
         /// The rank that is gone.
         peer: Rank,
     },
+    /// `peer` posted the operation with another kind, root or sizes than `reported_by` did
+    /// (an erroneous program: see [`broadcast_shape`](crate::broadcast_shape)). Nothing
+    /// moved; every rank fails it, and the next operation runs as usual.
+    ShapeMismatch {
+        /// The rank whose shape differs.
+        peer: Rank,
+        /// The rank that compared (the barrier's hub, or a rank that received its `Ready`).
+        reported_by: Rank,
+    },
 }
 
 impl OpError {
@@ -133,7 +142,8 @@ impl OpError {
             OpError::PeerUnresponsive { peer }
             | OpError::PeerFailed { peer, .. }
             | OpError::ReadFailed { peer }
-            | OpError::PeerLost { peer } => peer,
+            | OpError::PeerLost { peer }
+            | OpError::ShapeMismatch { peer, .. } => peer,
         }
     }
 }
@@ -149,6 +159,11 @@ impl fmt::Display for OpError {
             OpError::PeerLost { peer } => {
                 write!(f, "{peer} is gone (its control connection closed)")
             }
+            OpError::ShapeMismatch { peer, reported_by } => write!(
+                f,
+                "{peer} posted this operation with another kind, root or size than \
+                 {reported_by} did"
+            ),
         }
     }
 }

@@ -79,6 +79,7 @@ mod rxview;
 mod schedule;
 mod send;
 mod session;
+mod shape;
 mod time;
 mod timer;
 pub mod wire;
@@ -90,5 +91,6 @@ pub use event::{
 pub use lane::Multicast;
 pub use node::Node;
 pub use session::Session;
+pub use shape::{allgather_shape, broadcast_shape};
 pub use time::Instant;
 pub use wire::ChunkRun;

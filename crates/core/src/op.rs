@@ -29,6 +29,7 @@ use crate::ring::Recovery;
 use crate::rxview::RxView;
 use crate::schedule::Chains;
 use crate::send::RootSend;
+use crate::shape::{allgather_shape, broadcast_shape};
 use crate::time::Instant;
 use crate::timer::{Timer, TimerTable};
 use crate::wire::ChunkRun;
@@ -90,7 +91,7 @@ impl Collective {
         let mut sizes = alloc::vec![0u64; c.ranks as usize];
         sizes[root.index()] = len;
         let send = RootSend::new(c.rank == root, None, None);
-        Self::new(c, id, root, &sizes, send)
+        Self::new(c, id, (root, broadcast_shape(root, len)), &sizes, send)
     }
 
     /// An Allgatherv with block `r` of `sizes[r]` bytes.
@@ -108,17 +109,18 @@ impl Collective {
             chains.next(c.rank),
             chains.prev(c.rank),
         );
-        let mut op = Self::new(c, id, Rank(0), sizes, send)?;
+        let mut op = Self::new(c, id, (Rank(0), allgather_shape(sizes)), sizes, send)?;
         // Each step needs a token to travel; give the cutoff slack for every step.
         op.cutoff_after += c.cutoff_alpha * chains.steps().saturating_sub(1);
         op.block_roots = c.chains.clamp(1, c.ranks);
         Ok(op)
     }
 
+    /// `hub`: the barrier's hub and the operation's shape fingerprint.
     fn new(
         c: &Config,
         id: OpId,
-        hub: Rank,
+        (hub, shape): (Rank, u32),
         sizes: &[u64],
         mut send: RootSend,
     ) -> Result<Self, StartError> {
@@ -144,7 +146,7 @@ impl Collective {
             rx: RxView::new(layout.lanes()),
             layout,
             phase: Phase::Barrier,
-            barrier: Barrier::new(hub, me, p),
+            barrier: Barrier::new(hub, me, p, shape),
             send,
             ring: Recovery::default(),
             timers: TimerTable::default(),

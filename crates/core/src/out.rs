@@ -31,7 +31,10 @@ impl ControlMsg {
     pub(crate) fn repr(&self) -> ControlRepr<'_> {
         let (op, runs) = (self.op, RunList::Slice(&self.runs));
         match self.kind {
-            ControlKind::Ready => ControlRepr::Ready { op },
+            ControlKind::Ready => ControlRepr::Ready {
+                op,
+                shape: self.arg,
+            },
             ControlKind::Go => ControlRepr::Go { op },
             ControlKind::Fetch => ControlRepr::Fetch { op, runs },
             ControlKind::FetchAck => ControlRepr::FetchAck {
@@ -47,6 +50,10 @@ impl ControlMsg {
             },
             ControlKind::Activate => ControlRepr::Activate { op },
             ControlKind::Lacking => ControlRepr::Lacking { op },
+            ControlKind::Mismatch => ControlRepr::Mismatch {
+                op,
+                culprit: self.arg,
+            },
         }
     }
 }

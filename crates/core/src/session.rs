@@ -16,15 +16,17 @@ use core::cell::Cell;
 #[derive(Debug)]
 struct Early {
     seq: u64,
-    ready: BitVec<u64, Lsb0>,
+    /// `Ready`s, with the shape each carried (at most one per rank).
+    ready: Vec<(Rank, u32)>,
     activate: BitVec<u64, Lsb0>,
-    abort: Option<(Rank, u32)>,
+    /// The first `Abort` or `Mismatch`, as the error it gives.
+    abort: Option<OpError>,
 }
 
 enum EarlyKind {
-    Ready,
+    Ready(u32),
     Activate,
-    Abort(u32),
+    Abort(OpError),
 }
 
 /// One rank's protocol endpoint.
@@ -172,14 +174,17 @@ impl Session {
             .map(|i| self.early.swap_remove(i));
         let mut outcome = op.on_start(&mut cx);
         if let Some(e) = early {
-            for r in e.ready.iter_ones() {
-                outcome = outcome.or_else(|| op.on_ready(&mut cx, Rank(r as u32)));
+            for (r, shape) in e.ready {
+                outcome = outcome.or_else(|| op.on_ready(&mut cx, r, shape));
             }
             for r in e.activate.iter_ones() {
                 outcome = outcome.or_else(|| op.on_activate(&mut cx, Rank(r as u32)));
             }
-            if let Some((from, culprit)) = e.abort {
-                outcome = outcome.or(Some(aborted(from, culprit)));
+            if let Some(error) = e.abort {
+                outcome = outcome.or(Some(Outcome::Failed {
+                    error,
+                    abort: false,
+                }));
             }
         }
         self.ops.push(op);
@@ -210,7 +215,7 @@ impl Session {
         let op = &mut self.ops[i];
         op.heard_from(&cx, from);
         let outcome = match msg {
-            ControlRepr::Ready { .. } => op.on_ready(&mut cx, from),
+            ControlRepr::Ready { shape, .. } => op.on_ready(&mut cx, from, shape),
             ControlRepr::Go { .. } => op.on_go(&mut cx, from),
             ControlRepr::Fetch { runs, .. } => op.on_fetch(&mut cx, from, runs),
             ControlRepr::FetchAck { runs, hops, .. } => op.on_fetch_ack(&mut cx, from, runs, hops),
@@ -218,12 +223,17 @@ impl Session {
             ControlRepr::Lacking { .. } => op.on_fetch_nack(&mut cx, from, true),
             ControlRepr::Fin { .. } => op.on_fin(&mut cx, from),
             ControlRepr::Activate { .. } => op.on_activate(&mut cx, from),
-            ControlRepr::Abort { culprit, .. } if culprit < self.config.ranks => {
-                Some(aborted(from, culprit))
-            }
-            _ => {
-                bump(&mut cx.stats.control_malformed);
-                None
+            ControlRepr::Abort { .. } | ControlRepr::Mismatch { .. } => {
+                match failure(from, &msg, self.config.ranks) {
+                    Some(error) => Some(Outcome::Failed {
+                        error,
+                        abort: false,
+                    }),
+                    None => {
+                        bump(&mut cx.stats.control_malformed);
+                        None
+                    }
+                }
             }
         };
         if let Some(o) = outcome {
@@ -239,15 +249,15 @@ impl Session {
             return;
         }
         let keep = match *msg {
-            ControlRepr::Ready { .. } => EarlyKind::Ready,
+            ControlRepr::Ready { shape, .. } => EarlyKind::Ready(shape),
             ControlRepr::Activate { .. } => EarlyKind::Activate,
-            ControlRepr::Abort { culprit, .. } if culprit < self.config.ranks => {
-                EarlyKind::Abort(culprit)
-            }
-            _ => {
-                bump(&mut self.stats.control_unexpected);
-                return;
-            }
+            _ => match failure(from, msg, self.config.ranks) {
+                Some(error) => EarlyKind::Abort(error),
+                None => {
+                    bump(&mut self.stats.control_unexpected);
+                    return;
+                }
+            },
         };
         if seq - self.next_seq >= window {
             bump(&mut self.stats.control_unexpected);
@@ -257,20 +267,25 @@ impl Session {
         let e = match self.early.iter().position(|e| e.seq == seq) {
             Some(i) => &mut self.early[i],
             None => {
-                let none = bitvec![u64, Lsb0; 0; ranks];
                 self.early.push(Early {
                     seq,
-                    ready: none.clone(),
-                    activate: none,
+                    ready: Vec::new(),
+                    activate: bitvec![u64, Lsb0; 0; ranks],
                     abort: None,
                 });
                 self.early.last_mut().expect("just pushed")
             }
         };
         match keep {
-            EarlyKind::Ready => e.ready.set(from.index(), true),
+            EarlyKind::Ready(shape) => {
+                if e.ready.iter().any(|&(r, _)| r == from) {
+                    bump(&mut self.stats.control_unexpected);
+                } else {
+                    e.ready.push((from, shape));
+                }
+            }
             EarlyKind::Activate => e.activate.set(from.index(), true),
-            EarlyKind::Abort(culprit) => e.abort = e.abort.or(Some((from, culprit))),
+            EarlyKind::Abort(error) => e.abort = e.abort.or(Some(error)),
         }
     }
 
@@ -432,10 +447,16 @@ impl Session {
             Outcome::Failed { error, abort } => {
                 if abort {
                     let culprit = error.peer();
+                    // A rank that stopped answering is not told; one whose shape differs is
+                    // alive and fails the operation too.
+                    let (kind, tell_culprit) = match error {
+                        OpError::ShapeMismatch { .. } => (ControlKind::Mismatch, true),
+                        _ => (ControlKind::Abort, false),
+                    };
                     for r in (0..self.config.ranks).map(Rank) {
-                        if r != self.config.rank && r != culprit {
+                        if r != self.config.rank && (r != culprit || tell_culprit) {
                             let msg = ControlMsg {
-                                kind: ControlKind::Abort,
+                                kind,
                                 op: op.id.0,
                                 arg: culprit.0,
                                 runs: Vec::new(),
@@ -450,12 +471,18 @@ impl Session {
     }
 }
 
-fn aborted(from: Rank, culprit: u32) -> Outcome {
-    Outcome::Failed {
-        error: OpError::PeerFailed {
+/// What an `Abort` or a `Mismatch` from `from` tells: the error to fail its operation with
+/// (`None` for another kind of message, or a culprit that is not a rank).
+fn failure(from: Rank, msg: &ControlRepr<'_>, ranks: u32) -> Option<OpError> {
+    match *msg {
+        ControlRepr::Abort { culprit, .. } if culprit < ranks => Some(OpError::PeerFailed {
             peer: Rank(culprit),
             reported_by: from,
-        },
-        abort: false,
+        }),
+        ControlRepr::Mismatch { culprit, .. } if culprit < ranks => Some(OpError::ShapeMismatch {
+            peer: Rank(culprit),
+            reported_by: from,
+        }),
+        _ => None,
     }
 }

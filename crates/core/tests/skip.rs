@@ -3,11 +3,13 @@
 //! rank that ran the operation instead can never be mistaken for the next one.
 
 use ringcast_core::wire::ControlRepr;
-use ringcast_core::{Config, Instant, Node, OpId, Rank};
+use ringcast_core::{Config, Instant, Node, OpId, Rank, broadcast_shape};
 
+/// Rank 1's `Ready` for a Broadcast of 64 KiB from rank 0 (the one this test starts).
 fn ready(op: u64) -> Vec<u8> {
     let mut v = Vec::new();
-    ControlRepr::Ready { op }.emit_vec(&mut v).unwrap();
+    let shape = broadcast_shape(Rank(0), 1 << 16);
+    ControlRepr::Ready { op, shape }.emit_vec(&mut v).unwrap();
     v
 }
 

@@ -11,7 +11,7 @@
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Barrier, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -856,4 +856,122 @@ fn survivors_name(
         );
     }
     wait_exit(kids, &survivors, deadline);
+}
+
+/// What a rank expects of an operation its ranks disagree on: a mismatch between one of the
+/// pairs `(peer, reported_by)` in `pairs`, or (`may_complete`) the right bytes for what this
+/// rank posted.
+fn disagreed<T: PartialEq>(
+    name: &str,
+    got: Result<Vec<T>, CommError>,
+    want: &[T],
+    pairs: &[(u32, u32)],
+    may_complete: bool,
+) -> Result<(), String> {
+    match got {
+        Err(CommError::ShapeMismatch { peer, reported_by })
+            if pairs.contains(&(peer, reported_by)) =>
+        {
+            Ok(())
+        }
+        Ok(v) if may_complete && v == want => Ok(()),
+        Ok(_) if may_complete => Err(format!("{name}: completed with other bytes")),
+        other => Err(format!(
+            "{name}: {:?}, not a mismatch (rank, reported by) among {pairs:?}",
+            other.map(|v| v.len())
+        )),
+    }
+}
+
+/// An erroneous program over multicast: ranks that post an operation with another length,
+/// root or kind. The barrier's hub (or the rank a stray `Ready` reaches) sees it before any
+/// data moves, and every rank fails the operation naming the odd rank, long before the peer
+/// timeout (a minute here: a failure by the deadline would name no mismatch, and the test's
+/// own 90-second deadline would end it). The ranks stay in step: the next operation completes.
+#[test]
+fn ranks_that_disagree_on_an_operation_fail_it_at_once_and_go_on() {
+    let all = Arc::new(Barrier::new(RANKS as usize));
+    world_with(
+        12,
+        |b| b.tcp_threshold(0).peer_timeout(Duration::from_secs(60)),
+        move |comm| {
+            let me = comm.rank();
+            let post = |root: u32, len: usize| {
+                let buf = if me == root {
+                    pattern(90, root, len)
+                } else {
+                    vec![0; len]
+                };
+                comm.ibroadcast(root, buf).map_err(e)
+            };
+            // Rank 2 posts twice the length: the hub, rank 0, compares.
+            let len = if me == 2 { 2 << 20 } else { 1 << 20 };
+            let got = post(0, len)?.wait();
+            disagreed("length", got, &[], &[(2, 0)], false)?;
+            // Rank 3 takes rank 1 for the root: its `Ready` reaches rank 1, no hub.
+            let got = post(if me == 3 { 1 } else { 0 }, 1 << 20)?.wait();
+            disagreed("root", got, &[], &[(3, 1)], false)?;
+            // Rank 1 posts an Allgather where the others broadcast from rank 0.
+            let got = if me == 1 {
+                comm.iallgather(&[1u8; 1 << 18], vec![0; 1 << 20])
+                    .map_err(e)?
+                    .wait()
+            } else {
+                post(0, 1 << 20)?.wait()
+            };
+            disagreed("kind", got, &[], &[(1, 0)], false)?;
+            broadcast_checked(&comm, "after", 91, 3, 1 << 20)?;
+            all.wait();
+            Ok(())
+        },
+    );
+}
+
+/// The same over the TCP trees and chains (small operations), where the pieces carry the
+/// fingerprint: the rank that receives a piece of another shape fails the operation and
+/// tells every rank. Ranks upstream of it may already have completed, with their bytes.
+#[test]
+fn ranks_that_disagree_on_a_tcp_operation_fail_it_at_once_and_go_on() {
+    let all = Arc::new(Barrier::new(RANKS as usize));
+    world_with(
+        13,
+        |b| {
+            b.tcp_threshold(4 << 20)
+                .peer_timeout(Duration::from_secs(60))
+        },
+        move |comm| {
+            let me = comm.rank();
+            // 1 MiB Broadcasts go down the chain 0 -> 1 -> 2 -> 3. Rank 2 posts twice the
+            // length: it sees rank 1's pieces; rank 3 waits on rank 2 and hears of it.
+            let len = if me == 2 { 2 << 20 } else { 1 << 20 };
+            let want = pattern(92, 0, len);
+            let buf = if me == 0 { want.clone() } else { vec![0; len] };
+            let got = comm.ibroadcast(0, buf).map_err(e)?.wait();
+            disagreed("length", got, &want, &[(1, 2)], me < 2)?;
+            // Rank 1 posts an Allgather: it sees rank 0's Broadcast, or its own block reaches
+            // rank 2 or 3 first (down its tree), whichever comes first.
+            let kind = [(0, 1), (1, 2), (1, 3)];
+            let got = if me == 1 {
+                comm.iallgather(&[1u8; 1 << 18], vec![0; 1 << 20])
+                    .map_err(e)?
+                    .wait()
+            } else {
+                let want = pattern(93, 0, 1 << 20);
+                let buf = if me == 0 {
+                    want.clone()
+                } else {
+                    vec![0; 1 << 20]
+                };
+                let got = comm.ibroadcast(0, buf).map_err(e)?.wait();
+                disagreed("kind", got, &want, &kind, me == 0)?;
+                Ok(Vec::new())
+            };
+            if me == 1 {
+                disagreed("kind", got, &[], &kind, false)?;
+            }
+            broadcast_checked(&comm, "after", 94, 3, 1 << 20)?;
+            all.wait();
+            Ok(())
+        },
+    );
 }

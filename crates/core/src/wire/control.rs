@@ -7,7 +7,8 @@
 //!  +------+--------+----------+----------+----------------+------------------------+
 //! ```
 //! All integers are big-endian. `arg` is the recovery hop count for `FetchAck`, the culprit rank
-//! for `Abort`, and zero otherwise. Runs are sorted, non-empty, disjoint and non-adjacent.
+//! for `Abort` and `Mismatch`, the operation's shape fingerprint for `Ready`, and zero
+//! otherwise. Runs are sorted, non-empty, disjoint and non-adjacent.
 //!
 //! `Lacking` (kind 9) is a `FetchNack` with knowledge: the sender's fast path is over, so it
 //! knows it misses some of the runs asked for. A `FetchNack` only says "not yet". The
@@ -37,7 +38,9 @@ pub const HEADER_LEN: usize = field::RUNS;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ControlKind {
-    /// Leaf to root: receives are posted (RNR barrier, first half).
+    /// Leaf to root: receives are posted (RNR barrier, first half); `arg` is the sender's
+    /// fingerprint of the operation's kind, root and sizes, which the hub compares with its
+    /// own.
     Ready = 1,
     /// Root to leaf: every leaf is ready, multicast starts (RNR barrier, second half).
     Go = 2,
@@ -56,6 +59,9 @@ pub enum ControlKind {
     /// Predecessor's fast path is over and it misses some requested chunks: it is recovering
     /// them; look further back the ring meanwhile.
     Lacking = 9,
+    /// The operation failed: `arg` names a rank that posted it with another kind, root or
+    /// sizes than the sender did (an erroneous program). Sent to every other rank.
+    Mismatch = 10,
 }
 
 impl ControlKind {
@@ -70,6 +76,7 @@ impl ControlKind {
             7 => ControlKind::Abort,
             8 => ControlKind::Activate,
             9 => ControlKind::Lacking,
+            10 => ControlKind::Mismatch,
             _ => return None,
         })
     }
@@ -79,7 +86,10 @@ impl ControlKind {
     }
 
     fn has_arg(self) -> bool {
-        matches!(self, ControlKind::FetchAck | ControlKind::Abort)
+        matches!(
+            self,
+            ControlKind::Ready | ControlKind::FetchAck | ControlKind::Abort | ControlKind::Mismatch
+        )
     }
 }
 
@@ -247,6 +257,8 @@ pub enum ControlRepr<'a> {
     Ready {
         /// Operation sequence number.
         op: u64,
+        /// The sender's fingerprint of the operation's shape.
+        shape: u32,
     },
     /// See [`ControlKind::Go`].
     Go {
@@ -297,6 +309,13 @@ pub enum ControlRepr<'a> {
         /// The rank that stopped answering.
         culprit: u32,
     },
+    /// See [`ControlKind::Mismatch`].
+    Mismatch {
+        /// Operation sequence number.
+        op: u64,
+        /// The rank whose shape differs from the sender's.
+        culprit: u32,
+    },
 }
 
 impl<'a> ControlRepr<'a> {
@@ -315,7 +334,7 @@ impl<'a> ControlRepr<'a> {
         let runs = RunList::Wire(&bytes[field::RUNS..]);
         runs.validate()?;
         Ok(match kind {
-            ControlKind::Ready => ControlRepr::Ready { op },
+            ControlKind::Ready => ControlRepr::Ready { op, shape: arg },
             ControlKind::Go => ControlRepr::Go { op },
             ControlKind::Fetch => ControlRepr::Fetch { op, runs },
             ControlKind::FetchAck => ControlRepr::FetchAck {
@@ -328,6 +347,7 @@ impl<'a> ControlRepr<'a> {
             ControlKind::Abort => ControlRepr::Abort { op, culprit: arg },
             ControlKind::Activate => ControlRepr::Activate { op },
             ControlKind::Lacking => ControlRepr::Lacking { op },
+            ControlKind::Mismatch => ControlRepr::Mismatch { op, culprit: arg },
         })
     }
 
@@ -339,7 +359,7 @@ impl<'a> ControlRepr<'a> {
     /// The operation sequence number the message is about.
     pub fn op(&self) -> u64 {
         match *self {
-            ControlRepr::Ready { op }
+            ControlRepr::Ready { op, .. }
             | ControlRepr::Go { op }
             | ControlRepr::Fetch { op, .. }
             | ControlRepr::FetchAck { op, .. }
@@ -347,7 +367,8 @@ impl<'a> ControlRepr<'a> {
             | ControlRepr::Fin { op }
             | ControlRepr::Activate { op }
             | ControlRepr::Lacking { op }
-            | ControlRepr::Abort { op, .. } => op,
+            | ControlRepr::Abort { op, .. }
+            | ControlRepr::Mismatch { op, .. } => op,
         }
     }
 
@@ -363,6 +384,7 @@ impl<'a> ControlRepr<'a> {
             ControlRepr::Abort { .. } => ControlKind::Abort,
             ControlRepr::Activate { .. } => ControlKind::Activate,
             ControlRepr::Lacking { .. } => ControlKind::Lacking,
+            ControlRepr::Mismatch { .. } => ControlKind::Mismatch,
         }
     }
 
@@ -398,7 +420,8 @@ impl<'a> ControlRepr<'a> {
         let buf = emit_buf(buf, len)?;
         let arg = match *self {
             ControlRepr::FetchAck { hops, .. } => hops,
-            ControlRepr::Abort { culprit, .. } => culprit,
+            ControlRepr::Abort { culprit, .. } | ControlRepr::Mismatch { culprit, .. } => culprit,
+            ControlRepr::Ready { shape, .. } => shape,
             _ => 0,
         };
         ControlPacket::new_unchecked(&mut *buf).header_mut(self.kind(), count, arg, self.op());
@@ -437,7 +460,7 @@ mod tests {
 
     const READY: [u8; 16] = [
         0x01, 0x01, 0x00, 0x00, // kind Ready, version 1, no runs
-        0x00, 0x00, 0x00, 0x00, // arg
+        0xa1, 0xb2, 0xc3, 0xd4, // shape
         0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, // op
     ];
     const GO: [u8; 16] = [
@@ -484,6 +507,11 @@ mod tests {
         0x00, 0x00, 0x00, 0x00, //
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x0c, // op 268
     ];
+    const MISMATCH: [u8; 16] = [
+        0x0a, 0x01, 0x00, 0x00, // kind Mismatch, version 1, no runs
+        0x00, 0x00, 0x02, 0x05, // culprit 517
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0x0d, // op 781
+    ];
 
     const FETCH_RUNS: [ChunkRun; 2] = [
         ChunkRun { start: 1, len: 2 },
@@ -498,12 +526,13 @@ mod tests {
     }];
 
     /// Every kind once, with the bytes it must have.
-    fn vectors() -> [(&'static [u8], ControlRepr<'static>); 9] {
+    fn vectors() -> [(&'static [u8], ControlRepr<'static>); 10] {
         [
             (
                 &READY,
                 ControlRepr::Ready {
                     op: 0x0102_0304_0506_0708,
+                    shape: 0xa1b2_c3d4,
                 },
             ),
             (&GO, ControlRepr::Go { op: u64::MAX }),
@@ -533,6 +562,13 @@ mod tests {
             ),
             (&ACTIVATE, ControlRepr::Activate { op: 4 }),
             (&LACKING, ControlRepr::Lacking { op: 268 }),
+            (
+                &MISMATCH,
+                ControlRepr::Mismatch {
+                    op: 781,
+                    culprit: 517,
+                },
+            ),
         ]
     }
 
@@ -569,9 +605,9 @@ mod tests {
     #[test]
     fn every_kind_is_covered() {
         let kinds: Vec<u8> = vectors().iter().map(|(_, r)| r.kind() as u8).collect();
-        assert_eq!(kinds, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(kinds, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
         for k in 0..=u8::MAX {
-            assert_eq!(ControlKind::from_u8(k).is_some(), (1..=9).contains(&k));
+            assert_eq!(ControlKind::from_u8(k).is_some(), (1..=10).contains(&k));
         }
     }
 
@@ -598,13 +634,13 @@ mod tests {
         0x06, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
     ];
-    /// Kind 0 and kind 10 do not exist.
+    /// Kind 0 and kind 11 do not exist.
     const BAD_KIND_0: [u8; 16] = [
         0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
     ];
-    const BAD_KIND_10: [u8; 16] = [
-        0x0a, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
+    const BAD_KIND_11: [u8; 16] = [
+        0x0b, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
     ];
     /// Lacking with an argument.
@@ -712,7 +748,7 @@ mod tests {
             ("runs on Lacking", &RUNS_ON_LACKING),
             ("bad version", &BAD_VERSION),
             ("kind 0", &BAD_KIND_0),
-            ("kind 10", &BAD_KIND_10),
+            ("kind 11", &BAD_KIND_11),
             ("arg on Fin", &ARG_ON_FIN),
             ("arg on Fetch", &ARG_ON_FETCH),
             ("runs on Go", &RUNS_ON_GO),

@@ -236,6 +236,12 @@ impl Net {
         self.start_at(at, skew_ns, Start::Allgather { sizes });
     }
 
+    /// Schedules `what` on rank `rank` alone at time `at` (ranks that disagree on an
+    /// operation: an erroneous program).
+    pub fn start_rank(&mut self, at: u64, rank: u32, what: Start) {
+        self.push(at, Ev::Start { rank, what });
+    }
+
     fn start_at(&mut self, at: u64, skew_ns: u64, what: Start) {
         for r in 0..self.ranks() {
             self.push(

@@ -567,7 +567,11 @@ impl Engine {
         };
         // What the application is told, decided once.
         let told = verdict.err().map(|e| self.blame(e));
-        if let Some(t) = &told {
+        // A rank that failed names the culprit of later losses; one that posted another
+        // shape is alive and well.
+        if let Some(t) = &told
+            && !matches!(t, CommError::ShapeMismatch { .. })
+        {
             self.culprit = self.culprit.or(t.peer());
         }
         let Some(i) = self.live.iter().position(|l| l.op == op) else {

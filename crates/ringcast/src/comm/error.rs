@@ -38,6 +38,21 @@ pub enum CommError {
         /// The rank lost.
         peer: u32,
     },
+    /// Rank `peer` posted this operation with another kind, root or size than rank
+    /// `reported_by` did: an erroneous program (every rank must post the same collectives in
+    /// the same order, with the same root and sizes). Found before any data moved; every
+    /// rank fails the operation, and the communicator goes on with the next one.
+    #[error(
+        "rank {peer} posted this operation with another kind, root or size than rank \
+         {reported_by} did (every rank must post the same collectives in the same order, \
+         with the same root and sizes)"
+    )]
+    ShapeMismatch {
+        /// The rank whose operation differs.
+        peer: u32,
+        /// The rank that compared.
+        reported_by: u32,
+    },
     /// The communicator was dropped (or its engine stopped) before the operation finished.
     #[error("cancelled: the communicator was dropped before the operation finished")]
     Cancelled,
@@ -82,7 +97,8 @@ impl CommError {
             CommError::PeerUnresponsive { peer }
             | CommError::PeerFailed { peer, .. }
             | CommError::ReadFailed { peer }
-            | CommError::PeerLost { peer } => Some(peer),
+            | CommError::PeerLost { peer }
+            | CommError::ShapeMismatch { peer, .. } => Some(peer),
             _ => None,
         }
     }
@@ -97,6 +113,10 @@ impl From<OpError> for CommError {
             },
             OpError::ReadFailed { peer } => CommError::ReadFailed { peer: peer.0 },
             OpError::PeerLost { peer } => CommError::PeerLost { peer: peer.0 },
+            OpError::ShapeMismatch { peer, reported_by } => CommError::ShapeMismatch {
+                peer: peer.0,
+                reported_by: reported_by.0,
+            },
             // `PeerUnresponsive`, and any later variant, blame `peer()`.
             other => CommError::PeerUnresponsive {
                 peer: other.peer().0,

@@ -22,7 +22,8 @@
 //! mesh's I/O itself ([`ControlConfig::inline_io`](ringcast_transport_rocev2_udp::ControlConfig::inline_io)):
 //! it waits in [`TcpControl::poll_io`], which a piece arriving or a post ([`IoWaker`]) ends,
 //! so a piece costs one thread wake-up at each hop instead of two. Data moves in pieces of
-//! [`PIECE`] bytes, each a message `0xF1, 0, 0, 0, block u32, op u64, offset u64, bytes`:
+//! [`PIECE`] bytes, each a message `0xF1, 0, 0, 0, block u32, op u64, offset u64, shape u32,
+//! bytes` (`shape`: the sender's fingerprint of the operation, see below):
 //! * **Allgather(v)**: a pipelined ring. Each rank sends its block to its right neighbour;
 //!   every piece received from the left is written in place and passed on to the right
 //!   unless the right neighbour is the block's owner. `P - 1` hops, each link carries every
@@ -46,6 +47,14 @@
 //! its distance from the block's owner (the peer timeout, plus half of it per hop beyond the
 //! first): the children of a hung rank give up first and name it, before a rank further down
 //! would name the live parent that only had nothing to pass on.
+//!
+//! A piece carries its sender's fingerprint of the operation's kind, root and sizes
+//! ([`ringcast_core::broadcast_shape`], the one the multicast barrier compares). A rank that
+//! receives a piece whose fingerprint differs from its own (an erroneous program: the ranks
+//! disagree on the operation) fails it with [`CommError::ShapeMismatch`] naming the sender,
+//! and tells every rank (`KIND_ABORT` with reason 1), so no rank waits for pieces that will
+//! never come. Which ranks hear of it depends on where pieces flow: a disagreement that no
+//! piece crosses ends at the peer timeout, as a hang does.
 //!
 //! ## The switch on loss
 //! Each completed multicast operation's [`OpStats`] feeds a window: chunks fetched (ring
@@ -73,8 +82,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
-use ringcast_core::Rank;
 use ringcast_core::port::{ControlInput, ControlPort};
+use ringcast_core::{Rank, allgather_shape, broadcast_shape};
 use ringcast_transport_rocev2_udp::{IoWaker, TcpControl};
 
 use super::engine::{Command, Kind, Post, PostTx};
@@ -89,7 +98,7 @@ pub(crate) const MIN_SAMPLE: u64 = 64;
 /// TCP operations remembered as ended (see `Dispatcher::ended`).
 const ENDED_KEEP: usize = 1024;
 /// Bytes of a piece's header.
-const PIECE_HEADER: usize = 24;
+const PIECE_HEADER: usize = 28;
 const KIND_PIECE: u8 = 0xF1;
 const KIND_LOSS: u8 = 0xF2;
 const KIND_FREEZE: u8 = 0xF3;
@@ -97,6 +106,10 @@ const KIND_FROZEN: u8 = 0xF4;
 const KIND_SWITCH: u8 = 0xF5;
 /// `0xF6, 0, 0, 0, peer u32, op u64`: operation `op` timed out at the sender waiting on `peer`.
 const KIND_ABORT: u8 = 0xF6;
+/// `KIND_ABORT`'s reason byte: the operation timed out waiting on the named rank.
+const ABORT_TIMEOUT: u8 = 0;
+/// `KIND_ABORT`'s reason byte: the named rank posted the operation with another shape.
+const ABORT_MISMATCH: u8 = 1;
 /// With TCP work in flight, the longest the dispatcher parks when nothing moved. Every input
 /// wakes it (a post, a loss report, the mesh's I/O thread), so this only paces the checks of
 /// the peer timeout.
@@ -504,6 +517,8 @@ impl Shape {
 struct TcpOp {
     k: u64,
     shape: Shape,
+    /// This rank's fingerprint of the operation's kind, root and sizes.
+    fingerprint: u32,
     buf: Vec<u8>,
     reply: SyncSender<Completion>,
     span: tracing::Span,
@@ -539,9 +554,9 @@ struct Dispatcher {
     /// The last [`ENDED_KEEP`] TCP operations that ended here (completed or failed): a piece
     /// of one of them is dropped, not kept as early.
     ended: VecDeque<u64>,
-    /// Operations a peer gave up on before they started here: the rank it waited on, and
-    /// the peer.
-    aborts: HashMap<u64, (u32, u32)>,
+    /// Operations a peer gave up on before they started here, with the error they fail
+    /// with.
+    aborts: HashMap<u64, CommError>,
     /// One past the last TCP operation started here (for the goodbye's mark).
     next_tcp: u64,
     /// The peers lost, in the order their connections closed, each with the first TCP
@@ -555,14 +570,24 @@ struct Dispatcher {
     scratch: Vec<u8>,
 }
 
-/// Clears `out` and writes a piece's header into it: block `block` of operation `k`, its data
-/// starting at `offset` within the block (the data follows).
-fn piece_header(out: &mut Vec<u8>, block: u32, k: u64, offset: u64) {
+/// Clears `out` and writes a piece's header into it: block `block` of operation `k` (of
+/// shape fingerprint `shape`), its data starting at `offset` within the block (the data
+/// follows).
+fn piece_header(out: &mut Vec<u8>, block: u32, k: u64, offset: u64, shape: u32) {
     out.clear();
     out.extend_from_slice(&[KIND_PIECE, 0, 0, 0]);
     out.extend_from_slice(&block.to_be_bytes());
     out.extend_from_slice(&k.to_be_bytes());
     out.extend_from_slice(&offset.to_be_bytes());
+    out.extend_from_slice(&shape.to_be_bytes());
+}
+
+/// A `KIND_ABORT` message: operation `k` failed for `reason`, naming `peer`.
+fn abort_message(reason: u8, peer: u32, k: u64) -> Vec<u8> {
+    let mut b = vec![KIND_ABORT, reason, 0, 0];
+    b.extend_from_slice(&peer.to_be_bytes());
+    b.extend_from_slice(&k.to_be_bytes());
+    b
 }
 
 /// Rank `me`'s parent in the binomial tree of `size` ranks rooted at `root` (`None` at the
@@ -874,9 +899,21 @@ impl Dispatcher {
                 self.try_conclude();
             }
             Some(KIND_ABORT) => {
-                if let (Some(peer), Some(k)) = (u32_at(b, 4), u64_at(b, 8)) {
-                    self.aborted(from, k, peer);
-                }
+                let (Some(peer), Some(k)) = (u32_at(b, 4), u64_at(b, 8)) else {
+                    return;
+                };
+                let e = match b.get(1).copied() {
+                    Some(ABORT_TIMEOUT) => CommError::PeerFailed {
+                        peer,
+                        reported_by: from,
+                    },
+                    Some(ABORT_MISMATCH) => CommError::ShapeMismatch {
+                        peer,
+                        reported_by: from,
+                    },
+                    _ => return,
+                };
+                self.aborted(k, e);
             }
             Some(KIND_SWITCH) if from == 0 => {
                 let (Some(rank), Some(at), Some(op), Some(permille)) =
@@ -903,13 +940,30 @@ impl Dispatcher {
             return;
         };
         match self.active.iter().position(|o| o.k == k) {
-            Some(i) => self.place(i, from, &msg),
+            Some(i) => {
+                self.place_or_refuse(i, from, &msg);
+            }
             None if self.ended.contains(&k) => {
                 tracing::debug!(op = k, "fallback: piece of a finished operation ignored");
             }
             None => self.early.entry(k).or_default().push((from, msg)),
         }
         self.reap();
+    }
+
+    /// [`Self::place`]s a piece from `from` into operation `i`, or fails the operation if
+    /// the piece's sender posted it with another shape. False if the operation ended.
+    fn place_or_refuse(&mut self, i: usize, from: u32, msg: &[u8]) -> bool {
+        if u32_at(msg, 24).is_some_and(|s| s != self.active[i].fingerprint) {
+            let e = CommError::ShapeMismatch {
+                peer: from,
+                reported_by: self.cfg.rank,
+            };
+            self.give_up(i, ABORT_MISMATCH, from, e);
+            return false;
+        }
+        self.place(i, from, msg);
+        true
     }
 
     /// Writes a piece from `from` into operation `i` and passes it on.
@@ -975,13 +1029,17 @@ impl Dispatcher {
     fn start(&mut self, k: u64, p: Post) {
         let (me, size) = (self.cfg.rank, self.cfg.size);
         self.next_tcp = self.next_tcp.max(k + 1);
-        if let Some((peer, reported_by)) = self.aborts.remove(&k) {
+        if let Some(e) = self.aborts.remove(&k) {
             // A peer already gave up on it.
             self.ended(k);
-            self.fail(p.reply, CommError::PeerFailed { peer, reported_by });
+            self.fail(p.reply, e);
             return;
         }
         let len = p.buf.len() as u64;
+        let fingerprint = match &p.kind {
+            Kind::Broadcast { root } => broadcast_shape(Rank(*root), len),
+            Kind::Allgather { sizes } => allgather_shape(sizes),
+        };
         let (shape, own_block, own_at, own_len, want) = match p.kind {
             Kind::Broadcast { root } => {
                 let want = if root == me { 0 } else { len };
@@ -1025,6 +1083,7 @@ impl Dispatcher {
         let mut op = TcpOp {
             k,
             shape,
+            fingerprint,
             buf: p.buf,
             reply: p.reply,
             span: p.span,
@@ -1041,7 +1100,7 @@ impl Dispatcher {
             let mut off = 0u64;
             while off < own_len {
                 let n = (own_len - off).min(self.cfg.piece as u64);
-                piece_header(&mut self.scratch, own_block, k, off);
+                piece_header(&mut self.scratch, own_block, k, off, fingerprint);
                 let s = (own_at + off) as usize;
                 self.scratch.extend_from_slice(&op.buf[s..s + n as usize]);
                 for &to in &hops {
@@ -1059,7 +1118,9 @@ impl Dispatcher {
         self.active.push(op);
         let i = self.active.len() - 1;
         for (from, m) in self.early.remove(&k).unwrap_or_default() {
-            self.place(i, from, &m);
+            if !self.place_or_refuse(i, from, &m) {
+                break;
+            }
         }
         self.reap();
     }
@@ -1147,23 +1208,26 @@ impl Dispatcher {
                 i += 1;
                 continue;
             }
-            let op = self.active.swap_remove(i);
-            self.ended(op.k);
-            op.span
-                .in_scope(|| tracing::warn!(op = op.k, peer, "TCP operation timed out"));
-            let mut b = vec![KIND_ABORT, 0, 0, 0];
-            b.extend_from_slice(&peer.to_be_bytes());
-            b.extend_from_slice(&op.k.to_be_bytes());
-            for to in (0..size).filter(|&r| r != me) {
-                self.mesh.send_control(Rank(to), &b);
-            }
-            self.fail(op.reply, CommError::PeerUnresponsive { peer });
+            self.give_up(i, ABORT_TIMEOUT, peer, CommError::PeerUnresponsive { peer });
         }
     }
 
-    /// `from` gave up on operation `k` waiting on `peer`: it fails here too (now, or when it
-    /// starts), naming `peer`.
-    fn aborted(&mut self, from: u32, k: u64, peer: u32) {
+    /// Fails operation `i` with `e`, and tells every other rank (`KIND_ABORT` for `reason`,
+    /// naming `peer`).
+    fn give_up(&mut self, i: usize, reason: u8, peer: u32, e: CommError) {
+        let op = self.active.swap_remove(i);
+        self.ended(op.k);
+        op.span
+            .in_scope(|| tracing::warn!(op = op.k, error = %e, "TCP operation failed"));
+        let b = abort_message(reason, peer, op.k);
+        for to in (0..self.cfg.size).filter(|&r| r != self.cfg.rank) {
+            self.mesh.send_control(Rank(to), &b);
+        }
+        self.fail(op.reply, e);
+    }
+
+    /// A peer gave up on operation `k`: it fails here too with `e` (now, or when it starts).
+    fn aborted(&mut self, k: u64, e: CommError) {
         if self.ended.contains(&k) {
             return;
         }
@@ -1171,19 +1235,12 @@ impl Dispatcher {
             Some(i) => {
                 let op = self.active.swap_remove(i);
                 self.ended(op.k);
-                op.span.in_scope(|| {
-                    tracing::warn!(op = k, peer, reported_by = from, "TCP operation aborted")
-                });
-                self.fail(
-                    op.reply,
-                    CommError::PeerFailed {
-                        peer,
-                        reported_by: from,
-                    },
-                );
+                op.span
+                    .in_scope(|| tracing::warn!(op = k, error = %e, "TCP operation aborted"));
+                self.fail(op.reply, e);
             }
             None => {
-                self.aborts.entry(k).or_insert((peer, from));
+                self.aborts.entry(k).or_insert(e);
             }
         }
     }
@@ -1288,9 +1345,10 @@ mod tests {
         let mut one = m.pop().expect("rank 1");
         let mut zero = m.pop().expect("rank 0");
         let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        let shape = broadcast_shape(Rank(0), data.len() as u64);
         let piece = |offset: usize, end: usize| {
             let mut p = Vec::new();
-            piece_header(&mut p, 0, 0, offset as u64);
+            piece_header(&mut p, 0, 0, offset as u64, shape);
             p.extend_from_slice(&data[offset..end]);
             p
         };
@@ -1345,7 +1403,7 @@ mod tests {
         let data = |k: u64| -> Vec<u8> { (0..3000u32).map(|i| (i as u64 * 3 + k) as u8).collect() };
         for k in 0..3u64 {
             let mut p = Vec::new();
-            piece_header(&mut p, 0, k, 0);
+            piece_header(&mut p, 0, k, 0, broadcast_shape(Rank(0), 3000));
             p.extend_from_slice(&data(k));
             zero.send_control(Rank(1), &p);
         }

@@ -18,6 +18,17 @@
 //! queues what exceeds the core's in-flight limit), and they may complete in any order.
 //! Posting from several threads at once is allowed, but then the order is theirs to agree on.
 //!
+//! A program that breaks this rule does not hang and gets no other operation's bytes: each
+//! operation carries a fingerprint of its kind, root and sizes
+//! ([`ringcast_core::broadcast_shape`]). Over multicast the barrier compares them before any
+//! data moves, and every rank fails the operation with [`CommError::ShapeMismatch`] naming a
+//! rank that differs; the next operation runs as usual. Over TCP the pieces carry it, and the
+//! rank that receives one of another shape fails the operation and tells every rank (ranks
+//! upstream of it may have completed already, with the bytes they posted for). A disagreement
+//! no message crosses (a rank that takes itself for the root where the others name another;
+//! ranks that disagree on a length across [`CommBuilder::tcp_threshold`], so that they run
+//! the operation on different paths) ends at the peer timeout instead, naming a rank waited on.
+//!
 //! ## Buffers and soundness
 //! Non-blocking calls take an owned `Vec<T>` and hand it back from [`Request::wait`], in the
 //! style of tokio-uring: the engine owns the bytes while the operation runs, so a dropped or
