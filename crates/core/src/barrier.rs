@@ -11,11 +11,18 @@
 //! can reach a lane before its operation.
 //!
 //! `Ready` carries the sender's fingerprint of the operation's shape (see [`crate::shape`]).
-//! The hub compares it with its own; a rank that is not the hub has no `Ready` to expect, so
-//! one that reaches it says that its sender took another rank for the root. Either way the
-//! rank that sees the difference fails the operation and tells every other rank
-//! (`Mismatch`, naming the sender), before `Go`: no chunk of it is ever sent, and the ranks
-//! stay in step for the next operation.
+//! The hub compares it with its own, and a hub other than rank 0 also sends its own `Ready`
+//! to rank 0 (the witness), which compares it too. No other rank expects a `Ready`, so one
+//! that reaches it says that its sender took another rank for the root. The rank that sees a
+//! difference fails the operation and tells every other rank (`Mismatch`, naming the
+//! sender), before `Go`: no chunk of it is ever sent, and the ranks stay in step for the next
+//! operation.
+//!
+//! With the witness every disagreement is seen: a rank whose shape differs from rank 0's
+//! sends its `Ready` to the hub it believes in, which is rank 0 (which compares), a rank of
+//! another shape (a hub compares; any other rank did not expect it), or a rank of its own
+//! shape that is a hub, whose witness rank 0 compares. (Not seen: a rank whose operation is
+//! empty completes at once and sends nothing; others wait for it until the peer timeout.)
 
 use crate::config::Rank;
 use crate::event::OpError;
@@ -89,27 +96,37 @@ impl Collective {
     pub(crate) fn on_start(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
         self.open_lanes(cx);
         if self.barrier.is_hub() {
+            if self.me != Rank(0) {
+                cx.send(Rank(0), self.ready_msg());
+            }
             self.timers
                 .set(Timer::Ready, cx.now + cx.config.peer_timeout);
             self.maybe_go(cx)
         } else {
             let hub = self.barrier.hub();
-            let mut ready = ControlMsg::simple(ControlKind::Ready, self.id.0);
-            ready.arg = self.barrier.shape;
-            cx.send(hub, ready);
+            cx.send(hub, self.ready_msg());
             self.timers
                 .set(Timer::Go, cx.now + cx.config.peer_timeout * 2);
             None
         }
     }
 
-    /// Hub: a rank posted its receives, for an operation of shape `shape`. Anywhere else,
-    /// or with a shape other than this rank's, the ranks disagree on the operation.
+    /// `Ready` with this rank's shape fingerprint.
+    fn ready_msg(&self) -> ControlMsg {
+        let mut m = ControlMsg::simple(ControlKind::Ready, self.id.0);
+        m.arg = self.barrier.shape;
+        m
+    }
+
+    /// Hub: a rank posted its receives, for an operation of shape `shape`. Rank 0: the hub's
+    /// witness. Anywhere else, or with a shape other than this rank's, the ranks disagree on
+    /// the operation.
     pub(crate) fn on_ready(&mut self, cx: &mut Ctx<'_>, from: Rank, shape: u32) -> Option<Outcome> {
-        if self.phase == Phase::Barrier
-            && from != self.me
-            && (!self.barrier.is_hub() || shape != self.barrier.shape)
-        {
+        let same = shape == self.barrier.shape;
+        if !self.barrier.is_hub() && self.me == Rank(0) && from == self.barrier.hub() && same {
+            return None;
+        }
+        if self.phase == Phase::Barrier && from != self.me && (!self.barrier.is_hub() || !same) {
             return Some(Outcome::Failed {
                 error: OpError::ShapeMismatch {
                     peer: from,

@@ -23,6 +23,9 @@ struct Early {
     abort: Option<OpError>,
 }
 
+/// How many ids taken with `skip_op` a session remembers (see [`Session::skip_op`]).
+const SKIPPED_KEEP: usize = 256;
+
 enum EarlyKind {
     Ready(u32),
     Activate,
@@ -55,6 +58,9 @@ pub struct Session {
     out: VecDeque<Outgoing>,
     events: VecDeque<Event>,
     early: Vec<Early>,
+    /// The last [`SKIPPED_KEEP`] ids taken with `skip_op`, each with whether the other ranks
+    /// were told that a rank started it here.
+    skipped: VecDeque<(u64, bool)>,
     stats: Stats,
     lane_out: VecDeque<LaneCommand>,
     next_read: u64,
@@ -87,6 +93,7 @@ impl Session {
             out: VecDeque::new(),
             events: VecDeque::new(),
             early: Vec::new(),
+            skipped: VecDeque::new(),
             stats: Stats::default(),
             lane_out: VecDeque::new(),
             next_read: 0,
@@ -139,13 +146,50 @@ impl Session {
     /// another path (ringcast sends short ones over TCP). Every rank must skip the same ids,
     /// in the same order relative to the collectives it starts, so that ids keep naming the
     /// same operation everywhere; a rank that started the operation instead waits for ranks
-    /// that skipped it and fails it at its deadline, never mistaking it for the next one.
-    /// Messages for a skipped id are stale.
+    /// that skipped it, never mistaking it for the next one. Messages for a skipped id are
+    /// stale, but a `Ready` for it (before or after the skip) says that its sender started
+    /// the operation: this rank tells every other one (`Mismatch`, naming the sender), so
+    /// that the ranks that started it fail it at once, not at their deadline.
     pub fn skip_op(&mut self) -> OpId {
         let id = OpId(self.next_seq);
         self.next_seq += 1;
-        self.early.retain(|e| e.seq != id.0);
+        if self.skipped.len() == SKIPPED_KEEP {
+            self.skipped.pop_front();
+        }
+        self.skipped.push_back((id.0, false));
+        let early = self.early.iter().position(|e| e.seq == id.0);
+        if let Some(e) = early.map(|i| self.early.swap_remove(i))
+            && let Some(&(from, _)) = e.ready.first()
+        {
+            self.started_elsewhere(id.0, from);
+        }
         id
+    }
+
+    /// `from` started operation `seq`, which this rank skipped: tells every other rank, once.
+    fn started_elsewhere(&mut self, seq: u64, from: Rank) {
+        let Some(told) = self
+            .skipped
+            .iter_mut()
+            .find(|(s, _)| *s == seq)
+            .map(|(_, t)| t)
+        else {
+            return;
+        };
+        if core::mem::replace(told, true) {
+            return;
+        }
+        for r in (0..self.config.ranks).map(Rank) {
+            if r != self.config.rank {
+                let msg = ControlMsg {
+                    kind: ControlKind::Mismatch,
+                    op: seq,
+                    arg: from.0,
+                    runs: Vec::new(),
+                };
+                self.out.push_back(Outgoing::Control { to: r, msg });
+            }
+        }
     }
 
     fn start(
@@ -246,6 +290,9 @@ impl Session {
         let window = u64::from(self.config.limits.max_inflight_ops);
         if seq < self.next_seq {
             bump(&mut self.stats.control_stale);
+            if let ControlRepr::Ready { .. } = msg {
+                self.started_elsewhere(seq, from);
+            }
             return;
         }
         let keep = match *msg {

@@ -1,9 +1,11 @@
 //! Ids taken with `skip_op` (operations that run over another path) are never started here:
 //! the next collective gets the id after them, and a message for a skipped id is stale, so a
-//! rank that ran the operation instead can never be mistaken for the next one.
+//! rank that ran the operation instead can never be mistaken for the next one. A `Ready` for
+//! a skipped id says the ranks disagree on where the operation runs: the others are told once
+//! (`Mismatch`), so that the ranks that started it fail it at once.
 
 use ringcast_core::wire::ControlRepr;
-use ringcast_core::{Config, Instant, Node, OpId, Rank, broadcast_shape};
+use ringcast_core::{Config, Instant, Node, OpId, Rank, Transmit, broadcast_shape};
 
 /// Rank 1's `Ready` for a Broadcast of 64 KiB from rank 0 (the one this test starts).
 fn ready(op: u64) -> Vec<u8> {
@@ -24,14 +26,27 @@ fn skipped_ids_are_never_started_and_their_messages_are_stale() {
     let b = n.start_broadcast(now, Rank(0), 1 << 16).unwrap();
     assert_eq!(b, OpId(1));
     assert_eq!(n.inflight(), 1);
-    // The kept `Ready` went with the skip: operation 1 (this rank is its hub) still waits
-    // for rank 1's own `Ready`.
+    // The kept `Ready` went with the skip, and rank 1 hears that it started an operation
+    // this rank skipped; operation 1 (this rank is its hub) still waits for rank 1's own
+    // `Ready`.
     let mut buf = Vec::new();
-    let mut sent = 0;
-    while n.poll_transmit(&mut buf).is_some() {
-        sent += 1;
-    }
-    assert_eq!(sent, 0, "no Go before rank 1 is ready for operation 1");
+    let mut sent = Vec::new();
+    let mut drain = |n: &mut Node| {
+        while let Some(t) = n.poll_transmit(&mut buf) {
+            if let Transmit::Control { to, len } = t {
+                sent.push((
+                    to,
+                    format!("{:?}", ControlRepr::parse_bytes(&buf[..len]).unwrap()),
+                ));
+            }
+        }
+        std::mem::take(&mut sent)
+    };
+    assert_eq!(
+        drain(&mut n),
+        [(Rank(1), "Mismatch { op: 0, culprit: 1 }".to_owned())],
+        "no Go before rank 1 is ready for operation 1"
+    );
     let stale = n.stats().control_stale;
     n.handle_control(now, Rank(1), &ready(0));
     assert_eq!(
@@ -39,10 +54,12 @@ fn skipped_ids_are_never_started_and_their_messages_are_stale() {
         stale + 1,
         "a Ready for a skipped id is stale"
     );
+    assert_eq!(drain(&mut n), [], "the ranks are told once");
     n.handle_control(now, Rank(1), &ready(1));
-    let mut go = 0;
-    while n.poll_transmit(&mut buf).is_some() {
-        go += 1;
-    }
-    assert!(go > 0, "operation 1 goes on once rank 1 is ready for it");
+    let sent = drain(&mut n);
+    assert_eq!(
+        sent.first(),
+        Some(&(Rank(1), "Go { op: 1 }".to_owned())),
+        "operation 1 goes on once rank 1 is ready for it: {sent:?}"
+    );
 }

@@ -433,7 +433,8 @@ fn settled(reqs: Vec<ringcast::Request<u8>>) -> Result<(), String> {
 /// 60 000, across the TCP threshold, so the ranks disagree on where the operation runs. No
 /// rank may end up with another operation's bytes: every result is the right one or an
 /// error, and the operations after it, on which the ranks agree, still line up (the ranks
-/// that ran it over TCP skipped its id in the multicast engine).
+/// that ran it over TCP skipped its id in the multicast engine, and the hub that skipped it
+/// tells the ranks that started it).
 #[test]
 fn ranks_disagreeing_on_a_length_get_errors_never_other_bytes() {
     let got = world_with(
@@ -478,6 +479,16 @@ fn ranks_disagreeing_on_a_length_get_errors_never_other_bytes() {
     for (r, v) in got.iter().enumerate() {
         assert_eq!(v[1], "big ok", "rank {r}: {v:?}");
         assert_eq!(v[2], "small ok", "rank {r}: {v:?}");
+    }
+    // Ranks 1 and 3 started it over multicast: the first `Ready` to reach rank 0, the hub,
+    // which skipped it, made it tell them (not their peer timeout).
+    for r in [1, 3] {
+        let told = [1, 3].map(|x| format!("a failed: rank {x} posted this operation with another"));
+        assert!(
+            told.iter().any(|t| got[r][0].starts_with(t)),
+            "rank {r}: {:?}",
+            got[r]
+        );
     }
 }
 
@@ -920,6 +931,10 @@ fn ranks_that_disagree_on_an_operation_fail_it_at_once_and_go_on() {
                 post(0, 1 << 20)?.wait()
             };
             disagreed("kind", got, &[], &[(1, 0)], false)?;
+            // Rank 1 takes itself for the root: it expects every `Ready` and sends none, but
+            // as a hub other than rank 0 it sends rank 0 its witness.
+            let got = post(if me == 1 { 1 } else { 0 }, 1 << 20)?.wait();
+            disagreed("self-root", got, &[], &[(1, 0)], false)?;
             broadcast_checked(&comm, "after", 91, 3, 1 << 20)?;
             all.wait();
             Ok(())

@@ -12,8 +12,9 @@
 //! [`FallbackConfig::tcp_threshold`]) runs over TCP even while multicast works; every post to
 //! the engine carries its index, and the engine skips the ids of the operations it did not
 //! get: its ids then name the same operation on every rank even in an erroneous program whose
-//! ranks disagree on a length across the threshold, which fails (a rank waits for ranks that
-//! ran it elsewhere) instead of matching one rank's operation with another's next one.
+//! ranks disagree on a length across the threshold, which fails (a barrier hub that skipped it
+//! tells the ranks that started it; otherwise a rank waits for ranks that ran it elsewhere
+//! until the peer timeout) instead of matching one rank's operation with another's next one.
 //!
 //! ## The TCP collectives
 //! Over a TCP mesh ([`TcpControl`]): the control mesh itself when the start-up check failed

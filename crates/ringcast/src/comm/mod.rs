@@ -21,13 +21,17 @@
 //! A program that breaks this rule does not hang and gets no other operation's bytes: each
 //! operation carries a fingerprint of its kind, root and sizes
 //! ([`ringcast_core::broadcast_shape`]). Over multicast the barrier compares them before any
-//! data moves, and every rank fails the operation with [`CommError::ShapeMismatch`] naming a
-//! rank that differs; the next operation runs as usual. Over TCP the pieces carry it, and the
-//! rank that receives one of another shape fails the operation and tells every rank (ranks
-//! upstream of it may have completed already, with the bytes they posted for). A disagreement
-//! no message crosses (a rank that takes itself for the root where the others name another;
-//! ranks that disagree on a length across [`CommBuilder::tcp_threshold`], so that they run
-//! the operation on different paths) ends at the peer timeout instead, naming a rank waited on.
+//! data moves (every disagreement is seen, see the core's barrier), and every rank fails the
+//! operation with [`CommError::ShapeMismatch`] naming a rank that differs; the next operation
+//! runs as usual. Over TCP the pieces carry it, and the rank that receives one of another
+//! shape fails the operation and tells every rank (ranks upstream of it may have completed
+//! already, with the bytes they posted for). Ranks that disagree on a length across
+//! [`CommBuilder::tcp_threshold`] run the operation on different paths: the ranks that started
+//! it over multicast fail it at once when their barrier's hub ran it over TCP (it tells them),
+//! else at the peer timeout, naming a rank waited on, as do the ranks that run it over TCP
+//! and wait for pieces that a multicast rank never sends. An operation that is empty at one
+//! rank and not at another ends the same way (the empty one completes at once and sends
+//! nothing).
 //!
 //! ## Buffers and soundness
 //! Non-blocking calls take an owned `Vec<T>` and hand it back from [`Request::wait`], in the
