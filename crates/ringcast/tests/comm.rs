@@ -609,17 +609,25 @@ fn child(role: &str) -> Result<(), String> {
             say("OK");
             Ok(())
         }
-        "victim" | "victim-small" => {
+        "victim" | "victim-small" | "victim-chain" | "victim-ring" => {
             let mut x = [0u8; 8];
             comm.broadcast(0, &mut x).map_err(e)?;
-            let victim = n - 1;
+            let victim = victim_of(role, n);
             if me == victim {
                 // Stops short of the collective the others are in, and waits to be killed.
                 say("POSTED");
                 thread::sleep(Duration::from_secs(120));
                 return Err("not killed".into());
             }
-            let req = if role == "victim" {
+            // Over TCP: a 4 KiB-per-rank Allgather down the trees, an 8 MiB Broadcast down the
+            // chain, a 1 MiB-per-rank Allgather around the ring. Every survivor needs what the
+            // victim holds or passes on, most of them through another rank.
+            let block = match role {
+                "victim-small" => 4096,
+                "victim-ring" => 1 << 20,
+                _ => 0,
+            };
+            let req = if block == 0 {
                 let len = 8 << 20;
                 let buf = if me == 0 {
                     pattern(22, 0, len)
@@ -628,9 +636,7 @@ fn child(role: &str) -> Result<(), String> {
                 };
                 comm.ibroadcast(0, buf)
             } else {
-                // A 4 KiB-per-rank Allgather over the TCP trees: every survivor needs the
-                // victim's block, most of them through another rank.
-                comm.iallgather(&pattern(23, me, 4096), vec![0u8; 4096 * n as usize])
+                comm.iallgather(&pattern(23, me, block), vec![0u8; block * n as usize])
             }
             .map_err(e)?;
             say("POSTED");
@@ -639,11 +645,22 @@ fn child(role: &str) -> Result<(), String> {
                     say(&format!("FAILED peer={:?} {err}", err.peer()));
                     Ok(())
                 }
+                // The chain's root only sends: it is done once its pieces are queued.
+                Ok(_) if role == "victim-chain" && me == 0 => {
+                    say("SENT");
+                    Ok(())
+                }
                 Ok(_) => Err("completed without the victim".into()),
             }
         }
         other => Err(format!("unknown role {other}")),
     }
+}
+
+/// The rank a `victim` role stops or kills: the last one, or for the chain (from rank 0) the
+/// second, so that two ranks wait behind it.
+fn victim_of(role: &str, n: u32) -> u32 {
+    if role == "victim-chain" { 1 } else { n - 1 }
 }
 
 /// A process whose hard limit on open files cannot hold a connection to every peer gets a
@@ -711,11 +728,14 @@ fn spawn_children(role: &str, peer_timeout_s: u32) -> (Children, mpsc::Receiver<
             .env("RINGCAST_BOOTSTRAP", &bootstrap)
             .env("RINGCAST_PORT", &port)
             .env("RINGCAST_LANES", "2")
-            // The "-small" roles run their collectives over TCP (the default threshold).
+            // The "-small" roles run their collectives over TCP (the default threshold), the
+            // "-chain" and "-ring" ones too (a threshold above their 8 MiB).
             .env(
                 "RINGCAST_TCP_THRESHOLD",
                 if role.ends_with("-small") {
                     "65536"
+                } else if role.ends_with("-chain") || role.ends_with("-ring") {
+                    "16777216"
                 } else {
                     "0"
                 },
@@ -815,6 +835,14 @@ fn a_hung_process_fails_small_operations_naming_it() {
     hung_rank_is_named("victim-small");
 }
 
+/// The same down the TCP chain and around the TCP ring (large operations over TCP): the ranks
+/// further along wait longer, so the one right after the hung rank names it first.
+#[test]
+fn a_hung_process_fails_tcp_chains_and_rings_naming_it() {
+    hung_rank_is_named("victim-chain");
+    hung_rank_is_named("victim-ring");
+}
+
 /// The last rank, killed while the others wait in `role`'s collective, is named by each.
 fn killed_rank_is_named(role: &str) {
     let deadline = Instant::now() + DEADLINE;
@@ -834,7 +862,7 @@ fn hung_rank_is_named(role: &str) {
     let (mut kids, rx) = spawn_children(role, 2);
     let all: Vec<u32> = (0..RANKS).collect();
     expect_lines(&rx, &all, deadline);
-    let victim = RANKS - 1;
+    let victim = victim_of(role, RANKS);
     let pid = kids.0[victim as usize].id().to_string();
     let stopped = Command::new("kill")
         .args(["-STOP", &pid])
@@ -845,7 +873,8 @@ fn hung_rank_is_named(role: &str) {
     survivors_name(&mut kids, &rx, victim, false, deadline);
 }
 
-/// Every rank but `victim` reports a failure naming it, and exits cleanly.
+/// Every rank but `victim` reports a failure naming it (a chain's root: that it sent), and
+/// exits cleanly.
 fn survivors_name(
     kids: &mut Children,
     rx: &mpsc::Receiver<(u32, String)>,
@@ -853,9 +882,12 @@ fn survivors_name(
     killed: bool,
     deadline: Instant,
 ) {
-    let survivors: Vec<u32> = (0..victim).collect();
+    let survivors: Vec<u32> = (0..RANKS).filter(|&r| r != victim).collect();
     let lines = expect_lines(rx, &survivors, deadline);
     for (r, line) in lines {
+        if line == "SENT" {
+            continue;
+        }
         // A killed rank's connections close: nobody should have to wait for the timeout.
         assert!(
             !(killed && line.contains("(peer timeout)")),

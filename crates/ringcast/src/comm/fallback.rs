@@ -44,10 +44,11 @@
 //! finish; a crash is named before a departure, which it may have caused. An operation with no
 //! progress fails naming the rank it waits on, its left neighbour or its parent in the tree
 //! ([`CommError::PeerUnresponsive`]), and tells every rank (`KIND_ABORT`), which fail it too
-//! naming that rank ([`CommError::PeerFailed`]). In a tree, how long a rank waits grows with
-//! its distance from the block's owner (the peer timeout, plus half of it per hop beyond the
-//! first): the children of a hung rank give up first and name it, before a rank further down
-//! would name the live parent that only had nothing to pass on.
+//! naming that rank ([`CommError::PeerFailed`]). How long a rank waits grows with its
+//! distance from the owner of the missing block nearest its owner, in hops down the tree or
+//! along the ring (the peer timeout, plus half of it per hop beyond the first): the ranks
+//! right after a hung rank give up first and name it, before a rank further down would name
+//! the live source that only had nothing to pass on.
 //!
 //! A piece carries its sender's fingerprint of the operation's kind, root and sizes
 //! ([`ringcast_core::broadcast_shape`], the one the multicast barrier compares). A rank that
@@ -448,7 +449,12 @@ enum Shape {
     /// Broadcast from `root` that fits in one piece: a binomial tree, log2 P hops.
     Tree { root: u32 },
     /// Allgather(v): block `r` at `displs[r]`, `sizes[r]` bytes, around the ring (pipelined).
-    Ring { displs: Vec<u64>, sizes: Vec<u64> },
+    /// `left[r]`: bytes of block `r` still to receive.
+    Ring {
+        displs: Vec<u64>,
+        sizes: Vec<u64>,
+        left: Vec<u64>,
+    },
     /// Allgather(v) whose every block fits in one piece: each block goes down its own
     /// binomial tree from its owner, all `P` trees at once, so every block is `ceil(log2 P)`
     /// hops from every rank instead of up to `P - 1`. Each rank still sends `P - 1` blocks,
@@ -471,27 +477,31 @@ impl Shape {
         }
     }
 
-    /// The rank an operation that stopped moving waits on (its source; in the trees, the
-    /// parent of the missing block nearest to its owner), and how many hops that wait is
-    /// from the block's owner (1 on the ring and the chain).
+    /// The rank an operation that stopped moving waits on (its source: the left neighbour
+    /// on the ring and the chain; in the trees, the parent of the missing block nearest to
+    /// its owner), and how many hops that wait is from the block's owner (for the missing
+    /// block nearest to its owner).
     ///
-    /// A hung rank starves its whole subtree: the hops order the timeouts
-    /// ([`FallbackConfig::timeout`]) so that its children, which wait on it directly, give
-    /// up first and tell the others whom to blame (`KIND_ABORT`), before a rank further
-    /// down would blame a live parent that only had nothing to pass on.
+    /// A hung rank starves every rank after it, down its subtree or along the ring: the hops
+    /// order the timeouts ([`FallbackConfig::timeout`]) so that the ranks that wait on it
+    /// directly give up first and tell the others whom to blame (`KIND_ABORT`), before a rank
+    /// further down would blame a live source that only had nothing to pass on.
     fn waits_on(&self, me: u32, size: u32) -> (u32, u32) {
-        let hops = |root: u32| ((me + size - root) % size).count_ones().max(1);
-        let (block, depth) = match self {
-            Shape::Trees { left, .. } => left
-                .iter()
+        let tree_hops = |root: u32| ((me + size - root) % size).count_ones().max(1);
+        let ring_hops = |root: u32| ((me + size - root) % size).max(1);
+        let nearest = |left: &[u64], hops: &dyn Fn(u32) -> u32| {
+            left.iter()
                 .enumerate()
                 .filter(|(_, l)| **l > 0)
                 .map(|(b, _)| (b as u32, hops(b as u32)))
                 .min_by_key(|&(_, d)| d)
-                .unwrap_or((0, 1)),
-            Shape::Tree { root } => (*root, hops(*root)),
-            Shape::Chain { root } => (*root, 1),
-            Shape::Ring { .. } => (me, 1),
+                .unwrap_or((0, 1))
+        };
+        let (block, depth) = match self {
+            Shape::Trees { left, .. } => nearest(left, &tree_hops),
+            Shape::Ring { left, .. } => nearest(left, &ring_hops),
+            Shape::Tree { root } => (*root, tree_hops(*root)),
+            Shape::Chain { root } => (*root, ring_hops(*root)),
         };
         (self.source(me, size, block), depth)
     }
@@ -987,7 +997,7 @@ impl Dispatcher {
             Shape::Chain { root } | Shape::Tree { root } if block == *root && *root != me => {
                 (offset, op.buf.len() as u64)
             }
-            Shape::Ring { displs, sizes } | Shape::Trees { displs, sizes, .. }
+            Shape::Ring { displs, sizes, .. } | Shape::Trees { displs, sizes, .. }
                 if block != me && block < size =>
             {
                 let b = block as usize;
@@ -1008,7 +1018,7 @@ impl Dispatcher {
             return;
         };
         op.buf[at as usize..end as usize].copy_from_slice(data);
-        if let Shape::Trees { left, .. } = &mut op.shape {
+        if let Shape::Trees { left, .. } | Shape::Ring { left, .. } = &mut op.shape {
             left[block as usize] = left[block as usize].saturating_sub(data.len() as u64);
         }
         op.want = op.want.saturating_sub(data.len() as u64);
@@ -1063,19 +1073,23 @@ impl Dispatcher {
                 }
                 let mine = sizes.get(me as usize).copied().unwrap_or(0);
                 let own_at = displs.get(me as usize).copied().unwrap_or(0);
+                let mut left = sizes.clone();
+                if let Some(l) = left.get_mut(me as usize) {
+                    *l = 0;
+                }
                 // Blocks of one piece or less gain nothing from the ring's pipeline either.
                 let shape = if sizes.iter().all(|&s| s <= self.cfg.piece as u64) {
-                    let mut left = sizes.clone();
-                    if let Some(l) = left.get_mut(me as usize) {
-                        *l = 0;
-                    }
                     Shape::Trees {
                         displs,
                         sizes,
                         left,
                     }
                 } else {
-                    Shape::Ring { displs, sizes }
+                    Shape::Ring {
+                        displs,
+                        sizes,
+                        left,
+                    }
                 };
                 (shape, me, own_at, mine, len - mine)
             }
@@ -1619,7 +1633,7 @@ mod tests {
 
     /// Which rank a stalled operation blames, and how long it waits before it does.
     #[test]
-    fn trees_blame_the_parent_of_the_missing_block_nearest_its_owner() {
+    fn waits_blame_the_source_of_the_missing_block_nearest_its_owner() {
         // P = 6, rank 5: block 0 comes from 4 (relative 5, less its lowest bit), two hops
         // from its owner; block 1 straight from its owner (relative 4).
         let trees = |left: Vec<u64>| Shape::Trees {
@@ -1633,7 +1647,18 @@ mod tests {
         assert_eq!(trees(vec![3, 0, 0, 0, 0, 0]).waits_on(5, 6), (4, 2));
         // A Broadcast's tree: rank 3 of 4 from root 0 hangs off rank 2, two hops down.
         assert_eq!(Shape::Tree { root: 0 }.waits_on(3, 4), (2, 2));
-        assert_eq!(Shape::Chain { root: 0 }.waits_on(3, 4), (2, 1));
+        // The chain and the ring: always the left neighbour, as many hops as the rank is
+        // from the owner of the missing block nearest its owner.
+        assert_eq!(Shape::Chain { root: 0 }.waits_on(3, 4), (2, 3));
+        assert_eq!(Shape::Chain { root: 2 }.waits_on(3, 4), (2, 1));
+        let ring = |left: Vec<u64>| Shape::Ring {
+            displs: vec![0; 6],
+            sizes: vec![10; 6],
+            left,
+        };
+        // Rank 5 of 6 misses blocks 1 (4 hops) and 3 (2 hops).
+        assert_eq!(ring(vec![0, 10, 0, 4, 0, 0]).waits_on(5, 6), (4, 2));
+        assert_eq!(ring(vec![0, 10, 0, 0, 0, 0]).waits_on(5, 6), (4, 4));
         // Deeper waits give up later: half a peer timeout per hop.
         let c = cfg(0, 2);
         assert_eq!(c.timeout(1), Duration::from_secs(3));
