@@ -492,6 +492,40 @@ fn ranks_disagreeing_on_a_length_get_errors_never_other_bytes() {
     }
 }
 
+/// Across the threshold again, with a rank that runs the operation over multicast in the
+/// middle of the TCP tree: rank 2 posts 70 000 bytes where the others post 60 000 (threshold
+/// 65 000), and rank 3 takes its pieces from rank 2 (the tree from rank 0). Rank 2's
+/// dispatcher gets rank 0's piece of an operation it ran over multicast and tells every rank,
+/// so rank 3 fails at once instead of at the (one-minute) peer timeout; rank 0, the hub that
+/// skipped it, tells rank 2.
+#[test]
+fn a_rank_that_ran_an_operation_over_multicast_tells_the_tcp_ranks_waiting_on_it() {
+    let all = Arc::new(Barrier::new(RANKS as usize));
+    world_with(
+        14,
+        |b| {
+            b.tcp_threshold(65_000)
+                .peer_timeout(Duration::from_secs(60))
+        },
+        move |comm| {
+            let me = comm.rank();
+            let len = if me == 2 { 70_000 } else { 60_000 };
+            let want = pattern(95, 0, len);
+            let buf = if me == 0 { want.clone() } else { vec![0; len] };
+            let got = comm.ibroadcast(0, buf).map_err(e)?.wait();
+            match me {
+                2 => disagreed("multicast rank", got, &want, &[(2, 0)], false)?,
+                3 => disagreed("its child", got, &want, &[(0, 2)], false)?,
+                _ => disagreed("the others", got, &want, &[(0, 2)], true)?,
+            }
+            broadcast_checked(&comm, "after", 96, 1, 1 << 20)?;
+            broadcast_checked(&comm, "small after", 97, 3, 1000)?;
+            all.wait();
+            Ok(())
+        },
+    );
+}
+
 /// The same with small operations over TCP in flight beside multicast ones: dropping the
 /// communicator cancels both kinds, and the engine and the dispatcher both stop.
 #[test]

@@ -12,9 +12,11 @@
 //! [`FallbackConfig::tcp_threshold`]) runs over TCP even while multicast works; every post to
 //! the engine carries its index, and the engine skips the ids of the operations it did not
 //! get: its ids then name the same operation on every rank even in an erroneous program whose
-//! ranks disagree on a length across the threshold, which fails (a barrier hub that skipped it
-//! tells the ranks that started it; otherwise a rank waits for ranks that ran it elsewhere
-//! until the peer timeout) instead of matching one rank's operation with another's next one.
+//! ranks disagree on a length across the threshold, which fails instead of matching one rank's
+//! operation with another's next one: a barrier hub that skipped it tells the ranks that
+//! started it, a dispatcher that gets a piece of an operation its rank ran over multicast
+//! tells every rank (each post routed to the engine is noted here, without a wake-up), and
+//! otherwise a rank waits for ranks that ran it elsewhere until the peer timeout.
 //!
 //! ## The TCP collectives
 //! Over a TCP mesh ([`TcpControl`]): the control mesh itself when the start-up check failed
@@ -228,7 +230,12 @@ struct Shared {
 #[derive(Debug)]
 enum Msg {
     Post(u64, Post),
-    Loss { op: u64, permille: u32 },
+    /// Operation `k` ran over multicast here: pieces of it are another rank's mistake.
+    Elsewhere(u64),
+    Loss {
+        op: u64,
+        permille: u32,
+    },
     Shutdown,
 }
 
@@ -344,6 +351,7 @@ pub(crate) fn start(
         early: HashMap::new(),
         ended: VecDeque::new(),
         aborts: HashMap::new(),
+        elsewhere: VecDeque::new(),
         next_tcp: switch_at.unwrap_or(0),
         lost: Vec::new(),
         loss_asked: false,
@@ -400,6 +408,8 @@ impl Handle {
                 .send(Command::Post(post))
                 .map_err(|_| CommError::Cancelled)?;
             r.next += 1;
+            // Without a wake-up: the dispatcher takes it at its next turn.
+            let _ = self.tx.tx.send(Msg::Elsewhere(k));
             return Ok(Request::new(rx, typed).with_tap(self.tap.clone()));
         }
         self.tx
@@ -568,6 +578,10 @@ struct Dispatcher {
     /// Operations a peer gave up on before they started here, with the error they fail
     /// with.
     aborts: HashMap<u64, CommError>,
+    /// The last [`ENDED_KEEP`] operations that ran over multicast here, each with whether a
+    /// piece of one came (the ranks were told: ranks that disagree on its length across the
+    /// threshold).
+    elsewhere: VecDeque<(u64, bool)>,
     /// One past the last TCP operation started here (for the goodbye's mark).
     next_tcp: u64,
     /// The peers lost, in the order their connections closed, each with the first TCP
@@ -679,6 +693,7 @@ impl Dispatcher {
     fn msg(&mut self, m: Msg) {
         match m {
             Msg::Post(k, p) => self.post(k, p),
+            Msg::Elsewhere(k) => self.ran_elsewhere(k),
             Msg::Loss { op, permille } => {
                 if self.loss_asked {
                     return;
@@ -810,6 +825,7 @@ impl Dispatcher {
     /// Operations from `at` on run over TCP; held ones before it go to the engine now.
     fn switch(&mut self, at: u64, reason: FallbackReason) {
         let mut tcp = Vec::new();
+        let mut elsewhere = Vec::new();
         {
             let mut r = self
                 .shared
@@ -824,6 +840,7 @@ impl Dispatcher {
             loop {
                 match self.rx.try_recv() {
                     Ok(Msg::Post(k, p)) => self.held.push_back((k, p)),
+                    Ok(Msg::Elsewhere(k)) => elsewhere.push(k),
                     Ok(Msg::Shutdown) => self.stopping = true,
                     Ok(Msg::Loss { .. }) => {}
                     Err(_) => break,
@@ -832,6 +849,7 @@ impl Dispatcher {
             for (k, p) in self.held.drain(..) {
                 // Small operations taken from the channel here run over TCP like the others.
                 if k < at && !self.cfg.small(p.buf.len()) {
+                    elsewhere.push(k);
                     let engine = r.engine.as_ref();
                     let sent = engine.map(|e| e.send(Command::Post(p)));
                     match sent {
@@ -859,9 +877,52 @@ impl Dispatcher {
             "ringcast falls back to TCP: operations from {at} on run as a TCP ring Allgather / \
              chain or tree Broadcast"
         );
+        for k in elsewhere {
+            self.ran_elsewhere(k);
+        }
         for (k, p) in tcp {
             self.start(k, p);
         }
+    }
+
+    /// Operation `k` ran over multicast here. Pieces of it that came (or come) from a peer
+    /// say the ranks disagree on its length across the threshold: they are dropped, and every
+    /// rank is told once, so that those waiting for pieces this rank will not pass on fail
+    /// it now rather than at the peer timeout.
+    fn ran_elsewhere(&mut self, k: u64) {
+        if self.elsewhere.len() == ENDED_KEEP {
+            self.elsewhere.pop_front();
+        }
+        self.elsewhere.push_back((k, false));
+        self.aborts.remove(&k);
+        if let Some(&(from, _)) = self.early.remove(&k).as_deref().and_then(<[_]>::first) {
+            self.piece_elsewhere(k, from);
+        }
+    }
+
+    /// A piece of operation `k` came from `from`; true if `k` ran over multicast here (the
+    /// ranks are then told, once).
+    fn piece_elsewhere(&mut self, k: u64, from: u32) -> bool {
+        let Some(told) = self
+            .elsewhere
+            .iter_mut()
+            .find(|(e, _)| *e == k)
+            .map(|(_, t)| t)
+        else {
+            return false;
+        };
+        if !std::mem::replace(told, true) {
+            tracing::warn!(
+                op = k,
+                peer = from,
+                "a peer ran over TCP an operation this rank ran over multicast"
+            );
+            let b = abort_message(ABORT_MISMATCH, from, k);
+            for to in (0..self.cfg.size).filter(|&r| r != self.cfg.rank) {
+                self.mesh.send_control(Rank(to), &b);
+            }
+        }
+        true
     }
 
     // ---- the mesh ----
@@ -957,6 +1018,7 @@ impl Dispatcher {
             None if self.ended.contains(&k) => {
                 tracing::debug!(op = k, "fallback: piece of a finished operation ignored");
             }
+            None if self.piece_elsewhere(k, from) => {}
             None => self.early.entry(k).or_default().push((from, msg)),
         }
         self.reap();
@@ -1243,7 +1305,7 @@ impl Dispatcher {
 
     /// A peer gave up on operation `k`: it fails here too with `e` (now, or when it starts).
     fn aborted(&mut self, k: u64, e: CommError) {
-        if self.ended.contains(&k) {
+        if self.ended.contains(&k) || self.elsewhere.iter().any(|&(x, _)| x == k) {
             return;
         }
         match self.active.iter().position(|o| o.k == k) {

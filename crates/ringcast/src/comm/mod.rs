@@ -26,12 +26,12 @@
 //! runs as usual. Over TCP the pieces carry it, and the rank that receives one of another
 //! shape fails the operation and tells every rank (ranks upstream of it may have completed
 //! already, with the bytes they posted for). Ranks that disagree on a length across
-//! [`CommBuilder::tcp_threshold`] run the operation on different paths: the ranks that started
-//! it over multicast fail it at once when their barrier's hub ran it over TCP (it tells them),
-//! else at the peer timeout, naming a rank waited on, as do the ranks that run it over TCP
-//! and wait for pieces that a multicast rank never sends. An operation that is empty at one
-//! rank and not at another ends the same way (the empty one completes at once and sends
-//! nothing).
+//! [`CommBuilder::tcp_threshold`] run the operation on different paths: a rank that hears of it
+//! on the path it did not take (a `Ready` at a rank that ran it over TCP, a piece at one that
+//! ran it over multicast) tells every rank, and they fail it at once; where no such message
+//! crosses, a rank fails it at the peer timeout, naming a rank it waited on. An operation that
+//! is empty at one rank and not at another ends that way too (the empty one completes at once
+//! and sends nothing).
 //!
 //! ## Buffers and soundness
 //! Non-blocking calls take an owned `Vec<T>` and hand it back from [`Request::wait`], in the
