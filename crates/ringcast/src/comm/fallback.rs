@@ -1025,7 +1025,7 @@ impl Dispatcher {
     }
 
     /// [`Self::place`]s a piece from `from` into operation `i`, or fails the operation if
-    /// the piece's sender posted it with another shape. False if the operation ended.
+    /// the piece's sender posted it with another shape (then false).
     fn place_or_refuse(&mut self, i: usize, from: u32, msg: &[u8]) -> bool {
         if u32_at(msg, 24).is_some_and(|s| s != self.active[i].fingerprint) {
             let e = CommError::ShapeMismatch {
