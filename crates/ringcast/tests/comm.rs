@@ -429,6 +429,35 @@ fn settled(reqs: Vec<ringcast::Request<u8>>) -> Result<(), String> {
     Ok(())
 }
 
+/// No rank leaves a barrier before every rank reached it: each records its arrival (ranks
+/// arrive one after another, rank 3 last) and checks, once out, that every rank's is there.
+/// Over the TCP trees (the default threshold) and over multicast (threshold 0).
+#[test]
+fn no_rank_leaves_a_barrier_before_every_rank_reached_it() {
+    for (salt, threshold) in [(15, 64 << 10), (16, 0)] {
+        let arrived = Arc::new(std::sync::Mutex::new(Vec::new()));
+        world_with(
+            salt,
+            move |b| b.tcp_threshold(threshold),
+            move |comm| {
+                let me = comm.rank();
+                for round in 0..3u32 {
+                    thread::sleep(Duration::from_millis(u64::from(me) * 20));
+                    let lock = || arrived.lock().map_err(|_| "poisoned".to_owned());
+                    lock()?.push((round, me));
+                    comm.barrier().map_err(e)?;
+                    let seen = lock()?;
+                    let here = seen.iter().filter(|(r, _)| *r == round).count();
+                    if here != RANKS as usize {
+                        return Err(format!("round {round}: left with {here} ranks arrived"));
+                    }
+                }
+                Ok(())
+            },
+        );
+    }
+}
+
 /// An erroneous program: ranks 1 and 3 broadcast 70 000 bytes where ranks 0 and 2 broadcast
 /// 60 000, across the TCP threshold, so the ranks disagree on where the operation runs. No
 /// rank may end up with another operation's bytes: every result is the right one or an

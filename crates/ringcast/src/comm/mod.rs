@@ -320,6 +320,15 @@ impl Communicator {
         self.post(Kind::Allgather { sizes }, bytes, typed, span)
     }
 
+    /// Blocks until every rank called it (`MPI_Barrier`). It is a collective like the others
+    /// (an Allgather of one byte per rank, so a small operation: over the TCP trees unless
+    /// [`CommBuilder::tcp_threshold`] is below the rank count), ordered with them: every rank
+    /// must call it at the same place in its sequence of collectives.
+    pub fn barrier(&self) -> Result<(), CommError> {
+        let mut all = vec![0u8; self.size as usize];
+        self.allgather(&[1u8], &mut all).map(|_| ())
+    }
+
     /// Broadcast of `buf` from `root`, blocking. The root's `buf` is only read; the others'
     /// is written once the operation completed (left as it was when it fails).
     pub fn broadcast<T: Pod>(&self, root: u32, buf: &mut [T]) -> Result<OpStats, CommError> {

@@ -392,7 +392,7 @@ fn one_size(
     let mut mine = Vec::with_capacity(a.iters as usize + EXTRA);
     let mut inj = Injected::default();
     for _ in 0..a.iters {
-        net::barrier(comm)?;
+        comm.barrier()?;
         let s0 = comm.stats()?;
         let t0 = Instant::now();
         bufs = bufs.run(comm, a.blocking)?;

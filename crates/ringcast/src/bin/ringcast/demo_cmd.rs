@@ -102,7 +102,7 @@ fn one(
 ) -> Result<(f64, Injected, Result<(), String>), CommError> {
     let (me, p) = (comm.rank(), comm.size());
     let n = op.size as usize;
-    net::barrier(comm)?;
+    comm.barrier()?;
     if op.broadcast {
         let want = net::pattern(salt, op.root, n);
         let buf = if me == op.root {

@@ -2,8 +2,8 @@
 //! the bytes a rank injected.
 
 use crate::args::NetArgs;
+use ringcast::Communicator;
 use ringcast::comm::{CommBuilder, CommStats};
-use ringcast::{CommError, Communicator};
 use std::net::Ipv4Addr;
 
 /// IPv4 (20) and UDP (8) headers: on the wire with every datagram, not in the UDP payload.
@@ -82,12 +82,6 @@ pub(crate) fn verify(what: &str, got: &[u8], want: &[u8], blocks: &[usize]) -> R
         got[i],
         want[i]
     ))
-}
-
-/// Every rank has reached this point: an Allgather of one byte per rank.
-pub(crate) fn barrier(comm: &Communicator) -> Result<(), CommError> {
-    let mut all = vec![0u8; comm.size() as usize];
-    comm.allgather(&[1u8], &mut all).map(|_| ())
 }
 
 /// What a rank put on the network during an operation (from [`CommStats`] before and after).
