@@ -615,6 +615,11 @@ fn bad_arguments_and_settings_are_typed_errors() {
         comm.iallgatherv(&[1u8], vec![0u8; 1], &[1, 0]),
         Err(CommError::CountsLength { got: 2, ranks: 1 })
     ));
+    // Counts whose bytes do not fit in memory: a typed error, not an overflow.
+    assert!(matches!(
+        comm.allgatherv::<u64>(&[], &mut [], &[usize::MAX / 4]),
+        Err(CommError::CountsTooLarge)
+    ));
     // A single rank completes at once, and hands its buffer back.
     let mut v = [7u16; 9];
     comm.broadcast(0, &mut v).expect("broadcast");

@@ -74,6 +74,9 @@ pub enum CommError {
         /// Ranks of the communicator.
         ranks: u32,
     },
+    /// `counts` add up to more bytes than this machine can address.
+    #[error("the counts add up to more bytes than this machine can address")]
+    CountsTooLarge,
     /// The root is not a rank of the communicator.
     #[error("root {root} is not a rank of this {ranks}-rank communicator")]
     RootOutOfRange {

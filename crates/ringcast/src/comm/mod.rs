@@ -297,7 +297,8 @@ impl Communicator {
                 required: counts[me],
             });
         }
-        let total: usize = counts.iter().sum();
+        let total = total_of(counts, 1)?;
+        total_of(counts, std::mem::size_of::<T>())?;
         if recv.len() != total {
             return Err(CommError::BufferSize {
                 what: "recv",
@@ -363,8 +364,9 @@ impl Communicator {
     ) -> Result<OpStats, CommError> {
         let elem = std::mem::size_of::<T>();
         let send_bytes: &[u8] = bytemuck::cast_slice(send);
+        let total = total_of(counts, elem)?;
+        // No product overflows: their sum did not.
         let byte_counts: Vec<usize> = counts.iter().map(|c| c * elem).collect();
-        let total = byte_counts.iter().sum::<usize>();
         if std::mem::size_of_val(recv) != total {
             return Err(CommError::BufferSize {
                 what: "recv",
@@ -380,6 +382,17 @@ impl Communicator {
         self.pool.put(out);
         Ok(stats)
     }
+}
+
+/// `counts` times `elem` bytes each, summed; [`CommError::CountsTooLarge`] where that
+/// overflows.
+fn total_of(counts: &[usize], elem: usize) -> Result<usize, CommError> {
+    counts
+        .iter()
+        .try_fold(0usize, |sum, &c| {
+            c.checked_mul(elem).and_then(|b| sum.checked_add(b))
+        })
+        .ok_or(CommError::CountsTooLarge)
 }
 
 impl Drop for Communicator {
