@@ -974,6 +974,10 @@ impl Dispatcher {
                 let (Some(peer), Some(k)) = (u32_at(b, 4), u64_at(b, 8)) else {
                     return;
                 };
+                if peer >= self.cfg.size {
+                    tracing::debug!(from, peer, "fallback: abort naming no rank ignored");
+                    return;
+                }
                 let e = match b.get(1).copied() {
                     Some(ABORT_TIMEOUT) => CommError::PeerFailed {
                         peer,
@@ -1055,15 +1059,16 @@ impl Dispatcher {
             );
             return;
         }
-        let (at, limit) = match &op.shape {
+        // Where the block starts in the buffer, and where it ends.
+        let (base, limit) = match &op.shape {
             Shape::Chain { root } | Shape::Tree { root } if block == *root && *root != me => {
-                (offset, op.buf.len() as u64)
+                (0, op.buf.len() as u64)
             }
             Shape::Ring { displs, sizes, .. } | Shape::Trees { displs, sizes, .. }
                 if block != me && block < size =>
             {
                 let b = block as usize;
-                (displs[b] + offset, displs[b] + sizes[b])
+                (displs[b], displs[b] + sizes[b])
             }
             _ => {
                 tracing::debug!(
@@ -1074,8 +1079,10 @@ impl Dispatcher {
                 return;
             }
         };
-        let end = at.checked_add(data.len() as u64);
-        let Some(end) = end.filter(|&e| e <= limit) else {
+        // The offset comes from the network: no sum may wrap into another block.
+        let at = base.checked_add(offset);
+        let end = at.and_then(|a| a.checked_add(data.len() as u64));
+        let (Some(at), Some(end)) = (at, end.filter(|&e| e <= limit)) else {
             tracing::debug!(op = op.k, block, offset, "fallback: piece out of range");
             return;
         };
@@ -1456,6 +1463,47 @@ mod tests {
         assert!(got == data, "the broadcast delivered other bytes");
         drop(one);
         drop(zero);
+    }
+
+    /// A piece whose offset, added to its block's place in the buffer, would wrap around to
+    /// another block (a peer's bug) is dropped: the operation completes with its own block
+    /// as it was and the peer's block from the right piece.
+    #[test]
+    fn a_piece_whose_offset_wraps_is_dropped() {
+        const S: usize = 3000;
+        let mut m = mesh(2);
+        let mut one = m.pop().expect("rank 1");
+        let zero = m.pop().expect("rank 0");
+        let zero = start(cfg(0, 2), zero, None, FROM_START).expect("start rank 0");
+        let mine: Vec<u8> = (0..S).map(|i| (i * 7 + 1) as u8).collect();
+        let theirs: Vec<u8> = (0..S).map(|i| (i * 5 + 3) as u8).collect();
+        let shape = allgather_shape(&[S as u64, S as u64]);
+        // Block 1 lies at byte S: this offset takes it to byte 0, rank 0's own block.
+        let mut evil = Vec::new();
+        piece_header(&mut evil, 1, 0, (S as u64).wrapping_neg(), shape);
+        evil.extend_from_slice(&[0xEE; S]);
+        one.send_control(Rank(0), &evil);
+        let mut good = Vec::new();
+        piece_header(&mut good, 1, 0, 0, shape);
+        good.extend_from_slice(&theirs);
+        one.send_control(Rank(0), &good);
+        let mut buf = mine.clone();
+        buf.resize(2 * S, 0);
+        let req = zero
+            .post::<u8>(
+                Kind::Allgather {
+                    sizes: vec![S as u64; 2],
+                },
+                buf,
+                None,
+                tracing::Span::none(),
+            )
+            .expect("post");
+        let got = req.wait().expect("the allgather completes");
+        assert!(got[..S] == mine[..], "rank 0's own block was overwritten");
+        assert!(got[S..] == theirs[..], "rank 1's block is wrong");
+        drop(zero);
+        drop(one);
     }
 
     /// A switch point learnt before this rank posted the small TCP operations below it: their
