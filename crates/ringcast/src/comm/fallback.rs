@@ -77,6 +77,14 @@
 //! [`Communicator::transport_mode`](super::Communicator::transport_mode) and
 //! [`CommStats::mode`] say `Tcp { from_op: S, reason }` from then on, and a `tracing` warning
 //! says why.
+//!
+//! A rank that stays silent through the agreement (hung, its connections open) would hold the
+//! posts forever: rank 0 gives up after twice the peer timeout, fails the held posts and every
+//! later one naming the first rank that did not answer ([`CommError::PeerUnresponsive`]), and
+//! tells the others, which fail theirs naming it too ([`CommError::PeerFailed`]); a frozen
+//! rank that hears nothing from rank 0 gives up half a peer timeout later, naming rank 0. No
+//! collective can complete with a hung rank anyway: the communicator is broken, as after a
+//! crash.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -356,6 +364,8 @@ pub(crate) fn start(
         lost: Vec::new(),
         loss_asked: false,
         agreement: None,
+        frozen_at: None,
+        broken: None,
         stopping: false,
         buf: Vec::new(),
         scratch: Vec::new(),
@@ -589,6 +599,11 @@ struct Dispatcher {
     lost: Vec<(u32, Option<u64>)>,
     loss_asked: bool,
     agreement: Option<Agreement>,
+    /// When this rank froze for the switch agreement, until the switch point came.
+    frozen_at: Option<Instant>,
+    /// The agreement on the switch failed (a rank stayed silent): every held and later
+    /// post fails with this.
+    broken: Option<CommError>,
     /// A shutdown was taken out of the channel while switching.
     stopping: bool,
     buf: Vec<u8>,
@@ -668,6 +683,7 @@ impl Dispatcher {
             let mut moved = self.poll_mesh();
             self.check_lost();
             self.check_timeouts();
+            self.check_freeze();
             loop {
                 match self.rx.try_recv() {
                     Ok(Msg::Shutdown) | Err(TryRecvError::Disconnected) => {
@@ -723,6 +739,12 @@ impl Dispatcher {
     }
 
     fn post(&mut self, k: u64, p: Post) {
+        if let Some(e) = &self.broken {
+            let e = e.clone();
+            self.ended(k);
+            self.fail(p.reply, e);
+            return;
+        }
         if let Some(peer) = self.dooms(k) {
             // Ended before it started: pieces peers sent for it are dropped, not kept.
             self.ended(k);
@@ -770,10 +792,61 @@ impl Dispatcher {
     // ---- the switch ----
 
     /// Stops routing posts to the engine; returns how many were posted so far.
-    fn freeze(&self) -> u64 {
+    fn freeze(&mut self) -> u64 {
+        self.frozen_at.get_or_insert_with(Instant::now);
         let mut r = self.route();
         r.frozen = true;
         r.next
+    }
+
+    /// How long a frozen rank waits for the switch point: rank 0 for every `FROZEN`, the
+    /// others (for rank 0's `SWITCH`) half a peer timeout longer, so that rank 0 names the
+    /// silent rank first.
+    fn freeze_timeout(&self) -> Duration {
+        let t = self.cfg.peer_timeout * 2;
+        if self.cfg.rank == 0 {
+            t
+        } else {
+            t + self.cfg.peer_timeout / 2
+        }
+    }
+
+    /// The agreement on the switch point waited past [`Self::freeze_timeout`]: a rank stays
+    /// silent (hung) and no collective can complete any more. Held posts fail naming it, and
+    /// so does every later one; rank 0 tells the others (`KIND_ABORT` for operation
+    /// `u64::MAX`, which no post reaches).
+    fn check_freeze(&mut self) {
+        let Some(at) = self.frozen_at else {
+            return;
+        };
+        if self.broken.is_some() || at.elapsed() <= self.freeze_timeout() {
+            return;
+        }
+        let silent = match &self.agreement {
+            Some(a) => a.frozen.iter().position(Option::is_none).unwrap_or(0) as u32,
+            None => 0,
+        };
+        tracing::warn!(
+            rank = self.cfg.rank,
+            silent,
+            "fallback: the switch agreement timed out"
+        );
+        if self.cfg.rank == 0 {
+            let b = abort_message(ABORT_TIMEOUT, silent, u64::MAX);
+            for to in 1..self.cfg.size {
+                self.mesh.send_control(Rank(to), &b);
+            }
+        }
+        self.agreement = None;
+        self.fail_frozen(CommError::PeerUnresponsive { peer: silent });
+    }
+
+    /// The switch will not happen: held posts, and every later one, fail with `e`.
+    fn fail_frozen(&mut self, e: CommError) {
+        for (_, p) in std::mem::take(&mut self.held) {
+            self.fail(p.reply, e.clone());
+        }
+        self.broken = Some(e);
     }
 
     fn begin_agreement(&mut self, reason: FallbackReason) {
@@ -865,6 +938,7 @@ impl Dispatcher {
             }
             r.frozen = false;
             r.switch_at = Some(at);
+            self.frozen_at = None;
             r.mode = TransportMode::Tcp {
                 from_op: at,
                 reason,
@@ -989,6 +1063,13 @@ impl Dispatcher {
                     },
                     _ => return,
                 };
+                if k == u64::MAX && from == 0 && self.frozen_at.is_some() {
+                    // Rank 0 gave up on the switch agreement.
+                    if self.broken.is_none() {
+                        self.fail_frozen(e);
+                    }
+                    return;
+                }
                 self.aborted(k, e);
             }
             Some(KIND_SWITCH) if from == 0 => {
@@ -1264,9 +1345,10 @@ impl Dispatcher {
             self.ended(op.k);
             self.fail(op.reply, CommError::PeerLost { peer });
         }
-        // A switch can no longer be agreed: held posts fail too.
+        // A switch can no longer be agreed: held posts fail too (and later ones, doomed).
         if self.agreement.is_some() || self.route().frozen {
             self.agreement = None;
+            self.frozen_at = None;
             let peer = self.dooms(u64::MAX).unwrap_or(self.lost[0].0);
             for (_, p) in std::mem::take(&mut self.held) {
                 self.fail(p.reply, CommError::PeerLost { peer });
@@ -1584,6 +1666,99 @@ mod tests {
         assert!(got[S..] == theirs[..], "rank 1's block is wrong");
         drop(zero);
         drop(one);
+    }
+
+    /// Posts a 1 MiB Broadcast from rank 0 on `h` once it is held by the dispatcher (until
+    /// the rank froze, a post goes to the engine, absent here, and is refused).
+    fn post_held(h: &Handle) -> Request<u8> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let kind = Kind::Broadcast { root: 0 };
+            match h.post::<u8>(kind, vec![0; 1 << 20], None, tracing::Span::none()) {
+                Ok(r) => return r,
+                Err(_) => assert!(Instant::now() < deadline, "never frozen"),
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The error `req` fails with, within 10 s (a test fails, it does not hang).
+    fn failure(req: Request<u8>) -> CommError {
+        match req.wait_timeout(Duration::from_secs(10)) {
+            Ok(Err(e)) => e,
+            Ok(Ok(_)) => panic!("completed"),
+            Err(_) => panic!("no answer within 10 s"),
+        }
+    }
+
+    /// A rank that never answers rank 0's freeze (hung) ends the switch agreement after the
+    /// freeze timeout: the held post fails naming it, so does every later one, and the other
+    /// ranks hear of it.
+    #[test]
+    fn a_silent_rank_ends_the_switch_agreement() {
+        let mut m = mesh(2);
+        let mut one = m.pop().expect("rank 1");
+        let zero = m.pop().expect("rank 0");
+        let c = FallbackConfig {
+            peer_timeout: Duration::from_millis(200),
+            ..cfg(0, 2)
+        };
+        let zero = start(c, zero, None, TransportMode::Multicast).expect("start rank 0");
+        // Rank 1 reports loss; rank 0 freezes and asks rank 1, which never answers.
+        let mut loss = vec![KIND_LOSS, 0, 0, 0];
+        loss.extend_from_slice(&500u32.to_be_bytes());
+        loss.extend_from_slice(&0u64.to_be_bytes());
+        one.send_control(Rank(0), &loss);
+        let silent = CommError::PeerUnresponsive { peer: 1 };
+        assert_eq!(failure(post_held(&zero)), silent, "held");
+        assert_eq!(failure(post_held(&zero)), silent, "later");
+        let mut told = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut buf = Vec::new();
+        while told.len() < 2 && Instant::now() < deadline {
+            match one.poll_control(&mut buf) {
+                Some(ControlInput::Message { len, .. }) => told.push(buf[..len].to_vec()),
+                _ => thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        assert_eq!(told.first().map(|m| m[0]), Some(KIND_FREEZE));
+        assert_eq!(
+            told.get(1),
+            Some(&abort_message(ABORT_TIMEOUT, 1, u64::MAX))
+        );
+        drop(zero);
+        drop(one);
+    }
+
+    /// A rank frozen by rank 0 that hears nothing more (rank 0 hung) gives up after the
+    /// freeze timeout naming rank 0; one that hears rank 0 give up fails at once, naming the
+    /// rank rank 0 named.
+    #[test]
+    fn a_frozen_rank_gives_up_on_a_silent_rank_0() {
+        for told in [false, true] {
+            let mut m = mesh(2);
+            let one = m.pop().expect("rank 1");
+            let mut zero = m.pop().expect("rank 0");
+            let c = FallbackConfig {
+                peer_timeout: Duration::from_millis(200),
+                ..cfg(1, 2)
+            };
+            let one = start(c, one, None, TransportMode::Multicast).expect("start rank 1");
+            zero.send_control(Rank(1), &[KIND_FREEZE]);
+            let req = post_held(&one);
+            let want = if told {
+                zero.send_control(Rank(1), &abort_message(ABORT_TIMEOUT, 1, u64::MAX));
+                CommError::PeerFailed {
+                    peer: 1,
+                    reported_by: 0,
+                }
+            } else {
+                CommError::PeerUnresponsive { peer: 0 }
+            };
+            assert_eq!(failure(req), want);
+            drop(one);
+            drop(zero);
+        }
     }
 
     /// A switch point learnt before this rank posted the small TCP operations below it: their
