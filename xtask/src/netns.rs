@@ -165,6 +165,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
             ("correctness+wire", correctness),
             ("no-offload", no_offload),
             ("small-tcp", small_tcp),
+            ("mismatch", mismatch),
             ("loss", loss),
             ("hostile", hostile),
             ("kill", kill),
@@ -512,6 +513,47 @@ fn small_tcp(ctx: &Ctx<'_>) -> Result<String, String> {
          sent), Broadcasts and Allgathers over multicast ({datagrams} datagrams), still in \
          multicast mode",
         ops.get("ops").map_or("?", String::as_str),
+    ))
+}
+
+/// An erroneous program across the namespaces: Broadcasts that the last rank posts with
+/// twice the length, then naming another root. With a one-minute peer timeout, every rank
+/// must fail both with `ShapeMismatch` naming the last rank (reported by the hub, rank 0, and
+/// by rank 1, which its `Ready` reached), and the verified round after them must pass.
+fn mismatch(ctx: &Ctx<'_>) -> Result<String, String> {
+    let mut r = ctx.start(
+        "mismatch",
+        &["mismatch", "--size", "1048576"],
+        &[("RINGCAST_PEER_TIMEOUT", "60".to_owned())],
+    )?;
+    let done = r.wait_all(Duration::from_secs(50));
+    let outs = all_checked(&r, ctx.p())?;
+    if !done {
+        return Err("ranks ran past 50 s".to_owned());
+    }
+    let last = (ctx.p() - 1).to_string();
+    let mut slowest = 0;
+    for (i, out) in outs.iter().enumerate() {
+        for (case, by) in [("length", "0"), ("root", "1")] {
+            let m = out
+                .lines()
+                .filter(|l| l.starts_with("MISMATCH"))
+                .map(kv)
+                .find(|m| m.get("case").map(String::as_str) == Some(case))
+                .ok_or_else(|| format!("rank {i}: no {case} mismatch: {out}"))?;
+            if m.get("peer") != Some(&last) || m.get("by").map(String::as_str) != Some(by) {
+                return Err(format!(
+                    "rank {i}, {case}: {m:?}, not rank {last} reported by rank {by}"
+                ));
+            }
+            slowest = slowest.max(num(&m, "ms"));
+        }
+    }
+    Ok(format!(
+        "a length and a root the last rank disagreed on failed on all {} ranks with \
+         ShapeMismatch naming it, the slowest after {slowest} ms (peer timeout 60 s); the \
+         verified round after them passed",
+        ctx.p()
     ))
 }
 

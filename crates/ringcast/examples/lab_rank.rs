@@ -14,6 +14,10 @@
 //!   posts), verified, then `STATS` (after).
 //! * `loop --size B --secs T`: Allgathers until one fails or T seconds pass; `RUNNING` after
 //!   the first, `FAILED ...` naming the blamed rank on an error.
+//! * `mismatch --size B`: an erroneous program, then a correct one: a Broadcast of B bytes
+//!   that the last rank posts twice as long, one for which the last rank names rank 1 the
+//!   root; each must fail with `ShapeMismatch` (a `MISMATCH case=... peer=... by=... ms=...`
+//!   line each), then a verified round as `check` runs it (`CHECKED`, `STATS`).
 //!
 //! Exit status: 0 done, 1 a collective failed or delivered wrong bytes, 3 the communicator
 //! could not be built (`BUILD_ERROR` line).
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
         ),
         "hold" => hold(&comm, size, Duration::from_secs(num("--hold-secs", 2))),
         "loop" => run_loop(&comm, size, Duration::from_secs(num("--secs", 30))),
+        "mismatch" => mismatch(&comm, size),
         other => Err(Fail::Other(format!("unknown mode {other}"))),
     };
     match r {
@@ -255,6 +260,32 @@ fn check(comm: &Communicator, rounds: u64, inflight: usize, size: usize) -> Resu
         t.elapsed().as_millis()
     ));
     stats(comm, "after")
+}
+
+fn mismatch(comm: &Communicator, size: usize) -> Result<(), Fail> {
+    let (me, last) = (comm.rank(), comm.size() - 1);
+    let odd = me == last;
+    let cases = [
+        ("length", 0, if odd { 2 * size } else { size }),
+        ("root", if odd { 1 } else { 0 }, size),
+    ];
+    for (case, root, len) in cases {
+        let t = Instant::now();
+        let buf = if me == root {
+            pattern(4242, root, len)
+        } else {
+            vec![0; len]
+        };
+        match comm.ibroadcast(root, buf)?.wait() {
+            Err(CommError::ShapeMismatch { peer, reported_by }) => say(&format!(
+                "MISMATCH rank={me} case={case} peer={peer} by={reported_by} ms={}",
+                t.elapsed().as_millis()
+            )),
+            Err(e) => return Err(Fail::Comm(e)),
+            Ok(_) => return Err(Fail::Other(format!("{case}: completed"))),
+        }
+    }
+    check(comm, 1, 3, size)
 }
 
 fn hold(comm: &Communicator, size: usize, hold: Duration) -> Result<(), Fail> {

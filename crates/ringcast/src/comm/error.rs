@@ -40,8 +40,10 @@ pub enum CommError {
     },
     /// Rank `peer` posted this operation with another kind, root or size than rank
     /// `reported_by` did: an erroneous program (every rank must post the same collectives in
-    /// the same order, with the same root and sizes). Found before any data moved; every
-    /// rank fails the operation, and the communicator goes on with the next one.
+    /// the same order, with the same root and sizes). Over multicast it is found before any
+    /// data moves and every rank fails the operation; over TCP, ranks upstream of the
+    /// disagreement may complete it with the bytes they posted for. The communicator goes on
+    /// with the next operation.
     #[error(
         "rank {peer} posted this operation with another kind, root or size than rank \
          {reported_by} did (every rank must post the same collectives in the same order, \
