@@ -67,6 +67,12 @@
 //!   other ranks leave too, later posts keep naming the rank the first failure blamed.
 //! * A peer that drops its communicator says goodbye first: operations it finished complete
 //!   normally elsewhere, the others fail with [`CommError::PeerLost`].
+//! * Ranks that post an operation with another kind, root or size fail it with
+//!   [`CommError::ShapeMismatch`] (see Ordering); nobody is to blame for a crash, and the
+//!   next operation runs as usual.
+//! * Bad arguments are typed errors before anything is posted:
+//!   [`CommError::BufferSize`], [`CommError::CountsLength`], [`CommError::CountsTooLarge`],
+//!   [`CommError::RootOutOfRange`].
 //! * Dropping a communicator cancels what is in flight (their requests return
 //!   [`CommError::Cancelled`]), says goodbye to the peers, and joins every thread: it returns
 //!   within about a second even when peers hang.
