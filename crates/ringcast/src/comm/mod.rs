@@ -68,7 +68,7 @@
 //! * A peer that drops its communicator says goodbye first: operations it finished complete
 //!   normally elsewhere, the others fail with [`CommError::PeerLost`].
 //! * Ranks that post an operation with another kind, root or size fail it with
-//!   [`CommError::ShapeMismatch`] (see Ordering); nobody is to blame for a crash, and the
+//!   [`CommError::ShapeMismatch`] (see Ordering): no rank crashed or hung, and the
 //!   next operation runs as usual.
 //! * Bad arguments are typed errors before anything is posted:
 //!   [`CommError::BufferSize`], [`CommError::CountsLength`], [`CommError::CountsTooLarge`],
