@@ -850,7 +850,7 @@ impl Dispatcher {
     }
 
     fn begin_agreement(&mut self, reason: FallbackReason) {
-        if self.agreement.is_some() || self.route().switch_at.is_some() {
+        if self.agreement.is_some() || self.broken.is_some() || self.route().switch_at.is_some() {
             return;
         }
         let mut frozen = vec![None; self.cfg.size as usize];
