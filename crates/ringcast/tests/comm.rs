@@ -1084,6 +1084,11 @@ fn ranks_that_disagree_on_a_tcp_operation_fail_it_at_once_and_go_on() {
             if me == 1 {
                 disagreed("kind", got, &[], &kind, false)?;
             }
+            // Rank 0 broadcasts nothing where the others expect 1000 bytes: its children in the
+            // tree (ranks 1 and 2) see its empty piece, rank 3 hears from rank 2.
+            let len = if me == 0 { 0 } else { 1000 };
+            let got = comm.ibroadcast(0, vec![0u8; len]).map_err(e)?.wait();
+            disagreed("empty", got, &[], &[(0, 1), (0, 2)], me == 0)?;
             broadcast_checked(&comm, "after", 94, 3, 1 << 20)?;
             all.wait();
             Ok(())

@@ -57,7 +57,8 @@
 //! receives a piece whose fingerprint differs from its own (an erroneous program: the ranks
 //! disagree on the operation) fails it with [`CommError::ShapeMismatch`] naming the sender,
 //! and tells every rank (`KIND_ABORT` with reason 1), so no rank waits for pieces that will
-//! never come. Which ranks hear of it depends on where pieces flow: a disagreement that no
+//! never come. The root of an empty Broadcast sends its children a piece of no bytes for
+//! that purpose. Which ranks hear of it depends on where pieces flow: a disagreement that no
 //! piece crosses ends at the peer timeout, as a hang does.
 //!
 //! ## The switch on loss
@@ -1279,6 +1280,14 @@ impl Dispatcher {
                 .counters
                 .bytes_sent
                 .fetch_add(sent, Ordering::Relaxed);
+        } else if size > 1 && matches!(op.shape, Shape::Tree { root } if root == me) {
+            // An empty Broadcast still shows its children its shape (a piece of no bytes): a
+            // rank that posted it with bytes fails it at once, not at the peer timeout. Where
+            // every rank agrees it is empty, it completed on posting and the piece is dropped.
+            piece_header(&mut self.scratch, own_block, k, 0, fingerprint);
+            for to in op.shape.next_hops(me, size, own_block) {
+                self.mesh.send_control(Rank(to), &self.scratch);
+            }
         }
         self.active.push(op);
         let i = self.active.len() - 1;
