@@ -1556,12 +1556,14 @@ mod tests {
         drop(zero);
     }
 
-    /// A piece whose offset, added to its block's place in the buffer, would wrap around to
-    /// another block (a peer's bug) is dropped: the operation completes with its own block
-    /// as it was and the peer's block from the right piece.
-    #[test]
-    fn a_piece_whose_offset_wraps_is_dropped() {
-        const S: usize = 3000;
+    /// Bytes per rank of [`allgather_despite`]'s Allgather.
+    const S: usize = 3000;
+
+    /// Rank 0's dispatcher runs a 2-rank Allgather of [`S`] bytes per rank (operation 0) while
+    /// `bad` sends it whatever it likes from rank 1's raw end of the mesh (given the
+    /// operation's shape fingerprint), before rank 1's one right piece. The Allgather must
+    /// complete with rank 0's own block as it was and rank 1's right.
+    fn allgather_despite(bad: impl FnOnce(&mut TcpControl, u32)) {
         let mut m = mesh(2);
         let mut one = m.pop().expect("rank 1");
         let zero = m.pop().expect("rank 0");
@@ -1569,26 +1571,18 @@ mod tests {
         let mine: Vec<u8> = (0..S).map(|i| (i * 7 + 1) as u8).collect();
         let theirs: Vec<u8> = (0..S).map(|i| (i * 5 + 3) as u8).collect();
         let shape = allgather_shape(&[S as u64, S as u64]);
-        // Block 1 lies at byte S: this offset takes it to byte 0, rank 0's own block.
-        let mut evil = Vec::new();
-        piece_header(&mut evil, 1, 0, (S as u64).wrapping_neg(), shape);
-        evil.extend_from_slice(&[0xEE; S]);
-        one.send_control(Rank(0), &evil);
+        bad(&mut one, shape);
         let mut good = Vec::new();
         piece_header(&mut good, 1, 0, 0, shape);
         good.extend_from_slice(&theirs);
         one.send_control(Rank(0), &good);
         let mut buf = mine.clone();
         buf.resize(2 * S, 0);
+        let kind = Kind::Allgather {
+            sizes: vec![S as u64; 2],
+        };
         let req = zero
-            .post::<u8>(
-                Kind::Allgather {
-                    sizes: vec![S as u64; 2],
-                },
-                buf,
-                None,
-                tracing::Span::none(),
-            )
+            .post::<u8>(kind, buf, None, tracing::Span::none())
             .expect("post");
         let got = req.wait().expect("the allgather completes");
         assert!(got[..S] == mine[..], "rank 0's own block was overwritten");
@@ -1597,84 +1591,67 @@ mod tests {
         drop(one);
     }
 
+    /// A piece whose offset, added to its block's place in the buffer, would wrap around to
+    /// another block (a peer's bug) is dropped.
+    #[test]
+    fn a_piece_whose_offset_wraps_is_dropped() {
+        allgather_despite(|one, shape| {
+            // Block 1 lies at byte S: this offset takes it to byte 0, rank 0's own block.
+            let mut evil = Vec::new();
+            piece_header(&mut evil, 1, 0, (S as u64).wrapping_neg(), shape);
+            evil.extend_from_slice(&[0xEE; S]);
+            one.send_control(Rank(0), &evil);
+        });
+    }
+
     /// A peer that sends garbage on the data path: pieces and aborts with random fields
     /// (blocks, offsets, lengths, shapes, operations other than the one under way), every
-    /// message also cut short. Nothing panics, nothing lands in the buffer, and the operation
-    /// completes with the right bytes once the right piece comes.
+    /// fifth message also cut short. Nothing panics and nothing lands in the buffer.
     #[test]
     fn garbage_from_a_peer_is_dropped() {
-        const S: usize = 3000;
-        let mut m = mesh(2);
-        let mut one = m.pop().expect("rank 1");
-        let zero = m.pop().expect("rank 0");
-        let zero = start(cfg(0, 2), zero, None, FROM_START).expect("start rank 0");
-        let mine: Vec<u8> = (0..S).map(|i| (i * 7 + 1) as u8).collect();
-        let theirs: Vec<u8> = (0..S).map(|i| (i * 5 + 3) as u8).collect();
-        let shape = allgather_shape(&[S as u64, S as u64]);
-        let mut rng = ringcast_core::port::SplitMix64::new(42);
-        for n in 0..3000u32 {
-            let r = rng.next_u64();
-            // Operation 0 is the one under way: garbage names it only in pieces whose block,
-            // offset or length is wrong, never in an abort (a real abort would fail it).
-            let k = if r.is_multiple_of(3) { 0 } else { r >> 40 | 1 };
-            let mut b = Vec::new();
-            if n.is_multiple_of(2) {
-                let block = (r >> 8) as u32 % 4;
-                let offset = match r % 5 {
-                    0 => rng.next_u64(),
-                    1 => (S as u64).wrapping_neg(),
-                    _ => rng.next_u64() % (2 * S as u64),
-                };
-                let len = (rng.next_u64() % (2 * S as u64)) as usize;
-                // Another shape only for other operations: in this one it would be a real
-                // mismatch, and fail it.
-                let shape = if r.is_multiple_of(7) && k != 0 {
-                    rng.next_u64() as u32
+        allgather_despite(|one, shape| {
+            let mut rng = ringcast_core::port::SplitMix64::new(42);
+            for n in 0..3000u32 {
+                let r = rng.next_u64();
+                // Operation 0 is the one under way: garbage names it only in pieces whose
+                // block, offset or length is wrong, never in an abort (a real abort would
+                // fail it).
+                let k = if r.is_multiple_of(3) { 0 } else { r >> 40 | 1 };
+                let mut b = Vec::new();
+                if n.is_multiple_of(2) {
+                    let block = (r >> 8) as u32 % 4;
+                    let offset = match r % 5 {
+                        0 => rng.next_u64(),
+                        1 => (S as u64).wrapping_neg(),
+                        _ => rng.next_u64() % (2 * S as u64),
+                    };
+                    let len = (rng.next_u64() % (2 * S as u64)) as usize;
+                    // Another shape only for other operations: in this one it would be a real
+                    // mismatch, and fail it.
+                    let shape = if r.is_multiple_of(7) && k != 0 {
+                        rng.next_u64() as u32
+                    } else {
+                        shape
+                    };
+                    let fits = offset
+                        .checked_add(len as u64)
+                        .is_some_and(|e| e <= S as u64);
+                    let (block, offset, len) = if k == 0 && block == 1 && fits {
+                        // A piece that fits would be right: push it out of range.
+                        (1, S as u64, len.max(1))
+                    } else {
+                        (block, offset, len)
+                    };
+                    piece_header(&mut b, block, k, offset, shape);
+                    b.resize(b.len() + len, 0xEE);
                 } else {
-                    shape
-                };
-                let fits = offset
-                    .checked_add(len as u64)
-                    .is_some_and(|e| e <= S as u64);
-                let (block, offset, len) = if k == 0 && block == 1 && fits {
-                    // A piece that fits would be right: push it out of range.
-                    (1, S as u64, len.max(1))
-                } else {
-                    (block, offset, len)
-                };
-                piece_header(&mut b, block, k, offset, shape);
-                b.resize(b.len() + len, 0xEE);
-            } else {
-                let k = k | 1;
-                b = abort_message((r >> 16) as u8 % 3, (r >> 24) as u32 % 5, k);
+                    b = abort_message((r >> 16) as u8 % 3, (r >> 24) as u32 % 5, k | 1);
+                }
+                let cut = (rng.next_u64() as usize) % (b.len() + 1);
+                let end = if n.is_multiple_of(5) { cut } else { b.len() };
+                one.send_control(Rank(0), &b[..end]);
             }
-            let cut = (rng.next_u64() as usize) % (b.len() + 1);
-            one.send_control(
-                Rank(0),
-                &b[..if n.is_multiple_of(5) { cut } else { b.len() }],
-            );
-        }
-        let mut good = Vec::new();
-        piece_header(&mut good, 1, 0, 0, shape);
-        good.extend_from_slice(&theirs);
-        one.send_control(Rank(0), &good);
-        let mut buf = mine.clone();
-        buf.resize(2 * S, 0);
-        let req = zero
-            .post::<u8>(
-                Kind::Allgather {
-                    sizes: vec![S as u64; 2],
-                },
-                buf,
-                None,
-                tracing::Span::none(),
-            )
-            .expect("post");
-        let got = req.wait().expect("the allgather completes");
-        assert!(got[..S] == mine[..], "rank 0's own block was overwritten");
-        assert!(got[S..] == theirs[..], "rank 1's block is wrong");
-        drop(zero);
-        drop(one);
+        });
     }
 
     /// Posts a 1 MiB Broadcast from rank 0 on `h` once it is held by the dispatcher (until
