@@ -21,8 +21,10 @@
 //! With the witness every disagreement is seen: a rank whose shape differs from rank 0's
 //! sends its `Ready` to the hub it believes in, which is rank 0 (which compares), a rank of
 //! another shape (a hub compares; any other rank did not expect it), or a rank of its own
-//! shape that is a hub, whose witness rank 0 compares. (Not seen: a rank whose operation is
-//! empty completes at once and sends nothing; others wait for it until the peer timeout.)
+//! shape that is a hub, whose witness rank 0 compares. An empty operation completes at once
+//! but still sends its `Ready`; a rank that ended an operation without a barrier (empty here,
+//! or skipped: it ran over another path) compares the `Ready`s that reach it afterwards, and
+//! tells every rank when they disagree (see `Session::late_ready`).
 
 use crate::config::Rank;
 use crate::event::OpError;
@@ -63,6 +65,11 @@ impl Barrier {
         self.hub
     }
 
+    /// This rank's fingerprint of the operation's shape.
+    pub(crate) fn shape(&self) -> u32 {
+        self.shape
+    }
+
     fn is_hub(&self) -> bool {
         self.me == self.hub
     }
@@ -95,19 +102,25 @@ impl Collective {
     /// First step after the operation was created.
     pub(crate) fn on_start(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
         self.open_lanes(cx);
+        self.say_ready(cx);
         if self.barrier.is_hub() {
-            if self.me != Rank(0) {
-                cx.send(Rank(0), self.ready_msg());
-            }
             self.timers
                 .set(Timer::Ready, cx.now + cx.config.peer_timeout);
             self.maybe_go(cx)
         } else {
-            let hub = self.barrier.hub();
-            cx.send(hub, self.ready_msg());
             self.timers
                 .set(Timer::Go, cx.now + cx.config.peer_timeout * 2);
             None
+        }
+    }
+
+    /// Sends this rank's `Ready`: to the hub, or from a hub other than rank 0 to rank 0 (the
+    /// witness).
+    pub(crate) fn say_ready(&self, cx: &mut Ctx<'_>) {
+        if !self.barrier.is_hub() {
+            cx.send(self.barrier.hub(), self.ready_msg());
+        } else if self.me != Rank(0) {
+            cx.send(Rank(0), self.ready_msg());
         }
     }
 

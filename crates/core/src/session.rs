@@ -23,8 +23,19 @@ struct Early {
     abort: Option<OpError>,
 }
 
-/// How many ids taken with `skip_op` a session remembers (see [`Session::skip_op`]).
-const SKIPPED_KEEP: usize = 256;
+/// How many operations that ended without a barrier here (skipped, or empty) a session
+/// remembers, to compare the `Ready`s that still come for them.
+const RECENT_KEEP: usize = 256;
+
+/// An operation that ended here without a barrier.
+#[derive(Debug)]
+struct Recent {
+    seq: u64,
+    /// `None`: skipped (it ran over another path); `Some`: empty, with its shape.
+    shape: Option<u32>,
+    /// The other ranks were told of a disagreement on it.
+    told: bool,
+}
 
 enum EarlyKind {
     Ready(u32),
@@ -58,9 +69,8 @@ pub struct Session {
     out: VecDeque<Outgoing>,
     events: VecDeque<Event>,
     early: Vec<Early>,
-    /// The last [`SKIPPED_KEEP`] ids taken with `skip_op`, each with whether the other ranks
-    /// were told that a rank started it here.
-    skipped: VecDeque<(u64, bool)>,
+    /// The last [`RECENT_KEEP`] operations skipped or empty here.
+    recent: VecDeque<Recent>,
     stats: Stats,
     lane_out: VecDeque<LaneCommand>,
     next_read: u64,
@@ -93,7 +103,7 @@ impl Session {
             out: VecDeque::new(),
             events: VecDeque::new(),
             early: Vec::new(),
-            skipped: VecDeque::new(),
+            recent: VecDeque::new(),
             stats: Stats::default(),
             lane_out: VecDeque::new(),
             next_read: 0,
@@ -153,31 +163,44 @@ impl Session {
     pub fn skip_op(&mut self) -> OpId {
         let id = OpId(self.next_seq);
         self.next_seq += 1;
-        if self.skipped.len() == SKIPPED_KEEP {
-            self.skipped.pop_front();
-        }
-        self.skipped.push_back((id.0, false));
-        let early = self.early.iter().position(|e| e.seq == id.0);
-        if let Some(e) = early.map(|i| self.early.swap_remove(i))
-            && let Some(&(from, _)) = e.ready.first()
-        {
-            self.started_elsewhere(id.0, from);
-        }
+        self.ended_here(id.0, None);
         id
     }
 
-    /// `from` started operation `seq`, which this rank skipped: tells every other rank, once.
-    fn started_elsewhere(&mut self, seq: u64, from: Rank) {
-        let Some(told) = self
-            .skipped
-            .iter_mut()
-            .find(|(s, _)| *s == seq)
-            .map(|(_, t)| t)
-        else {
-            return;
+    /// Operation `seq` ended here without a barrier: skipped (`shape` `None`) or empty. Its
+    /// `Ready`s that came early are compared now, later ones on arrival ([`Self::late_ready`]).
+    fn ended_here(&mut self, seq: u64, shape: Option<u32>) {
+        if self.recent.len() == RECENT_KEEP {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(Recent {
+            seq,
+            shape,
+            told: false,
+        });
+        let early = self.early.iter().position(|e| e.seq == seq);
+        if let Some(e) = early.map(|i| self.early.swap_remove(i)) {
+            for (from, shape) in e.ready {
+                self.late_ready(seq, from, shape);
+            }
+        }
+    }
+
+    /// A `Ready` from `from` for operation `seq` with `shape`, which this rank ended without a
+    /// barrier: true if that is what it expects (an empty operation of the same shape).
+    /// Otherwise the ranks disagree on the operation (`from` started one that this rank
+    /// skipped, or one with bytes where this rank's was empty): every other rank is told,
+    /// once (`Mismatch`, naming `from`), so that the ranks waiting in its barrier fail it at
+    /// once, not at their deadline.
+    fn late_ready(&mut self, seq: u64, from: Rank, shape: u32) -> bool {
+        let Some(r) = self.recent.iter_mut().find(|r| r.seq == seq) else {
+            return false;
         };
-        if core::mem::replace(told, true) {
-            return;
+        if r.shape == Some(shape) {
+            return true;
+        }
+        if core::mem::replace(&mut r.told, true) {
+            return false;
         }
         for r in (0..self.config.ranks).map(Rank) {
             if r != self.config.rank {
@@ -190,6 +213,7 @@ impl Session {
                 self.out.push_back(Outgoing::Control { to: r, msg });
             }
         }
+        false
     }
 
     fn start(
@@ -205,9 +229,17 @@ impl Session {
         let mut cx = cx!(self, now);
         let mut op = make(&cx, id)?;
         self.next_seq += 1;
-        if op.is_empty() || self.config.ranks == 1 {
-            // Nothing moves: no bytes at all, or a single rank.
+        if self.config.ranks == 1 {
             self.early.retain(|e| e.seq != id.0);
+            self.events.push_back(Event::Completed { op: id });
+            return Ok(id);
+        }
+        if op.is_empty() {
+            // Nothing moves; the `Ready` still goes out, so that ranks that posted it with
+            // bytes hear of the disagreement (see the barrier).
+            op.say_ready(&mut cx);
+            let shape = op.barrier.shape();
+            self.ended_here(id.0, Some(shape));
             self.events.push_back(Event::Completed { op: id });
             return Ok(id);
         }
@@ -289,9 +321,12 @@ impl Session {
         let seq = msg.op();
         let window = u64::from(self.config.limits.max_inflight_ops);
         if seq < self.next_seq {
-            bump(&mut self.stats.control_stale);
-            if let ControlRepr::Ready { .. } = msg {
-                self.started_elsewhere(seq, from);
+            let expected = match *msg {
+                ControlRepr::Ready { shape, .. } => self.late_ready(seq, from, shape),
+                _ => false,
+            };
+            if !expected {
+                bump(&mut self.stats.control_stale);
             }
             return;
         }

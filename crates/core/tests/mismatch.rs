@@ -163,3 +163,68 @@ fn the_witness_of_an_agreed_operation_is_no_mismatch() {
         assert_eq!((s.control_unexpected, s.control_stale), (0, 0), "{s:?}");
     }
 }
+
+/// An operation empty at one rank and not at the others: the empty one completes at once but
+/// still says `Ready`, which the hub compares (rank 2 empty), or the empty hub compares the
+/// `Ready`s that come after it completed and tells every rank (rank 0 empty). Either way the
+/// others fail at once, and the next operation completes.
+#[test]
+fn an_operation_empty_at_one_rank_fails_at_once_elsewhere() {
+    for empty in [2u32, 0] {
+        let net = run(
+            |r| Start::Broadcast {
+                root: 0,
+                len: if r == empty { 0 } else { LEN },
+            },
+            0,
+            false,
+        );
+        let trace = net.trace.as_deref().unwrap_or_default();
+        assert!(net.errors.is_empty(), "{:?}", net.errors);
+        for r in 0..4 {
+            let o = net.outcome(r, 0);
+            if r == empty {
+                assert!(matches!(o, Outcome::Completed(_)), "r{r}: {o:?}\n{trace}");
+            } else {
+                // Rank 2's `Ready` reached the hub; the empty hub names the first `Ready` it
+                // got after completing, rank 1's.
+                let (peer, by) = if empty == 2 { (2, 0) } else { (1, 0) };
+                assert_eq!(
+                    o,
+                    Outcome::Failed(OpError::ShapeMismatch {
+                        peer: Rank(peer),
+                        reported_by: Rank(by)
+                    }),
+                    "r{r}\n{trace}"
+                );
+            }
+            assert!(
+                matches!(net.outcome(r, 1), Outcome::Completed(_)),
+                "r{r}\n{trace}"
+            );
+        }
+        assert!(!trace.contains("Go { op: 0 }"), "{trace}");
+    }
+}
+
+/// Where every rank agrees an operation is empty, the `Ready`s that still go out are expected
+/// and counted nowhere.
+#[test]
+fn the_readys_of_an_agreed_empty_operation_are_no_mismatch() {
+    for root in [0, 2] {
+        let mut net = Net::new(4, |_| {});
+        net.broadcast_at(0, 1_000, root, 0);
+        net.allgather_at(10_000, 1_000, vec![0; 4]);
+        net.broadcast_at(20_000, 0, root, LEN);
+        net.run(100_000);
+        net.assert_all_completed();
+        for r in 0..4 {
+            let s = net.sessions[r].stats();
+            assert_eq!(
+                (s.control_unexpected, s.control_stale),
+                (0, 0),
+                "r{r}: {s:?}"
+            );
+        }
+    }
+}

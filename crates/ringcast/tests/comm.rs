@@ -1035,6 +1035,9 @@ fn ranks_that_disagree_on_an_operation_fail_it_at_once_and_go_on() {
             // as a hub other than rank 0 it sends rank 0 its witness.
             let got = post(if me == 1 { 1 } else { 0 }, 1 << 20)?.wait();
             disagreed("self-root", got, &[], &[(1, 0)], false)?;
+            // Rank 2 posts nothing: it completes at once, but its `Ready` reaches the hub.
+            let got = post(0, if me == 2 { 0 } else { 1 << 20 })?.wait();
+            disagreed("empty", got, &[], &[(2, 0)], me == 2)?;
             broadcast_checked(&comm, "after", 91, 3, 1 << 20)?;
             all.wait();
             Ok(())

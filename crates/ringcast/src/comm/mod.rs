@@ -30,9 +30,9 @@
 //! on the path it did not take (a `Ready` at a rank that ran it over TCP, a piece at one that
 //! ran it over multicast) tells every rank, and they fail it at once; where no such message
 //! crosses, a rank fails it at the peer timeout, naming a rank it waited on. An operation that
-//! is empty at one rank and not at another ends that way too over multicast (the empty one
-//! completes at once and sends nothing); over TCP an empty Broadcast's root still shows its
-//! shape to its children.
+//! is empty at one rank (it completes there at once) and not at another fails at once too:
+//! the empty one still says `Ready` over multicast, and an empty Broadcast's root still shows
+//! its shape to its children over TCP.
 //!
 //! ## Buffers and soundness
 //! Non-blocking calls take an owned `Vec<T>` and hand it back from [`Request::wait`], in the
