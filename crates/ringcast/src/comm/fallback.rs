@@ -623,6 +623,14 @@ fn piece_header(out: &mut Vec<u8>, block: u32, k: u64, offset: u64, shape: u32) 
     out.extend_from_slice(&shape.to_be_bytes());
 }
 
+/// Appends `x` to `q`, dropping the oldest entry beyond [`ENDED_KEEP`].
+fn keep_last<T>(q: &mut VecDeque<T>, x: T) {
+    if q.len() == ENDED_KEEP {
+        q.pop_front();
+    }
+    q.push_back(x);
+}
+
 /// A `KIND_ABORT` message: operation `k` failed for `reason`, naming `peer`.
 fn abort_message(reason: u8, peer: u32, k: u64) -> Vec<u8> {
     let mut b = vec![KIND_ABORT, reason, 0, 0];
@@ -772,10 +780,7 @@ impl Dispatcher {
 
     /// Remembers that TCP operation `k` ended here (its late pieces are dropped).
     fn ended(&mut self, k: u64) {
-        if self.ended.len() == ENDED_KEEP {
-            self.ended.pop_front();
-        }
-        self.ended.push_back(k);
+        keep_last(&mut self.ended, k);
         self.early.remove(&k);
         self.aborts.remove(&k);
     }
@@ -833,10 +838,7 @@ impl Dispatcher {
             "fallback: the switch agreement timed out"
         );
         if self.cfg.rank == 0 {
-            let b = abort_message(ABORT_TIMEOUT, silent, u64::MAX);
-            for to in 1..self.cfg.size {
-                self.mesh.send_control(Rank(to), &b);
-            }
+            self.tell_others(&abort_message(ABORT_TIMEOUT, silent, u64::MAX));
         }
         self.agreement = None;
         self.fail_frozen(CommError::PeerUnresponsive { peer: silent });
@@ -844,10 +846,22 @@ impl Dispatcher {
 
     /// The switch will not happen: held posts, and every later one, fail with `e`.
     fn fail_frozen(&mut self, e: CommError) {
+        self.fail_held(&e);
+        self.broken = Some(e);
+    }
+
+    /// Fails every post held for the switch with `e`.
+    fn fail_held(&mut self, e: &CommError) {
         for (_, p) in std::mem::take(&mut self.held) {
             self.fail(p.reply, e.clone());
         }
-        self.broken = Some(e);
+    }
+
+    /// Sends `b` to every rank but this one.
+    fn tell_others(&mut self, b: &[u8]) {
+        for to in (0..self.cfg.size).filter(|&r| r != self.cfg.rank) {
+            self.mesh.send_control(Rank(to), b);
+        }
     }
 
     fn begin_agreement(&mut self, reason: FallbackReason) {
@@ -860,9 +874,7 @@ impl Dispatcher {
             ?reason,
             "fallback: freezing every rank to agree on the switch"
         );
-        for peer in 1..self.cfg.size {
-            self.mesh.send_control(Rank(peer), &[KIND_FREEZE]);
-        }
+        self.tell_others(&[KIND_FREEZE]);
         self.agreement = Some(Agreement { frozen, reason });
         self.try_conclude();
     }
@@ -890,9 +902,7 @@ impl Dispatcher {
         b.extend_from_slice(&at.to_be_bytes());
         b.extend_from_slice(&op.to_be_bytes());
         b.extend_from_slice(&permille.to_be_bytes());
-        for peer in 1..self.cfg.size {
-            self.mesh.send_control(Rank(peer), &b);
-        }
+        self.tell_others(&b);
         self.switch(at, reason);
     }
 
@@ -965,10 +975,7 @@ impl Dispatcher {
     /// rank is told once, so that those waiting for pieces this rank will not pass on fail
     /// it now rather than at the peer timeout.
     fn ran_elsewhere(&mut self, k: u64) {
-        if self.elsewhere.len() == ENDED_KEEP {
-            self.elsewhere.pop_front();
-        }
-        self.elsewhere.push_back((k, false));
+        keep_last(&mut self.elsewhere, (k, false));
         self.aborts.remove(&k);
         if let Some(&(from, _)) = self.early.remove(&k).as_deref().and_then(<[_]>::first) {
             self.piece_elsewhere(k, from);
@@ -992,10 +999,7 @@ impl Dispatcher {
                 peer = from,
                 "a peer ran over TCP an operation this rank ran over multicast"
             );
-            let b = abort_message(ABORT_MISMATCH, from, k);
-            for to in (0..self.cfg.size).filter(|&r| r != self.cfg.rank) {
-                self.mesh.send_control(Rank(to), &b);
-            }
+            self.tell_others(&abort_message(ABORT_MISMATCH, from, k));
         }
         true
     }
@@ -1350,18 +1354,14 @@ impl Dispatcher {
                 i += 1;
                 continue;
             };
-            let op = self.active.swap_remove(i);
-            self.ended(op.k);
-            self.fail(op.reply, CommError::PeerLost { peer });
+            self.fail_active(i, CommError::PeerLost { peer });
         }
         // A switch can no longer be agreed: held posts fail too (and later ones, doomed).
         if self.agreement.is_some() || self.route().frozen {
             self.agreement = None;
             self.frozen_at = None;
             let peer = self.dooms(u64::MAX).unwrap_or(self.lost[0].0);
-            for (_, p) in std::mem::take(&mut self.held) {
-                self.fail(p.reply, CommError::PeerLost { peer });
-            }
+            self.fail_held(&CommError::PeerLost { peer });
         }
     }
 
@@ -1390,14 +1390,16 @@ impl Dispatcher {
     /// Fails operation `i` with `e`, and tells every other rank (`KIND_ABORT` for `reason`,
     /// naming `peer`).
     fn give_up(&mut self, i: usize, reason: u8, peer: u32, e: CommError) {
+        self.tell_others(&abort_message(reason, peer, self.active[i].k));
+        self.fail_active(i, e);
+    }
+
+    /// Ends operation `i` here with `e`.
+    fn fail_active(&mut self, i: usize, e: CommError) {
         let op = self.active.swap_remove(i);
         self.ended(op.k);
         op.span
             .in_scope(|| tracing::warn!(op = op.k, error = %e, "TCP operation failed"));
-        let b = abort_message(reason, peer, op.k);
-        for to in (0..self.cfg.size).filter(|&r| r != self.cfg.rank) {
-            self.mesh.send_control(Rank(to), &b);
-        }
         self.fail(op.reply, e);
     }
 
@@ -1407,13 +1409,7 @@ impl Dispatcher {
             return;
         }
         match self.active.iter().position(|o| o.k == k) {
-            Some(i) => {
-                let op = self.active.swap_remove(i);
-                self.ended(op.k);
-                op.span
-                    .in_scope(|| tracing::warn!(op = k, error = %e, "TCP operation aborted"));
-                self.fail(op.reply, e);
-            }
+            Some(i) => self.fail_active(i, e),
             None => {
                 self.aborts.entry(k).or_insert(e);
             }
