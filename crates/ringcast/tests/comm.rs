@@ -1045,9 +1045,10 @@ fn ranks_that_disagree_on_an_operation_fail_it_at_once_and_go_on() {
     );
 }
 
-/// The same over the TCP trees and chains (small operations), where the pieces carry the
-/// fingerprint: the rank that receives a piece of another shape fails the operation and
-/// tells every rank. Ranks upstream of it may already have completed, with their bytes.
+/// The same over the TCP trees and chains (small operations), where the pieces and the
+/// chain's clear-to-send carry the fingerprint: the rank that receives one of another shape
+/// fails the operation and tells every rank. Ranks upstream of it may already have
+/// completed, with their bytes.
 #[test]
 fn ranks_that_disagree_on_a_tcp_operation_fail_it_at_once_and_go_on() {
     let all = Arc::new(Barrier::new(RANKS as usize));
@@ -1059,16 +1060,18 @@ fn ranks_that_disagree_on_a_tcp_operation_fail_it_at_once_and_go_on() {
         },
         move |comm| {
             let me = comm.rank();
-            // 1 MiB Broadcasts go down the chain 0 -> 1 -> 2 -> 3. Rank 2 posts twice the
-            // length: it sees rank 1's pieces; rank 3 waits on rank 2 and hears of it.
+            // 1 MiB Broadcasts go down the chain 0 -> 1 -> 2 -> 3, each rank clearing its
+            // left neighbour to send. Rank 2 posts twice the length: rank 1 sees its
+            // clear-to-send, rank 2 sees rank 3's; rank 0 completes (rank 1 cleared it).
             let len = if me == 2 { 2 << 20 } else { 1 << 20 };
             let want = pattern(92, 0, len);
             let buf = if me == 0 { want.clone() } else { vec![0; len] };
             let got = comm.ibroadcast(0, buf).map_err(e)?.wait();
-            disagreed("length", got, &want, &[(1, 2)], me < 2)?;
-            // Rank 1 posts an Allgather: it sees rank 0's Broadcast, or its own block reaches
-            // rank 2 or 3 first (down its tree), whichever comes first.
-            let kind = [(0, 1), (1, 2), (1, 3)];
+            disagreed("length", got, &want, &[(2, 1), (3, 2)], me == 0)?;
+            // Rank 1 posts an Allgather (of blocks that fit a piece: trees, sent at once):
+            // its block reaches ranks 2 and 3 (down its tree), rank 2's clear-to-send reaches
+            // it, whichever comes first; rank 0 waits on rank 1's and hears of it.
+            let kind = [(1, 2), (1, 3), (2, 1)];
             let got = if me == 1 {
                 comm.iallgather(&[1u8; 1 << 18], vec![0; 1 << 20])
                     .map_err(e)?
@@ -1081,7 +1084,7 @@ fn ranks_that_disagree_on_a_tcp_operation_fail_it_at_once_and_go_on() {
                     vec![0; 1 << 20]
                 };
                 let got = comm.ibroadcast(0, buf).map_err(e)?.wait();
-                disagreed("kind", got, &want, &kind, me == 0)?;
+                disagreed("kind", got, &want, &kind, false)?;
                 Ok(Vec::new())
             };
             if me == 1 {

@@ -33,28 +33,42 @@
 //!   block but one.
 //! * **Broadcast** of more than one piece: a pipelined chain in ring order from the root
 //!   (`root, root+1, ...`): each rank writes and passes every piece on, the last one
-//!   (`root - 1`) keeps it. The root completes once its pieces are queued.
+//!   (`root - 1`) keeps it. The root completes once its pieces are queued (which waits for
+//!   its next hop: below).
+//! * Both pipelines are **rendezvous**, as MPI's large messages are: a rank sends its left
+//!   neighbour a clear-to-send (`0xF7, 0, 0, 0, shape u32, op u64`) when it starts the
+//!   operation, and the neighbour sends it nothing of that operation before; what it has for
+//!   it meanwhile (its own block, pieces from its left) waits in its own buffer and goes out
+//!   when the clear-to-send comes. A rank that runs ahead (a root posting Broadcast after
+//!   Broadcast) therefore never piles its pieces up at a rank that has not posted: what a rank
+//!   buffers for operations it has not started is bounded by one piece per tree operation
+//!   (the eager ones below), and the root's request completes once its next hop posted and
+//!   its pieces are queued. The clear-to-send costs one small message at the start, beside
+//!   operations of more than a piece. A block's pieces come from one source in order; a
+//!   piece that does not start where the block's bytes end so far (a repeat, a gap) is
+//!   dropped.
 //! * **Broadcast** of one piece or less: a binomial tree from the root (as MPICH's and Open
 //!   MPI's short Broadcasts), `ceil(log2 P)` hops instead of the chain's `P - 1`: with ranks
 //!   numbered from the root, rank `v` receives from `v` less its lowest set bit and sends to
 //!   `v + 2^i` for every `2^i` below that bit, the largest subtree first. Every rank posts the
 //!   same length, so every rank picks the same shape.
 //!
-//! Several TCP operations may be in flight at once; pieces of an operation this rank has not
-//! posted yet wait for it. A peer whose connection closes (it crashed) fails every TCP
-//! operation in flight ([`CommError::PeerLost`]); one that said goodbye fails those it did not
-//! finish; a crash is named before a departure, which it may have caused. An operation with no
-//! progress fails naming the rank it waits on, its left neighbour or its parent in the tree
-//! ([`CommError::PeerUnresponsive`]), and tells every rank (`KIND_ABORT`), which fail it too
+//! Several TCP operations may be in flight at once; pieces of a tree operation (and
+//! clear-to-sends) this rank has not posted yet wait for it. A peer whose connection closes
+//! (it crashed) fails every TCP operation in flight ([`CommError::PeerLost`]); one that said
+//! goodbye fails those it did not finish; a crash is named before a departure, which it may
+//! have caused. An operation with no progress fails naming the rank it waits on, its left
+//! neighbour or its parent in the tree ([`CommError::PeerUnresponsive`]) or, waiting for a
+//! clear-to-send, its right neighbour, and tells every rank (`KIND_ABORT`), which fail it too
 //! naming that rank ([`CommError::PeerFailed`]). How long a rank waits grows with its
 //! distance from the owner of the missing block nearest its owner, in hops down the tree or
 //! along the ring (the peer timeout, plus half of it per hop beyond the first): the ranks
 //! right after a hung rank give up first and name it, before a rank further down would name
 //! the live source that only had nothing to pass on.
 //!
-//! A piece carries its sender's fingerprint of the operation's kind, root and sizes
-//! ([`ringcast_core::broadcast_shape`], the one the multicast barrier compares). A rank that
-//! receives a piece whose fingerprint differs from its own (an erroneous program: the ranks
+//! A piece (and a clear-to-send) carries its sender's fingerprint of the operation's kind,
+//! root and sizes ([`ringcast_core::broadcast_shape`], the one the multicast barrier
+//! compares). A rank that receives one whose fingerprint differs from its own (an erroneous program: the ranks
 //! disagree on the operation) fails it with [`CommError::ShapeMismatch`] naming the sender,
 //! and tells every rank (`KIND_ABORT` with reason 1), so no rank waits for pieces that will
 //! never come. The root of an empty Broadcast sends its children a piece of no bytes for
@@ -123,6 +137,10 @@ const KIND_ABORT: u8 = 0xF6;
 const ABORT_TIMEOUT: u8 = 0;
 /// `KIND_ABORT`'s reason byte: the named rank posted the operation with another shape.
 const ABORT_MISMATCH: u8 = 1;
+/// `0xF7, 0, 0, 0, shape u32, op u64`: clear to send. The sender posted operation `op` (of
+/// shape fingerprint `shape`) and takes its pieces now: a chain or ring rank sends its left
+/// neighbour one as it starts, and the neighbour sends it nothing of the operation before.
+const KIND_CTS: u8 = 0xF7;
 /// With TCP work in flight, the longest the dispatcher parks when nothing moved. Every input
 /// wakes it (a post, a loss report, the mesh's I/O thread), so this only paces the checks of
 /// the peer timeout.
@@ -560,6 +578,40 @@ struct TcpOp {
     want: u64,
     sent: u64,
     received: u64,
+    /// Chain and ring: the next hop has not said it posted the operation yet (`KIND_CTS`),
+    /// so it gets none of its pieces; they wait in `buf`.
+    awaiting_cts: bool,
+    /// Chain and ring: bytes of each block (by index) passed on to the next hop.
+    fwd: Vec<u64>,
+}
+
+impl TcpOp {
+    /// Where block `block` lies in the buffer (start, end) at rank `me`: the whole buffer
+    /// for a Broadcast's root block, the block's place for an Allgather's.
+    fn span(&self, block: u32) -> Option<(u64, u64)> {
+        match &self.shape {
+            Shape::Chain { root } | Shape::Tree { root } => {
+                (block == *root).then_some((0, self.buf.len() as u64))
+            }
+            Shape::Ring { displs, sizes, .. } | Shape::Trees { displs, sizes, .. } => {
+                let b = block as usize;
+                Some((*displs.get(b)?, displs[b] + sizes[b]))
+            }
+        }
+    }
+
+    /// Bytes of block `block` this rank holds from its start (every block's pieces come
+    /// from one source, in order): all of its own, what came of the others.
+    fn have(&self, me: u32, block: u32) -> u64 {
+        match &self.shape {
+            Shape::Chain { root } | Shape::Tree { root } if *root == me => self.buf.len() as u64,
+            Shape::Chain { .. } | Shape::Tree { .. } => self.buf.len() as u64 - self.want,
+            Shape::Ring { sizes, left, .. } | Shape::Trees { sizes, left, .. } => {
+                let b = block as usize;
+                sizes.get(b).zip(left.get(b)).map_or(0, |(s, l)| s - l)
+            }
+        }
+    }
 }
 
 /// Rank 0's agreement on the switch point.
@@ -579,9 +631,10 @@ struct Dispatcher {
     /// Posts held while a switch is agreed.
     held: VecDeque<(u64, Post)>,
     active: Vec<TcpOp>,
-    /// Pieces of TCP operations not started here yet, with their senders. Any operation may
-    /// be one: small ones run over TCP between multicast ones, and before the switch point
-    /// is known here a peer may have learnt it first.
+    /// Pieces of TCP tree operations, and clear-to-sends of chains and rings, not started
+    /// here yet, with their senders. Any operation may be one: small ones run over TCP
+    /// between multicast ones, and before the switch point is known here a peer may have
+    /// learnt it first.
     early: HashMap<u64, Vec<(u32, Vec<u8>)>>,
     /// The last [`ENDED_KEEP`] TCP operations that ended here (completed or failed): a piece
     /// of one of them is dropped, not kept as early.
@@ -1025,6 +1078,7 @@ impl Dispatcher {
     fn message(&mut self, from: u32, b: &[u8]) {
         match b.first().copied() {
             Some(KIND_PIECE) => self.piece(from, b.to_vec()),
+            Some(KIND_CTS) => self.cts(from, b.to_vec()),
             Some(KIND_LOSS) if self.cfg.rank == 0 => {
                 let (Some(permille), Some(op)) = (u32_at(b, 4), u64_at(b, 8)) else {
                     return;
@@ -1145,26 +1199,26 @@ impl Dispatcher {
             );
             return;
         }
-        // Where the block starts in the buffer, and where it ends.
-        let (base, limit) = match &op.shape {
-            Shape::Chain { root } | Shape::Tree { root } if block == *root && *root != me => {
-                (0, op.buf.len() as u64)
-            }
-            Shape::Ring { displs, sizes, .. } | Shape::Trees { displs, sizes, .. }
-                if block != me && block < size =>
-            {
-                let b = block as usize;
-                (displs[b], displs[b] + sizes[b])
-            }
-            _ => {
-                tracing::debug!(
-                    op = op.k,
-                    block,
-                    "fallback: piece for no block of this rank"
-                );
-                return;
-            }
+        // Where the block starts in the buffer, and where it ends: only blocks this rank
+        // receives.
+        let received = match &op.shape {
+            Shape::Chain { root } | Shape::Tree { root } => block == *root && *root != me,
+            Shape::Ring { .. } | Shape::Trees { .. } => block != me && block < size,
         };
+        let Some((base, limit)) = op.span(block).filter(|_| received) else {
+            tracing::debug!(
+                op = op.k,
+                block,
+                "fallback: piece for no block of this rank"
+            );
+            return;
+        };
+        // A block's pieces come from one source, in order: one that does not start where
+        // the block's bytes end so far (a repeat, a gap) is not the sender's protocol.
+        if offset != op.have(me, block) {
+            tracing::debug!(op = op.k, block, offset, "fallback: piece out of order");
+            return;
+        }
         // The offset comes from the network: no sum may wrap into another block.
         let at = base.checked_add(offset);
         let end = at.and_then(|a| a.checked_add(data.len() as u64));
@@ -1179,16 +1233,123 @@ impl Dispatcher {
         op.want = op.want.saturating_sub(data.len() as u64);
         op.received += data.len() as u64;
         op.last = Instant::now();
-        let hops = op.shape.next_hops(me, size, block);
-        let passed = data.len() as u64 * hops.len() as u64;
-        op.sent += passed;
-        let c = &self.shared.counters;
-        c.bytes_received
+        self.shared
+            .counters
+            .bytes_received
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        c.bytes_sent.fetch_add(passed, Ordering::Relaxed);
-        for to in hops {
+        match op.shape {
+            // Passed on as it came if the next hop takes pieces and has every earlier one;
+            // otherwise `pump` sends it from the buffer when the next hop is clear.
+            Shape::Chain { .. } | Shape::Ring { .. } => {
+                if op.awaiting_cts || op.fwd[block as usize] != offset {
+                    self.pump(i);
+                    return;
+                }
+                let hops = op.shape.next_hops(me, size, block);
+                op.fwd[block as usize] += data.len() as u64;
+                self.relay(i, &hops, msg);
+            }
+            Shape::Tree { .. } | Shape::Trees { .. } => {
+                let hops = op.shape.next_hops(me, size, block);
+                self.relay(i, &hops, msg);
+            }
+        }
+    }
+
+    /// Sends piece `msg` of operation `i` to each of `hops`, and counts it.
+    fn relay(&mut self, i: usize, hops: &[u32], msg: &[u8]) {
+        let passed = (msg.len().saturating_sub(PIECE_HEADER) * hops.len()) as u64;
+        self.active[i].sent += passed;
+        self.shared
+            .counters
+            .bytes_sent
+            .fetch_add(passed, Ordering::Relaxed);
+        for &to in hops {
             self.mesh.send_control(Rank(to), msg);
         }
+    }
+
+    /// Chain and ring: once the next hop is clear to send, sends it every byte this rank
+    /// holds for it and has not sent yet, from the buffer: its own block first, then the
+    /// others as they came.
+    fn pump(&mut self, i: usize) {
+        let (me, size) = (self.cfg.rank, self.cfg.size);
+        let Dispatcher {
+            active,
+            scratch,
+            mesh,
+            shared,
+            cfg,
+            ..
+        } = self;
+        let op = &mut active[i];
+        if op.awaiting_cts {
+            return;
+        }
+        let blocks: Vec<u32> = match op.shape {
+            Shape::Chain { root } => vec![root],
+            Shape::Ring { .. } => (0..size).map(|j| (me + size - j) % size).collect(),
+            Shape::Tree { .. } | Shape::Trees { .. } => return,
+        };
+        for b in blocks {
+            let hops = op.shape.next_hops(me, size, b);
+            let (Some(&to), Some((base, _))) = (hops.first(), op.span(b)) else {
+                continue;
+            };
+            let have = op.have(me, b);
+            while op.fwd[b as usize] < have {
+                let off = op.fwd[b as usize];
+                let n = (have - off).min(cfg.piece as u64);
+                piece_header(scratch, b, op.k, off, op.fingerprint);
+                let s = (base + off) as usize;
+                scratch.extend_from_slice(&op.buf[s..s + n as usize]);
+                mesh.send_control(Rank(to), scratch);
+                op.fwd[b as usize] += n;
+                op.sent += n;
+                shared.counters.bytes_sent.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A clear-to-send from `from`: its operation's pieces go out if it runs here, it is
+    /// kept if the operation has not started yet.
+    fn cts(&mut self, from: u32, msg: Vec<u8>) {
+        let Some(k) = u64_at(&msg, 8) else {
+            return;
+        };
+        match self.active.iter().position(|o| o.k == k) {
+            Some(i) => {
+                self.cts_or_refuse(i, from, &msg);
+            }
+            None if self.ended.contains(&k) => {
+                tracing::debug!(op = k, "fallback: clear-to-send of a finished operation");
+            }
+            None if self.piece_elsewhere(k, from) => {}
+            None => self.early.entry(k).or_default().push((from, msg)),
+        }
+        self.reap();
+    }
+
+    /// Takes a clear-to-send from `from` for operation `i`, or fails the operation if
+    /// `from` posted it with another shape (then false).
+    fn cts_or_refuse(&mut self, i: usize, from: u32, msg: &[u8]) -> bool {
+        if u32_at(msg, 4).is_some_and(|s| s != self.active[i].fingerprint) {
+            let e = CommError::ShapeMismatch {
+                peer: from,
+                reported_by: self.cfg.rank,
+            };
+            self.give_up(i, ABORT_MISMATCH, from, e);
+            return false;
+        }
+        let op = &mut self.active[i];
+        if !op.awaiting_cts || from != (self.cfg.rank + 1) % self.cfg.size {
+            tracing::debug!(op = op.k, from, "fallback: unexpected clear-to-send");
+            return true;
+        }
+        op.awaiting_cts = false;
+        op.last = Instant::now();
+        self.pump(i);
+        true
     }
 
     /// Starts TCP operation `k`: sends this rank's pieces, takes the early ones.
@@ -1250,6 +1411,17 @@ impl Dispatcher {
             }
         };
         let now = Instant::now();
+        let right = (me + 1) % size;
+        // Chain and ring: how many bytes the next hop takes from this rank (all but its own
+        // block, nothing past the chain's end), and whether this rank takes any.
+        let (to_right, pipelined) = match &shape {
+            Shape::Chain { root } => (if right == *root { 0 } else { len }, true),
+            Shape::Ring { sizes, .. } => {
+                let own = sizes.get(right as usize).copied().unwrap_or(0);
+                (sizes.iter().sum::<u64>() - own, true)
+            }
+            Shape::Tree { .. } | Shape::Trees { .. } => (0, false),
+        };
         let mut op = TcpOp {
             k,
             shape,
@@ -1262,10 +1434,27 @@ impl Dispatcher {
             want,
             sent: 0,
             received: 0,
+            awaiting_cts: size > 1 && to_right > 0,
+            fwd: if pipelined {
+                vec![0; size as usize]
+            } else {
+                Vec::new()
+            },
         };
         op.span
             .in_scope(|| tracing::debug!(op = k, len, "started over TCP"));
-        if size > 1 && own_len > 0 {
+        if size > 1 && pipelined {
+            // Rendezvous: the left neighbour sends nothing of the operation before this, so
+            // a rank that runs ahead never piles its pieces up at one that has not posted.
+            // This rank's own pieces wait for its right neighbour's (`pump`).
+            if want > 0 {
+                let mut m = vec![KIND_CTS, 0, 0, 0];
+                m.extend_from_slice(&fingerprint.to_be_bytes());
+                m.extend_from_slice(&k.to_be_bytes());
+                self.mesh.send_control(Rank((me + size - 1) % size), &m);
+            }
+        } else if size > 1 && own_len > 0 {
+            // Trees: one piece of each block, sent at once (eager).
             let hops = op.shape.next_hops(me, size, own_block);
             let mut off = 0u64;
             while off < own_len {
@@ -1296,7 +1485,12 @@ impl Dispatcher {
         self.active.push(op);
         let i = self.active.len() - 1;
         for (from, m) in self.early.remove(&k).unwrap_or_default() {
-            if !self.place_or_refuse(i, from, &m) {
+            let taken = if m.first() == Some(&KIND_CTS) {
+                self.cts_or_refuse(i, from, &m)
+            } else {
+                self.place_or_refuse(i, from, &m)
+            };
+            if !taken {
                 break;
             }
         }
@@ -1307,7 +1501,7 @@ impl Dispatcher {
     fn reap(&mut self) {
         let mut i = 0;
         while i < self.active.len() {
-            if self.active[i].want > 0 {
+            if self.active[i].want > 0 || self.active[i].awaiting_cts {
                 i += 1;
                 continue;
             }
@@ -1378,7 +1572,13 @@ impl Dispatcher {
                 i += 1;
                 continue;
             }
-            let (peer, hops) = self.active[i].shape.waits_on(me, size);
+            let op = &self.active[i];
+            let data = (op.want > 0).then(|| op.shape.waits_on(me, size));
+            // Waiting on the right neighbour's clear-to-send is a wait on it, one hop away.
+            let (peer, hops) = match data {
+                Some((peer, hops)) if hops <= 1 || !op.awaiting_cts => (peer, hops),
+                _ => ((me + 1) % size, 1),
+            };
             if quiet <= self.cfg.timeout(hops) {
                 i += 1;
                 continue;
@@ -1555,11 +1755,10 @@ mod tests {
     /// Bytes per rank of [`allgather_despite`]'s Allgather.
     const S: usize = 3000;
 
-    /// Rank 0's dispatcher runs a 2-rank Allgather of [`S`] bytes per rank (operation 0) while
-    /// `bad` sends it whatever it likes from rank 1's raw end of the mesh (given the
-    /// operation's shape fingerprint), before rank 1's one right piece. The Allgather must
-    /// complete with rank 0's own block as it was and rank 1's right.
-    fn allgather_despite(bad: impl FnOnce(&mut TcpControl, u32)) {
+    /// Rank 0's dispatcher and rank 1's bare end of the mesh run an Allgather of two `S`-byte
+    /// blocks: `send` sends rank 0 what rank 1 sends (given the operation's shape and rank
+    /// 1's block); rank 0 must end with both blocks right.
+    fn allgather_at_zero(send: impl FnOnce(&mut TcpControl, u32, &[u8])) {
         let mut m = mesh(2);
         let mut one = m.pop().expect("rank 1");
         let zero = m.pop().expect("rank 0");
@@ -1567,11 +1766,7 @@ mod tests {
         let mine: Vec<u8> = (0..S).map(|i| (i * 7 + 1) as u8).collect();
         let theirs: Vec<u8> = (0..S).map(|i| (i * 5 + 3) as u8).collect();
         let shape = allgather_shape(&[S as u64, S as u64]);
-        bad(&mut one, shape);
-        let mut good = Vec::new();
-        piece_header(&mut good, 1, 0, 0, shape);
-        good.extend_from_slice(&theirs);
-        one.send_control(Rank(0), &good);
+        send(&mut one, shape, &theirs);
         let mut buf = mine.clone();
         buf.resize(2 * S, 0);
         let kind = Kind::Allgather {
@@ -1585,6 +1780,112 @@ mod tests {
         assert!(got[S..] == theirs[..], "rank 1's block is wrong");
         drop(zero);
         drop(one);
+    }
+
+    /// [`allgather_at_zero`] where rank 1 sends what `bad` sends, then its block.
+    fn allgather_despite(bad: impl FnOnce(&mut TcpControl, u32)) {
+        allgather_at_zero(|one, shape, theirs| {
+            bad(one, shape);
+            let mut good = Vec::new();
+            piece_header(&mut good, 1, 0, 0, shape);
+            good.extend_from_slice(theirs);
+            one.send_control(Rank(0), &good);
+        });
+    }
+
+    /// A piece sent twice counts once: a repeat does not stand in for the block's next
+    /// bytes (it used to, and the operation completed with a hole where they belong).
+    #[test]
+    fn a_repeated_piece_counts_once() {
+        allgather_at_zero(|one, shape, theirs| {
+            let half = S / 2;
+            for (at, part) in [
+                (0, &theirs[..half]),
+                (0, &theirs[..half]),
+                (half, &theirs[half..]),
+            ] {
+                let mut b = Vec::new();
+                piece_header(&mut b, 1, 0, at as u64, shape);
+                b.extend_from_slice(part);
+                one.send_control(Rank(0), &b);
+            }
+        });
+    }
+
+    /// A rank that runs ahead sends nothing of a chain Broadcast or ring Allgather to a rank
+    /// that has not posted it (the pieces would pile up there, without bound, as long as
+    /// it runs ahead): they wait, in the sender's own buffer, for the next hop's
+    /// clear-to-send. The root's requests wait with them.
+    #[test]
+    fn pipelined_operations_wait_for_the_next_hop_to_post() {
+        const P: u32 = 3;
+        const N: usize = 4;
+        let len = 5 * 4096 + 3;
+        let sent = |h: &Handle| h.shared.counters.bytes_sent.load(Ordering::Relaxed);
+        let pattern = |n: usize, len: usize| -> Vec<u8> {
+            (0..len).map(|i| (i * 13 + n * 7 + 1) as u8).collect()
+        };
+        let handles = dispatchers(P, 4096);
+        let post = |me: usize, kind: Kind, buf: Vec<u8>| {
+            handles[me]
+                .post::<u8>(kind, buf, None, tracing::Span::none())
+                .expect("post")
+        };
+        let bcast = |me: usize, n: usize| {
+            let buf = if me == 0 {
+                pattern(n, len)
+            } else {
+                vec![0; len]
+            };
+            post(me, Kind::Broadcast { root: 0 }, buf)
+        };
+        let settle = || thread::sleep(Duration::from_millis(200));
+        // Rank 0 runs N Broadcasts ahead of everyone.
+        let mut at0: Vec<_> = (0..N).map(|n| bcast(0, n)).collect();
+        settle();
+        assert_eq!(sent(&handles[0]), 0, "rank 0 sent before rank 1 posted");
+        assert!(
+            at0.iter_mut().all(|r| !r.test()),
+            "the root completed alone"
+        );
+        // Rank 1 catches up: rank 0's pieces flow to it and stop there, rank 2 not ready.
+        let at1: Vec<_> = (0..N).map(|n| bcast(1, n)).collect();
+        for r in at0 {
+            r.wait().expect("the root completes once rank 1 posted");
+        }
+        settle();
+        assert_eq!(sent(&handles[0]), (N * len) as u64);
+        assert_eq!(sent(&handles[1]), 0, "rank 1 sent before rank 2 posted");
+        let at2: Vec<_> = (0..N).map(|n| bcast(2, n)).collect();
+        for (n, r) in at1.into_iter().chain(at2).enumerate() {
+            let got = r.wait().expect("the chain completes");
+            assert!(got == pattern(n % N, len), "broadcast {n}: other bytes");
+        }
+        // A ring Allgather that rank 2 has not posted: rank 1 (its left) sends nothing.
+        let block = |me: usize| pattern(10 + me, len);
+        let gather = |me: usize| {
+            let mut buf = vec![0; len * P as usize];
+            buf[me * len..(me + 1) * len].copy_from_slice(&block(me));
+            post(
+                me,
+                Kind::Allgather {
+                    sizes: vec![len as u64; P as usize],
+                },
+                buf,
+            )
+        };
+        let before = sent(&handles[1]);
+        let early: Vec<_> = (0..2).map(gather).collect();
+        settle();
+        assert_eq!(
+            sent(&handles[1]),
+            before,
+            "rank 1 sent before rank 2 posted"
+        );
+        let whole: Vec<u8> = (0..P as usize).flat_map(block).collect();
+        for r in early.into_iter().chain([gather(2)]) {
+            assert!(r.wait().expect("the ring completes") == whole);
+        }
     }
 
     /// A piece whose offset, added to its block's place in the buffer, would wrap around to
