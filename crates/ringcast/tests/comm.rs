@@ -1095,6 +1095,27 @@ fn ranks_that_disagree_on_a_tcp_operation_fail_it_at_once_and_go_on() {
             let len = if me == 0 { 0 } else { 1000 };
             let got = comm.ibroadcast(0, vec![0u8; len]).map_err(e)?.wait();
             disagreed("empty", got, &[], &[(0, 1), (0, 2)], me == 0)?;
+            // An Allgatherv whose block 2 is empty at rank 2 only: rank 2 sends nothing of
+            // it, but it takes and passes on the other blocks (down their trees, with blocks
+            // of one piece; around the ring with larger ones, clearing its left neighbour),
+            // so a rank next to it sees its shape.
+            for (name, block) in [("empty block, trees", 1000), ("empty block, ring", 300_000)] {
+                let mut counts = vec![block; RANKS as usize];
+                if me == 2 {
+                    counts[2] = 0;
+                }
+                let mine = vec![me as u8 + 1; counts[me as usize]];
+                let total = counts.iter().sum();
+                let got = comm
+                    .iallgatherv(&mine, vec![0u8; total], &counts)
+                    .map_err(e)?
+                    .wait();
+                let pairs: Vec<(u32, u32)> = (0..RANKS)
+                    .filter(|&r| r != 2)
+                    .flat_map(|r| [(r, 2), (2, r)])
+                    .collect();
+                disagreed(name, got, &[], &pairs, false)?;
+            }
             broadcast_checked(&comm, "after", 94, 3, 1 << 20)?;
             all.wait();
             Ok(())
