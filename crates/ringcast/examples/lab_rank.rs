@@ -203,8 +203,9 @@ fn post(comm: &Communicator, round: u64, j: u64, size: usize) -> Result<Pending,
                 })
                 .collect();
             let want: Vec<u8> = (0..p)
-                .flat_map(|r| pattern(salt, r, counts[r as usize]))
-                .collect();
+                .map(|r| pattern(salt, r, counts[r as usize]))
+                .collect::<Vec<_>>()
+                .concat();
             let mine = pattern(salt, me, counts[me as usize]);
             let name = if k == 1 { "allgather" } else { "allgatherv" };
             Ok(Pending {
@@ -303,7 +304,10 @@ fn hold(comm: &Communicator, size: usize, hold: Duration) -> Result<(), Fail> {
             p - 1
         ));
     }
-    let want: Vec<u8> = (0..p).flat_map(|r| pattern(7777, r, block)).collect();
+    let want: Vec<u8> = (0..p)
+        .map(|r| pattern(7777, r, block))
+        .collect::<Vec<_>>()
+        .concat();
     let req = comm.iallgatherv(
         &pattern(7777, me, block),
         vec![0; want.len()],

@@ -120,8 +120,9 @@ fn collectives(comm: &Communicator, salt: u64) -> Result<Vec<OpStats>, String> {
     let mut recv = vec![0u8; counts.iter().sum()];
     stats.push(comm.allgatherv(&send, &mut recv, &counts).map_err(e)?);
     let want: Vec<u8> = (0..n)
-        .flat_map(|r| pattern(salt ^ 1, r, counts[r as usize]))
-        .collect();
+        .map(|r| pattern(salt ^ 1, r, counts[r as usize]))
+        .collect::<Vec<_>>()
+        .concat();
     check("allgatherv", &recv, &want)?;
     // Several in flight, interleaved.
     let mut reqs = Vec::new();
@@ -149,8 +150,9 @@ fn collectives(comm: &Communicator, salt: u64) -> Result<Vec<OpStats>, String> {
             check("ibroadcast", &got, &pattern(salt, root, len))?;
         } else {
             let want: Vec<u8> = (0..n)
-                .flat_map(|r| pattern(salt ^ 20 ^ u64::from(i), r, len))
-                .collect();
+                .map(|r| pattern(salt ^ 20 ^ u64::from(i), r, len))
+                .collect::<Vec<_>>()
+                .concat();
             check("iallgather", &got, &want)?;
         }
     }

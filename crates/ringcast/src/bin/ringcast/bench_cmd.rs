@@ -378,8 +378,9 @@ fn one_size(
         Bufs::Bcast(b) => net::verify("bcast", b, &net::pattern(salt, 0, size as usize), &counts),
         Bufs::Gather { recv, .. } => {
             let want: Vec<u8> = (0..p)
-                .flat_map(|r| net::pattern(salt, r, counts[r as usize]))
-                .collect();
+                .map(|r| net::pattern(salt, r, counts[r as usize]))
+                .collect::<Vec<_>>()
+                .concat();
             net::verify(name(a.collective), recv, &want, &counts)
         }
     };
