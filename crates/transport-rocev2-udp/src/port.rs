@@ -348,6 +348,9 @@ impl UdpRx {
     }
 }
 
+/// Empty datagrams one [`InPlace::read_once`] takes alone before it reads a batch.
+const MAX_SKIPPED: usize = 16;
+
 /// What [`UdpRx::wait_with`]'s reads need of the receive half beside its receiver.
 struct InPlace<'a> {
     registry: &'a Registry,
@@ -365,14 +368,23 @@ impl InPlace<'_> {
         recv: &mut LaneReceiver,
         predict: &mut impl FnMut(Rank, u32, u32) -> Option<Run>,
     ) -> std::io::Result<usize> {
-        let (src_qp, imm) = match recv.peek()? {
-            Peeked::Nothing => {
-                // What the batched read would have found: nothing, and no batch held.
-                recv.clear();
-                return Ok(0);
+        // This rank's own multicast comes back empty (trimmed), between its peers' chunks:
+        // taken alone, so that the chunks behind it still land in place.
+        let mut skipped = 0;
+        let (src_qp, imm) = loop {
+            match recv.peek()? {
+                Peeked::Nothing => {
+                    // What the batched read would have found: nothing, and no batch held.
+                    recv.clear();
+                    return Ok(skipped);
+                }
+                Peeked::Empty if skipped < MAX_SKIPPED => {
+                    recv.skip_empty()?;
+                    skipped += 1;
+                }
+                Peeked::Header { src_qp, imm } if src_qp < self.ranks => break (src_qp, imm),
+                _ => return recv.read_batch(),
             }
-            Peeked::Header { src_qp, imm } if src_qp < self.ranks => (src_qp, imm),
-            _ => return recv.read_batch(),
         };
         let Some(run) = predict(Rank(src_qp), imm, self.max as u32) else {
             return recv.read_batch();

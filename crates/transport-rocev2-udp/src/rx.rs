@@ -218,7 +218,10 @@ pub(crate) enum Peeked {
         /// ImmDt.
         imm: u32,
     },
-    /// Something shorter (an empty datagram, a truncated one).
+    /// An empty datagram: this rank's own multicast, trimmed by the socket's filter (or a
+    /// peer's empty one). [`LaneReceiver::skip_empty`] takes it.
+    Empty,
+    /// Something shorter than the headers (a truncated datagram).
     Other,
 }
 
@@ -453,8 +456,25 @@ impl LaneReceiver {
                 let (src_qp, imm) = packet::src_and_imm(&h);
                 Ok(Peeked::Header { src_qp, imm })
             }
+            Ok((0, _)) => Ok(Peeked::Empty),
             Ok(_) => Ok(Peeked::Other),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Peeked::Nothing),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes the empty datagram [`peek`](Self::peek) found, alone: a batched read in its
+    /// place would take the datagrams queued behind it too, and copy their chunks. Counted
+    /// as [`RxStats::empty`].
+    pub(crate) fn skip_empty(&mut self) -> io::Result<()> {
+        match self.sock.udp().recv(&mut []) {
+            Ok(_) => {
+                self.stats.recv_calls += 1;
+                self.stats.empty += 1;
+                Ok(())
+            }
+            // Nothing there after all: the caller peeks again.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
             Err(e) => Err(e),
         }
     }

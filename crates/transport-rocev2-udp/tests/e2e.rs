@@ -491,7 +491,9 @@ fn send_half_sends_from_the_buffer_and_counts_what_it_cannot() {
 }
 
 /// The receive half reads a predicted run straight into the operation's buffer: the tokens
-/// have nothing to copy and the bytes are there. A later wait that finds nothing hands out
+/// have nothing to copy and the bytes are there, even behind an empty datagram (a rank's
+/// own multicast comes back so, trimmed), which is taken alone rather than with a batched
+/// read that would copy the chunks behind it. A later wait that finds nothing hands out
 /// nothing (not the last batch again).
 #[test]
 fn receive_half_reads_a_predicted_run_in_place_once() {
@@ -534,6 +536,14 @@ fn receive_half_reads_a_predicted_run_in_place_once() {
             payload: p,
         })
         .collect();
+    // An empty datagram on the group first.
+    let empty = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).unwrap();
+    empty
+        .set_multicast_if_v4(&std::net::Ipv4Addr::LOCALHOST)
+        .unwrap();
+    empty.set_multicast_loop_v4(true).unwrap();
+    let group = job.group(0).unwrap();
+    assert_eq!(empty.send_to(&[], &group.into()).unwrap(), 0);
     assert_eq!(tx.send_batch(&chunks).unwrap().chunks, 15);
 
     let predict = |from: Rank, imm: u32, max: u32| {
@@ -564,6 +574,7 @@ fn receive_half_reads_a_predicted_run_in_place_once() {
     }
     assert_eq!(placed, 15);
     assert_eq!(rx.receiver().stats().direct, 15);
+    assert_eq!(rx.receiver().stats().empty, 1);
     assert_eq!((rx.bad_place, rx.moved), (0, 0));
     assert!(buf.to_vec() == data, "the buffer holds what was sent");
     // Nothing more is queued: a wait hands out nothing.

@@ -160,6 +160,7 @@ pub(crate) fn add_rx(a: &mut RxStats, b: &RxStats) {
     let f = |x: &mut u64, y: u64| *x = x.saturating_add(y);
     f(&mut a.recv_calls, b.recv_calls);
     f(&mut a.datagrams, b.datagrams);
+    f(&mut a.empty, b.empty);
     f(&mut a.accepted, b.accepted);
     f(&mut a.payload_bytes, b.payload_bytes);
     f(&mut a.truncated, b.truncated);
