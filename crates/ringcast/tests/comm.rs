@@ -1061,17 +1061,19 @@ fn ranks_that_disagree_on_a_tcp_operation_fail_it_at_once_and_go_on() {
         move |comm| {
             let me = comm.rank();
             // 1 MiB Broadcasts go down the chain 0 -> 1 -> 2 -> 3, each rank clearing its
-            // left neighbour to send. Rank 2 posts twice the length: rank 1 sees its
-            // clear-to-send, rank 2 sees rank 3's; rank 0 completes (rank 1 cleared it).
+            // left neighbour to send and showing its right neighbour its shape. Rank 2 posts
+            // twice the length: ranks 1 and 3 see its shape, it sees theirs, whichever comes
+            // first; rank 0 completes (rank 1 cleared it).
             let len = if me == 2 { 2 << 20 } else { 1 << 20 };
             let want = pattern(92, 0, len);
             let buf = if me == 0 { want.clone() } else { vec![0; len] };
             let got = comm.ibroadcast(0, buf).map_err(e)?.wait();
-            disagreed("length", got, &want, &[(2, 1), (3, 2)], me == 0)?;
+            let pairs = [(2, 1), (3, 2), (1, 2), (2, 3)];
+            disagreed("length", got, &want, &pairs, me == 0)?;
             // Rank 1 posts an Allgather (of blocks that fit a piece: trees, sent at once):
-            // its block reaches ranks 2 and 3 (down its tree), rank 2's clear-to-send reaches
-            // it, whichever comes first; rank 0 waits on rank 1's and hears of it.
-            let kind = [(1, 2), (1, 3), (2, 1)];
+            // its block reaches ranks 2 and 3 (down its tree), rank 0's shape and rank 2's
+            // clear-to-send reach it, whichever comes first.
+            let kind = [(1, 2), (1, 3), (2, 1), (0, 1)];
             let got = if me == 1 {
                 comm.iallgather(&[1u8; 1 << 18], vec![0; 1 << 20])
                     .map_err(e)?
@@ -1095,6 +1097,12 @@ fn ranks_that_disagree_on_a_tcp_operation_fail_it_at_once_and_go_on() {
             let len = if me == 0 { 0 } else { 1000 };
             let got = comm.ibroadcast(0, vec![0u8; len]).map_err(e)?.wait();
             disagreed("empty", got, &[], &[(0, 1), (0, 2)], me == 0)?;
+            // Only the root posts more than a piece (a chain, waiting for a clear-to-send);
+            // the others post a tree's length and send none. The root shows rank 1 its
+            // shape, which rank 1 refuses.
+            let len = if me == 0 { 1 << 20 } else { 100_000 };
+            let got = comm.ibroadcast(0, vec![0u8; len]).map_err(e)?.wait();
+            disagreed("root alone", got, &[], &[(0, 1)], false)?;
             // An Allgatherv whose block 2 is empty at rank 2 only: rank 2 sends nothing of
             // it, but it takes and passes on the other blocks (down their trees, with blocks
             // of one piece; around the ring with larger ones, clearing its left neighbour),

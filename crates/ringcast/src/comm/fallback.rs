@@ -43,10 +43,12 @@
 //!   Broadcast) therefore never piles its pieces up at a rank that has not posted: what a rank
 //!   buffers for operations it has not started is bounded by one piece per tree operation
 //!   (the eager ones below), and the root's request completes once its next hop posted and
-//!   its pieces are queued. The clear-to-send costs one small message at the start, beside
-//!   operations of more than a piece. A block's pieces come from one source in order; a
-//!   piece that does not start where the block's bytes end so far (a repeat, a gap) is
-//!   dropped.
+//!   its pieces are queued. A rank that waits for a clear-to-send shows its right neighbour
+//!   its shape meanwhile (a piece of no bytes), so that a disagreement reaches a rank that
+//!   compares even where no clear-to-send crosses it (a root alone with a longer buffer).
+//!   Two small messages per rank at the start, beside operations of more than a piece. A
+//!   block's pieces come from one source in order; a piece that does not start where the
+//!   block's bytes end so far (a repeat, a gap) is dropped.
 //! * **Broadcast** of one piece or less: a binomial tree from the root (as MPICH's and Open
 //!   MPI's short Broadcasts), `ceil(log2 P)` hops instead of the chain's `P - 1`: with ranks
 //!   numbered from the root, rank `v` receives from `v` less its lowest set bit and sends to
@@ -1190,6 +1192,10 @@ impl Dispatcher {
             return;
         };
         let data = &msg[PIECE_HEADER.min(msg.len())..];
+        if data.is_empty() {
+            // Only ever a sender's shape, shown (and compared) before any byte.
+            return;
+        }
         let op = &mut self.active[i];
         if from != op.shape.source(me, size, block) {
             tracing::debug!(
@@ -1452,6 +1458,14 @@ impl Dispatcher {
                 m.extend_from_slice(&fingerprint.to_be_bytes());
                 m.extend_from_slice(&k.to_be_bytes());
                 self.mesh.send_control(Rank((me + size - 1) % size), &m);
+            }
+            // And it shows its next hop its shape (a piece of no bytes, which asks for
+            // nothing): one that posted the operation short enough for a tree sends no
+            // clear-to-send, and would otherwise never see a message of this shape (a root
+            // alone with the longer buffer).
+            if op.awaiting_cts {
+                piece_header(&mut self.scratch, own_block, k, 0, fingerprint);
+                self.mesh.send_control(Rank(right), &self.scratch);
             }
         } else if size > 1 && own_len > 0 {
             // Trees: one piece of each block, sent at once (eager).
