@@ -1079,8 +1079,7 @@ impl Dispatcher {
 
     fn message(&mut self, from: u32, b: &[u8]) {
         match b.first().copied() {
-            Some(KIND_PIECE) => self.piece(from, b.to_vec()),
-            Some(KIND_CTS) => self.cts(from, b.to_vec()),
+            Some(KIND_PIECE | KIND_CTS) => self.arrival(from, b.to_vec()),
             Some(KIND_LOSS) if self.cfg.rank == 0 => {
                 let (Some(permille), Some(op)) = (u32_at(b, 4), u64_at(b, 8)) else {
                     return;
@@ -1152,17 +1151,18 @@ impl Dispatcher {
         }
     }
 
-    /// A piece from a peer: placed if its operation runs here, kept if it has not started yet.
-    fn piece(&mut self, from: u32, msg: Vec<u8>) {
+    /// A piece or a clear-to-send from a peer: taken if its operation runs here, kept if it
+    /// has not started yet.
+    fn arrival(&mut self, from: u32, msg: Vec<u8>) {
         let Some(k) = u64_at(&msg, 8) else {
             return;
         };
         match self.active.iter().position(|o| o.k == k) {
             Some(i) => {
-                self.place_or_refuse(i, from, &msg);
+                self.take(i, from, &msg);
             }
             None if self.ended.contains(&k) => {
-                tracing::debug!(op = k, "fallback: piece of a finished operation ignored");
+                tracing::debug!(op = k, "fallback: message of a finished operation ignored");
             }
             None if self.piece_elsewhere(k, from) => {}
             None => self.early.entry(k).or_default().push((from, msg)),
@@ -1170,10 +1170,13 @@ impl Dispatcher {
         self.reap();
     }
 
-    /// [`Self::place`]s a piece from `from` into operation `i`, or fails the operation if
-    /// the piece's sender posted it with another shape (then false).
-    fn place_or_refuse(&mut self, i: usize, from: u32, msg: &[u8]) -> bool {
-        if u32_at(msg, 24).is_some_and(|s| s != self.active[i].fingerprint) {
+    /// Takes a piece ([`Self::place`]) or a clear-to-send ([`Self::cleared`]) from `from`
+    /// for operation `i`, or fails the operation if its sender posted it with another shape
+    /// (then false).
+    fn take(&mut self, i: usize, from: u32, msg: &[u8]) -> bool {
+        let cts = msg.first() == Some(&KIND_CTS);
+        let shape = u32_at(msg, if cts { 4 } else { 24 });
+        if shape.is_some_and(|s| s != self.active[i].fingerprint) {
             let e = CommError::ShapeMismatch {
                 peer: from,
                 reported_by: self.cfg.rank,
@@ -1181,7 +1184,11 @@ impl Dispatcher {
             self.give_up(i, ABORT_MISMATCH, from, e);
             return false;
         }
-        self.place(i, from, msg);
+        if cts {
+            self.cleared(i, from);
+        } else {
+            self.place(i, from, msg);
+        }
         true
     }
 
@@ -1317,45 +1324,17 @@ impl Dispatcher {
         }
     }
 
-    /// A clear-to-send from `from`: its operation's pieces go out if it runs here, it is
-    /// kept if the operation has not started yet.
-    fn cts(&mut self, from: u32, msg: Vec<u8>) {
-        let Some(k) = u64_at(&msg, 8) else {
-            return;
-        };
-        match self.active.iter().position(|o| o.k == k) {
-            Some(i) => {
-                self.cts_or_refuse(i, from, &msg);
-            }
-            None if self.ended.contains(&k) => {
-                tracing::debug!(op = k, "fallback: clear-to-send of a finished operation");
-            }
-            None if self.piece_elsewhere(k, from) => {}
-            None => self.early.entry(k).or_default().push((from, msg)),
-        }
-        self.reap();
-    }
-
-    /// Takes a clear-to-send from `from` for operation `i`, or fails the operation if
-    /// `from` posted it with another shape (then false).
-    fn cts_or_refuse(&mut self, i: usize, from: u32, msg: &[u8]) -> bool {
-        if u32_at(msg, 4).is_some_and(|s| s != self.active[i].fingerprint) {
-            let e = CommError::ShapeMismatch {
-                peer: from,
-                reported_by: self.cfg.rank,
-            };
-            self.give_up(i, ABORT_MISMATCH, from, e);
-            return false;
-        }
+    /// Operation `i`'s next hop, `from`, is clear to send: what this rank holds for it goes
+    /// out.
+    fn cleared(&mut self, i: usize, from: u32) {
         let op = &mut self.active[i];
         if !op.awaiting_cts || from != (self.cfg.rank + 1) % self.cfg.size {
             tracing::debug!(op = op.k, from, "fallback: unexpected clear-to-send");
-            return true;
+            return;
         }
         op.awaiting_cts = false;
         op.last = Instant::now();
         self.pump(i);
-        true
     }
 
     /// Starts TCP operation `k`: sends this rank's pieces, takes the early ones.
@@ -1499,12 +1478,7 @@ impl Dispatcher {
         self.active.push(op);
         let i = self.active.len() - 1;
         for (from, m) in self.early.remove(&k).unwrap_or_default() {
-            let taken = if m.first() == Some(&KIND_CTS) {
-                self.cts_or_refuse(i, from, &m)
-            } else {
-                self.place_or_refuse(i, from, &m)
-            };
-            if !taken {
+            if !self.take(i, from, &m) {
                 break;
             }
         }
