@@ -70,12 +70,12 @@
 //!
 //! A piece (and a clear-to-send) carries its sender's fingerprint of the operation's kind,
 //! root and sizes ([`ringcast_core::broadcast_shape`], the one the multicast barrier
-//! compares). A rank that receives one whose fingerprint differs from its own (an erroneous program: the ranks
-//! disagree on the operation) fails it with [`CommError::ShapeMismatch`] naming the sender,
-//! and tells every rank (`KIND_ABORT` with reason 1), so no rank waits for pieces that will
-//! never come. The root of an empty Broadcast sends its children a piece of no bytes for
-//! that purpose. Which ranks hear of it depends on where pieces flow: a disagreement that no
-//! piece crosses ends at the peer timeout, as a hang does.
+//! compares). A rank that receives one whose fingerprint differs from its own (an erroneous
+//! program: the ranks disagree on the operation) fails it with [`CommError::ShapeMismatch`]
+//! naming the sender, and tells every rank (`KIND_ABORT` with reason 1), so no rank waits for
+//! pieces that will never come. The root of an empty Broadcast sends its children a piece
+//! of no bytes for that purpose. Which ranks hear of it depends on where pieces flow: a
+//! disagreement that no piece crosses ends at the peer timeout, as a hang does.
 //!
 //! ## The switch on loss
 //! Each completed multicast operation's [`OpStats`] feeds a window: chunks fetched (ring
@@ -1250,23 +1250,17 @@ impl Dispatcher {
             .counters
             .bytes_received
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        match op.shape {
-            // Passed on as it came if the next hop takes pieces and has every earlier one;
-            // otherwise `pump` sends it from the buffer when the next hop is clear.
-            Shape::Chain { .. } | Shape::Ring { .. } => {
-                if op.awaiting_cts || op.fwd[block as usize] != offset {
-                    self.pump(i);
-                    return;
-                }
-                let hops = op.shape.next_hops(me, size, block);
-                op.fwd[block as usize] += data.len() as u64;
-                self.relay(i, &hops, msg);
+        // Chain and ring: passed on as it came if the next hop takes pieces and has every
+        // earlier one; otherwise `pump` sends it from the buffer when the next hop is clear.
+        if let Shape::Chain { .. } | Shape::Ring { .. } = op.shape {
+            if op.awaiting_cts || op.fwd[block as usize] != offset {
+                self.pump(i);
+                return;
             }
-            Shape::Tree { .. } | Shape::Trees { .. } => {
-                let hops = op.shape.next_hops(me, size, block);
-                self.relay(i, &hops, msg);
-            }
+            op.fwd[block as usize] += data.len() as u64;
         }
+        let hops = op.shape.next_hops(me, size, block);
+        self.relay(i, &hops, msg);
     }
 
     /// Sends piece `msg` of operation `i` to each of `hops`, and counts it.
