@@ -67,6 +67,7 @@ use ringcast_core::{Event, Node, OpError, OpId, Rank, Session, Stats};
 use ringcast_transport_rocev2_udp::pace::{Pacer, ReceiverReport};
 use ringcast_transport_rocev2_udp::{OpBuffer, PeerLost, Registry, UdpRx, UdpTx};
 
+use super::blame::Blame;
 use super::error::CommError;
 use super::request::Completion;
 use super::stats::{CommStats, ControlCounters, Counters, OpStats, add_rx, add_tx, core_drops};
@@ -202,10 +203,8 @@ pub(crate) struct Engine {
     queued: VecDeque<Post>,
     live: Vec<Live>,
     lost: Vec<Lost>,
-    /// The rank the first failure blamed: what every later post's failure names. Losses
-    /// arrive over one connection each, so when a rank's failure makes another leave too,
-    /// this rank may hear of the second first; the first verdict is the one to keep.
-    culprit: Option<u32>,
+    /// Whom this rank's failures blame, and its goodbye.
+    blame: Blame,
     /// The id the session gives the next operation it starts.
     next_op: u64,
     max_inflight: usize,
@@ -260,7 +259,7 @@ impl Engine {
             queued: VecDeque::new(),
             live: Vec::new(),
             lost: Vec::new(),
-            culprit: None,
+            blame: Blame::default(),
             next_op: 0,
             max_inflight,
             clock: Clock(StdInstant::now()),
@@ -357,9 +356,8 @@ impl Engine {
         match c {
             Command::Post(p) => {
                 if let Some(l) = self.lost.iter().find(|l| l.dooms(self.next_op)) {
-                    let peer = self.culprit.unwrap_or(l.rank);
-                    self.failed += 1;
-                    let _ = p.reply.send(Err(CommError::PeerLost { peer }));
+                    let rank = l.rank;
+                    self.doom(p, rank);
                 } else {
                     self.queued.push_back(p);
                 }
@@ -569,10 +567,10 @@ impl Engine {
         let told = verdict.err().map(|e| self.blame(e));
         // A rank that failed names the culprit of later losses; one that posted another
         // shape is alive and well.
-        if let Some(t) = &told
-            && !matches!(t, CommError::ShapeMismatch { .. })
-        {
-            self.culprit = self.culprit.or(t.peer());
+        match &told {
+            Some(CommError::ShapeMismatch { .. }) => {}
+            Some(t) => self.blame.failed(op.0, t.peer()),
+            None => self.blame.completed(op.0),
         }
         let Some(i) = self.live.iter().position(|l| l.op == op) else {
             return;
@@ -659,15 +657,19 @@ impl Engine {
         self.lost.push(lost);
         // It left over another rank's failure, which this rank may not have heard of yet
         // (it travels over another connection): that rank is the one to blame.
-        self.culprit = self.culprit.or(blamed);
+        self.blame.heard(blamed);
         self.session
             .handle_peer_lost(now, Rank(rank), OpId(mark.unwrap_or(0)));
-        for p in self.queued.drain(..) {
-            self.failed += 1;
-            let _ = p.reply.send(Err(CommError::PeerLost {
-                peer: self.culprit.unwrap_or(rank),
-            }));
+        for p in std::mem::take(&mut self.queued) {
+            self.doom(p, rank);
         }
+    }
+
+    /// Fails post `p`, which the loss of `rank` dooms before it starts.
+    fn doom(&mut self, p: Post, rank: u32) {
+        let peer = self.blame.doomed(self.next_op, rank);
+        self.failed += 1;
+        let _ = p.reply.send(Err(CommError::PeerLost { peer }));
     }
 
     /// Releases the buffers of operations that are over and whose reads drained.
@@ -784,14 +786,10 @@ impl Engine {
         // The first operation this rank did not finish: the peers fail it and later ones at
         // once, and let earlier ones finish without us.
         let mut mark = self.next_op;
-        // Leaving with failed operations still here: the peers may hear of this departure
-        // before the failure itself, so the goodbye names the rank it blamed.
-        let blamed = self
-            .live
-            .iter()
-            .any(|l| matches!(l.verdict, Some(Err(_))))
-            .then_some(self.culprit)
-            .flatten();
+        // Leaving over a failure (reaped or not): the peers may hear of this departure before
+        // the failure itself, or have finished the operation it failed (its `Abort` then tells
+        // them nothing), so the goodbye names the rank it blamed.
+        let blamed = self.blame.goodbye();
         for l in &mut self.live {
             if l.verdict != Some(Ok(())) {
                 mark = mark.min(l.op.0);

@@ -102,6 +102,7 @@
 //! operation runs in a `tracing` span named `ringcast` (fields `op`, `rank`, ...); the library
 //! installs no subscriber.
 
+mod blame;
 mod builder;
 mod engine;
 mod error;
