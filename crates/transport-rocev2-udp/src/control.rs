@@ -292,6 +292,10 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
+/// A connection's queue draining below this many bytes (from at least as many) wakes the
+/// owner: see [`TcpControl::queued`].
+pub const SEND_LOW_WATER: usize = 1 << 20;
+
 /// What the I/O thread hands the owner.
 enum Inbound {
     Message(Rank, Vec<u8>),
@@ -314,6 +318,8 @@ struct Out {
     frames: VecDeque<Vec<u8>>,
     /// Bytes of the first frame already written.
     head: usize,
+    /// Bytes queued and not written yet.
+    bytes: usize,
     /// The connection is shut down: nothing is queued any more.
     closed: bool,
 }
@@ -341,6 +347,7 @@ impl Link {
         if out.closed {
             return false;
         }
+        out.bytes += f.len();
         out.frames.push_back(f);
         self.flush(&mut out);
         true
@@ -356,6 +363,7 @@ impl Link {
             match sock.send_with_flags(&f[out.head..], flags) {
                 Ok(n) => {
                     out.head += n;
+                    out.bytes = out.bytes.saturating_sub(n);
                     if out.head >= f.len() {
                         out.frames.pop_front();
                         out.head = 0;
@@ -376,11 +384,17 @@ impl Link {
         out.closed = true;
         out.frames.clear();
         out.head = 0;
+        out.bytes = 0;
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 
     fn close(&self) {
         self.shut(&mut self.out());
+    }
+
+    /// Bytes queued and not taken by the socket yet.
+    fn queued(&self) -> usize {
+        self.out().bytes
     }
 
     /// Whether frames still wait to be written.
@@ -765,6 +779,17 @@ impl TcpControl {
         let _ = self.waker.set(owner);
     }
 
+    /// Bytes queued for `peer` that its connection has not taken yet (0 for a lost or
+    /// unknown peer): what an owner that sends in bulk bounds, so that its queue, and the
+    /// copies in it, stay short. When a queue of at least [`SEND_LOW_WATER`] bytes drains
+    /// below it, the owner waiting in [`poll_io`](Self::poll_io) is woken.
+    pub fn queued(&self, peer: Rank) -> usize {
+        match self.peers.get(peer.0 as usize) {
+            Some(Some(p)) if !p.lost => p.link.queued(),
+            _ => 0,
+        }
+    }
+
     /// This rank.
     pub fn rank(&self) -> Rank {
         self.rank
@@ -1127,7 +1152,17 @@ impl Io {
             if ev.is_writable()
                 && let Some(Some(p)) = self.peers.get(j)
             {
-                p.link.flush(&mut p.link.out());
+                let mut out = p.link.out();
+                let before = out.bytes;
+                p.link.flush(&mut out);
+                // An owner that holds data back while a queue is long hears that it drained
+                // (inline, the poll's return already tells it).
+                if before >= SEND_LOW_WATER
+                    && out.bytes < SEND_LOW_WATER
+                    && let Some(t) = self.owner.waker.get()
+                {
+                    t.unpark();
+                }
             }
             if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                 // Without a hang-up or an error in the event, a short read means the

@@ -55,7 +55,9 @@ pub mod socket;
 mod sys;
 pub mod tx;
 
-pub use control::{ControlConfig, ControlError, IoWaker, OpBuffer, PeerLost, Registry, TcpControl};
+pub use control::{
+    ControlConfig, ControlError, IoWaker, OpBuffer, PeerLost, Registry, SEND_LOW_WATER, TcpControl,
+};
 pub use port::{PortError, UdpPort, UdpPortConfig, UdpRx, UdpTx};
 pub use rx::{Chunk, LaneReceiver, RxBatch, RxConfig, RxError, RxStats};
 pub use socket::{RxSocket, RxWaker, SocketConfig, SocketError, TxSocket};

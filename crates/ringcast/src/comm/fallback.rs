@@ -49,6 +49,11 @@
 //!   Two small messages per rank at the start, beside operations of more than a piece. A
 //!   block's pieces come from one source in order; a piece that does not start where the
 //!   block's bytes end so far (a repeat, a gap) is dropped.
+//! * Both pipelines are **windowed** on the sending side: a rank passes pieces on only while
+//!   its next hop's connection queue holds less than [`WINDOW`] bytes, and sends the rest from
+//!   its buffer as the queue drains. A root whose next hop reads slowly therefore holds a
+//!   window's copy, not its whole buffer's, and its request completes once its last piece is
+//!   queued (its buffer is then free, as after `MPI_Send`).
 //! * **Broadcast** of one piece or less: a binomial tree from the root (as MPICH's and Open
 //!   MPI's short Broadcasts), `ceil(log2 P)` hops instead of the chain's `P - 1`: with ranks
 //!   numbered from the root, rank `v` receives from `v` less its lowest set bit and sends to
@@ -113,7 +118,7 @@ use std::time::{Duration, Instant};
 use bytemuck::Pod;
 use ringcast_core::port::{ControlInput, ControlPort};
 use ringcast_core::{Rank, allgather_shape, broadcast_shape};
-use ringcast_transport_rocev2_udp::{IoWaker, TcpControl};
+use ringcast_transport_rocev2_udp::{IoWaker, SEND_LOW_WATER, TcpControl};
 
 use super::engine::{Command, Kind, Post, PostTx};
 use super::error::CommError;
@@ -143,6 +148,15 @@ const ABORT_MISMATCH: u8 = 1;
 /// shape fingerprint `shape`) and takes its pieces now: a chain or ring rank sends its left
 /// neighbour one as it starts, and the neighbour sends it nothing of the operation before.
 const KIND_CTS: u8 = 0xF7;
+/// Bytes a chain or ring rank lets wait in its next hop's connection queue (beyond what the
+/// socket took): it passes pieces on only while the queue is shorter, and sends the rest from
+/// its buffer as the queue drains (the mesh wakes it below [`SEND_LOW_WATER`]). Without it, a
+/// root whose next hop reads slowly would copy its whole buffer into the queue at once.
+const WINDOW: usize = 4 << 20;
+const _: () = assert!(
+    WINDOW > SEND_LOW_WATER,
+    "the mesh wakes a full queue's owner below it"
+);
 /// With TCP work in flight, the longest the dispatcher parks when nothing moved. Every input
 /// wakes it (a post, a loss report, the mesh's I/O thread), so this only paces the checks of
 /// the peer timeout.
@@ -585,6 +599,9 @@ struct TcpOp {
     awaiting_cts: bool,
     /// Chain and ring: bytes of each block (by index) passed on to the next hop.
     fwd: Vec<u64>,
+    /// Chain and ring: bytes the next hop takes from this rank in all (every block but its
+    /// own; nothing past the chain's end). The operation is not over before they are queued.
+    to_right: u64,
 }
 
 impl TcpOp {
@@ -600,6 +617,21 @@ impl TcpOp {
                 Some((*displs.get(b)?, displs[b] + sizes[b]))
             }
         }
+    }
+
+    /// Chain and ring: whether this rank holds bytes its next hop takes and has not had yet.
+    fn holds_back(&self, me: u32, size: u32) -> bool {
+        let right = (me + 1) % size;
+        let blocks = match &self.shape {
+            Shape::Chain { root } => *root..*root + 1,
+            Shape::Ring { .. } => 0..size,
+            Shape::Tree { .. } | Shape::Trees { .. } => return false,
+        };
+        blocks.filter(|&b| b != right).any(|b| {
+            self.fwd
+                .get(b as usize)
+                .is_some_and(|&f| f < self.have(me, b))
+        })
     }
 
     /// Bytes of block `block` this rank holds from its start (every block's pieces come
@@ -761,6 +793,7 @@ impl Dispatcher {
                     Err(TryRecvError::Empty) => break,
                 }
             }
+            moved |= self.resume();
             if !moved && !self.stopping {
                 let busy =
                     !self.active.is_empty() || self.agreement.is_some() || !self.held.is_empty();
@@ -1250,10 +1283,12 @@ impl Dispatcher {
             .counters
             .bytes_received
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        // Chain and ring: passed on as it came if the next hop takes pieces and has every
-        // earlier one; otherwise `pump` sends it from the buffer when the next hop is clear.
+        // Chain and ring: passed on as it came if the next hop takes pieces, has every
+        // earlier one and room in its queue; otherwise `pump` sends it from the buffer when
+        // the next hop is clear and has room.
         if let Shape::Chain { .. } | Shape::Ring { .. } = op.shape {
-            if op.awaiting_cts || op.fwd[block as usize] != offset {
+            let full = self.mesh.queued(Rank((me + 1) % size)) >= WINDOW;
+            if op.awaiting_cts || op.fwd[block as usize] != offset || full {
                 self.pump(i);
                 return;
             }
@@ -1276,9 +1311,9 @@ impl Dispatcher {
         }
     }
 
-    /// Chain and ring: once the next hop is clear to send, sends it every byte this rank
-    /// holds for it and has not sent yet, from the buffer: its own block first, then the
-    /// others as they came.
+    /// Chain and ring: once the next hop is clear to send, sends it what this rank holds for
+    /// it and has not sent yet, from the buffer, while its queue holds less than [`WINDOW`]:
+    /// its own block first, then the others as they came.
     fn pump(&mut self, i: usize) {
         let (me, size) = (self.cfg.rank, self.cfg.size);
         let Dispatcher {
@@ -1304,7 +1339,7 @@ impl Dispatcher {
                 continue;
             };
             let have = op.have(me, b);
-            while op.fwd[b as usize] < have {
+            while op.fwd[b as usize] < have && mesh.queued(Rank(to)) < WINDOW {
                 let off = op.fwd[b as usize];
                 let n = (have - off).min(cfg.piece as u64);
                 piece_header(scratch, b, op.k, off, op.fingerprint);
@@ -1313,9 +1348,31 @@ impl Dispatcher {
                 mesh.send_control(Rank(to), scratch);
                 op.fwd[b as usize] += n;
                 op.sent += n;
+                // The next hop took what was queued before: it is alive and reading.
+                op.last = Instant::now();
                 shared.counters.bytes_sent.fetch_add(n, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Chain and ring operations that hold bytes back for a next hop whose queue was full:
+    /// what it has room for now goes out (the operations that sent their last complete).
+    /// Whether anything went.
+    fn resume(&mut self) -> bool {
+        let (me, size) = (self.cfg.rank, self.cfg.size);
+        let mut moved = false;
+        for i in 0..self.active.len() {
+            let op = &self.active[i];
+            if !op.awaiting_cts && op.sent < op.to_right && op.holds_back(me, size) {
+                let before = op.sent;
+                self.pump(i);
+                moved |= self.active[i].sent > before;
+            }
+        }
+        if moved {
+            self.reap();
+        }
+        moved
     }
 
     /// Operation `i`'s next hop, `from`, is clear to send: what this rank holds for it goes
@@ -1414,6 +1471,7 @@ impl Dispatcher {
             sent: 0,
             received: 0,
             awaiting_cts: size > 1 && to_right > 0,
+            to_right: if size > 1 { to_right } else { 0 },
             fwd: if pipelined {
                 vec![0; size as usize]
             } else {
@@ -1483,7 +1541,8 @@ impl Dispatcher {
     fn reap(&mut self) {
         let mut i = 0;
         while i < self.active.len() {
-            if self.active[i].want > 0 || self.active[i].awaiting_cts {
+            let op = &self.active[i];
+            if op.want > 0 || op.awaiting_cts || op.sent < op.to_right {
                 i += 1;
                 continue;
             }
@@ -1631,6 +1690,11 @@ mod tests {
 
     /// A TCP mesh of `n` ranks on loopback.
     fn mesh(n: usize) -> Vec<TcpControl> {
+        mesh_with(n, |_| ControlConfig::new(7))
+    }
+
+    /// A TCP mesh of `n` ranks on loopback, rank `r`'s end configured by `config(r)`.
+    fn mesh_with(n: usize, config: impl Fn(usize) -> ControlConfig) -> Vec<TcpControl> {
         let listeners: Vec<TcpListener> = (0..n)
             .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
             .collect();
@@ -1642,10 +1706,8 @@ mod tests {
             .into_iter()
             .enumerate()
             .map(|(r, l)| {
-                let t = table.clone();
-                thread::spawn(move || {
-                    TcpControl::connect(r as u32, &t, l, Registry::default(), ControlConfig::new(7))
-                })
+                let (t, c) = (table.clone(), config(r));
+                thread::spawn(move || TcpControl::connect(r as u32, &t, l, Registry::default(), c))
             })
             .collect();
         joins
@@ -1868,6 +1930,66 @@ mod tests {
         for r in early.into_iter().chain([gather(2)]) {
             assert!(r.wait().expect("the ring completes") == whole);
         }
+    }
+
+    /// A chain's root whose next hop does not read queues at most a window for it (beyond
+    /// what the sockets hold), not its whole buffer, and its request waits; once the next
+    /// hop reads, the rest follows from the buffer, in order, and the request completes.
+    #[test]
+    fn a_root_queues_at_most_a_window_for_a_next_hop_that_does_not_read() {
+        let len = 64 << 20;
+        let data: Vec<u8> = (0..len).map(|i| (i * 31 + i / 4093) as u8).collect();
+        // Rank 1 is a bare end of the mesh that reads only when told to (inline I/O).
+        let mut m = mesh_with(2, |r| ControlConfig {
+            inline_io: r == 1,
+            ..ControlConfig::new(7)
+        });
+        let mut one = m.pop().expect("rank 1");
+        let zero = start(cfg(0, 2), m.pop().expect("rank 0"), None, FROM_START).expect("start");
+        let shape = broadcast_shape(Rank(0), len as u64);
+        let mut req = zero
+            .post::<u8>(
+                Kind::Broadcast { root: 0 },
+                data.clone(),
+                None,
+                tracing::Span::none(),
+            )
+            .expect("post");
+        let mut cts = vec![KIND_CTS, 0, 0, 0];
+        cts.extend_from_slice(&shape.to_be_bytes());
+        cts.extend_from_slice(&0u64.to_be_bytes());
+        one.send_control(Rank(0), &cts);
+        thread::sleep(Duration::from_millis(500));
+        let queued = zero.shared.counters.bytes_sent.load(Ordering::Relaxed);
+        // The window, a piece, and what the two sockets' buffers took.
+        assert!(
+            queued < (len / 4) as u64,
+            "rank 0 queued {queued} of {len} bytes for a rank that reads nothing"
+        );
+        assert!(!req.test(), "the root completed before its next hop read");
+        // Rank 1 reads: every byte comes, in order.
+        let mut got = Vec::with_capacity(len);
+        let mut buf = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while got.len() < len {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {len} bytes came",
+                got.len()
+            );
+            one.poll_io(Duration::from_millis(10));
+            while let Some(ControlInput::Message { from, len: n }) = one.poll_control(&mut buf) {
+                let msg = &buf[..n];
+                assert_eq!((from, msg[0]), (Rank(0), KIND_PIECE));
+                assert_eq!(u64_at(msg, 16), Some(got.len() as u64), "out of order");
+                got.extend_from_slice(&msg[PIECE_HEADER..]);
+            }
+        }
+        assert!(got == data, "rank 1 got other bytes");
+        req.wait()
+            .expect("the root completes once its bytes are queued");
+        drop(zero);
+        drop(one);
     }
 
     /// A piece whose offset, added to its block's place in the buffer, would wrap around to
