@@ -1613,6 +1613,53 @@ mod tests {
         }
     }
 
+    /// An owner that waits in `poll_io` while a long queue drains (its peer reads at last) is
+    /// woken, with an I/O thread and inline: it can then send more.
+    #[test]
+    fn poll_io_returns_when_a_long_queue_drains() {
+        const MSGS: usize = 48;
+        let chunk = vec![7u8; 1 << 20];
+        for inline in [true, false] {
+            let mut m = mesh_io(2, 83 + u64::from(inline), |r| r == 1 || inline);
+            let mut one = m.pop().expect("rank 1");
+            let mut zero = m.pop().expect("rank 0");
+            for _ in 0..MSGS {
+                zero.send_control(Rank(1), &chunk);
+            }
+            // Rank 1 reads nothing yet: what its socket buffers do not hold waits in the queue.
+            assert!(
+                zero.queued(Rank(1)) >= SEND_LOW_WATER,
+                "inline {inline}: {} bytes queued",
+                zero.queued(Rank(1))
+            );
+            let (tx, rx) = mpsc::channel();
+            let waiter = thread::spawn(move || {
+                zero.wake_on_arrival(thread::current());
+                // A long wait: only the queue draining ends it in time.
+                while zero.queued(Rank(1)) >= SEND_LOW_WATER {
+                    zero.poll_io(Duration::from_secs(600));
+                }
+                let _ = tx.send(());
+                // The rest goes out as the socket takes it.
+                while zero.queued(Rank(1)) > 0 {
+                    zero.poll_io(Duration::from_millis(10));
+                }
+                zero
+            });
+            let (mut got, mut buf) = (0, Vec::new());
+            while got < MSGS {
+                one.poll_io(Duration::from_millis(10));
+                while let Some(ControlInput::Message { len, .. }) = one.poll_control(&mut buf) {
+                    assert_eq!(len, chunk.len());
+                    got += 1;
+                }
+            }
+            assert_eq!(rx.recv_timeout(Duration::from_secs(60)), Ok(()));
+            let zero = waiter.join().expect("waiter");
+            assert_eq!(zero.queued(Rank(1)), 0);
+        }
+    }
+
     /// Messages put back come out first, in the order given, then what arrived after them.
     #[test]
     fn unread_messages_come_back_first_and_in_order() {
