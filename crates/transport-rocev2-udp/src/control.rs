@@ -968,7 +968,12 @@ impl TcpControl {
         p.lost = true;
         p.link.close();
         bump(&self.stats.peers_lost);
-        tracing::warn!(rank = self.rank.0, peer = r.0, "control: peer lost");
+        // A peer that said goodbye left (the end of a job); one that did not, crashed.
+        if self.departed.iter().any(|&(p, ..)| p == r) {
+            tracing::debug!(rank = self.rank.0, peer = r.0, "control: peer left");
+        } else {
+            tracing::warn!(rank = self.rank.0, peer = r.0, "control: peer lost");
+        }
         self.lost.push(r);
         self.new_lost.push_back(PeerLost(r));
         let mut failed: Vec<ReadId> = self

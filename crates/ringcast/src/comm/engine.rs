@@ -653,7 +653,13 @@ impl Engine {
             .map(|b| b.0)
             .filter(|&b| b != self.rank());
         let lost = Lost { rank, mark, blamed };
-        tracing::warn!(rank, ?mark, ?blamed, "peer lost");
+        // A goodbye is the end of a job, or a departure over a failure it names; the
+        // operations it dooms say so themselves ("operation failed").
+        if mark.is_none() || blamed.is_some() {
+            tracing::warn!(rank, ?mark, ?blamed, "peer lost");
+        } else {
+            tracing::debug!(rank, ?mark, "peer left");
+        }
         self.lost.push(lost);
         // It left over another rank's failure, which this rank may not have heard of yet
         // (it travels over another connection): that rank is the one to blame.

@@ -1577,7 +1577,12 @@ impl Dispatcher {
         while let Some(lost) = self.mesh.take_lost() {
             let peer = lost.0.0;
             let mark = self.mesh.departed(lost.0);
-            tracing::warn!(rank = self.cfg.rank, peer, ?mark, "fallback: peer lost");
+            // Operations a goodbye dooms say so themselves ("TCP operation failed").
+            if mark.is_none() {
+                tracing::warn!(rank = self.cfg.rank, peer, "fallback: peer lost");
+            } else {
+                tracing::debug!(rank = self.cfg.rank, peer, ?mark, "fallback: peer left");
+            }
             self.lost.push((peer, mark));
         }
         if self.lost.len() == before {
