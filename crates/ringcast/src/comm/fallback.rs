@@ -64,7 +64,9 @@
 //! clear-to-sends) this rank has not posted yet wait for it. A peer whose connection closes
 //! (it crashed) fails every TCP operation in flight ([`CommError::PeerLost`]); one that said
 //! goodbye fails those it did not finish; a crash is named before a departure, which it may
-//! have caused. An operation with no progress fails naming the rank it waits on, its left
+//! have caused, and a rank that leaves over another rank's failure names that rank in its
+//! goodbye, so that the operations its departure dooms name the culprit
+//! ([`CommError::PeerFailed`]), also at a rank that finished the failed operation. An operation with no progress fails naming the rank it waits on, its left
 //! neighbour or its parent in the tree ([`CommError::PeerUnresponsive`]) or, waiting for a
 //! clear-to-send, its right neighbour, and tells every rank (`KIND_ABORT`), which fail it too
 //! naming that rank ([`CommError::PeerFailed`]). How long a rank waits grows with its
@@ -120,6 +122,7 @@ use ringcast_core::port::{ControlInput, ControlPort};
 use ringcast_core::{Rank, allgather_shape, broadcast_shape};
 use ringcast_transport_rocev2_udp::{IoWaker, SEND_LOW_WATER, TcpControl};
 
+use super::blame::Blame;
 use super::engine::{Command, Kind, Post, PostTx};
 use super::error::CommError;
 use super::request::{Completion, Request};
@@ -397,6 +400,8 @@ pub(crate) fn start(
         elsewhere: VecDeque::new(),
         next_tcp: switch_at.unwrap_or(0),
         lost: Vec::new(),
+        left_over: Vec::new(),
+        blame: Blame::default(),
         loss_asked: false,
         agreement: None,
         frozen_at: None,
@@ -685,6 +690,10 @@ struct Dispatcher {
     /// The peers lost, in the order their connections closed, each with the first TCP
     /// operation it did not finish when it left cleanly (`None`: it crashed).
     lost: Vec<(u32, Option<u64>)>,
+    /// Peers that left over another rank's failure, with that rank (their goodbye's blame).
+    left_over: Vec<(u32, u32)>,
+    /// Whom this rank's failures blame, and its goodbye.
+    blame: Blame,
     loss_asked: bool,
     agreement: Option<Agreement>,
     /// When this rank froze for the switch agreement, until the switch point came.
@@ -830,6 +839,18 @@ impl Dispatcher {
         }
     }
 
+    /// What an operation that lost `peer` dooms fails with: the loss of `peer`, or, when it
+    /// left over another rank's failure (its goodbye named that rank), that failure.
+    fn lost_error(&self, peer: u32) -> CommError {
+        match self.left_over.iter().find(|&&(p, _)| p == peer) {
+            Some(&(_, culprit)) => CommError::PeerFailed {
+                peer: culprit,
+                reported_by: peer,
+            },
+            None => CommError::PeerLost { peer },
+        }
+    }
+
     /// The lost peer that dooms TCP operation `k`, if any (see [`doomed_by`]).
     fn dooms(&self, k: u64) -> Option<u32> {
         doomed_by(&self.lost, k)
@@ -839,13 +860,16 @@ impl Dispatcher {
         if let Some(e) = &self.broken {
             let e = e.clone();
             self.ended(k);
+            self.blame.failed(k, e.peer());
             self.fail(p.reply, e);
             return;
         }
         if let Some(peer) = self.dooms(k) {
             // Ended before it started: pieces peers sent for it are dropped, not kept.
             self.ended(k);
-            self.fail(p.reply, CommError::PeerLost { peer });
+            let e = self.lost_error(peer);
+            self.blame.failed(k, e.peer());
+            self.fail(p.reply, e);
             return;
         }
         let switch_at = self.route().switch_at;
@@ -1395,6 +1419,7 @@ impl Dispatcher {
         if let Some(e) = self.aborts.remove(&k) {
             // A peer already gave up on it.
             self.ended(k);
+            self.blame.failed(k, e.peer());
             self.fail(p.reply, e);
             return;
         }
@@ -1548,6 +1573,7 @@ impl Dispatcher {
             }
             let op = self.active.swap_remove(i);
             self.ended(op.k);
+            self.blame.completed(op.k);
             let stats = OpStats {
                 op: op.k,
                 bytes: op.buf.len() as u64,
@@ -1584,6 +1610,15 @@ impl Dispatcher {
                 tracing::debug!(rank = self.cfg.rank, peer, ?mark, "fallback: peer left");
             }
             self.lost.push((peer, mark));
+            // It left over another rank's failure, which this rank may not have heard of
+            // (or finished the operation of already): that rank is the one to name.
+            if let Some(b) = self
+                .mesh
+                .departed_blaming(lost.0)
+                .filter(|b| b.0 != self.cfg.rank)
+            {
+                self.left_over.push((peer, b.0));
+            }
         }
         if self.lost.len() == before {
             return;
@@ -1594,14 +1629,17 @@ impl Dispatcher {
                 i += 1;
                 continue;
             };
-            self.fail_active(i, CommError::PeerLost { peer });
+            let e = self.lost_error(peer);
+            self.fail_active(i, e);
         }
         // A switch can no longer be agreed: held posts fail too (and later ones, doomed).
         if self.agreement.is_some() || self.route().frozen {
             self.agreement = None;
             self.frozen_at = None;
             let peer = self.dooms(u64::MAX).unwrap_or(self.lost[0].0);
-            self.fail_held(&CommError::PeerLost { peer });
+            let e = self.lost_error(peer);
+            self.blame.failed(self.next_tcp, e.peer());
+            self.fail_held(&e);
         }
     }
 
@@ -1644,6 +1682,9 @@ impl Dispatcher {
     fn fail_active(&mut self, i: usize, e: CommError) {
         let op = self.active.swap_remove(i);
         self.ended(op.k);
+        if !matches!(e, CommError::ShapeMismatch { .. }) {
+            self.blame.failed(op.k, e.peer());
+        }
         op.span
             .in_scope(|| tracing::warn!(op = op.k, error = %e, "TCP operation failed"));
         self.fail(op.reply, e);
@@ -1683,7 +1724,10 @@ impl Dispatcher {
             self.fail(op.reply, CommError::Cancelled);
         }
         tracing::debug!(rank = self.cfg.rank, mark, "TCP fallback stopping");
-        self.mesh.close(mark, LINGER);
+        // Leaving over a failure: a peer that finished the failed operation, or hears of
+        // this departure first, names the culprit, not this rank.
+        self.mesh
+            .close_blaming(mark, self.blame.goodbye().map(Rank), LINGER);
     }
 }
 
@@ -1995,6 +2039,47 @@ mod tests {
             .expect("the root completes once its bytes are queued");
         drop(zero);
         drop(one);
+    }
+
+    /// A rank that failed an operation over a hung rank and left names that rank in its
+    /// goodbye: the root, which finished the operation (the failure's `Abort` then tells it
+    /// nothing), fails its next one naming the hung rank, not the one that left.
+    #[test]
+    fn a_rank_that_leaves_over_a_failure_names_its_culprit() {
+        const HUNG: u32 = 2;
+        let len = 5 * 4096 + 3;
+        let mut hs: Vec<Option<Handle>> = dispatchers(4, 4096).into_iter().map(Some).collect();
+        let bcast = |h: &Handle, len: usize| {
+            h.post::<u8>(
+                Kind::Broadcast { root: 0 },
+                vec![1; len],
+                None,
+                tracing::Span::none(),
+            )
+            .expect("post")
+        };
+        // Down the chain 0 -> 1 -> 2 -> 3; rank 2 never posts.
+        let root = bcast(hs[0].as_ref().expect("rank 0"), len);
+        let one = bcast(hs[1].as_ref().expect("rank 1"), len);
+        let three = bcast(hs[3].as_ref().expect("rank 3"), len);
+        root.wait().expect("the root's pieces all went to rank 1");
+        let e1 = one.wait().expect_err("rank 1 waits on rank 2");
+        assert_eq!(e1.peer(), Some(HUNG), "{e1}");
+        let e3 = three.wait().expect_err("rank 3 waits on rank 2");
+        assert_eq!(e3.peer(), Some(HUNG), "{e3}");
+        // Rank 1 leaves; the root runs on.
+        drop(hs[1].take());
+        thread::sleep(Duration::from_millis(300));
+        let next = bcast(hs[0].as_ref().expect("rank 0"), 8)
+            .wait()
+            .expect_err("rank 1 is gone");
+        assert_eq!(
+            next,
+            CommError::PeerFailed {
+                peer: HUNG,
+                reported_by: 1
+            }
+        );
     }
 
     /// A piece whose offset, added to its block's place in the buffer, would wrap around to
