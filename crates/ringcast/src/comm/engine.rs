@@ -564,7 +564,7 @@ impl Engine {
             _ => return,
         };
         // What the application is told, decided once.
-        let told = verdict.err().map(|e| self.blame(e));
+        let told = verdict.err().map(|e| self.told(e));
         // A rank that failed names the culprit of later losses; one that posted another
         // shape is alive and well.
         match &told {
@@ -601,7 +601,7 @@ impl Engine {
 
     /// What a failure tells the application: a loss of a rank that left over another rank's
     /// failure names that rank, as reported by the one that left.
-    fn blame(&self, e: OpError) -> CommError {
+    fn told(&self, e: OpError) -> CommError {
         if let OpError::PeerLost { peer } = e
             && let Some(b) = self
                 .lost
