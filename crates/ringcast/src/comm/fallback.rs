@@ -66,7 +66,8 @@
 //! goodbye fails those it did not finish; a crash is named before a departure, which it may
 //! have caused, and a rank that leaves over another rank's failure names that rank in its
 //! goodbye, so that the operations its departure dooms name the culprit
-//! ([`CommError::PeerFailed`]), also at a rank that finished the failed operation. An operation with no progress fails naming the rank it waits on, its left
+//! ([`CommError::PeerFailed`]), also at a rank that finished the failed operation. An
+//! operation with no progress fails naming the rank it waits on, its left
 //! neighbour or its parent in the tree ([`CommError::PeerUnresponsive`]) or, waiting for a
 //! clear-to-send, its right neighbour, and tells every rank (`KIND_ABORT`), which fail it too
 //! naming that rank ([`CommError::PeerFailed`]). How long a rank waits grows with its
