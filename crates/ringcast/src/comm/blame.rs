@@ -5,6 +5,36 @@
 //! itself, or that finished the failed operation already (the `Abort` about it then tells it
 //! nothing), fails its next operation naming the culprit, not the rank that left.
 
+use super::error::CommError;
+
+/// A lost rank, with the goodbye mark it sent (the first operation it did not finish) when it
+/// left cleanly, and the rank it left over (whose failure it was in), if it named one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Lost {
+    pub(crate) rank: u32,
+    pub(crate) mark: Option<u64>,
+    pub(crate) blamed: Option<u32>,
+}
+
+impl Lost {
+    /// Whether operation `op` can no longer finish.
+    pub(crate) fn dooms(&self, op: u64) -> bool {
+        self.mark.is_none_or(|m| op >= m)
+    }
+
+    /// What an operation this loss dooms fails with: the loss of the rank, or, when it left
+    /// over another rank's failure, that failure, as reported by the rank that left.
+    pub(crate) fn error(&self) -> CommError {
+        match self.blamed {
+            Some(b) => CommError::PeerFailed {
+                peer: b,
+                reported_by: self.rank,
+            },
+            None => CommError::PeerLost { peer: self.rank },
+        }
+    }
+}
+
 /// The first culprit and whether this rank is still failing over it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Blame {
@@ -57,6 +87,30 @@ impl Blame {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_loss_names_the_rank_a_departure_blamed() {
+        let crash = Lost {
+            rank: 3,
+            mark: None,
+            blamed: None,
+        };
+        assert!(crash.dooms(0));
+        assert_eq!(crash.error(), CommError::PeerLost { peer: 3 });
+        let left = Lost {
+            mark: Some(5),
+            blamed: Some(2),
+            ..crash
+        };
+        assert!(!left.dooms(4) && left.dooms(5));
+        assert_eq!(
+            left.error(),
+            CommError::PeerFailed {
+                peer: 2,
+                reported_by: 3
+            }
+        );
+    }
 
     #[test]
     fn a_clean_departure_names_nobody() {

@@ -67,7 +67,7 @@ use ringcast_core::{Event, Node, OpError, OpId, Rank, Session, Stats};
 use ringcast_transport_rocev2_udp::pace::{Pacer, ReceiverReport};
 use ringcast_transport_rocev2_udp::{OpBuffer, PeerLost, Registry, UdpRx, UdpTx};
 
-use super::blame::Blame;
+use super::blame::{Blame, Lost};
 use super::error::CommError;
 use super::request::Completion;
 use super::stats::{CommStats, ControlCounters, Counters, OpStats, add_rx, add_tx, core_drops};
@@ -164,22 +164,6 @@ struct Live {
     verdict: Option<Result<(), OpError>>,
     failed_at: Option<StdInstant>,
     span: tracing::Span,
-}
-
-/// A lost rank, and the goodbye mark it sent (the first operation it did not finish), when it
-/// left cleanly, with the rank it left over (whose failure it was in), if it named one.
-#[derive(Clone, Copy, Debug)]
-struct Lost {
-    rank: u32,
-    mark: Option<u64>,
-    blamed: Option<u32>,
-}
-
-impl Lost {
-    /// Whether operation `op` can no longer finish.
-    fn dooms(&self, op: u64) -> bool {
-        self.mark.is_none_or(|m| op >= m)
-    }
 }
 
 /// The lane halves and ports, until [`Engine::run`] hands them to their workers.
@@ -603,16 +587,9 @@ impl Engine {
     /// failure names that rank, as reported by the one that left.
     fn told(&self, e: OpError) -> CommError {
         if let OpError::PeerLost { peer } = e
-            && let Some(b) = self
-                .lost
-                .iter()
-                .find(|l| l.rank == peer.0)
-                .and_then(|l| l.blamed)
+            && let Some(l) = self.lost.iter().find(|l| l.rank == peer.0)
         {
-            return CommError::PeerFailed {
-                peer: b,
-                reported_by: peer.0,
-            };
+            return l.error();
         }
         e.into()
     }

@@ -123,7 +123,7 @@ use ringcast_core::port::{ControlInput, ControlPort};
 use ringcast_core::{Rank, allgather_shape, broadcast_shape};
 use ringcast_transport_rocev2_udp::{IoWaker, SEND_LOW_WATER, TcpControl};
 
-use super::blame::Blame;
+use super::blame::{Blame, Lost};
 use super::engine::{Command, Kind, Post, PostTx};
 use super::error::CommError;
 use super::request::{Completion, Request};
@@ -401,7 +401,6 @@ pub(crate) fn start(
         elsewhere: VecDeque::new(),
         next_tcp: switch_at.unwrap_or(0),
         lost: Vec::new(),
-        left_over: Vec::new(),
         blame: Blame::default(),
         loss_asked: false,
         agreement: None,
@@ -689,10 +688,9 @@ struct Dispatcher {
     /// One past the last TCP operation started here (for the goodbye's mark).
     next_tcp: u64,
     /// The peers lost, in the order their connections closed, each with the first TCP
-    /// operation it did not finish when it left cleanly (`None`: it crashed).
-    lost: Vec<(u32, Option<u64>)>,
-    /// Peers that left over another rank's failure, with that rank (their goodbye's blame).
-    left_over: Vec<(u32, u32)>,
+    /// operation it did not finish when it left cleanly (`None`: it crashed) and the rank it
+    /// left over, if its goodbye named one.
+    lost: Vec<Lost>,
     /// Whom this rank's failures blame, and its goodbye.
     blame: Blame,
     loss_asked: bool,
@@ -759,16 +757,12 @@ fn tree_children(me: u32, root: u32, size: u32) -> impl Iterator<Item = u32> {
         .map(move |c| (c + root) % size)
 }
 
-/// Of the peers `lost` (with the first operation each did not finish when it left cleanly,
-/// `None` when it crashed), the one that dooms operation `k`: a crashed one before one that
+/// Of the peers `lost`, the one that dooms operation `k`: a crashed one before one that
 /// left cleanly, since a rank may leave because of another's crash and be heard of first.
-fn doomed_by(lost: &[(u32, Option<u64>)], k: u64) -> Option<u32> {
-    let crashed = lost.iter().filter(|(_, m)| m.is_none());
-    let left = lost.iter().filter(|(_, m)| m.is_some());
-    crashed
-        .chain(left)
-        .find(|(_, mark)| mark.is_none_or(|m| k >= m))
-        .map(|&(peer, _)| peer)
+fn doomed_by(lost: &[Lost], k: u64) -> Option<&Lost> {
+    let crashed = lost.iter().filter(|l| l.mark.is_none());
+    let left = lost.iter().filter(|l| l.mark.is_some());
+    crashed.chain(left).find(|l| l.dooms(k))
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
@@ -840,21 +834,10 @@ impl Dispatcher {
         }
     }
 
-    /// What an operation that lost `peer` dooms fails with: the loss of `peer`, or, when it
-    /// left over another rank's failure (its goodbye named that rank), that failure.
-    fn lost_error(&self, peer: u32) -> CommError {
-        match self.left_over.iter().find(|&&(p, _)| p == peer) {
-            Some(&(_, culprit)) => CommError::PeerFailed {
-                peer: culprit,
-                reported_by: peer,
-            },
-            None => CommError::PeerLost { peer },
-        }
-    }
-
-    /// The lost peer that dooms TCP operation `k`, if any (see [`doomed_by`]).
-    fn dooms(&self, k: u64) -> Option<u32> {
-        doomed_by(&self.lost, k)
+    /// What TCP operation `k` fails with, if a lost peer dooms it (see [`doomed_by`] and
+    /// [`Lost::error`]).
+    fn dooms(&self, k: u64) -> Option<CommError> {
+        doomed_by(&self.lost, k).map(Lost::error)
     }
 
     fn post(&mut self, k: u64, p: Post) {
@@ -865,10 +848,9 @@ impl Dispatcher {
             self.fail(p.reply, e);
             return;
         }
-        if let Some(peer) = self.dooms(k) {
+        if let Some(e) = self.dooms(k) {
             // Ended before it started: pieces peers sent for it are dropped, not kept.
             self.ended(k);
-            let e = self.lost_error(peer);
             self.blame.failed(k, e.peer());
             self.fail(p.reply, e);
             return;
@@ -1610,35 +1592,35 @@ impl Dispatcher {
             } else {
                 tracing::debug!(rank = self.cfg.rank, peer, ?mark, "fallback: peer left");
             }
-            self.lost.push((peer, mark));
-            // It left over another rank's failure, which this rank may not have heard of
-            // (or finished the operation of already): that rank is the one to name.
-            if let Some(b) = self
+            // It may have left over another rank's failure, which this rank may not have
+            // heard of (or finished the operation of already): that rank is the one to name.
+            let blamed = self
                 .mesh
                 .departed_blaming(lost.0)
-                .filter(|b| b.0 != self.cfg.rank)
-            {
-                self.left_over.push((peer, b.0));
-            }
+                .map(|b| b.0)
+                .filter(|&b| b != self.cfg.rank);
+            self.lost.push(Lost {
+                rank: peer,
+                mark,
+                blamed,
+            });
         }
         if self.lost.len() == before {
             return;
         }
         let mut i = 0;
         while i < self.active.len() {
-            let Some(peer) = self.dooms(self.active[i].k) else {
+            let Some(e) = self.dooms(self.active[i].k) else {
                 i += 1;
                 continue;
             };
-            let e = self.lost_error(peer);
             self.fail_active(i, e);
         }
         // A switch can no longer be agreed: held posts fail too (and later ones, doomed).
         if self.agreement.is_some() || self.route().frozen {
             self.agreement = None;
             self.frozen_at = None;
-            let peer = self.dooms(u64::MAX).unwrap_or(self.lost[0].0);
-            let e = self.lost_error(peer);
+            let e = self.dooms(u64::MAX).unwrap_or_else(|| self.lost[0].error());
             self.blame.failed(self.next_tcp, e.peer());
             self.fail_held(&e);
         }
@@ -2462,16 +2444,18 @@ mod tests {
     /// the crash too.
     #[test]
     fn a_crash_dooms_before_a_clean_departure() {
-        let lost = [(2, Some(2)), (3, None)];
-        assert_eq!(doomed_by(&lost, 1), Some(3));
-        assert_eq!(doomed_by(&lost, 7), Some(3));
-        assert_eq!(
-            doomed_by(&lost[..1], 1),
-            None,
-            "rank 2 finished operation 1"
-        );
-        assert_eq!(doomed_by(&lost[..1], 2), Some(2));
-        assert_eq!(doomed_by(&[], 0), None);
+        let lost = |rank, mark| Lost {
+            rank,
+            mark,
+            blamed: None,
+        };
+        let lost = [lost(2, Some(2)), lost(3, None)];
+        let by = |l: &[Lost], k| doomed_by(l, k).map(|l| l.rank);
+        assert_eq!(by(&lost, 1), Some(3));
+        assert_eq!(by(&lost, 7), Some(3));
+        assert_eq!(by(&lost[..1], 1), None, "rank 2 finished operation 1");
+        assert_eq!(by(&lost[..1], 2), Some(2));
+        assert_eq!(by(&[], 0), None);
     }
 
     /// Which rank a stalled operation blames, and how long it waits before it does.
