@@ -471,6 +471,28 @@ impl IoWaker {
     }
 }
 
+/// A wait on an inline mesh's connections that does not need the mesh itself
+/// ([`TcpControl::io_wait`]): a thread that shares the mesh under a lock waits with it
+/// without holding the lock, so that other threads can use the mesh meanwhile.
+#[derive(Debug)]
+pub struct IoWait(mio::Registry);
+
+impl IoWait {
+    /// Returns once the mesh's poll holds an event (a connection readable, or writable again
+    /// after a full queue, or the [`IoWaker`] woken), or after `timeout` (rounded up to whole
+    /// milliseconds). It takes no event: the owner's next
+    /// [`poll_control`](ControlPort::poll_control) handles them, and until one does, this
+    /// returns at once. Every thread waiting returns.
+    pub fn wait(&self, timeout: Duration) {
+        // The registry owns a duplicate of the poll's epoll descriptor: the same epoll
+        // instance, open as long as this lives.
+        if let Err(e) = crate::sys::wait_readable(&self.0, timeout) {
+            tracing::error!(error = %e, "control: poll on the mesh failed");
+            thread::sleep(timeout);
+        }
+    }
+}
+
 /// The I/O thread's way to the owner: a channel, and the thread to unpark after each send.
 #[derive(Clone)]
 struct Owner {
@@ -760,6 +782,17 @@ impl TcpControl {
                 io.woken = false;
             }
             IoMode::Thread(_) => thread::park_timeout(timeout),
+        }
+    }
+
+    /// A wait on this mesh that does not borrow it ([`IoWait`]), for an inline mesh
+    /// ([`ControlConfig::inline_io`]) whose owner is shared under a lock; `None` with an I/O
+    /// thread (which wakes the owner's thread, see [`wake_on_arrival`](Self::wake_on_arrival)),
+    /// or if the epoll descriptor cannot be duplicated.
+    pub fn io_wait(&self) -> Option<IoWait> {
+        match &self.io {
+            IoMode::Inline(io, _) => io.poll.registry().try_clone().ok().map(IoWait),
+            IoMode::Thread(_) => None,
         }
     }
 
@@ -1616,6 +1649,54 @@ mod tests {
             assert_eq!(rx.recv_timeout(Duration::from_secs(60)), Ok(None));
             drop(waiter.join().expect("waiter"));
         }
+    }
+
+    /// `IoWait` waits on an inline mesh without borrowing it: an arrival and the waker end the
+    /// wait, and it takes nothing, so it returns at once until the owner reads. A mesh with
+    /// an I/O thread has none.
+    #[test]
+    fn io_wait_returns_on_arrival_and_on_wake_and_takes_nothing() {
+        let mut m = mesh_io(2, 87, |r| r == 0);
+        let one = m.pop().expect("rank 1");
+        let mut zero = m.pop().expect("rank 0");
+        assert!(one.io_wait().is_none(), "an I/O thread's mesh");
+        let w = zero.io_wait().expect("inline mesh");
+        let mut buf = Vec::new();
+        // The connections' first events (writable) are taken by the owner's first look.
+        assert!(zero.poll_control(&mut buf).is_none());
+        // Nothing there: the wait runs out.
+        let t = Instant::now();
+        w.wait(Duration::from_millis(30));
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        assert!(zero.poll_control(&mut buf).is_none());
+        // An arrival ends a long wait, however often it is waited for before the owner reads.
+        let mut one = one;
+        let (tx, rx) = mpsc::channel();
+        let waiter = thread::spawn(move || {
+            for _ in 0..3 {
+                w.wait(Duration::from_secs(600));
+                let _ = tx.send(());
+            }
+            w
+        });
+        one.send_control(Rank(0), b"here");
+        for _ in 0..3 {
+            assert_eq!(rx.recv_timeout(Duration::from_secs(60)), Ok(()));
+        }
+        let w = waiter.join().expect("waiter");
+        assert!(matches!(
+            zero.poll_control(&mut buf),
+            Some(ControlInput::Message { .. })
+        ));
+        assert_eq!(buf, b"here");
+        // The owner took the event: waits run out again, until the waker.
+        let t = Instant::now();
+        w.wait(Duration::from_millis(30));
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        let waker = zero.waker();
+        let waiter = thread::spawn(move || w.wait(Duration::from_secs(600)));
+        waker.wake();
+        waiter.join().expect("woken");
     }
 
     /// An owner that waits in `poll_io` while a long queue drains (its peer reads at last) is

@@ -18,7 +18,10 @@
 //! And a `UDP_SEGMENT` control message for a GSO send gathered from several buffers
 //! ([`send_gathered`]): quinn-udp sends one contiguous buffer only.
 //!
-//! This is the crate's only `unsafe`: three FFI calls with buffers they own, that view, and
+//! And `poll(2)` on an inline mesh's epoll descriptor ([`wait_readable`]), which waits for its
+//! events without taking them (mio's poll takes them, and needs the mesh).
+//!
+//! This is the crate's only `unsafe`: four FFI calls with buffers they own, that view, and
 //! that control message.
 #![allow(unsafe_code)]
 
@@ -26,6 +29,7 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
+use std::time::Duration;
 
 /// `SO_MEMINFO` (asm-generic/socket.h; sparc numbers its options differently).
 #[cfg(not(target_arch = "sparc64"))]
@@ -101,6 +105,38 @@ pub(crate) fn batch_scheduling() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Waits at most `timeout` (rounded up to whole milliseconds) for `fd` to be readable
+/// (`poll(2)`, `POLLIN`), taking nothing from it: true if it is, false at the timeout or on a
+/// signal.
+pub(crate) fn wait_readable(fd: &impl AsRawFd, timeout: Duration) -> io::Result<bool> {
+    let ms = timeout
+        .as_micros()
+        .div_ceil(1000)
+        .min(libc::c_int::MAX as u128) as libc::c_int;
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `pfd` is a live, writable `pollfd` and the count passed is 1, so the kernel
+    // reads and writes exactly that one entry, during the call only. The descriptor's
+    // validity is no memory-safety matter (a closed one reports `POLLNVAL`); the caller keeps
+    // it open anyway (`AsRawFd` of a value it holds).
+    let rc = unsafe { libc::poll(&raw mut pfd, 1, ms) };
+    match rc {
+        n if n > 0 => Ok(pfd.revents & libc::POLLIN != 0),
+        0 => Ok(false),
+        _ => {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(e)
+            }
+        }
+    }
 }
 
 /// Most buffers one [`recv_scatter`] takes: a header, a payload and a trailer for each of 64

@@ -5,10 +5,10 @@
 //! With [`Fallback::Tcp`](super::Fallback::Tcp), the communicator gets a **dispatcher**: every
 //! post takes the next operation index `k` (the n-th post on every rank is the same operation,
 //! see the module docs of [`comm`](super)) and is routed, under one lock, either straight to
-//! the multicast engine (as without fallback: no extra hop) or to the dispatcher thread, which
-//! runs it over TCP. The engine is not touched: the routing happens at the operation-dispatch
-//! boundary ([`Handle::post`]), the loss is observed where completions are consumed
-//! ([`LossTap`], called by [`Request`]). A small operation (see
+//! the multicast engine (as without fallback: no extra hop) or to the dispatcher, which runs
+//! it over TCP (on whichever thread, see below). The engine is not touched: the routing
+//! happens at the operation-dispatch boundary ([`Handle::post`]), the loss is observed where
+//! completions are consumed ([`LossTap`], called by [`Request`]). A small operation (see
 //! [`FallbackConfig::tcp_threshold`]) runs over TCP even while multicast works; every post to
 //! the engine carries its index, and the engine skips the ids of the operations it did not
 //! get: its ids then name the same operation on every rank even in an erroneous program whose
@@ -22,9 +22,14 @@
 //! Over a TCP mesh ([`TcpControl`]): the control mesh itself when the start-up check failed
 //! (the engine never starts), or a second mesh formed at build time when multicast works (so
 //! that bulk data never delays the engine's control messages). The dispatcher does that second
-//! mesh's I/O itself ([`ControlConfig::inline_io`](ringcast_transport_rocev2_udp::ControlConfig::inline_io)):
-//! it waits in [`TcpControl::poll_io`], which a piece arriving or a post ([`IoWaker`]) ends,
-//! so a piece costs one thread wake-up at each hop instead of two. Data moves in pieces of
+//! mesh's I/O itself ([`ControlConfig::inline_io`](ringcast_transport_rocev2_udp::ControlConfig::inline_io)),
+//! and not only from its own thread ([`Progress`]): a post runs at once on the posting thread
+//! (a tree's root sends its pieces from there), and the application thread that waits for a
+//! TCP request *leads*: it waits on the mesh itself ([`IoWait`]) and handles what arrives, so
+//! the piece it waits for wakes it directly, as a rank that polls in `MPI_Wait` is. A small
+//! Broadcast then costs one thread wake-up per hop, where it cost two or three through the
+//! dispatcher thread. That thread still runs what nobody waits for (a non-blocking operation's
+//! pieces to pass on), and everything on a mesh with an I/O thread. Data moves in pieces of
 //! [`PIECE`] bytes, each a message `0xF1, 0, 0, 0, block u32, op u64, offset u64, shape u32,
 //! bytes` (`shape`: the sender's fingerprint of the operation, see below):
 //! * **Allgather(v)**: a pipelined ring. Each rank sends its block to its right neighbour;
@@ -114,14 +119,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::{self, JoinHandle};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
+use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
 use ringcast_core::port::{ControlInput, ControlPort};
 use ringcast_core::{Rank, allgather_shape, broadcast_shape};
-use ringcast_transport_rocev2_udp::{IoWaker, SEND_LOW_WATER, TcpControl};
+use ringcast_transport_rocev2_udp::{IoWait, IoWaker, SEND_LOW_WATER, TcpControl};
 
 use super::blame::{Blame, Lost};
 use super::engine::{Command, Kind, Post, PostTx};
@@ -350,7 +355,186 @@ pub(crate) struct Handle {
     shared: Arc<Shared>,
     tap: Arc<LossTap>,
     tx: Inbox,
+    progress: Arc<Progress>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// The dispatcher, shared by its thread and the application's threads.
+///
+/// Whoever holds `state` runs the dispatcher: its own thread; a post, which runs there and
+/// then when nobody holds it (the root of a tree sends its pieces from the posting thread,
+/// with no wake-up); or, on an inline mesh, the application thread waiting for a TCP request
+/// as the **leader** ([`Progress::lead`]): it waits on the mesh itself and handles what
+/// arrives, so that the piece its request waits for wakes it directly, with no hand-off from
+/// the dispatcher thread. Nobody holds `state` while waiting for the mesh ([`IoWait`]).
+///
+/// While a leader waits, only it reads the mesh: a thread that took the mesh's events would
+/// leave the leader waiting for events already handled. The dispatcher thread then parks, and
+/// any other thread that ends a request wakes the leader ([`IoWaker`]); a second waiting
+/// thread waits for its request's channel, which whoever runs the dispatcher answers. When
+/// the leader's request is over, the dispatcher thread takes over (at once if work is in
+/// flight: non-blocking operations progress without the application).
+pub(crate) struct Progress {
+    /// `None` once the dispatcher shut down.
+    state: Mutex<Option<Dispatcher>>,
+    /// An application thread leads (see above).
+    leader: AtomicBool,
+    /// How to wait for an inline mesh without holding `state`; `None` with an I/O thread's
+    /// mesh, which wakes the dispatcher thread (only that thread then waits on it).
+    io_wait: Option<IoWait>,
+    /// Ends the leader's wait.
+    waker: IoWaker,
+    /// The dispatcher thread.
+    thread: OnceLock<Thread>,
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress")
+            .field("leader", &self.leader.load(Ordering::Relaxed))
+            .field("inline", &self.io_wait.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a request's channel holds: its end, if there.
+fn end_of(rx: &Receiver<Completion>) -> Option<Completion> {
+    match rx.try_recv() {
+        Ok(c) => Some(c),
+        Err(TryRecvError::Disconnected) => Some(Err(CommError::Cancelled)),
+        Err(TryRecvError::Empty) => None,
+    }
+}
+
+impl Progress {
+    fn lock(&self) -> MutexGuard<'_, Option<Dispatcher>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn led(&self) -> bool {
+        self.leader.load(Ordering::Acquire)
+    }
+
+    /// After a turn (or a post) by a thread that is not the leader: a request it ended may be
+    /// the leader's, which waits on the mesh.
+    fn tell_leader(&self, d: &mut Dispatcher) {
+        if std::mem::take(&mut d.replied) && self.led() {
+            self.waker.wake();
+        }
+    }
+
+    /// The dispatcher thread: turns while anything moves, then waits on the mesh for at most
+    /// [`BUSY_WAIT`] with work in flight and [`IDLE_WAIT`] without; parks while a leader
+    /// waits; shuts the dispatcher down when told to.
+    fn run(self: Arc<Self>) {
+        let me = thread::current();
+        let _ = self.thread.set(me.clone());
+        if let Some(d) = self.lock().as_ref() {
+            // An I/O thread's mesh unparks this thread on every arrival (and its `IoWaker`
+            // on every post and report); an inline one ends the `IoWait` by itself.
+            d.mesh.wake_on_arrival(me);
+        }
+        loop {
+            let (moved, busy) = {
+                let mut g = self.lock();
+                let Some(d) = g.as_mut() else {
+                    return;
+                };
+                // Checked under the lock: a leader sets its flag before it takes the lock.
+                if self.led() {
+                    drop(g);
+                    thread::park_timeout(BUSY_WAIT);
+                    continue;
+                }
+                let moved = d.turn();
+                self.tell_leader(d);
+                if d.stopping {
+                    let d = g.take();
+                    drop(g);
+                    if let Some(d) = d {
+                        d.shutdown();
+                    }
+                    return;
+                }
+                (moved, d.busy())
+            };
+            if moved {
+                continue;
+            }
+            let wait = if busy { BUSY_WAIT } else { IDLE_WAIT };
+            match &self.io_wait {
+                Some(w) if !self.led() => w.wait(wait),
+                _ => thread::park_timeout(wait),
+            }
+        }
+    }
+
+    /// Leads (see [`Progress`]) until `rx` holds the request's end (the result) or `deadline`
+    /// passes (`None`): turns, and waits on the mesh between them. `None` at once without an
+    /// inline mesh or when another thread leads, and once the dispatcher stops: the caller
+    /// then waits on `rx`.
+    pub(crate) fn lead(
+        &self,
+        rx: &Receiver<Completion>,
+        deadline: Option<Instant>,
+    ) -> Option<Completion> {
+        let w = self.io_wait.as_ref()?;
+        if self
+            .leader
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return None;
+        }
+        let got = loop {
+            if let Some(c) = end_of(rx) {
+                break Some(c);
+            }
+            let moved = match self.lock().as_mut() {
+                Some(d) if !d.stopping => d.turn(),
+                _ => break None,
+            };
+            if let Some(c) = end_of(rx) {
+                break Some(c);
+            }
+            if moved {
+                continue;
+            }
+            let left = match deadline {
+                Some(at) => at.saturating_duration_since(Instant::now()),
+                None => BUSY_WAIT,
+            };
+            if left.is_zero() {
+                break None;
+            }
+            w.wait(left.min(BUSY_WAIT));
+        };
+        self.leader.store(false, Ordering::Release);
+        // The dispatcher thread waits on the mesh again: at once if work is in flight (or
+        // it must shut down), else at its next look.
+        let pending = self.lock().as_ref().is_some_and(|d| d.busy() || d.stopping);
+        if pending && let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+        got
+    }
+
+    /// One turn of the dispatcher from the calling thread, unless another thread runs it
+    /// ([`Request::test`]).
+    pub(crate) fn poke(&self) {
+        if self.led() {
+            return;
+        }
+        let mut g = match self.state.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        if let Some(d) = g.as_mut().filter(|d| !d.stopping) {
+            d.turn();
+            self.tell_leader(d);
+        }
+    }
 }
 
 /// Starts the dispatcher over `mesh`. `engine` is the multicast engine's post channel, `None`
@@ -388,6 +572,8 @@ pub(crate) fn start(
         fired: AtomicBool::new(false),
         notify: tx.clone(),
     });
+    let io_wait = mesh.io_wait();
+    let waker = mesh.waker();
     let d = Dispatcher {
         cfg,
         shared: shared.clone(),
@@ -407,17 +593,27 @@ pub(crate) fn start(
         frozen_at: None,
         broken: None,
         stopping: false,
+        replied: false,
         buf: Vec::new(),
         scratch: Vec::new(),
     };
+    let progress = Arc::new(Progress {
+        state: Mutex::new(Some(d)),
+        leader: AtomicBool::new(false),
+        io_wait,
+        waker,
+        thread: OnceLock::new(),
+    });
+    let p = progress.clone();
     let thread = thread::Builder::new()
         .name(format!("ringcast-tcp-r{}", cfg.rank))
-        .spawn(move || d.run())?;
+        .spawn(move || p.run())?;
     Ok(Handle {
         cfg,
         shared,
         tap,
         tx,
+        progress,
         thread: Some(thread),
     })
 }
@@ -462,11 +658,40 @@ impl Handle {
             let _ = self.tx.tx.send(Msg::Elsewhere(k));
             return Ok(Request::new(rx, typed).with_tap(self.tap.clone()));
         }
-        self.tx
-            .send(Msg::Post(k, post))
-            .map_err(|_| CommError::Cancelled)?;
         r.next += 1;
-        Ok(Request::new(rx, typed))
+        let mut req = Request::new(rx, typed);
+        // Its waiting thread may lead when it surely runs over TCP (a large post held for
+        // a switch agreement may go to the engine, which answers on its channel alone).
+        if small || r.switch_at.is_some_and(|s| k >= s) {
+            req = req.driven_by(self.progress.clone());
+        }
+        // Run it here and now when nobody holds the dispatcher: the root of a tree sends its
+        // pieces from this thread, with no wake-up. (`try_lock` under the route's lock: the
+        // dispatcher takes the two the other way round.)
+        let direct = match self.progress.state.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        };
+        if let Some(mut g) = direct
+            && let Some(d) = g.as_mut()
+        {
+            drop(r);
+            // Posts that took the channel before this one (the dispatcher was busy) first.
+            d.inbox();
+            d.post(k, post);
+            // What came for it: unless a leader waits on the mesh (then only it reads).
+            if !self.progress.led() {
+                d.turn();
+            }
+            self.progress.tell_leader(d);
+            return Ok(req);
+        }
+        if self.tx.send(Msg::Post(k, post)).is_err() {
+            r.next -= 1;
+            return Err(CommError::Cancelled);
+        }
+        Ok(req)
     }
 
     /// The transport operations run on from now on.
@@ -491,9 +716,14 @@ impl Drop for Handle {
     /// Cancels the TCP operations in flight, closes the mesh and joins the dispatcher; then
     /// lets go of the engine's post channel (the engine stops once the communicator's goes).
     fn drop(&mut self) {
+        // A leader takes the shutdown from the channel (woken by the `Inbox`) and hands
+        // over to the dispatcher thread, which shuts down.
         let _ = self.tx.send(Msg::Shutdown);
         if let Some(t) = self.thread.take()
-            && t.join().is_err()
+            && {
+                t.thread().unpark();
+                t.join().is_err()
+            }
         {
             tracing::error!("the TCP fallback thread panicked");
         }
@@ -702,6 +932,8 @@ struct Dispatcher {
     broken: Option<CommError>,
     /// A shutdown was taken out of the channel while switching.
     stopping: bool,
+    /// A request's end was sent since this was last cleared (see [`Progress`]).
+    replied: bool,
     buf: Vec<u8>,
     scratch: Vec<u8>,
 }
@@ -774,37 +1006,39 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 }
 
 impl Dispatcher {
-    fn run(mut self) {
-        // Every input ends the wait on the mesh from now on: posts and loss reports (`Inbox`
-        // wakes it) and whatever arrives on the mesh (read right there with inline I/O; an
-        // I/O thread unparks this one).
-        self.mesh.wake_on_arrival(thread::current());
+    /// One turn, from whichever thread holds the dispatcher (see [`Progress`]): what the
+    /// mesh holds, lost peers, timeouts, the switch agreement, the channel, and pieces held
+    /// back for a full queue. Whether anything moved.
+    fn turn(&mut self) -> bool {
+        let mut moved = self.poll_mesh();
+        self.check_lost();
+        self.check_timeouts();
+        self.check_freeze();
+        moved |= self.inbox();
+        moved |= self.resume();
+        moved
+    }
+
+    /// Handles what the channel holds, up to a shutdown; whether there was anything.
+    fn inbox(&mut self) -> bool {
+        let mut moved = false;
         while !self.stopping {
-            let mut moved = self.poll_mesh();
-            self.check_lost();
-            self.check_timeouts();
-            self.check_freeze();
-            loop {
-                match self.rx.try_recv() {
-                    Ok(Msg::Shutdown) | Err(TryRecvError::Disconnected) => {
-                        self.stopping = true;
-                        break;
-                    }
-                    Ok(m) => {
-                        moved = true;
-                        self.msg(m);
-                    }
-                    Err(TryRecvError::Empty) => break,
+            match self.rx.try_recv() {
+                Ok(Msg::Shutdown) | Err(TryRecvError::Disconnected) => self.stopping = true,
+                Ok(m) => {
+                    moved = true;
+                    self.msg(m);
                 }
-            }
-            moved |= self.resume();
-            if !moved && !self.stopping {
-                let busy =
-                    !self.active.is_empty() || self.agreement.is_some() || !self.held.is_empty();
-                self.mesh.poll_io(if busy { BUSY_WAIT } else { IDLE_WAIT });
+                Err(TryRecvError::Empty) => break,
             }
         }
-        self.shutdown();
+        moved
+    }
+
+    /// Whether anything waits for progress: TCP operations in flight, a switch being agreed,
+    /// held posts.
+    fn busy(&self) -> bool {
+        !self.active.is_empty() || self.agreement.is_some() || !self.held.is_empty()
     }
 
     fn msg(&mut self, m: Msg) {
@@ -880,7 +1114,8 @@ impl Dispatcher {
         self.aborts.remove(&k);
     }
 
-    fn fail(&self, reply: SyncSender<Completion>, e: CommError) {
+    fn fail(&mut self, reply: SyncSender<Completion>, e: CommError) {
+        self.replied = true;
         let c = &self.shared.counters;
         if e == CommError::Cancelled {
             c.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -1574,6 +1809,7 @@ impl Dispatcher {
                 .counters
                 .completed
                 .fetch_add(1, Ordering::Relaxed);
+            self.replied = true;
             let _ = op.reply.send(Ok((op.buf, stats)));
         }
     }
@@ -1767,19 +2003,24 @@ mod tests {
     };
 
     /// `p` dispatchers over one mesh, every operation over TCP in pieces of `piece` bytes.
+    /// Odd ranks read their end of the mesh themselves (inline I/O: their waiting threads
+    /// lead, see `Progress`), even ranks have an I/O thread, so both ways run in every test.
     fn dispatchers(p: u32, piece: usize) -> Vec<Handle> {
-        mesh(p as usize)
-            .into_iter()
-            .enumerate()
-            .map(|(me, m)| {
-                let c = FallbackConfig {
-                    rank: me as u32,
-                    piece,
-                    ..cfg(0, p)
-                };
-                start(c, m, None, FROM_START).expect("start")
-            })
-            .collect()
+        mesh_with(p as usize, |r| ControlConfig {
+            inline_io: r % 2 == 1,
+            ..ControlConfig::new(7)
+        })
+        .into_iter()
+        .enumerate()
+        .map(|(me, m)| {
+            let c = FallbackConfig {
+                rank: me as u32,
+                piece,
+                ..cfg(0, p)
+            };
+            start(c, m, None, FROM_START).expect("start")
+        })
+        .collect()
     }
 
     /// Rank 1's start-up check took rank 0's first piece off the mesh (rank 0 finished its
@@ -2560,5 +2801,120 @@ mod tests {
                 "rank {me}: chain delivered other bytes"
             );
         }
+    }
+
+    /// `p` dispatchers whose ends of the mesh are all inline: their waiting threads lead.
+    fn inline_dispatchers(p: u32) -> Vec<Handle> {
+        mesh_with(p as usize, |_| ControlConfig {
+            inline_io: true,
+            ..ControlConfig::new(7)
+        })
+        .into_iter()
+        .enumerate()
+        .map(|(me, m)| {
+            let c = FallbackConfig {
+                rank: me as u32,
+                piece: 4096,
+                ..cfg(0, p)
+            };
+            start(c, m, None, FROM_START).expect("start")
+        })
+        .collect()
+    }
+
+    /// Posts a Broadcast of `data` from `root` at rank `me`.
+    fn bcast_at(h: &Handle, me: u32, root: u32, data: &[u8]) -> Request<u8> {
+        let buf = if me == root {
+            data.to_vec()
+        } else {
+            vec![0; data.len()]
+        };
+        let kind = Kind::Broadcast { root };
+        h.post::<u8>(kind, buf, None, tracing::Span::none())
+            .expect("post")
+    }
+
+    /// Two threads of every rank wait at once, each for its own Broadcast: one leads, the
+    /// other waits for its channel, which the leader (or the dispatcher thread after it)
+    /// answers. 200 rounds, every byte checked.
+    #[test]
+    fn two_threads_waiting_at_once_share_the_dispatcher() {
+        const P: u32 = 4;
+        let hs = inline_dispatchers(P);
+        let data = |n: u32, root: u32| -> Vec<u8> {
+            (0..3000u32)
+                .map(|i| (i * 7 + n + root * 31) as u8)
+                .collect()
+        };
+        let in_time = Duration::from_secs(20);
+        thread::scope(|s| {
+            for (me, h) in hs.iter().enumerate() {
+                s.spawn(move || {
+                    for n in 0..200u32 {
+                        let (r0, r1) = (n % P, (n + 1) % P);
+                        let a = bcast_at(h, me as u32, r0, &data(n, r0));
+                        let b = bcast_at(h, me as u32, r1, &data(n, r1));
+                        let other = thread::spawn(move || b.wait_timeout(in_time));
+                        let got = a.wait_timeout(in_time).expect("in time");
+                        assert!(got.expect("completes") == data(n, r0), "round {n}");
+                        let got = other.join().expect("waiter").expect("in time");
+                        assert!(got.expect("completes") == data(n, r1), "round {n}");
+                    }
+                });
+            }
+        });
+    }
+
+    /// A rank that posts an operation and never waits for it still passes its pieces on:
+    /// rank 2, inside root 0's tree of four ranks, above rank 3, which waits. Its dispatcher
+    /// thread runs it; its request then tests complete.
+    #[test]
+    fn an_operation_nobody_waits_for_still_moves() {
+        let hs = inline_dispatchers(4);
+        let data: Vec<u8> = (0..2000u32).map(|i| (i * 3 + 1) as u8).collect();
+        let mut at2 = bcast_at(&hs[2], 2, 0, &data);
+        let at1 = bcast_at(&hs[1], 1, 0, &data);
+        let at3 = bcast_at(&hs[3], 3, 0, &data);
+        let waiter = thread::spawn(move || at3.wait_timeout(Duration::from_secs(20)));
+        thread::sleep(Duration::from_millis(50));
+        let at0 = bcast_at(&hs[0], 0, 0, &data);
+        let got = waiter.join().expect("waiter").expect("in time");
+        assert!(got.expect("rank 3 completes") == data);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !at2.test() {
+            assert!(Instant::now() < deadline, "rank 2 never completed");
+            thread::sleep(Duration::from_millis(1));
+        }
+        for r in [at2, at1, at0] {
+            assert!(r.wait().expect("completes") == data);
+        }
+    }
+
+    /// A leader whose wait runs out gets its request back, and a later wait completes it.
+    #[test]
+    fn a_leader_whose_wait_runs_out_gets_its_request_back() {
+        let hs = inline_dispatchers(2);
+        let data = vec![5u8; 100];
+        let at1 = bcast_at(&hs[1], 1, 0, &data);
+        let Err(at1) = at1.wait_timeout(Duration::from_millis(50)) else {
+            panic!("completed before its root posted");
+        };
+        let at0 = bcast_at(&hs[0], 0, 0, &data);
+        assert_eq!(at1.wait().expect("completes"), data);
+        assert_eq!(at0.wait().expect("completes"), data);
+    }
+
+    /// Dropping the communicator's end while one of its threads leads cancels that thread's
+    /// request, and the drop does not hang.
+    #[test]
+    fn dropping_while_a_thread_leads_cancels_its_request() {
+        let mut hs = inline_dispatchers(2);
+        let one = hs.pop().expect("rank 1");
+        let req = bcast_at(&one, 1, 0, &[0u8; 10]);
+        let waiter = thread::spawn(move || req.wait_timeout(Duration::from_secs(20)));
+        thread::sleep(Duration::from_millis(50));
+        drop(one);
+        let got = waiter.join().expect("waiter").expect("answered in time");
+        assert_eq!(got, Err(CommError::Cancelled));
     }
 }

@@ -52,10 +52,13 @@
 //! ([`LaneTx`](ringcast_core::lane::LaneTx) and its socket), with bounded queues between them;
 //! the transport adds one I/O thread for TCP, whatever the number of peers. Operations that run
 //! over TCP (the small ones, see [`CommBuilder::tcp_threshold`], and all of them after a
-//! fallback) have a dispatcher thread, which reads and writes its own TCP mesh itself (no I/O
+//! fallback) have a dispatcher, which reads and writes its own TCP mesh itself (no I/O
 //! thread between it and the sockets; after a failed start-up check it runs on the control
-//! mesh and its I/O thread). The application thread only posts (a bounded channel) and
-//! waits (each request has its own channel).
+//! mesh and its I/O thread). It has a thread, but a TCP operation runs on the posting thread
+//! when it can, and the thread that waits for one drives it (as `MPI_Wait` does): it waits
+//! on the mesh itself, so the data it waits for wakes it with no hand-off. Otherwise the
+//! application thread only posts (a bounded channel) and waits (each request has its own
+//! channel).
 //! `RINGCAST_PIN=1` pins the threads to cores; `RINGCAST_PACING=off` disables pacing.
 //!
 //! ## Failures

@@ -1,11 +1,13 @@
 //! Non-blocking operations' handles.
 
+use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
 
 use super::error::CommError;
+use super::fallback::{LossTap, Progress};
 use super::stats::OpStats;
 
 /// What the engine hands back: the operation's buffer, or why it failed.
@@ -25,7 +27,9 @@ pub struct Request<T: Pod = u8> {
     /// The caller's vector, when its bytes travelled as a copy (T aligned above 1).
     typed: Option<Vec<T>>,
     /// Told the operation's stats (the TCP fallback's loss window), when set.
-    tap: Option<std::sync::Arc<super::fallback::LossTap>>,
+    tap: Option<Arc<LossTap>>,
+    /// A TCP operation's dispatcher, which the thread waiting for it drives.
+    driver: Option<Arc<Progress>>,
 }
 
 impl<T: Pod> Request<T> {
@@ -35,18 +39,24 @@ impl<T: Pod> Request<T> {
             got: None,
             typed,
             tap: None,
+            driver: None,
         }
     }
 
     /// Tells `tap` the stats of the operation when it completes.
-    pub(crate) fn with_tap(mut self, tap: std::sync::Arc<super::fallback::LossTap>) -> Self {
+    pub(crate) fn with_tap(mut self, tap: Arc<LossTap>) -> Self {
         self.tap = Some(tap);
         self
     }
 
-    /// Whether the operation is over (completed or failed); [`wait`](Self::wait) then returns
-    /// at once. Never blocks.
-    pub fn test(&mut self) -> bool {
+    /// A TCP operation: waiting for it drives its dispatcher (see the fallback's `Progress`).
+    pub(crate) fn driven_by(mut self, p: Arc<Progress>) -> Self {
+        self.driver = Some(p);
+        self
+    }
+
+    /// Takes the operation's end from the channel, if there.
+    fn arrived(&mut self) -> bool {
         if self.got.is_none() {
             match self.rx.try_recv() {
                 Ok(c) => self.got = Some(Box::new(c)),
@@ -59,6 +69,21 @@ impl<T: Pod> Request<T> {
         self.got.is_some()
     }
 
+    /// Whether the operation is over (completed or failed); [`wait`](Self::wait) then returns
+    /// at once. Never blocks.
+    ///
+    /// A TCP operation's test also moves it on (as `MPI_Test` does): one turn of its
+    /// dispatcher, unless another thread runs it.
+    pub fn test(&mut self) -> bool {
+        if self.arrived() {
+            return true;
+        }
+        if let Some(p) = &self.driver {
+            p.poke();
+        }
+        self.arrived()
+    }
+
     /// Waits for the end of the operation and returns its buffer.
     pub fn wait(self) -> Result<Vec<T>, CommError> {
         self.wait_with_stats().map(|(v, _)| v)
@@ -68,7 +93,10 @@ impl<T: Pod> Request<T> {
     pub fn wait_with_stats(mut self) -> Result<(Vec<T>, OpStats), CommError> {
         let c = match self.got.take() {
             Some(c) => *c,
-            None => self.rx.recv().unwrap_or(Err(CommError::Cancelled)),
+            None => match self.driver.as_ref().and_then(|p| p.lead(&self.rx, None)) {
+                Some(c) => c,
+                None => self.rx.recv().unwrap_or(Err(CommError::Cancelled)),
+            },
         };
         self.finish(c)
     }
@@ -76,8 +104,17 @@ impl<T: Pod> Request<T> {
     /// Waits at most `timeout`: the result, or the request back when the operation is still
     /// in flight.
     pub fn wait_timeout(mut self, timeout: Duration) -> Result<Result<Vec<T>, CommError>, Self> {
+        let deadline = Instant::now().checked_add(timeout);
+        let driven = match &self.driver {
+            Some(p) if self.got.is_none() => p.lead(&self.rx, deadline),
+            _ => None,
+        };
+        if let Some(c) = driven {
+            self.got = Some(Box::new(c));
+        }
         if self.got.is_none() {
-            match self.rx.recv_timeout(timeout) {
+            let left = deadline.map_or(timeout, |at| at.saturating_duration_since(Instant::now()));
+            match self.rx.recv_timeout(left) {
                 Ok(c) => self.got = Some(Box::new(c)),
                 Err(RecvTimeoutError::Timeout) => return Err(self),
                 Err(RecvTimeoutError::Disconnected) => {
