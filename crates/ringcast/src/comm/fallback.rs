@@ -32,10 +32,10 @@
 //! pieces to pass on), and everything on a mesh with an I/O thread. Data moves in pieces of
 //! [`PIECE`] bytes, each a message `0xF1, 0, 0, 0, block u32, op u64, offset u64, shape u32,
 //! bytes` (`shape`: the sender's fingerprint of the operation, see below):
-//! * **Allgather(v)**: a pipelined ring. Each rank sends its block to its right neighbour;
-//!   every piece received from the left is written in place and passed on to the right
-//!   unless the right neighbour is the block's owner. `P - 1` hops, each link carries every
-//!   block but one.
+//! * **Allgather(v)** with a block of more than one piece: a pipelined ring. Each rank sends
+//!   its block to its right neighbour; every piece received from the left is written in
+//!   place and passed on to the right unless the right neighbour is the block's owner.
+//!   `P - 1` hops, each link carries every block but one.
 //! * **Broadcast** of more than one piece: a pipelined chain in ring order from the root
 //!   (`root, root+1, ...`): each rank writes and passes every piece on, the last one
 //!   (`root - 1`) keeps it. The root completes once its pieces are queued (which waits for
@@ -59,6 +59,14 @@
 //!   its buffer as the queue drains. A root whose next hop reads slowly therefore holds a
 //!   window's copy, not its whole buffer's, and its request completes once its last piece is
 //!   queued (its buffer is then free, as after `MPI_Send`).
+//! * **Allgather(v)** whose blocks each fit in one piece: every block down its own binomial
+//!   tree from its owner (all `P` trees at once), `ceil(log2 P)` hops; and when the whole
+//!   buffer fits in one piece (the small operations, the barrier), **Bruck's algorithm**:
+//!   `ceil(log2 P)` rounds, in round `j` each rank sends the blocks it holds from its own on
+//!   to rank `me - 2^j` in one message (`0xF8, j, 0, 0, first u32, op u64, count u64, shape
+//!   u32, bytes`), so each rank sends and receives `ceil(log2 P)` messages instead of the
+//!   trees' `P - 1` (the barrier is then the dissemination barrier). A round that is not the
+//!   one expected from its sender, with exactly its blocks' bytes, is dropped.
 //! * **Broadcast** of one piece or less: a binomial tree from the root (as MPICH's and Open
 //!   MPI's short Broadcasts), `ceil(log2 P)` hops instead of the chain's `P - 1`: with ranks
 //!   numbered from the root, rank `v` receives from `v` less its lowest set bit and sends to
@@ -77,7 +85,8 @@
 //! clear-to-send, its right neighbour, and tells every rank (`KIND_ABORT`), which fail it too
 //! naming that rank ([`CommError::PeerFailed`]). How long a rank waits grows with its
 //! distance from the owner of the missing block nearest its owner, in hops down the tree or
-//! along the ring (the peer timeout, plus half of it per hop beyond the first): the ranks
+//! along the ring, or with the first Bruck round it misses (round `j`: `j + 1` hops) (the
+//! peer timeout, plus half of it per hop beyond the first): the ranks
 //! right after a hung rank give up first and name it, before a rank further down would name
 //! the live source that only had nothing to pass on.
 //!
@@ -157,6 +166,10 @@ const ABORT_MISMATCH: u8 = 1;
 /// shape fingerprint `shape`) and takes its pieces now: a chain or ring rank sends its left
 /// neighbour one as it starts, and the neighbour sends it nothing of the operation before.
 const KIND_CTS: u8 = 0xF7;
+/// `0xF8, round u8, 0, 0, first u32, op u64, count u64, shape u32, bytes`: round `round` of a
+/// Bruck Allgather (see [`Shape::Bruck`]), from rank `first`: its `count` blocks from `first`
+/// on (in rank order, wrapping), one after the other.
+const KIND_ROUND: u8 = 0xF8;
 /// Bytes a chain or ring rank lets wait in its next hop's connection queue (beyond what the
 /// socket took): it passes pieces on only while the queue is shorter, and sends the rest from
 /// its buffer as the queue drains (the mesh wakes it below [`SEND_LOW_WATER`]). Without it, a
@@ -755,6 +768,32 @@ enum Shape {
         sizes: Vec<u64>,
         left: Vec<u64>,
     },
+    /// Allgather(v) whose whole buffer fits in one piece: Bruck's algorithm, `ceil(log2 P)`
+    /// rounds. In round `j` each rank sends the `min(2^j, P - 2^j)` blocks it holds from its
+    /// own on (its own and those after it in rank order) to rank `me - 2^j` in one message
+    /// (`KIND_ROUND`), once it has every earlier round, and gets the next ones from `me +
+    /// 2^j`. Each rank sends and receives `ceil(log2 P)` messages, where the trees take
+    /// `P - 1`; each block still leaves each rank once. The barrier, a 1-byte Allgather, is
+    /// then the dissemination barrier. `left[r]`: bytes of block `r` still to receive; `got`:
+    /// the rounds received (bit `j`); `next`: the next round to send, of `rounds`.
+    Bruck {
+        displs: Vec<u64>,
+        sizes: Vec<u64>,
+        left: Vec<u64>,
+        got: u64,
+        next: u32,
+        rounds: u32,
+    },
+}
+
+/// Rounds of a Bruck Allgather of `size` ranks: `ceil(log2 size)`.
+fn bruck_rounds(size: u32) -> u32 {
+    u32::BITS - size.saturating_sub(1).leading_zeros()
+}
+
+/// Blocks rank `me` sends in round `j` of a Bruck Allgather of `size` ranks (and gets).
+fn bruck_count(j: u32, size: u32) -> u32 {
+    (1u32 << j).min(size - (1 << j))
 }
 
 impl Shape {
@@ -764,6 +803,11 @@ impl Shape {
             Shape::Tree { root } => tree_parent(me, *root, size).unwrap_or(me),
             Shape::Trees { .. } => tree_parent(me, block % size, size).unwrap_or(me),
             Shape::Chain { .. } | Shape::Ring { .. } => (me + size - 1) % size,
+            // Block `me + t` comes in the round `j` with `2^j <= t < 2^(j+1)`.
+            Shape::Bruck { .. } => match (block + size - me) % size {
+                0 => me,
+                t => (me + (1 << t.ilog2())) % size,
+            },
         }
     }
 
@@ -787,11 +831,18 @@ impl Shape {
                 .min_by_key(|&(_, d)| d)
                 .unwrap_or((0, 1))
         };
+        if let Shape::Bruck { got, rounds, .. } = self {
+            // The first round missing, `j`: its sender needs its own earlier rounds first,
+            // so the wait is `j + 1` hops deep.
+            let j = got.trailing_ones().min(rounds.saturating_sub(1));
+            return ((me + (1 << j)) % size, j + 1);
+        }
         let (block, depth) = match self {
             Shape::Trees { left, .. } => nearest(left, &tree_hops),
             Shape::Ring { left, .. } => nearest(left, &ring_hops),
             Shape::Tree { root } => (*root, tree_hops(*root)),
             Shape::Chain { root } => (*root, ring_hops(*root)),
+            Shape::Bruck { .. } => (me, 1),
         };
         (self.source(me, size, block), depth)
     }
@@ -801,6 +852,8 @@ impl Shape {
         match self {
             Shape::Tree { root } => tree_children(me, *root, size).collect(),
             Shape::Trees { .. } => tree_children(me, block % size, size).collect(),
+            // Whole rounds go out, not pieces (`Dispatcher::send_rounds`).
+            Shape::Bruck { .. } => Vec::new(),
             // Around the ring, until the rank before the block's owner.
             Shape::Chain { .. } | Shape::Ring { .. } => {
                 let right = (me + 1) % size;
@@ -840,6 +893,14 @@ struct TcpOp {
 }
 
 impl TcpOp {
+    /// Whether data is still to come: bytes, or a Bruck round (which may hold none).
+    fn waiting(&self) -> bool {
+        match &self.shape {
+            Shape::Bruck { got, rounds, .. } => self.want > 0 || got.count_ones() < *rounds,
+            _ => self.want > 0,
+        }
+    }
+
     /// Where block `block` lies in the buffer (start, end) at rank `me`: the whole buffer
     /// for a Broadcast's root block, the block's place for an Allgather's.
     fn span(&self, block: u32) -> Option<(u64, u64)> {
@@ -847,7 +908,9 @@ impl TcpOp {
             Shape::Chain { root } | Shape::Tree { root } => {
                 (block == *root).then_some((0, self.buf.len() as u64))
             }
-            Shape::Ring { displs, sizes, .. } | Shape::Trees { displs, sizes, .. } => {
+            Shape::Ring { displs, sizes, .. }
+            | Shape::Trees { displs, sizes, .. }
+            | Shape::Bruck { displs, sizes, .. } => {
                 let b = block as usize;
                 Some((*displs.get(b)?, displs[b] + sizes[b]))
             }
@@ -860,7 +923,7 @@ impl TcpOp {
         let blocks = match &self.shape {
             Shape::Chain { root } => *root..*root + 1,
             Shape::Ring { .. } => 0..size,
-            Shape::Tree { .. } | Shape::Trees { .. } => return false,
+            Shape::Tree { .. } | Shape::Trees { .. } | Shape::Bruck { .. } => return false,
         };
         blocks.filter(|&b| b != right).any(|b| {
             self.fwd
@@ -875,7 +938,9 @@ impl TcpOp {
         match &self.shape {
             Shape::Chain { root } | Shape::Tree { root } if *root == me => self.buf.len() as u64,
             Shape::Chain { .. } | Shape::Tree { .. } => self.buf.len() as u64 - self.want,
-            Shape::Ring { sizes, left, .. } | Shape::Trees { sizes, left, .. } => {
+            Shape::Ring { sizes, left, .. }
+            | Shape::Trees { sizes, left, .. }
+            | Shape::Bruck { sizes, left, .. } => {
                 let b = block as usize;
                 sizes.get(b).zip(left.get(b)).map_or(0, |(s, l)| s - l)
             }
@@ -1354,7 +1419,7 @@ impl Dispatcher {
 
     fn message(&mut self, from: u32, b: &[u8]) {
         match b.first().copied() {
-            Some(KIND_PIECE | KIND_CTS) => self.arrival(from, b.to_vec()),
+            Some(KIND_PIECE | KIND_CTS | KIND_ROUND) => self.arrival(from, b.to_vec()),
             Some(KIND_LOSS) if self.cfg.rank == 0 => {
                 let (Some(permille), Some(op)) = (u32_at(b, 4), u64_at(b, 8)) else {
                     return;
@@ -1461,6 +1526,8 @@ impl Dispatcher {
         }
         if cts {
             self.cleared(i, from);
+        } else if msg.first() == Some(&KIND_ROUND) {
+            self.round_in(i, from, msg);
         } else {
             self.place(i, from, msg);
         }
@@ -1492,6 +1559,8 @@ impl Dispatcher {
         let received = match &op.shape {
             Shape::Chain { root } | Shape::Tree { root } => block == *root && *root != me,
             Shape::Ring { .. } | Shape::Trees { .. } => block != me && block < size,
+            // Whole rounds only (`round_in`).
+            Shape::Bruck { .. } => false,
         };
         let Some((base, limit)) = op.span(block).filter(|_| received) else {
             tracing::debug!(
@@ -1573,7 +1642,7 @@ impl Dispatcher {
         let blocks: Vec<u32> = match op.shape {
             Shape::Chain { root } => vec![root],
             Shape::Ring { .. } => (0..size).map(|j| (me + size - j) % size).collect(),
-            Shape::Tree { .. } | Shape::Trees { .. } => return,
+            Shape::Tree { .. } | Shape::Trees { .. } | Shape::Bruck { .. } => return,
         };
         for b in blocks {
             let hops = op.shape.next_hops(me, size, b);
@@ -1672,8 +1741,18 @@ impl Dispatcher {
                 if let Some(l) = left.get_mut(me as usize) {
                     *l = 0;
                 }
-                // Blocks of one piece or less gain nothing from the ring's pipeline either.
-                let shape = if sizes.iter().all(|&s| s <= self.cfg.piece as u64) {
+                // Blocks of one piece or less gain nothing from the ring's pipeline either;
+                // when all of them fit in one, whole rounds of Bruck's do (one message each).
+                let shape = if len <= self.cfg.piece as u64 {
+                    Shape::Bruck {
+                        displs,
+                        sizes,
+                        left,
+                        got: 0,
+                        next: 0,
+                        rounds: bruck_rounds(size),
+                    }
+                } else if sizes.iter().all(|&s| s <= self.cfg.piece as u64) {
                     Shape::Trees {
                         displs,
                         sizes,
@@ -1699,7 +1778,7 @@ impl Dispatcher {
                 let own = sizes.get(right as usize).copied().unwrap_or(0);
                 (sizes.iter().sum::<u64>() - own, true)
             }
-            Shape::Tree { .. } | Shape::Trees { .. } => (0, false),
+            Shape::Tree { .. } | Shape::Trees { .. } | Shape::Bruck { .. } => (0, false),
         };
         let mut op = TcpOp {
             k,
@@ -1741,6 +1820,8 @@ impl Dispatcher {
                 piece_header(&mut self.scratch, own_block, k, 0, fingerprint);
                 self.mesh.send_control(Rank(right), &self.scratch);
             }
+        } else if let Shape::Bruck { .. } = op.shape {
+            // Its rounds go out below, as soon as each may.
         } else if size > 1 && own_len > 0 {
             // Trees: one piece of each block, sent at once (eager).
             let hops = op.shape.next_hops(me, size, own_block);
@@ -1772,6 +1853,7 @@ impl Dispatcher {
         }
         self.active.push(op);
         let i = self.active.len() - 1;
+        self.send_rounds(i);
         for (from, m) in self.early.remove(&k).unwrap_or_default() {
             if !self.take(i, from, &m) {
                 break;
@@ -1780,12 +1862,109 @@ impl Dispatcher {
         self.reap();
     }
 
+    /// Bruck: sends operation `i`'s rounds that may go (every earlier one received).
+    fn send_rounds(&mut self, i: usize) {
+        let (me, size) = (self.cfg.rank, self.cfg.size);
+        let Dispatcher {
+            active,
+            scratch,
+            mesh,
+            shared,
+            ..
+        } = self;
+        let op = &mut active[i];
+        let Shape::Bruck {
+            displs,
+            sizes,
+            got,
+            next,
+            rounds,
+            ..
+        } = &mut op.shape
+        else {
+            return;
+        };
+        while *next < *rounds && got.trailing_ones() >= *next {
+            let j = *next;
+            let count = bruck_count(j, size);
+            scratch.clear();
+            scratch.extend_from_slice(&[KIND_ROUND, j as u8, 0, 0]);
+            scratch.extend_from_slice(&me.to_be_bytes());
+            scratch.extend_from_slice(&op.k.to_be_bytes());
+            scratch.extend_from_slice(&u64::from(count).to_be_bytes());
+            scratch.extend_from_slice(&op.fingerprint.to_be_bytes());
+            for t in 0..count {
+                let b = ((me + t) % size) as usize;
+                let at = displs[b] as usize;
+                scratch.extend_from_slice(&op.buf[at..at + sizes[b] as usize]);
+            }
+            let n = (scratch.len() - PIECE_HEADER) as u64;
+            mesh.send_control(Rank((me + size - (1 << j)) % size), scratch);
+            op.sent += n;
+            shared.counters.bytes_sent.fetch_add(n, Ordering::Relaxed);
+            *next += 1;
+        }
+    }
+
+    /// Bruck: round `msg[1]` of operation `i` from `from`, written in place if it is the
+    /// round this rank takes from `from` and holds exactly its blocks; then the rounds that
+    /// may go now.
+    fn round_in(&mut self, i: usize, from: u32, msg: &[u8]) {
+        let (me, size) = (self.cfg.rank, self.cfg.size);
+        let op = &mut self.active[i];
+        let Shape::Bruck {
+            displs,
+            sizes,
+            left,
+            got,
+            rounds,
+            ..
+        } = &mut op.shape
+        else {
+            tracing::debug!(op = op.k, from, "fallback: a round of no Bruck operation");
+            return;
+        };
+        let j = u32::from(msg.get(1).copied().unwrap_or(u8::MAX));
+        let count = (j < *rounds).then(|| bruck_count(j, size));
+        let fits = count.is_some_and(|c| {
+            from == (me + (1 << j)) % size
+                && u32_at(msg, 4) == Some(from)
+                && u64_at(msg, 16) == Some(u64::from(c))
+                && *got >> j & 1 == 0
+        });
+        let data = &msg[PIECE_HEADER.min(msg.len())..];
+        let blocks: Vec<usize> = (0..count.unwrap_or(0))
+            .map(|t| ((from + t) % size) as usize)
+            .collect();
+        let bytes: u64 = blocks.iter().map(|&b| sizes[b]).sum();
+        if !fits || bytes != data.len() as u64 {
+            tracing::debug!(op = op.k, from, round = j, "fallback: unexpected round");
+            return;
+        }
+        let mut at = 0;
+        for b in blocks {
+            let (to, n) = (displs[b] as usize, sizes[b] as usize);
+            op.buf[to..to + n].copy_from_slice(&data[at..at + n]);
+            at += n;
+            left[b] = 0;
+        }
+        *got |= 1 << j;
+        op.want = op.want.saturating_sub(bytes);
+        op.received += bytes;
+        op.last = Instant::now();
+        self.shared
+            .counters
+            .bytes_received
+            .fetch_add(bytes, Ordering::Relaxed);
+        self.send_rounds(i);
+    }
+
     /// Answers the operations that have everything.
     fn reap(&mut self) {
         let mut i = 0;
         while i < self.active.len() {
             let op = &self.active[i];
-            if op.want > 0 || op.awaiting_cts || op.sent < op.to_right {
+            if op.waiting() || op.awaiting_cts || op.sent < op.to_right {
                 i += 1;
                 continue;
             }
@@ -1876,7 +2055,7 @@ impl Dispatcher {
                 continue;
             }
             let op = &self.active[i];
-            let data = (op.want > 0).then(|| op.shape.waits_on(me, size));
+            let data = op.waiting().then(|| op.shape.waits_on(me, size));
             // Waiting on the right neighbour's clear-to-send is a wait on it, one hop away.
             let (peer, hops) = match data {
                 Some((peer, hops)) if hops <= 1 || !op.awaiting_cts => (peer, hops),
@@ -2079,7 +2258,12 @@ mod tests {
         let mut m = mesh(2);
         let mut one = m.pop().expect("rank 1");
         let zero = m.pop().expect("rank 0");
-        let zero = start(cfg(0, 2), zero, None, FROM_START).expect("start rank 0");
+        // Blocks of one piece but not the whole buffer: the trees, piece by piece.
+        let c = FallbackConfig {
+            piece: 4096,
+            ..cfg(0, 2)
+        };
+        let zero = start(c, zero, None, FROM_START).expect("start rank 0");
         let mine: Vec<u8> = (0..S).map(|i| (i * 7 + 1) as u8).collect();
         let theirs: Vec<u8> = (0..S).map(|i| (i * 5 + 3) as u8).collect();
         let shape = allgather_shape(&[S as u64, S as u64]);
@@ -2597,7 +2781,8 @@ mod tests {
                 .collect();
             assert!(got == want, "rank {me}, op {op}: other bytes");
             if op == 1 {
-                // 64 bytes per block, one tree each: P - 1 blocks leave every rank.
+                // 64 bytes per block, the whole buffer in one piece (Bruck's rounds): P - 1
+                // blocks leave every rank, as on the trees and the ring.
                 assert_eq!(
                     st.counters.tcp_bytes_sent,
                     64 * u64::from(P - 1),
@@ -2727,6 +2912,19 @@ mod tests {
         // Rank 5 of 6 misses blocks 1 (4 hops) and 3 (2 hops).
         assert_eq!(ring(vec![0, 10, 0, 4, 0, 0]).waits_on(5, 6), (4, 2));
         assert_eq!(ring(vec![0, 10, 0, 0, 0, 0]).waits_on(5, 6), (4, 4));
+        // Bruck: the sender of the first round missing, one hop deeper per round.
+        let bruck = |got: u64| Shape::Bruck {
+            displs: vec![0; 6],
+            sizes: vec![10; 6],
+            left: vec![0; 6],
+            got,
+            next: 0,
+            rounds: bruck_rounds(6),
+        };
+        assert_eq!(bruck(0b000).waits_on(5, 6), (0, 1));
+        assert_eq!(bruck(0b001).waits_on(5, 6), (1, 2));
+        assert_eq!(bruck(0b011).waits_on(5, 6), (3, 3));
+        assert_eq!(bruck(0b101).waits_on(5, 6), (1, 2));
         // Deeper waits give up later: half a peer timeout per hop.
         let c = cfg(0, 2);
         assert_eq!(c.timeout(1), Duration::from_secs(3));
@@ -2916,5 +3114,116 @@ mod tests {
         drop(one);
         let got = waiter.join().expect("waiter").expect("answered in time");
         assert_eq!(got, Err(CommError::Cancelled));
+    }
+
+    /// Bruck's rounds: `ceil(log2 P)` of them, each rank sending `P - 1` blocks in all.
+    #[test]
+    fn bruck_rounds_cover_every_block_once() {
+        for p in 1..=64u32 {
+            let r = bruck_rounds(p);
+            assert!(
+                p <= 1 << r && (r == 0 || 1 << (r - 1) < p),
+                "P={p}: {r} rounds"
+            );
+            let blocks: u32 = (0..r).map(|j| bruck_count(j, p)).sum();
+            assert_eq!(blocks, p - 1, "P={p}");
+        }
+    }
+
+    /// Small Allgathers (the whole buffer in one piece) take Bruck's rounds: every rank
+    /// sends `ceil(log2 P)` messages per operation, not `P - 1`, and every byte arrives,
+    /// empty blocks and one-byte barriers included, up to 9 ranks (both ways of reading the
+    /// mesh, see `dispatchers`).
+    #[test]
+    fn small_allgathers_take_log2_rounds() {
+        for p in 2..=9u32 {
+            let handles = dispatchers(p, 4096);
+            let sent = |h: &Handle| {
+                let g = h.progress.lock();
+                let d = g.as_ref().expect("running");
+                d.mesh.stats().messages_sent.load(Ordering::Relaxed)
+            };
+            let before: Vec<u64> = handles.iter().map(sent).collect();
+            let ops: [Vec<u64>; 3] = [
+                vec![1; p as usize],
+                (0..u64::from(p)).map(|r| r % 3 * 100).collect(),
+                (0..u64::from(p)).map(|r| 4096 / u64::from(p) - r).collect(),
+            ];
+            let block = |op: usize, r: usize, len: u64| -> Vec<u8> {
+                (0..len)
+                    .map(|i| (i as usize * 7 + r * 31 + op) as u8)
+                    .collect()
+            };
+            let mut reqs = Vec::new();
+            for (me, h) in handles.iter().enumerate() {
+                for (op, sizes) in ops.iter().enumerate() {
+                    let at: u64 = sizes[..me].iter().sum();
+                    let mut buf = vec![0u8; sizes.iter().sum::<u64>() as usize];
+                    let own = block(op, me, sizes[me]);
+                    buf[at as usize..at as usize + own.len()].copy_from_slice(&own);
+                    let kind = Kind::Allgather {
+                        sizes: sizes.clone(),
+                    };
+                    let req = h.post::<u8>(kind, buf, None, tracing::Span::none());
+                    reqs.push((me, op, req.expect("post")));
+                }
+            }
+            for (me, op, req) in reqs {
+                let got = req.wait().expect("the allgather completes");
+                let want: Vec<u8> = (0..p as usize)
+                    .flat_map(|r| block(op, r, ops[op][r]))
+                    .collect();
+                assert!(got == want, "P={p} rank {me} op {op}: other bytes");
+            }
+            for (me, h) in handles.iter().enumerate() {
+                let n = sent(h) - before[me];
+                assert_eq!(n, 3 * u64::from(bruck_rounds(p)), "P={p} rank {me}");
+            }
+        }
+    }
+
+    /// A round that is not the one rank 0 takes from rank 1 (another round, another first
+    /// rank or count, the wrong length, a repeat) is dropped; the right one completes the
+    /// Allgather with rank 1's block, and its repeat changes nothing.
+    #[test]
+    fn a_round_that_does_not_fit_is_dropped() {
+        let mut m = mesh(2);
+        let mut one = m.pop().expect("rank 1");
+        let zero = m.pop().expect("rank 0");
+        let zero = start(cfg(0, 2), zero, None, FROM_START).expect("start rank 0");
+        let theirs: Vec<u8> = (0..100u32).map(|i| (i * 5 + 3) as u8).collect();
+        let shape = allgather_shape(&[100, 100]);
+        let round = |j: u8, first: u32, count: u64, data: &[u8]| {
+            let mut b = vec![KIND_ROUND, j, 0, 0];
+            b.extend_from_slice(&first.to_be_bytes());
+            b.extend_from_slice(&0u64.to_be_bytes());
+            b.extend_from_slice(&count.to_be_bytes());
+            b.extend_from_slice(&shape.to_be_bytes());
+            b.extend_from_slice(data);
+            b
+        };
+        let junk = vec![0xEE; 100];
+        for b in [
+            round(1, 1, 1, &junk),
+            round(0, 0, 1, &junk),
+            round(0, 1, 2, &junk),
+            round(0, 1, 1, &junk[..99]),
+            round(0, 1, 1, &[junk.clone(), vec![0xEE]].concat()),
+            round(0, 1, 1, &theirs),
+            round(0, 1, 1, &junk),
+        ] {
+            one.send_control(Rank(0), &b);
+        }
+        let mut buf = vec![7u8; 100];
+        buf.resize(200, 0);
+        let kind = Kind::Allgather {
+            sizes: vec![100, 100],
+        };
+        let req = zero.post::<u8>(kind, buf, None, tracing::Span::none());
+        let got = req.expect("post").wait().expect("the allgather completes");
+        assert!(got[..100].iter().all(|&b| b == 7), "rank 0's own block");
+        assert!(got[100..] == theirs[..], "rank 1's block");
+        drop(zero);
+        drop(one);
     }
 }

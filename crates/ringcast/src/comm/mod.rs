@@ -333,7 +333,8 @@ impl Communicator {
     }
 
     /// Blocks until every rank called it (`MPI_Barrier`). It is a collective like the others
-    /// (an Allgather of one byte per rank, so a small operation: over the TCP trees unless
+    /// (an Allgather of one byte per rank, so a small operation: over TCP in Bruck's
+    /// `ceil(log2 P)` rounds, the dissemination barrier, unless
     /// [`CommBuilder::tcp_threshold`] is below the rank count), ordered with them: every rank
     /// must call it at the same place in its sequence of collectives.
     pub fn barrier(&self) -> Result<(), CommError> {
