@@ -120,10 +120,9 @@ pub(crate) fn wait_readable(fd: &impl AsRawFd, timeout: Duration) -> io::Result<
         events: libc::POLLIN,
         revents: 0,
     };
-    // SAFETY: `pfd` is a live, writable `pollfd` and the count passed is 1, so the kernel
-    // reads and writes exactly that one entry, during the call only. The descriptor's
-    // validity is no memory-safety matter (a closed one reports `POLLNVAL`); the caller keeps
-    // it open anyway (`AsRawFd` of a value it holds).
+    // SAFETY: `pfd` is a live, writable `pollfd` and the count is 1: the kernel touches that
+    // one entry, during the call only. A closed descriptor only reports `POLLNVAL` (and the
+    // caller holds it open: `AsRawFd` of a value it has).
     let rc = unsafe { libc::poll(&raw mut pfd, 1, ms) };
     match rc {
         n if n > 0 => Ok(pfd.revents & libc::POLLIN != 0),
