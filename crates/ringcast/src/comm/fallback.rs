@@ -140,7 +140,7 @@ use ringcast_transport_rocev2_udp::{IoWait, IoWaker, SEND_LOW_WATER, TcpControl}
 use super::blame::{Blame, Lost};
 use super::engine::{Command, Kind, Post, PostTx};
 use super::error::CommError;
-use super::request::{Completion, Request};
+use super::request::{Completion, Request, end_of};
 use super::stats::{CommStats, Counters, OpStats};
 
 /// Bytes of data per TCP piece.
@@ -407,15 +407,6 @@ impl std::fmt::Debug for Progress {
             .field("leader", &self.leader.load(Ordering::Relaxed))
             .field("inline", &self.io_wait.is_some())
             .finish_non_exhaustive()
-    }
-}
-
-/// What a request's channel holds: its end, if there.
-fn end_of(rx: &Receiver<Completion>) -> Option<Completion> {
-    match rx.try_recv() {
-        Ok(c) => Some(c),
-        Err(TryRecvError::Disconnected) => Some(Err(CommError::Cancelled)),
-        Err(TryRecvError::Empty) => None,
     }
 }
 
@@ -774,12 +765,11 @@ enum Shape {
     /// (`KIND_ROUND`), once it has every earlier round, and gets the next ones from `me +
     /// 2^j`. Each rank sends and receives `ceil(log2 P)` messages, where the trees take
     /// `P - 1`; each block still leaves each rank once. The barrier, a 1-byte Allgather, is
-    /// then the dissemination barrier. `left[r]`: bytes of block `r` still to receive; `got`:
-    /// the rounds received (bit `j`); `next`: the next round to send, of `rounds`.
+    /// then the dissemination barrier. `got`: the rounds received (bit `j`); `next`: the next
+    /// round to send, of `rounds`.
     Bruck {
         displs: Vec<u64>,
         sizes: Vec<u64>,
-        left: Vec<u64>,
         got: u64,
         next: u32,
         rounds: u32,
@@ -803,11 +793,8 @@ impl Shape {
             Shape::Tree { root } => tree_parent(me, *root, size).unwrap_or(me),
             Shape::Trees { .. } => tree_parent(me, block % size, size).unwrap_or(me),
             Shape::Chain { .. } | Shape::Ring { .. } => (me + size - 1) % size,
-            // Block `me + t` comes in the round `j` with `2^j <= t < 2^(j+1)`.
-            Shape::Bruck { .. } => match (block + size - me) % size {
-                0 => me,
-                t => (me + (1 << t.ilog2())) % size,
-            },
+            // Sends no pieces: whole rounds (`round_in` checks their sender).
+            Shape::Bruck { .. } => me,
         }
     }
 
@@ -896,7 +883,8 @@ impl TcpOp {
     /// Whether data is still to come: bytes, or a Bruck round (which may hold none).
     fn waiting(&self) -> bool {
         match &self.shape {
-            Shape::Bruck { got, rounds, .. } => self.want > 0 || got.count_ones() < *rounds,
+            // Every round in is every byte in.
+            Shape::Bruck { got, rounds, .. } => got.count_ones() < *rounds,
             _ => self.want > 0,
         }
     }
@@ -938,12 +926,12 @@ impl TcpOp {
         match &self.shape {
             Shape::Chain { root } | Shape::Tree { root } if *root == me => self.buf.len() as u64,
             Shape::Chain { .. } | Shape::Tree { .. } => self.buf.len() as u64 - self.want,
-            Shape::Ring { sizes, left, .. }
-            | Shape::Trees { sizes, left, .. }
-            | Shape::Bruck { sizes, left, .. } => {
+            Shape::Ring { sizes, left, .. } | Shape::Trees { sizes, left, .. } => {
                 let b = block as usize;
                 sizes.get(b).zip(left.get(b)).map_or(0, |(s, l)| s - l)
             }
+            // Whole rounds, not pieces: nothing asks (see `round_in`).
+            Shape::Bruck { .. } => 0,
         }
     }
 }
@@ -1737,32 +1725,33 @@ impl Dispatcher {
                 }
                 let mine = sizes.get(me as usize).copied().unwrap_or(0);
                 let own_at = displs.get(me as usize).copied().unwrap_or(0);
-                let mut left = sizes.clone();
-                if let Some(l) = left.get_mut(me as usize) {
-                    *l = 0;
-                }
                 // Blocks of one piece or less gain nothing from the ring's pipeline either;
                 // when all of them fit in one, whole rounds of Bruck's do (one message each).
                 let shape = if len <= self.cfg.piece as u64 {
                     Shape::Bruck {
                         displs,
                         sizes,
-                        left,
                         got: 0,
                         next: 0,
                         rounds: bruck_rounds(size),
                     }
-                } else if sizes.iter().all(|&s| s <= self.cfg.piece as u64) {
-                    Shape::Trees {
-                        displs,
-                        sizes,
-                        left,
-                    }
                 } else {
-                    Shape::Ring {
-                        displs,
-                        sizes,
-                        left,
+                    let mut left = sizes.clone();
+                    if let Some(l) = left.get_mut(me as usize) {
+                        *l = 0;
+                    }
+                    if sizes.iter().all(|&s| s <= self.cfg.piece as u64) {
+                        Shape::Trees {
+                            displs,
+                            sizes,
+                            left,
+                        }
+                    } else {
+                        Shape::Ring {
+                            displs,
+                            sizes,
+                            left,
+                        }
                     }
                 };
                 (shape, me, own_at, mine, len - mine)
@@ -1915,7 +1904,6 @@ impl Dispatcher {
         let Shape::Bruck {
             displs,
             sizes,
-            left,
             got,
             rounds,
             ..
@@ -1946,7 +1934,6 @@ impl Dispatcher {
             let (to, n) = (displs[b] as usize, sizes[b] as usize);
             op.buf[to..to + n].copy_from_slice(&data[at..at + n]);
             at += n;
-            left[b] = 0;
         }
         *got |= 1 << j;
         op.want = op.want.saturating_sub(bytes);
@@ -2185,8 +2172,14 @@ mod tests {
     /// Odd ranks read their end of the mesh themselves (inline I/O: their waiting threads
     /// lead, see `Progress`), even ranks have an I/O thread, so both ways run in every test.
     fn dispatchers(p: u32, piece: usize) -> Vec<Handle> {
+        dispatchers_with(p, piece, |r| r % 2 == 1)
+    }
+
+    /// `p` dispatchers over one mesh, in pieces of `piece` bytes; rank `r`'s end of the mesh
+    /// is inline if `inline(r)`.
+    fn dispatchers_with(p: u32, piece: usize, inline: impl Fn(usize) -> bool) -> Vec<Handle> {
         mesh_with(p as usize, |r| ControlConfig {
-            inline_io: r % 2 == 1,
+            inline_io: inline(r),
             ..ControlConfig::new(7)
         })
         .into_iter()
@@ -2916,7 +2909,6 @@ mod tests {
         let bruck = |got: u64| Shape::Bruck {
             displs: vec![0; 6],
             sizes: vec![10; 6],
-            left: vec![0; 6],
             got,
             next: 0,
             rounds: bruck_rounds(6),
@@ -3003,21 +2995,7 @@ mod tests {
 
     /// `p` dispatchers whose ends of the mesh are all inline: their waiting threads lead.
     fn inline_dispatchers(p: u32) -> Vec<Handle> {
-        mesh_with(p as usize, |_| ControlConfig {
-            inline_io: true,
-            ..ControlConfig::new(7)
-        })
-        .into_iter()
-        .enumerate()
-        .map(|(me, m)| {
-            let c = FallbackConfig {
-                rank: me as u32,
-                piece: 4096,
-                ..cfg(0, p)
-            };
-            start(c, m, None, FROM_START).expect("start")
-        })
-        .collect()
+        dispatchers_with(p, 4096, |_| true)
     }
 
     /// Posts a Broadcast of `data` from `root` at rank `me`.

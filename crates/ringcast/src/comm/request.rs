@@ -13,6 +13,16 @@ use super::stats::OpStats;
 /// What the engine hands back: the operation's buffer, or why it failed.
 pub(crate) type Completion = Result<(Vec<u8>, OpStats), CommError>;
 
+/// What a request's channel holds: its end, if there (a channel whose sender is gone: the
+/// operation was cancelled).
+pub(crate) fn end_of(rx: &Receiver<Completion>) -> Option<Completion> {
+    match rx.try_recv() {
+        Ok(c) => Some(c),
+        Err(TryRecvError::Disconnected) => Some(Err(CommError::Cancelled)),
+        Err(TryRecvError::Empty) => None,
+    }
+}
+
 /// An operation in flight, from [`Communicator::ibroadcast`](super::Communicator::ibroadcast)
 /// and the other non-blocking calls. It owns nothing the engine writes to: the engine owns the
 /// buffer until the operation is over and hands it back through [`wait`](Self::wait). Dropping
@@ -58,13 +68,7 @@ impl<T: Pod> Request<T> {
     /// Takes the operation's end from the channel, if there.
     fn arrived(&mut self) -> bool {
         if self.got.is_none() {
-            match self.rx.try_recv() {
-                Ok(c) => self.got = Some(Box::new(c)),
-                Err(TryRecvError::Empty) => {}
-                Err(TryRecvError::Disconnected) => {
-                    self.got = Some(Box::new(Err(CommError::Cancelled)))
-                }
-            }
+            self.got = end_of(&self.rx).map(Box::new);
         }
         self.got.is_some()
     }
