@@ -47,10 +47,10 @@ pub(crate) fn socket_drops(sock: &impl AsFd) -> io::Result<u64> {
     let mut info = [0u32; VARS];
     let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
     let fd = sock.as_fd().as_raw_fd();
-    // SAFETY: `fd` is an open socket borrowed for the call (`AsFd`); `info` is a live,
-    // writable buffer of exactly `len` bytes that the kernel writes at most `len` bytes of
-    // (it truncates to the length given and writes back how much it wrote), and `len` is a
-    // live `socklen_t`. Nothing is retained after the call returns.
+    // The kernel truncates to the length given and writes back how much it wrote.
+    // SAFETY: `fd` is an open socket borrowed for the call (`AsFd`); `info` is a live, writable
+    // buffer of exactly `len` bytes, of which the kernel writes at most `len`; `len` is a live
+    // `socklen_t`. Nothing is retained after the call returns.
     let rc = unsafe {
         libc::getsockopt(
             fd,
@@ -145,14 +145,14 @@ pub(crate) const MAX_SCATTER: usize = 3 * 64 + 1;
 /// `bytes` as socket2's receive buffer type.
 ///
 /// # Safety
-/// Only the kernel may write through the result (a receive call, which writes initialized
-/// bytes); the caller must not write `MaybeUninit::uninit()` through it.
+/// SAFETY contract: only the kernel may write through the result (a receive call, which
+/// writes initialized bytes); the caller must not write `MaybeUninit::uninit()` through it.
 unsafe fn as_uninit(bytes: &mut [u8]) -> &mut [MaybeUninit<u8>] {
     let len = bytes.len();
-    // SAFETY: `MaybeUninit<u8>` has the size, alignment and validity of `u8` (every `u8` is a
-    // valid `MaybeUninit<u8>`); the pointer and length come from a live `&mut [u8]` whose
-    // borrow the result takes over, so nothing else reaches those bytes meanwhile. The
-    // caller's contract keeps them initialized.
+    // The caller's contract keeps the bytes initialized.
+    // SAFETY: `MaybeUninit<u8>` has the size, alignment and validity of `u8`; the pointer and
+    // length come from a live `&mut [u8]` whose borrow the result takes over, so nothing else
+    // reaches those bytes meanwhile.
     unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast(), len) }
 }
 
@@ -242,13 +242,12 @@ pub(crate) fn send_gathered(
     };
     let mut control = SegmentControl([0; 32]);
     let hdr = control.0.as_mut_ptr().cast::<libc::cmsghdr>();
-    // SAFETY: `control` is a live, writable, 8-aligned buffer of 32 bytes: room for a
-    // `cmsghdr` at its start (16 bytes on 64-bit Linux) followed by its `u16` of data at
-    // `CMSG_DATA` (`CMSG_SPACE(2)` bytes in all, asserted at compile time to fit), all
-    // within the buffer.
-    // `cmsghdr` is plain data and the buffer starts zeroed, so writing its fields through
-    // the aligned pointer is sound; the data is written unaligned. The pointers do not
-    // outlive this block.
+    // `control` has room for a `cmsghdr` at its start (16 bytes on 64-bit Linux) followed by
+    // its `u16` of data at `CMSG_DATA` (`CMSG_SPACE(2)` bytes in all, asserted at compile time
+    // to fit); `cmsghdr` is plain data and the buffer starts zeroed.
+    // SAFETY: `control` is a live, writable, 8-aligned buffer of 32 bytes holding all of it;
+    // the header's fields are written through the aligned pointer, the data unaligned, and the
+    // pointers do not outlive this block.
     unsafe {
         (*hdr).cmsg_len = SEGMENT_LEN as _;
         (*hdr).cmsg_level = libc::SOL_UDP;
