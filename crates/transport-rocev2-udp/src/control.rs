@@ -47,7 +47,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::thread::{self, JoinHandle, Thread};
@@ -428,15 +428,23 @@ pub struct TcpControl {
     waker: Arc<OnceLock<Thread>>,
     /// Who does the I/O: the I/O thread, or the owner's calls.
     io: IoMode,
-    /// The I/O thread's stop flag, and its poll's waker (the owner's, inline).
-    stop: Arc<AtomicBool>,
+    /// What the I/O thread is told ([`RUN`], [`STOP`], [`HAND_OVER`]), and its poll's waker
+    /// (the owner's, inline).
+    stop: Arc<AtomicU8>,
     io_waker: Arc<mio::Waker>,
 }
 
+/// The I/O thread runs on.
+const RUN: u8 = 0;
+/// The I/O thread ends every connection and returns (the mesh is dropped).
+const STOP: u8 = 1;
+/// The I/O thread returns its connections as they are ([`TcpControl::make_inline`]).
+const HAND_OVER: u8 = 2;
+
 /// Who reads the connections.
 enum IoMode {
-    /// The I/O thread (`None` once joined).
-    Thread(Option<JoinHandle<()>>),
+    /// The I/O thread (`None` once joined); it hands its connections back when told to.
+    Thread(Option<JoinHandle<Option<Io>>>),
     /// The owner, in [`TcpControl::poll_io`] and [`ControlPort::poll_control`].
     Inline(Box<Io>, mio::Events),
 }
@@ -708,7 +716,7 @@ impl TcpControl {
             }));
             peers.push(Some(Peer { link, lost: false }));
         }
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicU8::new(RUN));
         let io = Io {
             peers: io_peers,
             poll,
@@ -783,6 +791,38 @@ impl TcpControl {
             }
             IoMode::Thread(_) => thread::park_timeout(timeout),
         }
+    }
+
+    /// Moves this mesh's I/O from its I/O thread onto the owner's calls, as if it had been
+    /// connected with [`ControlConfig::inline_io`]: the thread stops and hands its
+    /// connections back as they are (nothing read, queued or half-read is lost), so that
+    /// [`io_wait`](Self::io_wait) serves and waiting threads read the mesh themselves. For an
+    /// owner that learns only after connecting that it will be the mesh's sole reader (the
+    /// engine's mesh, handed to the TCP fallback). Nothing happens on an inline mesh, or if
+    /// the thread has already ended (its connections were then reported lost).
+    pub fn make_inline(&mut self) {
+        let IoMode::Thread(t) = &mut self.io else {
+            return;
+        };
+        let Some(t) = t.take() else {
+            return;
+        };
+        self.stop.store(HAND_OVER, Ordering::Release);
+        let _ = self.io_waker.wake();
+        let Ok(Some(mut io)) = t.join() else {
+            // Ended on its own (every connection gone, or the poll failed) or panicked: there
+            // is nothing to take over, and the owner hears of the lost peers.
+            return;
+        };
+        self.stop.store(RUN, Ordering::Release);
+        // The hand-over's wake-up is not the owner's; and inline, arrivals end the owner's
+        // poll rather than unparking a thread (whichever thread polled before).
+        io.woken = false;
+        let waker = Arc::new(OnceLock::new());
+        io.owner.waker = Arc::clone(&waker);
+        self.waker = waker;
+        self.io = IoMode::Inline(io.into(), mio::Events::with_capacity(64));
+        tracing::debug!(rank = self.rank.0, "control mesh: I/O now inline");
     }
 
     /// A wait on this mesh that does not borrow it ([`IoWait`]), for an inline mesh
@@ -1095,7 +1135,7 @@ impl Drop for TcpControl {
         for p in self.peers.iter().flatten() {
             p.link.close();
         }
-        self.stop.store(true, Ordering::Release);
+        self.stop.store(STOP, Ordering::Release);
         let _ = self.io_waker.wake();
         if let IoMode::Thread(t) = &mut self.io
             && let Some(t) = t.take()
@@ -1138,7 +1178,7 @@ struct Io {
     failed: bool,
     /// A turn saw the waker's event since the owner last waited (inline I/O).
     woken: bool,
-    stop: Arc<AtomicBool>,
+    stop: Arc<AtomicU8>,
     owner: Owner,
     registry: Registry,
     stats: Arc<ControlStats>,
@@ -1146,13 +1186,19 @@ struct Io {
 }
 
 impl Io {
-    /// Until the owner stops it (or every connection ended).
-    fn run(mut self) {
+    /// Until the owner stops it (or every connection ended); returns itself, its connections
+    /// untouched, when the owner takes them over ([`HAND_OVER`]).
+    fn run(mut self) -> Option<Io> {
         let mut events = mio::Events::with_capacity(64);
-        while !self.stop.load(Ordering::Acquire)
-            && !self.failed
-            && self.peers.iter().any(Option::is_some)
-        {
+        loop {
+            match self.stop.load(Ordering::Acquire) {
+                RUN => {}
+                HAND_OVER => return Some(self),
+                _ => break,
+            }
+            if self.failed || self.peers.iter().all(Option::is_none) {
+                break;
+            }
             self.turn(&mut events, None);
         }
         // Stopped by the owner, or the poll failed: every connection still open counts as
@@ -1160,6 +1206,7 @@ impl Io {
         for j in 0..self.peers.len() {
             self.end(j, Ended::Closed);
         }
+        None
     }
 
     /// One wait on every connection (at most `timeout`), then what the events allow: reads
@@ -1747,6 +1794,67 @@ mod tests {
     }
 
     /// Messages put back come out first, in the order given, then what arrived after them.
+    /// `make_inline` takes the I/O thread's connections over while a peer streams frames at
+    /// it: every frame, sent before, during or after the hand-over, arrives once, whole and in
+    /// order; the mesh then waits through `IoWait`; the peer's loss is still reported; a
+    /// second call changes nothing.
+    #[test]
+    fn make_inline_takes_the_connections_over_mid_stream() {
+        const N: u32 = 600;
+        let frame_of = |i: u32| {
+            let len = 4 + (i as usize * 7919) % 90_000;
+            let mut f = vec![(i % 251) as u8; len];
+            f[..4].copy_from_slice(&i.to_be_bytes());
+            f
+        };
+        let mut m = mesh(2, 93);
+        let mut one = m.pop().expect("rank 1");
+        let mut zero = m.pop().expect("rank 0");
+        assert!(zero.io_wait().is_none(), "an I/O thread's mesh");
+        let (go, started) = mpsc::channel();
+        let sender = thread::spawn(move || {
+            for i in 0..N {
+                one.send_control(Rank(0), &frame_of(i));
+                if i == 10 {
+                    let _ = go.send(());
+                }
+            }
+            one
+        });
+        let mut buf = Vec::new();
+        // The I/O thread has read at least the first frame, and more keep coming.
+        let ControlInput::Message { len, .. } = wait(&mut zero, &mut buf) else {
+            panic!("a message");
+        };
+        assert_eq!(buf[..len], frame_of(0)[..]);
+        started.recv().expect("sender running");
+        zero.make_inline();
+        let w = zero.io_wait().expect("inline after the hand-over");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut next = 1;
+        while next < N {
+            assert!(Instant::now() < deadline, "frame {next} never came");
+            match zero.poll_control(&mut buf) {
+                Some(ControlInput::Message { from, len }) => {
+                    assert_eq!(from, Rank(1));
+                    assert!(buf[..len] == frame_of(next)[..], "frame {next}");
+                    next += 1;
+                }
+                Some(other) => panic!("{other:?}"),
+                None => w.wait(Duration::from_millis(100)),
+            }
+        }
+        let one = sender.join().expect("sender");
+        zero.make_inline();
+        assert!(zero.io_wait().is_some());
+        drop(one);
+        while zero.take_lost().is_none() {
+            assert!(Instant::now() < deadline, "loss not seen");
+            zero.poll_io(Duration::from_millis(100));
+        }
+        assert!(zero.poll_control(&mut buf).is_none());
+    }
+
     #[test]
     fn unread_messages_come_back_first_and_in_order() {
         let mut m = mesh(3, 41);

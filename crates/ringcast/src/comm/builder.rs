@@ -572,6 +572,9 @@ impl CommBuilder {
                 "{failure} -- fallback = tcp: every operation runs over TCP instead"
             );
             drop((rx, tx, fb_listener));
+            // The dispatcher is now the mesh's only reader: it and the threads waiting for
+            // its operations read the connections themselves, as on the second mesh.
+            control.make_inline();
             let mode = TransportMode::Tcp {
                 from_op: 0,
                 reason: FallbackReason::StartupCheck,

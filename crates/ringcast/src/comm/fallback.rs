@@ -20,16 +20,18 @@
 //!
 //! ## The TCP collectives
 //! Over a TCP mesh ([`TcpControl`]): the control mesh itself when the start-up check failed
-//! (the engine never starts), or a second mesh formed at build time when multicast works (so
-//! that bulk data never delays the engine's control messages). The dispatcher does that second
-//! mesh's I/O itself ([`ControlConfig::inline_io`](ringcast_transport_rocev2_udp::ControlConfig::inline_io)),
+//! (the engine never starts; its I/O thread hands the connections over,
+//! [`TcpControl::make_inline`]), or a second mesh formed at build time when multicast works (so
+//! that bulk data never delays the engine's control messages). The dispatcher does the mesh's
+//! I/O itself ([`ControlConfig::inline_io`](ringcast_transport_rocev2_udp::ControlConfig::inline_io)),
 //! and not only from its own thread ([`Progress`]): a post runs at once on the posting thread
 //! (a tree's root sends its pieces from there), and the application thread that waits for a
 //! TCP request *leads*: it waits on the mesh itself ([`IoWait`]) and handles what arrives, so
 //! the piece it waits for wakes it directly, as a rank that polls in `MPI_Wait` is. A small
 //! Broadcast then costs one thread wake-up per hop, where it cost two or three through the
 //! dispatcher thread. That thread still runs what nobody waits for (a non-blocking operation's
-//! pieces to pass on), and everything on a mesh with an I/O thread. Data moves in pieces of
+//! pieces to pass on), and everything on a mesh still read by an I/O thread (one whose thread
+//! ended before it could hand over, every peer then lost). Data moves in pieces of
 //! [`PIECE`] bytes, each a message `0xF1, 0, 0, 0, block u32, op u64, offset u64, shape u32,
 //! bytes` (`shape`: the sender's fingerprint of the operation, see below):
 //! * **Allgather(v)** with a block of more than one piece: a pipelined ring. Each rank sends
@@ -947,8 +949,8 @@ struct Dispatcher {
     cfg: FallbackConfig,
     shared: Arc<Shared>,
     rx: Receiver<Msg>,
-    /// The TCP mesh: its own (inline I/O, read in this thread) or, when multicast failed the
-    /// start-up check, the control mesh with its I/O thread.
+    /// The TCP mesh: its own or, when multicast failed the start-up check, the control mesh
+    /// made inline (read by whoever holds the dispatcher).
     mesh: TcpControl,
     /// Posts held while a switch is agreed.
     held: VecDeque<(u64, Post)>,
