@@ -178,6 +178,14 @@ pub enum StartError {
     RootOutOfRange,
     /// `limits.max_inflight_ops` operations are in flight already.
     TooManyInflight,
+    /// The operation in flight whose id is `op` has the same immediate tag as the next id:
+    /// ids taken by operations that ran elsewhere ([`Session::skip_op`](crate::Session::skip_op))
+    /// since it started went once around the tag space. Start once it has ended
+    /// ([`Session::can_start`](crate::Session::can_start) says when).
+    TagInUse {
+        /// The operation in flight that holds the tag.
+        op: OpId,
+    },
     /// An Allgatherv needs one size per rank.
     SizesLength {
         /// Sizes given.
@@ -199,6 +207,11 @@ impl fmt::Display for StartError {
         match self {
             StartError::RootOutOfRange => f.write_str("root is not a rank of the communicator"),
             StartError::TooManyInflight => f.write_str("too many operations in flight"),
+            StartError::TagInUse { op } => write!(
+                f,
+                "operation {} still holds the immediate tag of the next operation id",
+                op.0
+            ),
             StartError::SizesLength { got, ranks } => {
                 write!(f, "{got} block sizes given for {ranks} ranks")
             }

@@ -85,6 +85,11 @@ impl Node {
         self.session.inflight()
     }
 
+    /// See [`Session::can_start`].
+    pub fn can_start(&self) -> bool {
+        self.session.can_start()
+    }
+
     /// See [`Session::start_broadcast`].
     pub fn start_broadcast(
         &mut self,

@@ -21,6 +21,8 @@ struct Early {
     activate: BitVec<u64, Lsb0>,
     /// The first `Abort` or `Mismatch`, as the error it gives.
     abort: Option<OpError>,
+    /// The ranks that sent anything kept here.
+    senders: BitVec<u64, Lsb0>,
 }
 
 /// How many operations that ended without a barrier here (skipped, or empty) a session
@@ -127,6 +129,26 @@ impl Session {
         self.ops.len()
     }
 
+    /// Whether the next collective may start now: fewer than `limits.max_inflight_ops` are in
+    /// flight, and none holds the immediate tag of the next id. Ids skipped for operations
+    /// that run elsewhere ([`Self::skip_op`]) move the next id on without starting anything,
+    /// so a long run of them while one collective is in flight can bring the tag around to
+    /// that collective's; a lane would then take one operation's chunks for the other's.
+    pub fn can_start(&self) -> bool {
+        self.start_blocker().is_none()
+    }
+
+    fn start_blocker(&self) -> Option<StartError> {
+        if self.ops.len() >= self.config.limits.max_inflight_ops as usize {
+            return Some(StartError::TooManyInflight);
+        }
+        let tag = self.config.imm.tag_of(self.next_seq);
+        self.ops
+            .iter()
+            .find(|o| o.tag == tag)
+            .map(|o| StartError::TagInUse { op: o.id })
+    }
+
     /// Starts a Broadcast of `len` bytes from `root`. Every rank must call it, in the same order
     /// relative to other collectives, with the same `root` and `len`.
     ///
@@ -222,8 +244,8 @@ impl Session {
         make: impl FnOnce(&Ctx<'_>, OpId) -> Result<Collective, StartError>,
     ) -> Result<OpId, StartError> {
         self.timeout.set(None);
-        if self.ops.len() >= self.config.limits.max_inflight_ops as usize {
-            return Err(StartError::TooManyInflight);
+        if let Some(e) = self.start_blocker() {
+            return Err(e);
         }
         let id = OpId(self.next_seq);
         let mut cx = cx!(self, now);
@@ -341,7 +363,19 @@ impl Session {
                 }
             },
         };
-        if seq - self.next_seq >= window {
+        // How far ahead a peer may be is not bounded: this rank takes the ids of operations
+        // that run elsewhere ([`Self::skip_op`]) only as it posts them, so a peer that ran a
+        // thousand of them over TCP and then started one here is a thousand ids ahead of this
+        // session. What is bounded is how many operations one peer has started that this rank
+        // has not: none completes before every rank started it (its barrier), so at most
+        // `window` (with the same limits everywhere). Beyond that, from one sender, it is
+        // noise: dropped, so what is kept stays within `ranks * window` entries.
+        let from_sender = self
+            .early
+            .iter()
+            .filter(|e| e.seq != seq && e.senders[from.index()])
+            .count();
+        if from_sender as u64 >= window {
             bump(&mut self.stats.control_unexpected);
             return;
         }
@@ -354,10 +388,12 @@ impl Session {
                     ready: Vec::new(),
                     activate: bitvec![u64, Lsb0; 0; ranks],
                     abort: None,
+                    senders: bitvec![u64, Lsb0; 0; ranks],
                 });
                 self.early.last_mut().expect("just pushed")
             }
         };
+        e.senders.set(from.index(), true);
         match keep {
             EarlyKind::Ready(shape) => {
                 if e.ready.iter().any(|&(r, _)| r == from) {

@@ -63,3 +63,81 @@ fn skipped_ids_are_never_started_and_their_messages_are_stale() {
         "operation 1 goes on once rank 1 is ready for it: {sent:?}"
     );
 }
+
+/// A peer that ran many operations elsewhere (and skipped their ids) is that many ids ahead of
+/// a rank that has not posted them yet: its `Ready` for the next collective is kept however
+/// far ahead it is, and the collective goes on as soon as this rank starts it. What one peer
+/// can leave here is bounded by the operations it may have in flight, not by distance.
+#[test]
+fn a_ready_far_ahead_is_kept_and_one_peer_keeps_at_most_a_window() {
+    const AHEAD: u64 = 5_000;
+    let cfg = Config::new(0, 2);
+    let window = u64::from(cfg.limits.max_inflight_ops);
+    let mut n = Node::new(cfg).unwrap();
+    let now = Instant::from_nanos(10);
+    n.handle_control(now, Rank(1), &ready(AHEAD));
+    // This rank catches up: the operations before ran over TCP here too.
+    for k in 0..AHEAD {
+        assert_eq!(n.skip_op(), OpId(k));
+    }
+    assert_eq!(
+        n.start_broadcast(now, Rank(0), 1 << 16).unwrap(),
+        OpId(AHEAD)
+    );
+    let mut buf = Vec::new();
+    let mut sent = Vec::new();
+    while let Some(t) = n.poll_transmit(&mut buf) {
+        if let Transmit::Control { to, len } = t {
+            sent.push((to, ControlRepr::parse_bytes(&buf[..len]).unwrap().op()));
+        }
+    }
+    assert!(
+        sent.contains(&(Rank(1), AHEAD)),
+        "the kept Ready let the broadcast go: {sent:?}"
+    );
+    // One peer's `Ready`s for operations not started here: `window` kept, the next dropped.
+    let base = AHEAD + 1_000;
+    let unexpected = n.stats().control_unexpected;
+    for k in 0..window {
+        n.handle_control(now, Rank(1), &ready(base + 3 * k));
+    }
+    assert_eq!(n.stats().control_unexpected, unexpected);
+    n.handle_control(now, Rank(1), &ready(base + 3 * window));
+    assert_eq!(n.stats().control_unexpected, unexpected + 1);
+}
+
+/// Ids skipped while a collective is in flight can bring the next id's immediate tag around
+/// to that collective's: the next one then waits (`can_start`, `TagInUse`) until the first
+/// has ended, so that a lane never holds two operations under one tag.
+#[test]
+fn the_next_collective_waits_while_its_tag_is_in_flight() {
+    let mut cfg = Config::new(0, 2);
+    cfg.imm = ringcast_core::wire::ImmLayout::new(22).unwrap();
+    let tags = cfg.imm.op_tags();
+    let mut n = Node::new(cfg).unwrap();
+    let now = Instant::from_nanos(10);
+    assert_eq!(n.start_broadcast(now, Rank(0), 1 << 16).unwrap(), OpId(0));
+    for k in 1..tags {
+        assert_eq!(n.skip_op(), OpId(k));
+        assert!(n.can_start() || k == tags - 1);
+    }
+    // The next id, `tags`, has operation 0's tag.
+    assert!(!n.can_start());
+    assert_eq!(
+        n.start_broadcast(now, Rank(0), 1 << 16),
+        Err(ringcast_core::StartError::TagInUse { op: OpId(0) })
+    );
+    assert_eq!(n.inflight(), 1);
+    // Operation 0 ends (rank 1 aborts it): the tag is free, and the id was not used up.
+    let mut abort = Vec::new();
+    ControlRepr::Abort { op: 0, culprit: 1 }
+        .emit_vec(&mut abort)
+        .unwrap();
+    n.handle_control(now, Rank(1), &abort);
+    assert_eq!(n.inflight(), 0);
+    assert!(n.can_start());
+    assert_eq!(
+        n.start_broadcast(now, Rank(0), 1 << 16).unwrap(),
+        OpId(tags)
+    );
+}

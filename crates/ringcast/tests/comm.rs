@@ -350,6 +350,95 @@ fn small_operations_run_over_tcp_beside_multicast() {
     );
 }
 
+/// Many operations over TCP, then one over multicast, posted without waiting: the ranks that
+/// post first are a hundred ids ahead of a rank that has not posted yet (its engine takes the
+/// ids of the TCP operations only as they are posted), and their `Ready`s for the multicast
+/// operation reach it that far ahead. They are kept, and the operation completes (they were
+/// dropped as noise once, and the operation failed at the peer timeout).
+#[test]
+fn a_multicast_operation_after_many_tcp_ones_waits_for_a_late_rank() {
+    const SMALL: usize = 100;
+    world_with(
+        12,
+        |b| {
+            b.tcp_threshold(64 << 10)
+                .peer_timeout(Duration::from_secs(3))
+        },
+        |comm| {
+            let me = comm.rank();
+            if me == 0 {
+                thread::sleep(Duration::from_millis(300));
+            }
+            let smalls: Vec<Vec<u8>> = (0..SMALL).map(|i| pattern(40, i as u32, 1000)).collect();
+            let big = pattern(41, 0, (1 << 20) + 5);
+            let post = |data: &Vec<u8>| {
+                let buf = if me == 0 {
+                    data.clone()
+                } else {
+                    vec![0; data.len()]
+                };
+                comm.ibroadcast(0, buf).map_err(e)
+            };
+            let mut reqs = Vec::new();
+            for s in &smalls {
+                reqs.push(post(s)?);
+            }
+            let r_big = post(&big)?;
+            let (got, st) = r_big.wait_with_stats().map_err(e)?;
+            check("large broadcast", &got, &big)?;
+            if st.counters.tcp_bytes_sent + st.counters.tcp_bytes_received != 0 {
+                return Err(format!("the large one ran over TCP: {:?}", st.counters));
+            }
+            for (i, (r, want)) in reqs.into_iter().zip(&smalls).enumerate() {
+                check(&format!("small broadcast {i}"), &r.wait().map_err(e)?, want)?;
+            }
+            Ok(())
+        },
+    );
+}
+
+/// A multicast operation in flight (rank 3 posts late) while 4095 TCP operations are posted
+/// behind it: the next multicast operation's id is 4096 (the number of immediate tags) after
+/// the first's, so it would have the first one's tag. It waits until the first has ended,
+/// and both deliver their own bytes.
+#[test]
+fn a_multicast_operation_whose_tag_is_in_flight_waits_for_it() {
+    const SMALL: usize = 4095;
+    world_with(
+        13,
+        |b| b.tcp_threshold(64 << 10),
+        |comm| {
+            let me = comm.rank();
+            if me == 3 {
+                thread::sleep(Duration::from_millis(300));
+            }
+            let post = |data: &Vec<u8>| {
+                let buf = if me == 1 {
+                    data.clone()
+                } else {
+                    vec![0; data.len()]
+                };
+                comm.ibroadcast(1, buf).map_err(e)
+            };
+            let first = pattern(42, 1, (2 << 20) + 3);
+            let second = pattern(43, 1, (1 << 20) + 9);
+            let r_first = post(&first)?;
+            let mut smalls = Vec::new();
+            for i in 0..SMALL {
+                let data = vec![(i % 251) as u8; 16];
+                smalls.push((post(&data)?, data));
+            }
+            let r_second = post(&second)?;
+            check("second", &r_second.wait().map_err(e)?, &second)?;
+            check("first", &r_first.wait().map_err(e)?, &first)?;
+            for (i, (r, want)) in smalls.into_iter().enumerate() {
+                check(&format!("small {i}"), &r.wait().map_err(e)?, &want)?;
+            }
+            Ok(())
+        },
+    );
+}
+
 #[test]
 fn a_rank_that_stops_fails_the_others_naming_it() {
     const GONE: u32 = 3;

@@ -191,7 +191,6 @@ pub(crate) struct Engine {
     blame: Blame,
     /// The id the session gives the next operation it starts.
     next_op: u64,
-    max_inflight: usize,
     clock: Clock,
     buf: Vec<u8>,
     completed: u64,
@@ -206,7 +205,6 @@ impl Engine {
         let config = node.config().clone();
         let session = Session::new(config.clone()).expect("the node's configuration is valid");
         let registry = ports.control.inner.registry().clone();
-        let max_inflight = config.limits.max_inflight_ops as usize;
         let Ports {
             rx, tx, control, ..
         } = ports;
@@ -245,7 +243,6 @@ impl Engine {
             lost: Vec::new(),
             blame: Blame::default(),
             next_op: 0,
-            max_inflight,
             clock: Clock(StdInstant::now()),
             buf: Vec::new(),
             completed: 0,
@@ -352,18 +349,22 @@ impl Engine {
         }
     }
 
-    /// Starts posted operations, in order, while the core has room.
+    /// Starts posted operations, in order, while the core has room (and the next one's tag is
+    /// free: see [`Session::can_start`](ringcast_core::Session::can_start)).
     fn start_queued(&mut self) {
-        while self.session.inflight() < self.max_inflight {
-            let Some(p) = self.queued.pop_front() else {
-                return;
-            };
+        while let Some(p) = self.queued.front() {
             // The operations before it that ran elsewhere take their ids first.
             if let Some(k) = p.index {
                 while self.next_op < k {
                     self.next_op = self.session.skip_op().0 + 1;
                 }
             }
+            if !self.session.can_start() {
+                return;
+            }
+            let Some(p) = self.queued.pop_front() else {
+                return;
+            };
             let now = self.clock.now();
             let len = p.buf.len() as u64;
             let me = self.rank();
