@@ -40,6 +40,12 @@
 //!   that crosses a `Close` or an operation's failure is harmless.
 //! * **Sends.** The send worker reads the buffer only between a `Start` and its
 //!   `SendsDone`/`Cancel`; a `Cancel` drops its queued multicasts at once.
+//! * **One operation per tag.** Chunks name their operation by a tag, the low bits of its id
+//!   (12 of them). Ids of the operations that ran over TCP are skipped, so a tag can come around
+//!   within a few multicast operations: the next operation waits while one with its tag is in
+//!   flight ([`Session::can_start`]), and after one with its tag ended here until every
+//!   receive worker has read its socket empty since (`TagQuarantine`), before its `Open` and
+//!   its `Ready`: no lane ever takes one operation's queued chunks for another's.
 //!
 //! ## Sleeping
 //! Nothing spins. The control thread parks until the session's next timer; every input
@@ -78,7 +84,7 @@ mod lane;
 #[path = "engine_rate.rs"]
 mod rate;
 
-use lane::{Clock, LaneLink, Pinning, TxMsg};
+use lane::{Clock, LaneLink, Pinning, TagQuarantine, TxMsg};
 use rate::Rates;
 
 /// With nothing in flight, the longest the control thread parks between turns. Every input
@@ -191,6 +197,8 @@ pub(crate) struct Engine {
     blame: Blame,
     /// The id the session gives the next operation it starts.
     next_op: u64,
+    /// Tags of operations that ended lately, which the next one with that tag waits out.
+    quarantine: TagQuarantine,
     clock: Clock,
     buf: Vec<u8>,
     completed: u64,
@@ -243,6 +251,7 @@ impl Engine {
             lost: Vec::new(),
             blame: Blame::default(),
             next_op: 0,
+            quarantine: TagQuarantine::default(),
             clock: Clock(StdInstant::now()),
             buf: Vec::new(),
             completed: 0,
@@ -360,6 +369,19 @@ impl Engine {
                 }
             }
             if !self.session.can_start() {
+                return;
+            }
+            let tag = self.session.config().imm.tag_of(self.next_op);
+            if self.quarantine.holds(tag, &self.drained()) {
+                tracing::trace!(
+                    op = self.next_op,
+                    tag,
+                    "the tag ended lately: lanes draining"
+                );
+                // Each wake-up makes a worker take its commands and read its socket empty.
+                for l in &self.lanes {
+                    l.rx_wake.wake();
+                }
                 return;
             }
             let Some(p) = self.queued.pop_front() else {
@@ -548,6 +570,9 @@ impl Engine {
             Event::Failed { op, error } => (op, Err(error)),
             _ => return,
         };
+        let tag = self.session.config().imm.tag_of(op.0);
+        let drained = self.drained();
+        self.quarantine.ended(tag, &drained);
         // What the application is told, decided once.
         let told = verdict.err().map(|e| self.told(e));
         // A rank that failed names the culprit of later losses; one that posted another
@@ -691,6 +716,11 @@ impl Engine {
                 let _ = reply.send(Ok((bytes, stats)));
             }
         }
+    }
+
+    /// Every lane's [`Drained`](lane::Drained) count.
+    fn drained(&self) -> Vec<u64> {
+        self.lanes.iter().map(|l| l.rx_drained.get()).collect()
     }
 
     /// The core's counters: the session's and every lane's, as the workers last published.

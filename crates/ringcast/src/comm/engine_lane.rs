@@ -4,6 +4,7 @@
 //! queues; see the engine's module docs for why the order they keep is safe.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle, Thread};
@@ -137,7 +138,73 @@ pub(super) struct LaneLink {
     pub(super) tx_notes: Receiver<LaneNote>,
     pub(super) rx_snap: Shared<RxSnap>,
     pub(super) tx_snap: Shared<TxSnap>,
+    /// How often the receive worker found its socket empty, each time after taking the
+    /// commands queued before (see [`Drained`]).
+    pub(super) rx_drained: Drained,
     pub(super) threads: Vec<JoinHandle<()>>,
+}
+
+/// A receive worker's count of its turns that ended on an empty socket: each takes the
+/// queued commands, then reads until a read finds the socket empty, and counts that. Once the
+/// count has grown by two since the control thread queued a command, the worker has taken the
+/// command and then read everything that had arrived by some moment after it. (One is not
+/// enough: that turn may have taken its commands before this one was queued.)
+#[derive(Clone, Debug, Default)]
+pub(super) struct Drained(Arc<AtomicU64>);
+
+impl Drained {
+    pub(super) fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn bump(&self) {
+        self.0.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Immediate tags whose operation ended here lately, with every lane's [`Drained`] count at
+/// the end: the next operation with one of them waits until each lane has drained twice
+/// since.
+///
+/// An operation can end while datagrams of it are still queued on a socket (its last chunks
+/// fetched over TCP from a worker that was descheduled, or the operation failed). They are
+/// harmless while no open operation has its tag; but ids skipped for operations that ran over
+/// TCP can bring the tag around to the next multicast operation within a few operations
+/// (4096 small ones in between), where the tag space alone would take 4096 multicast
+/// operations. A lane that opened the new one first would take the old one's queued chunks
+/// for its own. Waiting until every receive worker has read its socket empty after the end
+/// (and before this rank says it is ready, so that no chunk of the new one can be queued yet)
+/// leaves nothing of the old one behind but datagrams still on the wire.
+#[derive(Debug, Default)]
+pub(super) struct TagQuarantine {
+    ended: Vec<(u32, Box<[u64]>)>,
+}
+
+impl TagQuarantine {
+    /// An operation with `tag` ended; `drained` holds every lane's count now.
+    pub(super) fn ended(&mut self, tag: u32, drained: &[u64]) {
+        // What every lane drained past is over: the list holds what ended lately.
+        self.ended
+            .retain(|(t, at)| *t != tag && !drained_past(at, drained));
+        self.ended.push((tag, drained.into()));
+    }
+
+    /// Whether an operation with `tag` must wait (`drained` as for [`ended`](Self::ended)).
+    pub(super) fn holds(&mut self, tag: u32, drained: &[u64]) -> bool {
+        let Some(i) = self.ended.iter().position(|(t, _)| *t == tag) else {
+            return false;
+        };
+        if drained_past(&self.ended[i].1, drained) {
+            self.ended.swap_remove(i);
+            return false;
+        }
+        true
+    }
+}
+
+/// Every lane drained twice since `at`.
+fn drained_past(at: &[u64], now: &[u64]) -> bool {
+    at.iter().zip(now).all(|(a, n)| n.wrapping_sub(*a) >= 2)
 }
 
 /// Where a thread is pinned, when `RINGCAST_PIN=1`: the rank's threads take consecutive
@@ -228,6 +295,7 @@ pub(super) fn spawn(
     let (tx_note, tx_notes) = mpsc::sync_channel(QUEUE);
     let rx_snap = Shared::default();
     let tx_snap = Shared::default();
+    let rx_drained = Drained::default();
     let rw = RxWorker {
         lane: lane.0,
         port: port.0,
@@ -244,6 +312,7 @@ pub(super) fn spawn(
         socket_drops: 0,
         counts: Vec::new(),
         direct: rx_direct_from_env(),
+        drained: rx_drained.clone(),
     };
     let tw = TxWorker {
         core: TxCore {
@@ -293,6 +362,7 @@ pub(super) fn spawn(
         }
     };
     Ok(LaneLink {
+        rx_drained,
         rx_cmd,
         rx_wake,
         tx_cmd,
@@ -324,6 +394,7 @@ struct RxWorker {
     /// Receive predicted runs in place ([`UdpRx::wait_with`]); `RINGCAST_RX_DIRECT=0` turns
     /// it off.
     direct: bool,
+    drained: Drained,
 }
 
 impl RxWorker {
@@ -341,6 +412,7 @@ impl RxWorker {
                 BACKLOG_RETRY
             };
             if self.wait(wait) == 0 {
+                self.drained.bump();
                 self.publish(false);
                 continue;
             }
@@ -658,6 +730,37 @@ mod tests {
     use super::*;
     use ringcast_core::lane::LaneCommand;
     use ringcast_core::{Config, Rank, Session};
+
+    /// A tag that ended waits until every lane drained twice; other tags never wait; what
+    /// every lane drained past is forgotten when the next operation ends.
+    #[test]
+    fn a_tag_waits_until_every_lane_drained_twice_since_its_end() {
+        let mut q = TagQuarantine::default();
+        assert!(!q.holds(5, &[0, 0]));
+        q.ended(5, &[10, 20]);
+        assert!(q.holds(5, &[10, 20]));
+        assert!(!q.holds(6, &[10, 20]), "another tag");
+        assert!(q.holds(5, &[11, 25]), "lane 0 drained once");
+        assert!(q.holds(5, &[15, 21]), "lane 1 drained once");
+        assert!(!q.holds(5, &[12, 22]));
+        assert!(!q.holds(5, &[12, 22]), "forgotten once free");
+        // Ending the same tag again restarts its wait; ends every lane drained past go.
+        q.ended(7, &[12, 22]);
+        q.ended(5, &[13, 22]);
+        q.ended(5, &[14, 23]);
+        assert_eq!(q.ended.len(), 2, "{:?}", q.ended);
+        assert!(q.holds(5, &[15, 24]));
+        q.ended(8, &[16, 25]);
+        assert_eq!(
+            q.ended.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            [8],
+            "7 and 5 drained past"
+        );
+        // Counts wrap.
+        q.ended(9, &[u64::MAX, 0]);
+        assert!(q.holds(9, &[0, 2]));
+        assert!(!q.holds(9, &[1, 2]));
+    }
 
     /// A port that "sends" every queued chunk of a batch at once and records when.
     #[derive(Default)]
