@@ -20,7 +20,9 @@ use ringcast::{CommError, Communicator};
 
 mod common;
 
-use common::{broadcast_checked, check, e, free_tcp_port, free_udp_port, nonce, pattern, splitmix};
+use common::{
+    broadcast_checked, check, e, free_tcp_port, free_udp_port, nonce, pattern, random_ops, soak_ops,
+};
 
 const RANKS: u32 = 4;
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -457,97 +459,11 @@ fn a_random_mix_all_over_multicast_delivers_every_byte() {
 }
 
 fn random_mix(salt: u64, tcp_threshold: u64) {
-    let ops: u64 = std::env::var("RINGCAST_SOAK_OPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
     let seed = nonce(salt);
     world_with(
         salt,
         move |b| b.tcp_threshold(tcp_threshold),
-        move |comm| {
-            let me = comm.rank();
-            let mut rng = seed;
-            let mut next = move |n: u64| {
-                rng = splitmix(rng);
-                rng % n.max(1)
-            };
-            // Mostly small sizes, log-uniform up to 1 MiB, sometimes empty.
-            let size = |next: &mut dyn FnMut(u64) -> u64| -> usize {
-                if next(16) == 0 {
-                    return 0;
-                }
-                let e = next(20);
-                ((1u64 << e) + next(1 << e)) as usize
-            };
-            let mut done = 0;
-            while done < ops {
-                let batch = 1 + next(5).min(ops - done - 1);
-                let blocking = next(4) == 0;
-                let mut reqs: Vec<(ringcast::Request<u8>, Vec<u8>, String)> = Vec::new();
-                for i in 0..batch {
-                    let salt = seed ^ (done + i) << 8;
-                    match next(3) {
-                        0 => {
-                            let root = next(u64::from(RANKS)) as u32;
-                            let data = pattern(salt, root, size(&mut next));
-                            let mut buf = if me == root {
-                                data.clone()
-                            } else {
-                                vec![0; data.len()]
-                            };
-                            let what =
-                                format!("op {}: broadcast of {} from {root}", done + i, data.len());
-                            if blocking {
-                                comm.broadcast(root, &mut buf)
-                                    .map_err(|x| format!("{what}: {x}"))?;
-                                check(&what, &buf, &data)?;
-                            } else {
-                                reqs.push((comm.ibroadcast(root, buf).map_err(e)?, data, what));
-                            }
-                        }
-                        kind => {
-                            let counts: Vec<usize> = if kind == 1 {
-                                vec![size(&mut next) / 4; RANKS as usize]
-                            } else {
-                                (0..RANKS).map(|_| size(&mut next) / 4).collect()
-                            };
-                            let blocks: Vec<Vec<u8>> = (0..RANKS)
-                                .map(|r| pattern(salt, r, counts[r as usize]))
-                                .collect();
-                            let want = blocks.concat();
-                            let mine = &blocks[me as usize];
-                            let what = format!("op {}: allgather(v) of {counts:?}", done + i);
-                            let mut recv = vec![0; want.len()];
-                            if blocking {
-                                let done = if kind == 1 {
-                                    comm.allgather(mine, &mut recv)
-                                } else {
-                                    comm.allgatherv(mine, &mut recv, &counts)
-                                };
-                                done.map_err(|x| format!("{what}: {x}"))?;
-                                check(&what, &recv, &want)?;
-                            } else {
-                                let req = if kind == 1 {
-                                    comm.iallgather(mine, recv)
-                                } else {
-                                    comm.iallgatherv(mine, recv, &counts)
-                                };
-                                reqs.push((req.map_err(e)?, want, what));
-                            }
-                        }
-                    }
-                }
-                while !reqs.is_empty() {
-                    let i = next(reqs.len() as u64) as usize;
-                    let (req, want, what) = reqs.swap_remove(i);
-                    let got = req.wait().map_err(|x| format!("{what}: {x}"))?;
-                    check(&what, &got, &want)?;
-                }
-                done += batch;
-            }
-            Ok(())
-        },
+        move |comm| random_ops(&comm, seed, soak_ops()),
     );
 }
 

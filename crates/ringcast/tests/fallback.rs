@@ -17,7 +17,7 @@ use ringcast::comm::{BuildError, CommBuilder, Fallback, FallbackReason, OpStats,
 
 mod common;
 
-use common::{broadcast_checked, check, e, free_udp_port, nonce, pattern};
+use common::{broadcast_checked, check, e, free_udp_port, nonce, pattern, random_ops, soak_ops};
 
 const RANKS: u32 = 4;
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -411,4 +411,51 @@ fn the_fallback_setting_must_match() {
     assert_eq!("tcp".parse::<Fallback>(), Ok(Fallback::Tcp));
     assert_eq!(" Off ".parse::<Fallback>(), Ok(Fallback::Off));
     assert!("udp".parse::<Fallback>().is_err());
+}
+
+/// The random mix of `comm.rs` after a failed start-up check: everything over TCP.
+#[test]
+fn a_random_mix_over_the_fallback_delivers_every_byte() {
+    let seed = nonce(20);
+    world(
+        20,
+        |r, b, port| {
+            rank3_elsewhere(r, b, port)
+                .startup_check(Duration::from_millis(800))
+                .fallback(Fallback::Tcp)
+                .tcp_threshold(64 << 10)
+        },
+        move |_, comm| {
+            let comm = comm.map_err(|e| format!("build: {e}"))?;
+            random_ops(&comm, seed, soak_ops())
+        },
+    );
+}
+
+/// The random mix across a switch to TCP: rank 3's multicast silently fails, the loss
+/// window trips during the mix and the ranks agree on a switch point, with operations of
+/// every size and kind in flight around it.
+#[test]
+fn a_random_mix_across_a_switch_to_tcp_delivers_every_byte() {
+    let seed = nonce(21);
+    let modes = world(
+        21,
+        |r, b, port| switching_on_loss(r, b, port).tcp_threshold(64 << 10),
+        move |_, comm| {
+            let comm = comm.map_err(|e| format!("build: {e}"))?;
+            random_ops(&comm, seed, soak_ops())?;
+            Ok(comm.transport_mode())
+        },
+    );
+    assert!(modes.iter().all(|m| *m == modes[0]), "{modes:?}");
+    assert!(
+        matches!(
+            modes[0],
+            TransportMode::Tcp {
+                reason: FallbackReason::Loss { .. },
+                ..
+            }
+        ),
+        "{modes:?}"
+    );
 }

@@ -91,3 +91,99 @@ pub(crate) fn broadcast_checked(
 pub(crate) fn e(x: CommError) -> String {
     x.to_string()
 }
+
+/// How many operations [`random_ops`] runs: `RINGCAST_SOAK_OPS`, 300 by default.
+pub(crate) fn soak_ops() -> u64 {
+    std::env::var("RINGCAST_SOAK_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300)
+}
+
+/// `ops` operations of a random mix drawn from `seed` (the same on every rank): Broadcasts
+/// from any root, Allgathers and Allgathervs (zero-sized blocks included), from 0 bytes to
+/// 1 MiB; posted a few at a time without waiting and waited in a random order, or run
+/// blocking. Every result is checked byte for byte.
+pub(crate) fn random_ops(comm: &Communicator, seed: u64, ops: u64) -> Result<(), String> {
+    let me = comm.rank();
+    let ranks = comm.size();
+    let mut rng = seed;
+    let mut next = move |n: u64| {
+        rng = splitmix(rng);
+        rng % n.max(1)
+    };
+    // Mostly small sizes, log-uniform up to 1 MiB, sometimes empty.
+    let size = |next: &mut dyn FnMut(u64) -> u64| -> usize {
+        if next(16) == 0 {
+            return 0;
+        }
+        let e = next(20);
+        ((1u64 << e) + next(1 << e)) as usize
+    };
+    let mut done = 0;
+    while done < ops {
+        let batch = 1 + next(5).min(ops - done - 1);
+        let blocking = next(4) == 0;
+        let mut reqs: Vec<(ringcast::Request<u8>, Vec<u8>, String)> = Vec::new();
+        for i in 0..batch {
+            let salt = seed ^ (done + i) << 8;
+            match next(3) {
+                0 => {
+                    let root = next(u64::from(ranks)) as u32;
+                    let data = pattern(salt, root, size(&mut next));
+                    let mut buf = if me == root {
+                        data.clone()
+                    } else {
+                        vec![0; data.len()]
+                    };
+                    let what = format!("op {}: broadcast of {} from {root}", done + i, data.len());
+                    if blocking {
+                        comm.broadcast(root, &mut buf)
+                            .map_err(|x| format!("{what}: {x}"))?;
+                        check(&what, &buf, &data)?;
+                    } else {
+                        reqs.push((comm.ibroadcast(root, buf).map_err(e)?, data, what));
+                    }
+                }
+                kind => {
+                    let counts: Vec<usize> = if kind == 1 {
+                        vec![size(&mut next) / 4; ranks as usize]
+                    } else {
+                        (0..ranks).map(|_| size(&mut next) / 4).collect()
+                    };
+                    let blocks: Vec<Vec<u8>> = (0..ranks)
+                        .map(|r| pattern(salt, r, counts[r as usize]))
+                        .collect();
+                    let want = blocks.concat();
+                    let mine = &blocks[me as usize];
+                    let what = format!("op {}: allgather(v) of {counts:?}", done + i);
+                    let mut recv = vec![0; want.len()];
+                    if blocking {
+                        let done = if kind == 1 {
+                            comm.allgather(mine, &mut recv)
+                        } else {
+                            comm.allgatherv(mine, &mut recv, &counts)
+                        };
+                        done.map_err(|x| format!("{what}: {x}"))?;
+                        check(&what, &recv, &want)?;
+                    } else {
+                        let req = if kind == 1 {
+                            comm.iallgather(mine, recv)
+                        } else {
+                            comm.iallgatherv(mine, recv, &counts)
+                        };
+                        reqs.push((req.map_err(e)?, want, what));
+                    }
+                }
+            }
+        }
+        while !reqs.is_empty() {
+            let i = next(reqs.len() as u64) as usize;
+            let (req, want, what) = reqs.swap_remove(i);
+            let got = req.wait().map_err(|x| format!("{what}: {x}"))?;
+            check(&what, &got, &want)?;
+        }
+        done += batch;
+    }
+    Ok(())
+}
