@@ -21,7 +21,8 @@ use ringcast::{CommError, Communicator};
 mod common;
 
 use common::{
-    broadcast_checked, check, e, free_tcp_port, free_udp_port, nonce, pattern, random_ops, soak_ops,
+    broadcast_checked, check, e, free_tcp_port, free_udp_port, ibroadcast_of, nonce, pattern,
+    random_ops, soak_ops,
 };
 
 const RANKS: u32 = 4;
@@ -298,14 +299,7 @@ fn small_operations_run_over_tcp_beside_multicast() {
                 .map(|r| pattern(33, r, counts[r as usize]))
                 .collect();
             let blocks: Vec<Vec<u8>> = (0..RANKS).map(|r| pattern(34, r, 20_000)).collect();
-            let bcast = |root: u32, data: &Vec<u8>| {
-                let buf = if me == root {
-                    data.clone()
-                } else {
-                    vec![0; data.len()]
-                };
-                comm.ibroadcast(root, buf).map_err(e)
-            };
+            let bcast = |root: u32, data: &Vec<u8>| ibroadcast_of(&comm, root, data);
             // Small, large, small, large, small: posted together, waited in another order.
             let r_small = bcast(1, &small_b)?;
             let r_big = bcast(2, &big_b)?;
@@ -373,14 +367,7 @@ fn a_multicast_operation_after_many_tcp_ones_waits_for_a_late_rank() {
             }
             let smalls: Vec<Vec<u8>> = (0..SMALL).map(|i| pattern(40, i as u32, 1000)).collect();
             let big = pattern(41, 0, (1 << 20) + 5);
-            let post = |data: &Vec<u8>| {
-                let buf = if me == 0 {
-                    data.clone()
-                } else {
-                    vec![0; data.len()]
-                };
-                comm.ibroadcast(0, buf).map_err(e)
-            };
+            let post = |data: &Vec<u8>| ibroadcast_of(&comm, 0, data);
             let mut reqs = Vec::new();
             for s in &smalls {
                 reqs.push(post(s)?);
@@ -414,14 +401,7 @@ fn a_multicast_operation_whose_tag_is_in_flight_waits_for_it() {
             if me == 3 {
                 thread::sleep(Duration::from_millis(300));
             }
-            let post = |data: &Vec<u8>| {
-                let buf = if me == 1 {
-                    data.clone()
-                } else {
-                    vec![0; data.len()]
-                };
-                comm.ibroadcast(1, buf).map_err(e)
-            };
+            let post = |data: &Vec<u8>| ibroadcast_of(&comm, 1, data);
             let first = pattern(42, 1, (2 << 20) + 3);
             let second = pattern(43, 1, (1 << 20) + 9);
             let r_first = post(&first)?;
@@ -592,14 +572,7 @@ fn ranks_disagreeing_on_a_length_get_errors_never_other_bytes() {
             let a = pattern(80, 0, lens[me as usize]);
             let big = pattern(81, 0, 1 << 20);
             let small = pattern(82, 0, 4096);
-            let post = |data: &Vec<u8>| {
-                let buf = if me == 0 {
-                    data.clone()
-                } else {
-                    vec![0; data.len()]
-                };
-                comm.ibroadcast(0, buf).map_err(e)
-            };
+            let post = |data: &Vec<u8>| ibroadcast_of(&comm, 0, data);
             let reqs = [post(&a)?, post(&big)?, post(&small)?];
             let mut verdicts = Vec::new();
             for (name, req, want) in [("a", &a, ()), ("big", &big, ()), ("small", &small, ())]

@@ -17,7 +17,9 @@ use ringcast::comm::{BuildError, CommBuilder, Fallback, FallbackReason, OpStats,
 
 mod common;
 
-use common::{broadcast_checked, check, e, free_udp_port, nonce, pattern, random_ops, soak_ops};
+use common::{
+    broadcast_checked, check, e, free_udp_port, ibroadcast_of, nonce, pattern, random_ops, soak_ops,
+};
 
 const RANKS: u32 = 4;
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -346,20 +348,12 @@ fn a_switch_on_loss_keeps_small_operations_on_tcp() {
         |r, b, port| switching_on_loss(r, b, port).tcp_threshold(4096),
         |_, comm| {
             let comm = comm.map_err(|e| format!("build: {e}"))?;
-            let me = comm.rank();
             let mut ops = Vec::new();
             for i in 0..10u32 {
                 let root = i % RANKS;
                 let big = pattern(700 + u64::from(i), root, 256 << 10);
                 let small = pattern(800 + u64::from(i), root, 1000 + i as usize);
-                let post = |data: &Vec<u8>| {
-                    let buf = if me == root {
-                        data.clone()
-                    } else {
-                        vec![0; data.len()]
-                    };
-                    comm.ibroadcast(root, buf).map_err(e)
-                };
+                let post = |data: &Vec<u8>| ibroadcast_of(&comm, root, data);
                 let (rb, rs) = (post(&big)?, post(&small)?);
                 let (got_s, st_s) = rs.wait_with_stats().map_err(e)?;
                 check(&format!("small {i}"), &got_s, &small)?;

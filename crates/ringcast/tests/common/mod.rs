@@ -77,14 +77,30 @@ pub(crate) fn broadcast_checked(
     len: usize,
 ) -> Result<OpStats, String> {
     let want = pattern(salt, root, len);
-    let mut buf = if comm.rank() == root {
-        want.clone()
-    } else {
-        vec![0; len]
-    };
+    let mut buf = broadcast_buffer(comm, root, &want);
     let st = comm.broadcast(root, &mut buf).map_err(e)?;
     check(what, &buf, &want)?;
     Ok(st)
+}
+
+/// This rank's buffer for a Broadcast of `data` from `root`: the data at the root, zeros
+/// elsewhere.
+pub(crate) fn broadcast_buffer(comm: &Communicator, root: u32, data: &[u8]) -> Vec<u8> {
+    if comm.rank() == root {
+        data.to_vec()
+    } else {
+        vec![0; data.len()]
+    }
+}
+
+/// Posts a Broadcast of `data` from `root` ([`broadcast_buffer`]).
+pub(crate) fn ibroadcast_of(
+    comm: &Communicator,
+    root: u32,
+    data: &[u8],
+) -> Result<ringcast::Request<u8>, String> {
+    comm.ibroadcast(root, broadcast_buffer(comm, root, data))
+        .map_err(e)
 }
 
 /// An error as the tests report it.
@@ -131,18 +147,14 @@ pub(crate) fn random_ops(comm: &Communicator, seed: u64, ops: u64) -> Result<(),
                 0 => {
                     let root = next(u64::from(ranks)) as u32;
                     let data = pattern(salt, root, size(&mut next));
-                    let mut buf = if me == root {
-                        data.clone()
-                    } else {
-                        vec![0; data.len()]
-                    };
                     let what = format!("op {}: broadcast of {} from {root}", done + i, data.len());
                     if blocking {
+                        let mut buf = broadcast_buffer(comm, root, &data);
                         comm.broadcast(root, &mut buf)
                             .map_err(|x| format!("{what}: {x}"))?;
                         check(&what, &buf, &data)?;
                     } else {
-                        reqs.push((comm.ibroadcast(root, buf).map_err(e)?, data, what));
+                        reqs.push((ibroadcast_of(comm, root, &data)?, data, what));
                     }
                 }
                 kind => {
