@@ -25,8 +25,9 @@ commands:
   test                        cargo test --workspace --features ringcast/cli
   core-deps                   check that ringcast-core depends on nothing but bitvec (no I/O, no runtime)
   long [--cases N]            long campaigns, not in `ci`: the core's property tests with N cases
-                              (default 20000) and every #[ignore]d long test (e.g. the 1024-rank
-                              Allgather), in release mode
+                              (default 20000), every #[ignore]d long test (e.g. the 1024-rank
+                              Allgather) and 20000 operations of each Communicator random mix,
+                              in release mode
   fuzz [--time SECS] [TARGET...]
                               run each fuzz target (all if none named) for SECS seconds (default 60);
                               needs a nightly toolchain and cargo-fuzz (installed if missing)
@@ -34,9 +35,10 @@ commands:
   figures [--quick|--full]    regenerate the study's tables and plots in docs/figures/ (quick default)
   netns [--ranks N] [--long] [--only NAME,...]
                               the namespace lab (needs root): N ranks (default 4, at most 8) on an
-                              IGMPv3-snooping bridge: correctness, loss, hostile traffic, failures,
-                              fallback, wire checks, mpirun; removes all it created, even on
-                              Ctrl-C; skips with a message where namespaces cannot be created
+                              IGMPv3-snooping bridge: correctness, a random mix, loss, hostile
+                              traffic, failures, fallback, wire checks, mpirun; removes all it
+                              created, even on Ctrl-C; skips with a message where namespaces
+                              cannot be created
   bench-net [--ranks N] [--sizes B,..] [--iters N] [--warmup N] [--losses PCT,..] [--quick]
             [--record]
                               ringcast vs Open MPI over TCP vs the raw multicast ceiling in the
@@ -229,7 +231,18 @@ fn long(root: &Path, cases: u64) -> Result<(), StepError> {
         .env("PROPTEST_CASES", &cases.to_string())
         .run()?;
     let ignored = ["test", "--release", "--workspace", "--", "--ignored"];
-    Step::new(root, &cargo, &ignored, minutes(60)).run()
+    Step::new(root, &cargo, &ignored, minutes(60)).run()?;
+    // The Communicator's random mix (beside multicast, all over multicast, after a failed
+    // start-up check, across a switch to TCP), 20 000 operations each.
+    let mix = [
+        &["test", "--release", "-p", "ringcast"],
+        CLI,
+        &["--test", "comm", "--test", "fallback", "random_mix"],
+    ]
+    .concat();
+    Step::new(root, &cargo, &mix, minutes(60))
+        .env("RINGCAST_SOAK_OPS", "20000")
+        .run()
 }
 
 fn ci(root: &Path) -> Result<(), StepError> {

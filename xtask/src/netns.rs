@@ -1,5 +1,6 @@
 //! `cargo xtask netns`: ringcast on a switched (bridged) fabric of network namespaces:
-//! correctness with several operations in flight, random loss, hostile traffic, killed ranks,
+//! correctness with several operations in flight, a seeded random mix of every kind and size
+//! (small ones over TCP) under loss, random loss, hostile traffic, killed ranks,
 //! blocked control connections, multicast that cannot arrive (and the TCP fallback), wire
 //! checks with tshark and scapy, and Open MPI's mpirun locally and across the namespaces.
 //! See `netns_lab` for the lab and how it is always removed.
@@ -165,6 +166,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
             ("correctness+wire", correctness),
             ("no-offload", no_offload),
             ("small-tcp", small_tcp),
+            ("random-mix", random_mix),
             ("mismatch", mismatch),
             ("loss", loss),
             ("hostile", hostile),
@@ -513,6 +515,59 @@ fn small_tcp(ctx: &Ctx<'_>) -> Result<String, String> {
          sent), Broadcasts and Allgathers over multicast ({datagrams} datagrams), still in \
          multicast mode",
         ops.get("ops").map_or("?", String::as_str),
+    ))
+}
+
+/// The tests' seeded random mix across the namespaces (`lab_rank mix`): Broadcasts from any
+/// root, Allgathers and Allgathervs (zero-sized blocks), 0 B to 1 MiB, the small ones over TCP
+/// and the rest over multicast, a few in flight at once or blocking, with 1 % of the data
+/// datagrams dropped at every rank; byte for byte. 200 operations (2 000 with `--long`).
+fn random_mix(ctx: &Ctx<'_>) -> Result<String, String> {
+    let rule = format!("udp dport {DATA_PORT} numgen random mod 100 < 1 counter drop");
+    for ns in &ctx.lab.ns {
+        ctx.lab.nft(ns, std::slice::from_ref(&rule), &[])?;
+    }
+    let ops = if ctx.long { "2000" } else { "200" };
+    // Any seed, the same on every rank: printed, so that a failure can be replayed.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        .to_string();
+    let mut r = ctx.start(
+        "mix",
+        &["mix", "--ops", ops, "--seed", &seed],
+        &[("RINGCAST_TCP_THRESHOLD", "65536".to_owned())],
+    )?;
+    let done = r.wait_all(Duration::from_secs(180));
+    for ns in &ctx.lab.ns {
+        ctx.lab.nft_clear(ns)?;
+    }
+    let outs = all_checked(&r, ctx.p()).map_err(|e| format!("seed {seed}: {e}"))?;
+    if !done {
+        return Err(format!("seed {seed}: ranks ran past 180 s"));
+    }
+    let after: Vec<HashMap<String, String>> = outs
+        .iter()
+        .filter_map(|o| stats(o).remove("after"))
+        .collect();
+    let sum = |k: &str| after.iter().map(|m| num(m, k)).sum::<u64>();
+    let (tcp, datagrams, fetched) = (sum("tcp_sent"), sum("sent"), sum("fetched"));
+    if after.len() != ctx.p() || tcp == 0 || datagrams == 0 {
+        return Err(format!(
+            "seed {seed}: {} STATS lines, {tcp} bytes over TCP, {datagrams} datagrams: both \
+             paths should carry operations",
+            after.len()
+        ));
+    }
+    let ms = kv(outs[0]
+        .lines()
+        .find(|l| l.starts_with("CHECKED"))
+        .unwrap_or(""))
+    .remove("ms")
+    .unwrap_or_default();
+    Ok(format!(
+        "{ops} random operations per rank byte for byte at 1 % loss in {ms} ms (seed {seed}): \
+         {datagrams} datagrams multicast, {tcp} B over TCP, {fetched} chunks fetched"
     ))
 }
 

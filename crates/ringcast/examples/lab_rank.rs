@@ -14,6 +14,10 @@
 //!   posts), verified, then `STATS` (after).
 //! * `loop --size B --secs T`: Allgathers until one fails or T seconds pass; `RUNNING` after
 //!   the first, `FAILED ...` naming the blamed rank on an error.
+//! * `mix --ops N --seed S`: the tests' seeded random mix (`tests/common`: Broadcasts from
+//!   any root, Allgathers, Allgathervs with zero-sized blocks, 0 B to 1 MiB, posted a few at a
+//!   time and waited in a random order, or blocking), every result verified; `CHECKED`, then
+//!   `STATS`. Every rank must be given the same seed.
 //! * `mismatch --size B`: an erroneous program, then a correct one: a Broadcast of B bytes
 //!   that the last rank posts twice as long, one for which the last rank names rank 1 the
 //!   root; each must fail with `ShapeMismatch` (a `MISMATCH case=... peer=... by=... ms=...`
@@ -30,6 +34,9 @@ use std::time::{Duration, Instant};
 
 use ringcast::comm::{CommBuilder, CommStats, TransportMode};
 use ringcast::{CommError, Communicator, Request};
+
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -82,6 +89,7 @@ fn main() -> ExitCode {
         "hold" => hold(&comm, size, Duration::from_secs(num("--hold-secs", 2))),
         "loop" => run_loop(&comm, size, Duration::from_secs(num("--secs", 30))),
         "mismatch" => mismatch(&comm, size),
+        "mix" => mix(&comm, num("--ops", 200), num("--seed", 1)),
         other => Err(Fail::Other(format!("unknown mode {other}"))),
     };
     match r {
@@ -258,6 +266,17 @@ fn check(comm: &Communicator, rounds: u64, inflight: usize, size: usize) -> Resu
         "CHECKED rank={} ops={} ms={}",
         comm.rank(),
         rounds * inflight as u64,
+        t.elapsed().as_millis()
+    ));
+    stats(comm, "after")
+}
+
+fn mix(comm: &Communicator, ops: u64, seed: u64) -> Result<(), Fail> {
+    let t = Instant::now();
+    common::random_ops(comm, seed, ops).map_err(Fail::Other)?;
+    say(&format!(
+        "CHECKED rank={} ops={ops} ms={}",
+        comm.rank(),
         t.elapsed().as_millis()
     ));
     stats(comm, "after")
