@@ -430,7 +430,7 @@ pub struct TcpControl {
     io: IoMode,
     /// What the I/O thread is told ([`RUN`], [`STOP`], [`HAND_OVER`]), and its poll's waker
     /// (the owner's, inline).
-    stop: Arc<AtomicU8>,
+    io_state: Arc<AtomicU8>,
     io_waker: Arc<mio::Waker>,
 }
 
@@ -716,13 +716,13 @@ impl TcpControl {
             }));
             peers.push(Some(Peer { link, lost: false }));
         }
-        let stop = Arc::new(AtomicU8::new(RUN));
+        let io_state = Arc::new(AtomicU8::new(RUN));
         let io = Io {
             peers: io_peers,
             poll,
             failed: false,
             woken: false,
-            stop: Arc::clone(&stop),
+            io_state: Arc::clone(&io_state),
             owner: to_owner,
             registry: registry.clone(),
             stats: Arc::clone(&stats),
@@ -759,7 +759,7 @@ impl TcpControl {
             departed: Vec::new(),
             waker,
             io,
-            stop,
+            io_state,
             io_waker,
         })
     }
@@ -807,14 +807,14 @@ impl TcpControl {
         let Some(t) = t.take() else {
             return;
         };
-        self.stop.store(HAND_OVER, Ordering::Release);
+        self.io_state.store(HAND_OVER, Ordering::Release);
         let _ = self.io_waker.wake();
         let Ok(Some(mut io)) = t.join() else {
             // Ended on its own (every connection gone, or the poll failed) or panicked: there
             // is nothing to take over, and the owner hears of the lost peers.
             return;
         };
-        self.stop.store(RUN, Ordering::Release);
+        self.io_state.store(RUN, Ordering::Release);
         // The hand-over's wake-up is not the owner's; and inline, arrivals end the owner's
         // poll rather than unparking a thread (whichever thread polled before).
         io.woken = false;
@@ -1135,7 +1135,7 @@ impl Drop for TcpControl {
         for p in self.peers.iter().flatten() {
             p.link.close();
         }
-        self.stop.store(STOP, Ordering::Release);
+        self.io_state.store(STOP, Ordering::Release);
         let _ = self.io_waker.wake();
         if let IoMode::Thread(t) = &mut self.io
             && let Some(t) = t.take()
@@ -1178,7 +1178,7 @@ struct Io {
     failed: bool,
     /// A turn saw the waker's event since the owner last waited (inline I/O).
     woken: bool,
-    stop: Arc<AtomicU8>,
+    io_state: Arc<AtomicU8>,
     owner: Owner,
     registry: Registry,
     stats: Arc<ControlStats>,
@@ -1191,7 +1191,7 @@ impl Io {
     fn run(mut self) -> Option<Io> {
         let mut events = mio::Events::with_capacity(64);
         loop {
-            match self.stop.load(Ordering::Acquire) {
+            match self.io_state.load(Ordering::Acquire) {
                 RUN => {}
                 HAND_OVER => return Some(self),
                 _ => break,
@@ -1793,7 +1793,6 @@ mod tests {
         }
     }
 
-    /// Messages put back come out first, in the order given, then what arrived after them.
     /// `make_inline` takes the I/O thread's connections over while a peer streams frames at
     /// it: every frame, sent before, during or after the hand-over, arrives once, whole and in
     /// order; the mesh then waits through `IoWait`; the peer's loss is still reported; a
@@ -1855,6 +1854,7 @@ mod tests {
         assert!(zero.poll_control(&mut buf).is_none());
     }
 
+    /// Messages put back come out first, in the order given, then what arrived after them.
     #[test]
     fn unread_messages_come_back_first_and_in_order() {
         let mut m = mesh(3, 41);
