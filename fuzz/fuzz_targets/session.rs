@@ -24,7 +24,7 @@
 //! `chunk_size u16` (1 + x % 8192), `max_inflight u8` (1 + x % 8), `send_window u8` (1 + x % 64),
 //! `peer_timeout_us u8` (1 + x), `alpha_us u8`.
 //!
-//! Then steps until the input ends, each `kind u8` (% 10) and its fields. Chunk steps (1, 2)
+//! Then steps until the input ends, each `kind u8` (% 11) and its fields. Chunk steps (1, 2)
 //! only queue the chunk on its lane's receive port; every other step ends with a pump
 //! (budget: every queued chunk), and a last pump runs when the input ends.
 //! * 0 start broadcast: `root u8` (% (ranks + 1): may be out of range), `len u16` (bytes)
@@ -34,9 +34,10 @@
 //! * 2 chunk, raw: `imm u32`, `lane u8` (as in 1), `from u8`, `len u16`
 //! * 3 control, raw bytes: `from u8`, `n u8`, then `n` bytes
 //! * 4 control, well-formed: `from u8`, `kind u8` (% 8), `op u8` (index into started ops; 255:
-//!   the op after the last one), `arg u32` (FetchAck's hops, Abort's and Mismatch's culprit;
-//!   Ready's shape when odd, the operation's own when even), `runs u8` (% 5), then per run
-//!   `start u16`, `len u16`
+//!   the op after the last one started; 254: the next id plus `arg >> 8`, as far ahead as a
+//!   peer that ran operations elsewhere can be), `arg u32` (FetchAck's hops, Abort's and
+//!   Mismatch's culprit; Ready's shape when odd, the operation's own when even), `runs u8`
+//!   (% 5), then per run `start u16`, `len u16`
 //! * 5 read done: `which u8` (index into reads handed out and not reported; 255: an id never
 //!   handed out; 254: an id already reported), `ok u8` (odd: success)
 //! * 6 send done: `lane u8` (% lanes), `which u8` (index into that lane's outstanding
@@ -46,6 +47,8 @@
 //! * 8 start allgather: `n u8` (ranks - 1 + x % 3 sizes: may be the wrong count), then `n` times
 //!   `size u16` (bytes contributed by that rank)
 //! * 9 pump: `budget u8` (chunks per lane; queued ones beyond it wait for the next pump)
+//! * 10 skip: `n u16` ids taken by operations that run elsewhere (`skip_op`): later starts
+//!   may find their tag still in flight (`TagInUse`), messages may come for skipped ids
 #![no_main]
 
 use arbitrary::{Result, Unstructured};
@@ -78,9 +81,11 @@ struct Driver {
     node: Node,
     ports: Mailbox<Sent>,
     now: Instant,
-    /// Started operations: id and the bytes each rank contributes (a Broadcast: only the root).
-    /// Started operations: id, block sizes, shape fingerprint.
+    /// Started operations: id, the bytes each rank contributes (a Broadcast: only the root),
+    /// shape fingerprint.
     ops: Vec<(OpId, Vec<u64>, u32)>,
+    /// The id the node gives the next operation (started or skipped).
+    next_id: u64,
     /// Operations that reported `Completed` or `Failed`.
     ended: BTreeSet<OpId>,
     /// Reads handed out and not reported back.
@@ -126,7 +131,10 @@ impl Driver {
             |e| events.push(e),
         );
         assert!(done.transmits < MAX_DRAIN, "poll_transmit does not run dry");
-        assert!(done.multicasts < MAX_DRAIN, "poll_multicast does not run dry");
+        assert!(
+            done.multicasts < MAX_DRAIN,
+            "poll_multicast does not run dry"
+        );
         assert!(events.len() < MAX_DRAIN, "poll_event does not run dry");
         self.check_placements(&ended_before);
         self.check_multicasts();
@@ -204,10 +212,7 @@ impl Driver {
                 assert!(m.len <= c.chunk_size && m.len > 0);
                 assert!(m.offset >= own);
                 assert!(m.offset + u64::from(m.len) <= own + size);
-                assert_eq!(
-                    m.offset,
-                    own + u64::from(m.chunk) * u64::from(c.chunk_size)
-                );
+                assert_eq!(m.offset, own + u64::from(m.chunk) * u64::from(c.chunk_size));
                 assert_eq!(
                     c.imm.decode(m.imm),
                     Imm {
@@ -257,11 +262,13 @@ impl Driver {
     fn step(&mut self, u: &mut Unstructured<'_>) -> Result<()> {
         let c = self.node.config().clone();
         let ranks = c.ranks;
-        match u.arbitrary::<u8>()? % 10 {
+        match u.arbitrary::<u8>()? % 11 {
             0 => {
                 let root = Rank(u32::from(u.arbitrary::<u8>()?) % (ranks + 1));
                 let len = u64::from(u.arbitrary::<u16>()?);
                 if let Ok(id) = self.node.start_broadcast(self.now, root, len) {
+                    assert_eq!(id.0, self.next_id, "ids go in order");
+                    self.next_id += 1;
                     let mut sizes = vec![0; ranks as usize];
                     sizes[root.index()] = len;
                     self.ops.push((id, sizes, broadcast_shape(root, len)));
@@ -275,6 +282,8 @@ impl Driver {
                 }
                 if let Ok(id) = self.node.start_allgather(self.now, &sizes) {
                     assert_eq!(sizes.len(), ranks as usize, "accepted a wrong sizes count");
+                    assert_eq!(id.0, self.next_id, "ids go in order");
+                    self.next_id += 1;
                     let shape = allgather_shape(&sizes);
                     self.ops.push((id, sizes, shape));
                 }
@@ -314,12 +323,12 @@ impl Driver {
                 let from = Rank(u32::from(u.arbitrary::<u8>()?) % (ranks + 1));
                 let kind = u.arbitrary::<u8>()? % 8;
                 let which = u.arbitrary::<u8>()?;
-                let op = if which == 255 {
-                    self.ops.last().map_or(0, |(id, ..)| id.0 + 1)
-                } else {
-                    self.pick_op(which).0
-                };
                 let arg = u.arbitrary::<u32>()?;
+                let op = match which {
+                    255 => self.ops.last().map_or(0, |(id, ..)| id.0 + 1),
+                    254 => self.next_id + u64::from(arg >> 8),
+                    _ => self.pick_op(which).0,
+                };
                 let n = u.arbitrary::<u8>()? % 5;
                 let mut runs = Vec::new();
                 for _ in 0..n {
@@ -358,11 +367,15 @@ impl Driver {
                 let ok = u.arbitrary::<u8>()? % 2 == 1;
                 let id = match which {
                     // Never handed out (ids only grow; this one is past every id so far).
-                    255 => Some(ReadId(self.last_read.map_or(0, |r| r.0).wrapping_add(1 << 32))),
+                    255 => Some(ReadId(
+                        self.last_read.map_or(0, |r| r.0).wrapping_add(1 << 32),
+                    )),
                     254 => self.reported.last().copied(),
                     _ if self.reads.is_empty() => None,
                     _ => {
-                        let id = self.reads.swap_remove(usize::from(which) % self.reads.len());
+                        let id = self
+                            .reads
+                            .swap_remove(usize::from(which) % self.reads.len());
                         if self.reported.len() < MAX_READS {
                             self.reported.push(id);
                         }
@@ -402,10 +415,16 @@ impl Driver {
                 };
                 self.now = next;
             }
-            _ => {
+            9 => {
                 let budget = usize::from(u.arbitrary::<u8>()?);
                 self.pump(budget);
                 return Ok(());
+            }
+            _ => {
+                for _ in 0..u.arbitrary::<u16>()? {
+                    assert_eq!(self.node.skip_op().0, self.next_id, "ids go in order");
+                    self.next_id += 1;
+                }
             }
         }
         self.pump_all();
@@ -452,6 +471,7 @@ fn run(data: &[u8]) -> Result<()> {
         ports: mailbox(lanes),
         now: Instant::ZERO,
         ops: Vec::new(),
+        next_id: 0,
         ended: BTreeSet::new(),
         reads: Vec::new(),
         reported: Vec::new(),

@@ -7,6 +7,7 @@
 
 use crate::run::StepError;
 use ringcast_core::wire::{ChunkRun, ControlRepr, ImmLayout, RunList};
+use ringcast_core::{Rank, broadcast_shape};
 use std::path::Path;
 
 /// Writes every seed file, replacing the `seed-*` files already there.
@@ -132,9 +133,13 @@ impl Script {
         self
     }
     /// A control message of `kind` (0 Ready, 1 Go, 2 Fetch, 3 FetchAck, 4 FetchNack, 5 Fin).
-    fn control(mut self, from: u8, kind: u8, op: u8, runs: &[(u16, u16)]) -> Self {
+    fn control(self, from: u8, kind: u8, op: u8, runs: &[(u16, u16)]) -> Self {
+        self.control_arg(from, kind, op, 0, runs)
+    }
+    /// [`control`](Self::control) with `arg` (a Ready's shape, an Abort's culprit, ...).
+    fn control_arg(mut self, from: u8, kind: u8, op: u8, arg: u32, runs: &[(u16, u16)]) -> Self {
         self.0.extend_from_slice(&[4, from, kind, op]);
-        self.0.extend_from_slice(&0u32.to_le_bytes());
+        self.0.extend_from_slice(&arg.to_le_bytes());
         self.0.push(runs.len() as u8);
         for &(s, l) in runs {
             self.0.extend_from_slice(&s.to_le_bytes());
@@ -169,6 +174,12 @@ impl Script {
     }
     fn next_timeout(mut self) -> Self {
         self.0.extend_from_slice(&[7, 1, 0, 0, 0, 0]);
+        self
+    }
+    /// Skips `n` ids (operations that ran elsewhere).
+    fn skip(mut self, n: u16) -> Self {
+        self.0.push(10);
+        self.0.extend_from_slice(&n.to_le_bytes());
         self
     }
 }
@@ -266,8 +277,22 @@ fn session_seeds() -> Vec<(String, Vec<u8>)> {
         .chunk(0, 2, 1, 2)
         .next_timeout();
 
+    // Rank 0 of 2 is the root of a Broadcast, then 4095 ids run elsewhere: the next
+    // Broadcast has the first one's tag and cannot start. The leaf's Ready for it comes first
+    // (4096 ids ahead of the first), the leaf aborts the first (naming itself), and the second
+    // starts and goes on at once.
+    let skipped = Script::new(2, 0, 1, 1024)
+        .start(0, 4096)
+        .skip(4095)
+        .start(0, 1024)
+        .control_arg(1, 0, 254, broadcast_shape(Rank(0), 1024), &[])
+        .control_arg(1, 6, 0, 1, &[])
+        .start(0, 1024)
+        .send_done(0, 1);
+
     [
         ("leaf", leaf),
+        ("skipped-ids", skipped),
         ("allgather", allgather),
         ("lossy-leaf", lossy),
         ("root", root),
