@@ -251,7 +251,7 @@ impl Engine {
             lost: Vec::new(),
             blame: Blame::default(),
             next_op: 0,
-            quarantine: TagQuarantine::default(),
+            quarantine: TagQuarantine::new(config.peer_timeout),
             clock: Clock(StdInstant::now()),
             buf: Vec::new(),
             completed: 0,
@@ -372,7 +372,10 @@ impl Engine {
                 return;
             }
             let tag = self.session.config().imm.tag_of(self.next_op);
-            if self.quarantine.holds(tag, &self.drained()) {
+            if self
+                .quarantine
+                .holds(tag, &self.drained(), StdInstant::now())
+            {
                 tracing::trace!(
                     op = self.next_op,
                     tag,
@@ -572,7 +575,7 @@ impl Engine {
         };
         let tag = self.session.config().imm.tag_of(op.0);
         let drained = self.drained();
-        self.quarantine.ended(tag, &drained);
+        self.quarantine.ended(tag, &drained, StdInstant::now());
         // What the application is told, decided once.
         let told = verdict.err().map(|e| self.told(e));
         // A rank that failed names the culprit of later losses; one that posted another

@@ -175,26 +175,41 @@ impl Drained {
 /// for its own. Waiting until every receive worker has read its socket empty after the end
 /// (and before this rank says it is ready, so that no chunk of the new one can be queued yet)
 /// leaves nothing of the old one behind but datagrams still on the wire.
-#[derive(Debug, Default)]
+///
+/// A wait never outlasts `max` (the peer timeout): a receive worker that stopped (it
+/// panicked) never drains again, and the operation must still start, and fail, in time.
+#[derive(Debug)]
 pub(super) struct TagQuarantine {
-    ended: Vec<(u32, Box<[u64]>)>,
+    ended: Vec<(u32, Box<[u64]>, StdInstant)>,
+    max: Duration,
 }
 
 impl TagQuarantine {
-    /// An operation with `tag` ended; `drained` holds every lane's count now.
-    pub(super) fn ended(&mut self, tag: u32, drained: &[u64]) {
-        // What every lane drained past is over: the list holds what ended lately.
-        self.ended
-            .retain(|(t, at)| *t != tag && !drained_past(at, drained));
-        self.ended.push((tag, drained.into()));
+    pub(super) fn new(max: Duration) -> Self {
+        TagQuarantine {
+            ended: Vec::new(),
+            max,
+        }
     }
 
-    /// Whether an operation with `tag` must wait (`drained` as for [`ended`](Self::ended)).
-    pub(super) fn holds(&mut self, tag: u32, drained: &[u64]) -> bool {
-        let Some(i) = self.ended.iter().position(|(t, _)| *t == tag) else {
+    /// An operation with `tag` ended at `now`; `drained` holds every lane's count now.
+    pub(super) fn ended(&mut self, tag: u32, drained: &[u64], now: StdInstant) {
+        // What every lane drained past is over: the list holds what ended lately.
+        let max = self.max;
+        self.ended.retain(|(t, at, when)| {
+            *t != tag && !drained_past(at, drained) && now.duration_since(*when) < max
+        });
+        self.ended.push((tag, drained.into(), now));
+    }
+
+    /// Whether an operation with `tag` must wait (`drained` and `now` as for
+    /// [`ended`](Self::ended)).
+    pub(super) fn holds(&mut self, tag: u32, drained: &[u64], now: StdInstant) -> bool {
+        let Some(i) = self.ended.iter().position(|(t, ..)| *t == tag) else {
             return false;
         };
-        if drained_past(&self.ended[i].1, drained) {
+        let (_, at, when) = &self.ended[i];
+        if drained_past(at, drained) || now.duration_since(*when) >= self.max {
             self.ended.swap_remove(i);
             return false;
         }
@@ -735,31 +750,43 @@ mod tests {
     /// every lane drained past is forgotten when the next operation ends.
     #[test]
     fn a_tag_waits_until_every_lane_drained_twice_since_its_end() {
-        let mut q = TagQuarantine::default();
-        assert!(!q.holds(5, &[0, 0]));
-        q.ended(5, &[10, 20]);
-        assert!(q.holds(5, &[10, 20]));
-        assert!(!q.holds(6, &[10, 20]), "another tag");
-        assert!(q.holds(5, &[11, 25]), "lane 0 drained once");
-        assert!(q.holds(5, &[15, 21]), "lane 1 drained once");
-        assert!(!q.holds(5, &[12, 22]));
-        assert!(!q.holds(5, &[12, 22]), "forgotten once free");
+        let t = StdInstant::now();
+        let mut q = TagQuarantine::new(Duration::from_secs(5));
+        assert!(!q.holds(5, &[0, 0], t));
+        q.ended(5, &[10, 20], t);
+        assert!(q.holds(5, &[10, 20], t));
+        assert!(!q.holds(6, &[10, 20], t), "another tag");
+        assert!(q.holds(5, &[11, 25], t), "lane 0 drained once");
+        assert!(q.holds(5, &[15, 21], t), "lane 1 drained once");
+        assert!(!q.holds(5, &[12, 22], t));
+        assert!(!q.holds(5, &[12, 22], t), "forgotten once free");
         // Ending the same tag again restarts its wait; ends every lane drained past go.
-        q.ended(7, &[12, 22]);
-        q.ended(5, &[13, 22]);
-        q.ended(5, &[14, 23]);
+        q.ended(7, &[12, 22], t);
+        q.ended(5, &[13, 22], t);
+        q.ended(5, &[14, 23], t);
         assert_eq!(q.ended.len(), 2, "{:?}", q.ended);
-        assert!(q.holds(5, &[15, 24]));
-        q.ended(8, &[16, 25]);
+        assert!(q.holds(5, &[15, 24], t));
+        q.ended(8, &[16, 25], t);
         assert_eq!(
-            q.ended.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            q.ended.iter().map(|(t, ..)| *t).collect::<Vec<_>>(),
             [8],
             "7 and 5 drained past"
         );
         // Counts wrap.
-        q.ended(9, &[u64::MAX, 0]);
-        assert!(q.holds(9, &[0, 2]));
-        assert!(!q.holds(9, &[1, 2]));
+        q.ended(9, &[u64::MAX, 0], t);
+        assert!(q.holds(9, &[0, 2], t));
+        assert!(!q.holds(9, &[1, 2], t));
+        // A lane that never drains again (its worker stopped) holds a tag for `max` at most.
+        q.ended(10, &[3, 3], t);
+        assert!(q.holds(10, &[3, 9], t + Duration::from_millis(4_999)));
+        assert!(!q.holds(10, &[3, 9], t + Duration::from_secs(5)));
+        q.ended(11, &[3, 9], t);
+        q.ended(12, &[3, 9], t + Duration::from_secs(6));
+        assert_eq!(
+            q.ended.iter().map(|(t, ..)| *t).collect::<Vec<_>>(),
+            [12],
+            "11 is past `max`"
+        );
     }
 
     /// A port that "sends" every queued chunk of a batch at once and records when.
