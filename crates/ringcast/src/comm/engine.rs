@@ -44,8 +44,9 @@
 //!   (12 of them). Ids of the operations that ran over TCP are skipped, so a tag can come around
 //!   within a few multicast operations: the next operation waits while one with its tag is in
 //!   flight ([`Session::can_start`]), and after one with its tag ended here until every
-//!   receive worker has read its socket empty since (`TagQuarantine`), before its `Open` and
-//!   its `Ready`: no lane ever takes one operation's queued chunks for another's.
+//!   receive worker has read its socket empty since (`TagQuarantine`; at most the peer
+//!   timeout), before its `Open` and its `Ready`: no lane ever takes one operation's queued
+//!   chunks for another's.
 //!
 //! ## Sleeping
 //! Nothing spins. The control thread parks until the session's next timer; every input
