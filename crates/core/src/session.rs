@@ -21,8 +21,10 @@ struct Early {
     activate: BitVec<u64, Lsb0>,
     /// The first `Abort` or `Mismatch`, as the error it gives.
     abort: Option<OpError>,
-    /// The ranks that sent anything kept here.
-    senders: BitVec<u64, Lsb0>,
+    /// The ranks that sent a `Ready` or an `Activate` kept here (they started the operation).
+    started: BitVec<u64, Lsb0>,
+    /// The ranks that sent an `Abort` or a `Mismatch` kept here (they ended it).
+    ended: BitVec<u64, Lsb0>,
 }
 
 /// How many operations that ended without a barrier here (skipped, or empty) a session
@@ -366,14 +368,21 @@ impl Session {
         // How far ahead a peer may be is not bounded: this rank takes the ids of operations
         // that run elsewhere ([`Self::skip_op`]) only as it posts them, so a peer that ran a
         // thousand of them over TCP and then started one here is a thousand ids ahead of this
-        // session. What is bounded is how many operations one peer has started that this rank
-        // has not: none completes before every rank started it (its barrier), so at most
-        // `window` (with the same limits everywhere). Beyond that, from one sender, it is
-        // noise: dropped, so what is kept stays within `ranks * window` entries.
+        // session. What is bounded is how many operations one peer has in flight that this
+        // rank has not started: none completes before every rank started it (its barrier), so
+        // at most `window` (with the same limits everywhere), whose `Ready`s and `Activate`s
+        // are kept. Its failures are not bounded so (a failed operation is over there): they
+        // are kept apart, at most `window` of them too, so that they never crowd out a
+        // `Ready`; one dropped only costs the fast failure. Beyond that, from one sender, it
+        // is noise: dropped, so what is kept stays within `2 * ranks * window` entries.
+        let aborting = matches!(keep, EarlyKind::Abort(_));
         let from_sender = self
             .early
             .iter()
-            .filter(|e| e.seq != seq && e.senders[from.index()])
+            .filter(|e| {
+                let kind = if aborting { &e.ended } else { &e.started };
+                e.seq != seq && kind[from.index()]
+            })
             .count();
         if from_sender as u64 >= window {
             bump(&mut self.stats.control_unexpected);
@@ -388,12 +397,17 @@ impl Session {
                     ready: Vec::new(),
                     activate: bitvec![u64, Lsb0; 0; ranks],
                     abort: None,
-                    senders: bitvec![u64, Lsb0; 0; ranks],
+                    started: bitvec![u64, Lsb0; 0; ranks],
+                    ended: bitvec![u64, Lsb0; 0; ranks],
                 });
                 self.early.last_mut().expect("just pushed")
             }
         };
-        e.senders.set(from.index(), true);
+        if aborting {
+            e.ended.set(from.index(), true);
+        } else {
+            e.started.set(from.index(), true);
+        }
         match keep {
             EarlyKind::Ready(shape) => {
                 if e.ready.iter().any(|&(r, _)| r == from) {

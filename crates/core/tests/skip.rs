@@ -67,7 +67,8 @@ fn skipped_ids_are_never_started_and_their_messages_are_stale() {
 /// A peer that ran many operations elsewhere (and skipped their ids) is that many ids ahead of
 /// a rank that has not posted them yet: its `Ready` for the next collective is kept however
 /// far ahead it is, and the collective goes on as soon as this rank starts it. What one peer
-/// can leave here is bounded by the operations it may have in flight, not by distance.
+/// can leave here is bounded by the operations it may have in flight, not by distance (and its
+/// failures apart, alike).
 #[test]
 fn a_ready_far_ahead_is_kept_and_one_peer_keeps_at_most_a_window() {
     const AHEAD: u64 = 5_000;
@@ -104,6 +105,22 @@ fn a_ready_far_ahead_is_kept_and_one_peer_keeps_at_most_a_window() {
     assert_eq!(n.stats().control_unexpected, unexpected);
     n.handle_control(now, Rank(1), &ready(base + 3 * window));
     assert_eq!(n.stats().control_unexpected, unexpected + 1);
+    // Its failures are kept apart: a full window of `Ready`s does not crowd them out, nor
+    // they the `Ready`s; they are bounded alike.
+    let abort = |op: u64| {
+        let mut v = Vec::new();
+        ControlRepr::Abort { op, culprit: 1 }
+            .emit_vec(&mut v)
+            .unwrap();
+        v
+    };
+    let far = base + 10 * window;
+    for k in 0..window {
+        n.handle_control(now, Rank(1), &abort(far + k));
+    }
+    assert_eq!(n.stats().control_unexpected, unexpected + 1);
+    n.handle_control(now, Rank(1), &abort(far + window));
+    assert_eq!(n.stats().control_unexpected, unexpected + 2);
 }
 
 /// Ids skipped while a collective is in flight can bring the next id's immediate tag around
