@@ -426,8 +426,12 @@ impl RxWorker {
             } else {
                 BACKLOG_RETRY
             };
+            let errors = self.port.errors;
             if self.wait(wait) == 0 {
-                self.drained.bump();
+                // Nothing held: the socket was found empty, unless the read failed.
+                if self.port.errors == errors {
+                    self.drained.bump();
+                }
                 self.publish(false);
                 continue;
             }
