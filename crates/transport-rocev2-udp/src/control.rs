@@ -825,6 +825,22 @@ impl TcpControl {
         tracing::debug!(rank = self.rank.0, "control mesh: I/O now inline");
     }
 
+    /// Sets the longest frame accepted and the longest read served from now on
+    /// ([`ControlConfig::max_frame`], [`ControlConfig::max_read`]), on an inline mesh (a mesh
+    /// whose owner now uses it for something else than it was connected for: the engine's,
+    /// handed to the TCP fallback, takes pieces and serves no reads). False, and nothing
+    /// changed, with an I/O thread.
+    pub fn set_limits(&mut self, max_frame: usize, max_read: u64) -> bool {
+        let IoMode::Inline(io, _) = &mut self.io else {
+            return false;
+        };
+        for cfg in [&mut self.cfg, &mut io.cfg] {
+            cfg.max_frame = max_frame;
+            cfg.max_read = max_read;
+        }
+        true
+    }
+
     /// A wait on this mesh that does not borrow it ([`IoWait`]), for an inline mesh
     /// ([`ControlConfig::inline_io`]) whose owner is shared under a lock; `None` with an I/O
     /// thread (which wakes the owner's thread, see [`wake_on_arrival`](Self::wake_on_arrival)),
@@ -1852,6 +1868,43 @@ mod tests {
             zero.poll_io(Duration::from_millis(100));
         }
         assert!(zero.poll_control(&mut buf).is_none());
+    }
+
+    /// Limits set on an inline mesh hold from then on: a frame longer than the new limit ends
+    /// the connection as malformed, and a read longer than it is refused. A mesh with an I/O
+    /// thread keeps the limits it was connected with.
+    #[test]
+    fn limits_set_on_an_inline_mesh_hold_from_then_on() {
+        let mut m = mesh_io(2, 95, |r| r == 0);
+        let mut one = m.pop().expect("rank 1");
+        let mut zero = m.pop().expect("rank 0");
+        assert!(!one.set_limits(100, 0), "an I/O thread's mesh");
+        assert!(zero.set_limits(100, 0));
+        assert_eq!(zero.max_read(), 0);
+        let mut buf = Vec::new();
+        // A read from rank 0's buffer, now longer than it serves: refused.
+        zero.registry().register(OpId(4), OpBuffer::zeroed(64));
+        one.read(&req(1, 0, 4, 0, 8));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let got = loop {
+            zero.poll_io(Duration::from_millis(10));
+            while zero.poll_control(&mut buf).is_some() {}
+            if let Some(i) = one.poll_control(&mut buf) {
+                break i;
+            }
+            assert!(Instant::now() < deadline, "no answer");
+        };
+        assert!(
+            matches!(got, ControlInput::ReadDone { result: Err(_), .. }),
+            "{got:?}"
+        );
+        // A frame within the old limit and beyond the new one: the connection ends.
+        one.send_control(Rank(0), &[7; 200]);
+        while zero.take_lost().is_none() {
+            assert!(Instant::now() < deadline, "loss not seen");
+            zero.poll_io(Duration::from_millis(10));
+        }
+        assert_eq!(zero.stats().malformed.load(Ordering::Relaxed), 1);
     }
 
     /// Messages put back come out first, in the order given, then what arrived after them.

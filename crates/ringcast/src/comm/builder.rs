@@ -573,8 +573,10 @@ impl CommBuilder {
             );
             drop((rx, tx, fb_listener));
             // The dispatcher is now the mesh's only reader: it and the threads waiting for
-            // its operations read the connections themselves, as on the second mesh.
+            // its operations read the connections themselves, as on the second mesh, whose
+            // limits it takes too (pieces; no recovery reads).
             control.make_inline();
+            control.set_limits(FALLBACK_MAX_FRAME, 0);
             let mode = TransportMode::Tcp {
                 from_op: 0,
                 reason: FallbackReason::StartupCheck,
@@ -610,7 +612,7 @@ impl CommBuilder {
                     .collect::<Result<Vec<_>, _>>()?;
                 let mut fc = ControlConfig::new(nonce ^ FALLBACK_NONCE);
                 fc.max_read = 0;
-                fc.max_frame = fallback::PIECE + 64;
+                fc.max_frame = FALLBACK_MAX_FRAME;
                 fc.connect_timeout = self.connect_timeout;
                 // Only the dispatcher waits on it, and it serves no reads: the dispatcher
                 // reads it itself (no I/O thread to wake it for every piece).
@@ -689,6 +691,9 @@ fn ensure_files(ranks: u32, meshes: u32, lanes: u16) -> Result<(), BuildError> {
 
 /// How long a rank whose build fails lets its last control frames flush.
 const PROBE_LINGER: Duration = Duration::from_secs(1);
+
+/// The longest frame on the TCP fallback's mesh: a piece and its header.
+const FALLBACK_MAX_FRAME: usize = fallback::PIECE + 64;
 
 /// Tells the fallback mesh's hellos from the control mesh's.
 const FALLBACK_NONCE: u64 = 0x6661_6c6c_6261_636b; // "fallback"
