@@ -1495,9 +1495,23 @@ impl Dispatcher {
                 tracing::debug!(op = k, "fallback: message of a finished operation ignored");
             }
             None if self.piece_elsewhere(k, from) => {}
+            None if self.long_over(k) => {
+                tracing::debug!(
+                    op = k,
+                    "fallback: message of an operation long over ignored"
+                );
+            }
             None => self.early.entry(k).or_default().push((from, msg)),
         }
         self.reap();
+    }
+
+    /// Whether operation `k`, neither running here nor among the last ended ones, is over
+    /// here all the same: posts reach the dispatcher in order, so one below the next TCP
+    /// operation to start either started and ended long ago, or ran over multicast, unless it
+    /// is held for a switch. Its messages would wait as early for a start that never comes.
+    fn long_over(&self, k: u64) -> bool {
+        k < self.next_tcp && !self.held.iter().any(|(h, _)| *h == k)
     }
 
     /// Takes a piece ([`Self::place`]) or a clear-to-send ([`Self::cleared`]) from `from`
@@ -2195,6 +2209,52 @@ mod tests {
             start(c, m, None, FROM_START).expect("start")
         })
         .collect()
+    }
+
+    /// A piece of an operation that ended here long ago (beyond the window of ended ones) is
+    /// dropped, not kept for a start that never comes; one of an operation not posted yet is
+    /// kept.
+    #[test]
+    fn a_piece_of_an_operation_long_over_is_not_kept() {
+        let hs = dispatchers_with(2, PIECE, |r| r == 1);
+        for i in 0..ENDED_KEEP as u64 + 2 {
+            let reqs: Vec<_> = hs
+                .iter()
+                .map(|h| {
+                    let kind = Kind::Broadcast { root: 0 };
+                    h.post::<u8>(kind, vec![i as u8; 8], None, tracing::Span::none())
+                        .expect("post")
+                })
+                .collect();
+            for r in reqs {
+                assert_eq!(r.wait().expect("broadcast"), vec![i as u8; 8]);
+            }
+        }
+        let piece = |op: u64| {
+            let mut b = vec![KIND_PIECE, 0, 0, 0];
+            b.extend_from_slice(&0u32.to_be_bytes());
+            b.extend_from_slice(&op.to_be_bytes());
+            b.extend_from_slice(&0u64.to_be_bytes());
+            b.extend_from_slice(&broadcast_shape(Rank(0), 8).to_be_bytes());
+            b.extend_from_slice(&[9; 8]);
+            b
+        };
+        if let Some(d) = hs[1].progress.lock().as_mut() {
+            d.mesh.send_control(Rank(0), &piece(0));
+            d.mesh.send_control(Rank(0), &piece(1 << 20));
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(d) = hs[0].progress.lock().as_mut() {
+                d.turn();
+                if d.early.contains_key(&(1 << 20)) {
+                    assert!(!d.early.contains_key(&0), "operation 0 is long over");
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "the pieces never arrived");
+            thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Rank 1's start-up check took rank 0's first piece off the mesh (rank 0 finished its
