@@ -2093,7 +2093,8 @@ impl Dispatcher {
 
     /// A peer gave up on operation `k`: it fails here too with `e` (now, or when it starts).
     fn aborted(&mut self, k: u64, e: CommError) {
-        if self.ended.contains(&k) || self.elsewhere.iter().any(|&(x, _)| x == k) {
+        let over = self.ended.contains(&k) || self.elsewhere.iter().any(|&(x, _)| x == k);
+        if over || (self.long_over(k) && !self.active.iter().any(|o| o.k == k)) {
             return;
         }
         match self.active.iter().position(|o| o.k == k) {
@@ -2211,9 +2212,9 @@ mod tests {
         .collect()
     }
 
-    /// A piece of an operation that ended here long ago (beyond the window of ended ones) is
-    /// dropped, not kept for a start that never comes; one of an operation not posted yet is
-    /// kept.
+    /// A piece or an abort of an operation that ended here long ago (beyond the window of
+    /// ended ones) is dropped, not kept for a start that never comes; those of an operation not
+    /// posted yet are kept.
     #[test]
     fn a_piece_of_an_operation_long_over_is_not_kept() {
         let hs = dispatchers_with(2, PIECE, |r| r == 1);
@@ -2240,15 +2241,19 @@ mod tests {
             b
         };
         if let Some(d) = hs[1].progress.lock().as_mut() {
-            d.mesh.send_control(Rank(0), &piece(0));
-            d.mesh.send_control(Rank(0), &piece(1 << 20));
+            for op in [0, 1 << 20] {
+                d.mesh.send_control(Rank(0), &piece(op));
+                d.mesh
+                    .send_control(Rank(0), &abort_message(ABORT_MISMATCH, 1, op));
+            }
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(d) = hs[0].progress.lock().as_mut() {
                 d.turn();
-                if d.early.contains_key(&(1 << 20)) {
+                if d.early.contains_key(&(1 << 20)) && d.aborts.contains_key(&(1 << 20)) {
                     assert!(!d.early.contains_key(&0), "operation 0 is long over");
+                    assert!(!d.aborts.contains_key(&0), "operation 0 is long over");
                     break;
                 }
             }
