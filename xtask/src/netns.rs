@@ -456,16 +456,48 @@ fn correctness(ctx: &Ctx<'_>) -> Result<String, String> {
     ))
 }
 
+/// The nft input rule that drops `pct` % of the data datagrams at random.
+fn drop_data(pct: u32) -> String {
+    format!("udp dport {DATA_PORT} numgen random mod 100 < {pct} counter drop")
+}
+
+/// Every rank's `STATS when=after` line.
+struct After(Vec<HashMap<String, String>>);
+
+impl After {
+    /// `k` summed over the ranks.
+    fn sum(&self, k: &str) -> u64 {
+        self.0.iter().map(|m| num(m, k)).sum()
+    }
+}
+
+/// Every rank's `STATS when=after` line, and what went over TCP (bytes sent) and over
+/// multicast (datagrams sent) summed over them; an error unless every rank reported and both
+/// paths carried operations.
+fn both_paths(ctx: &Ctx<'_>, outs: &[String]) -> Result<(After, u64, u64), String> {
+    let after = After(
+        outs.iter()
+            .filter_map(|o| stats(o).remove("after"))
+            .collect(),
+    );
+    let (tcp, datagrams) = (after.sum("tcp_sent"), after.sum("sent"));
+    if after.0.len() != ctx.p() || tcp == 0 || datagrams == 0 {
+        return Err(format!(
+            "{} STATS lines, {tcp} bytes over TCP, {datagrams} datagrams: both paths should \
+             carry operations",
+            after.0.len()
+        ));
+    }
+    Ok((after, tcp, datagrams))
+}
+
 /// Small operations over TCP beside multicast, on the bridge: with the TCP threshold one byte
 /// below the 64 KiB size, the Broadcasts and Allgathers (64 KiB in all) multicast while the
 /// Allgathervs (zero-sized blocks, less in all) run over TCP trees, 6 in flight at once, with
 /// 1 % of the data datagrams dropped at every rank; byte for byte, both paths used, the
 /// communicator still in multicast mode.
 fn small_tcp(ctx: &Ctx<'_>) -> Result<String, String> {
-    let rule = format!("udp dport {DATA_PORT} numgen random mod 100 < 1 counter drop");
-    for ns in &ctx.lab.ns {
-        ctx.lab.nft(ns, std::slice::from_ref(&rule), &[])?;
-    }
+    ctx.lab.nft_input_all(&drop_data(1))?;
     let mut r = ctx.start(
         "small",
         &[
@@ -480,27 +512,14 @@ fn small_tcp(ctx: &Ctx<'_>) -> Result<String, String> {
         &[("RINGCAST_TCP_THRESHOLD", "65535".to_owned())],
     )?;
     let done = r.wait_all(Duration::from_secs(120));
-    for ns in &ctx.lab.ns {
-        ctx.lab.nft_clear(ns)?;
-    }
+    ctx.lab.nft_clear_all()?;
     let outs = all_checked(&r, ctx.p())?;
     if !done {
         return Err("ranks ran past 120 s".to_owned());
     }
-    let after: Vec<HashMap<String, String>> = outs
-        .iter()
-        .filter_map(|o| stats(o).remove("after"))
-        .collect();
-    let sum = |k: &str| after.iter().map(|m| num(m, k)).sum::<u64>();
-    let (tcp, datagrams) = (sum("tcp_sent"), sum("sent"));
-    if after.len() != ctx.p() || tcp == 0 || datagrams == 0 {
-        return Err(format!(
-            "{} STATS lines, {tcp} bytes over TCP, {datagrams} datagrams: both paths should \
-             carry operations",
-            after.len()
-        ));
-    }
+    let (after, tcp, datagrams) = both_paths(ctx, &outs)?;
     if let Some(m) = after
+        .0
         .iter()
         .find(|m| m.get("mode").map(String::as_str) != Some("multicast"))
     {
@@ -523,10 +542,7 @@ fn small_tcp(ctx: &Ctx<'_>) -> Result<String, String> {
 /// and the rest over multicast, a few in flight at once or blocking, with 1 % of the data
 /// datagrams dropped at every rank; byte for byte. 200 operations (2 000 with `--long`).
 fn random_mix(ctx: &Ctx<'_>) -> Result<String, String> {
-    let rule = format!("udp dport {DATA_PORT} numgen random mod 100 < 1 counter drop");
-    for ns in &ctx.lab.ns {
-        ctx.lab.nft(ns, std::slice::from_ref(&rule), &[])?;
-    }
+    ctx.lab.nft_input_all(&drop_data(1))?;
     let ops = if ctx.long { "2000" } else { "200" };
     // Any seed, the same on every rank: printed, so that a failure can be replayed.
     let seed = std::time::SystemTime::now()
@@ -539,26 +555,14 @@ fn random_mix(ctx: &Ctx<'_>) -> Result<String, String> {
         &[("RINGCAST_TCP_THRESHOLD", "65536".to_owned())],
     )?;
     let done = r.wait_all(Duration::from_secs(180));
-    for ns in &ctx.lab.ns {
-        ctx.lab.nft_clear(ns)?;
-    }
+    ctx.lab.nft_clear_all()?;
     let outs = all_checked(&r, ctx.p()).map_err(|e| format!("seed {seed}: {e}"))?;
     if !done {
         return Err(format!("seed {seed}: ranks ran past 180 s"));
     }
-    let after: Vec<HashMap<String, String>> = outs
-        .iter()
-        .filter_map(|o| stats(o).remove("after"))
-        .collect();
-    let sum = |k: &str| after.iter().map(|m| num(m, k)).sum::<u64>();
-    let (tcp, datagrams, fetched) = (sum("tcp_sent"), sum("sent"), sum("fetched"));
-    if after.len() != ctx.p() || tcp == 0 || datagrams == 0 {
-        return Err(format!(
-            "seed {seed}: {} STATS lines, {tcp} bytes over TCP, {datagrams} datagrams: both \
-             paths should carry operations",
-            after.len()
-        ));
-    }
+    let (after, tcp, datagrams) =
+        both_paths(ctx, &outs).map_err(|e| format!("seed {seed}: {e}"))?;
+    let fetched = after.sum("fetched");
     let ms = kv(outs[0]
         .lines()
         .find(|l| l.starts_with("CHECKED"))
@@ -778,10 +782,7 @@ fn loss(ctx: &Ctx<'_>) -> Result<String, String> {
     let mut parts = Vec::new();
     let pcts: &[u32] = if ctx.long { &[1, 5, 10, 20] } else { &[1, 5] };
     for &pct in pcts {
-        let rule = format!("udp dport {DATA_PORT} numgen random mod 100 < {pct} counter drop");
-        for ns in &ctx.lab.ns {
-            ctx.lab.nft(ns, std::slice::from_ref(&rule), &[])?;
-        }
+        ctx.lab.nft_input_all(&drop_data(pct))?;
         let mut r = ctx.start(&format!("loss{pct}"), SHORT_CHECK, &[])?;
         let done = r.wait_all(Duration::from_secs(180));
         let dropped: u64 = ctx
@@ -797,9 +798,7 @@ fn loss(ctx: &Ctx<'_>) -> Result<String, String> {
                     .unwrap_or(0)
             })
             .sum();
-        for ns in &ctx.lab.ns {
-            ctx.lab.nft_clear(ns)?;
-        }
+        ctx.lab.nft_clear_all()?;
         let outs = all_checked(&r, ctx.p()).map_err(|e| format!("{pct}% loss: {e}"))?;
         if !done {
             return Err(format!("{pct}% loss: ranks ran past 180 s"));
@@ -1065,9 +1064,7 @@ fn tcp_block(ctx: &Ctx<'_>) -> Result<String, String> {
 /// with RINGCAST_FALLBACK=tcp the collectives complete over TCP and say so.
 fn unreachable(ctx: &Ctx<'_>) -> Result<String, String> {
     let rule = format!("udp dport {DATA_PORT} drop");
-    for ns in &ctx.lab.ns {
-        ctx.lab.nft(ns, std::slice::from_ref(&rule), &[])?;
-    }
+    ctx.lab.nft_input_all(&rule)?;
     let res = (|| {
         let t = Instant::now();
         let mut r = ctx.start(
@@ -1119,9 +1116,7 @@ fn unreachable(ctx: &Ctx<'_>) -> Result<String, String> {
             took.as_secs_f64()
         ))
     })();
-    for ns in &ctx.lab.ns {
-        ctx.lab.nft_clear(ns)?;
-    }
+    ctx.lab.nft_clear_all()?;
     res
 }
 

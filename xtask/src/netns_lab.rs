@@ -334,6 +334,17 @@ impl Lab {
         in_ns(ns, "nft", &["-f", &f.to_string_lossy()]).map(|_| ())
     }
 
+    /// The same input rule in every rank's namespace ([`nft`](Self::nft), no output rules).
+    pub(crate) fn nft_input_all(&self, rule: &str) -> Result<(), String> {
+        let input = [rule.to_owned()];
+        self.ns.iter().try_for_each(|ns| self.nft(ns, &input, &[]))
+    }
+
+    /// Removes the `rclab` table of every rank's namespace.
+    pub(crate) fn nft_clear_all(&self) -> Result<(), String> {
+        self.ns.iter().try_for_each(|ns| self.nft_clear(ns))
+    }
+
     /// Removes the `rclab` table of namespace `ns`.
     pub(crate) fn nft_clear(&self, ns: &str) -> Result<(), String> {
         in_ns(ns, "nft", &["delete", "table", "inet", "rclab"])
