@@ -729,7 +729,7 @@ impl TcpControl {
             cfg,
         };
         let io = if cfg.inline_io {
-            IoMode::Inline(Box::new(io), mio::Events::with_capacity(64))
+            IoMode::Inline(Box::new(io), mio::Events::with_capacity(EVENTS))
         } else {
             IoMode::Thread(Some(
                 thread::Builder::new()
@@ -821,7 +821,7 @@ impl TcpControl {
         let waker = Arc::new(OnceLock::new());
         io.owner.waker = Arc::clone(&waker);
         self.waker = waker;
-        self.io = IoMode::Inline(io.into(), mio::Events::with_capacity(64));
+        self.io = IoMode::Inline(io.into(), mio::Events::with_capacity(EVENTS));
         tracing::debug!(rank = self.rank.0, "control mesh: I/O now inline");
     }
 
@@ -1161,6 +1161,8 @@ impl Drop for TcpControl {
     }
 }
 
+/// Readiness events one turn of the mesh's poll takes (the rest wait for the next turn).
+const EVENTS: usize = 64;
 /// The I/O thread's poll token of its waker (a peer's token is its rank).
 const WAKE: mio::Token = mio::Token(usize::MAX);
 /// Initial read buffer per connection; it grows to hold the longest frame read.
@@ -1205,7 +1207,7 @@ impl Io {
     /// Until the owner stops it (or every connection ended); returns itself, its connections
     /// untouched, when the owner takes them over ([`HAND_OVER`]).
     fn run(mut self) -> Option<Io> {
-        let mut events = mio::Events::with_capacity(64);
+        let mut events = mio::Events::with_capacity(EVENTS);
         loop {
             match self.io_state.load(Ordering::Acquire) {
                 RUN => {}
