@@ -21,10 +21,15 @@ struct Early {
     activate: BitVec<u64, Lsb0>,
     /// The first `Abort` or `Mismatch`, as the error it gives.
     abort: Option<OpError>,
-    /// The ranks that sent a `Ready` or an `Activate` kept here (they started the operation).
-    started: BitVec<u64, Lsb0>,
     /// The ranks that sent an `Abort` or a `Mismatch` kept here (they ended it).
     ended: BitVec<u64, Lsb0>,
+}
+
+impl Early {
+    /// `from` sent a `Ready` or an `Activate` kept here: it started the operation.
+    fn started_by(&self, from: Rank) -> bool {
+        self.activate[from.index()] || self.ready.iter().any(|&(r, _)| r == from)
+    }
 }
 
 /// How many operations that ended without a barrier here (skipped, or empty) a session
@@ -380,8 +385,12 @@ impl Session {
             .early
             .iter()
             .filter(|e| {
-                let kind = if aborting { &e.ended } else { &e.started };
-                e.seq != seq && kind[from.index()]
+                let kept = if aborting {
+                    e.ended[from.index()]
+                } else {
+                    e.started_by(from)
+                };
+                e.seq != seq && kept
             })
             .count();
         if from_sender as u64 >= window {
@@ -397,17 +406,11 @@ impl Session {
                     ready: Vec::new(),
                     activate: bitvec![u64, Lsb0; 0; ranks],
                     abort: None,
-                    started: bitvec![u64, Lsb0; 0; ranks],
                     ended: bitvec![u64, Lsb0; 0; ranks],
                 });
                 self.early.last_mut().expect("just pushed")
             }
         };
-        if aborting {
-            e.ended.set(from.index(), true);
-        } else {
-            e.started.set(from.index(), true);
-        }
         match keep {
             EarlyKind::Ready(shape) => {
                 if e.ready.iter().any(|&(r, _)| r == from) {
@@ -417,7 +420,10 @@ impl Session {
                 }
             }
             EarlyKind::Activate => e.activate.set(from.index(), true),
-            EarlyKind::Abort(error) => e.abort = e.abort.or(Some(error)),
+            EarlyKind::Abort(error) => {
+                e.ended.set(from.index(), true);
+                e.abort = e.abort.or(Some(error));
+            }
         }
     }
 
