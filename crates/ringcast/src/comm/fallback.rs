@@ -49,8 +49,8 @@
 //!   when the clear-to-send comes. A rank that runs ahead (a root posting Broadcast after
 //!   Broadcast) therefore never piles its pieces up at a rank that has not posted: what a rank
 //!   buffers for operations it has not started is bounded by one piece per tree operation
-//!   (the eager ones below), and the root's request completes once its next hop posted and
-//!   its pieces are queued. A rank that waits for a clear-to-send shows its right neighbour
+//!   (the eager ones below, themselves a window of operations ahead at most), and the
+//!   root's request completes once its next hop posted and its pieces are queued. A rank that waits for a clear-to-send shows its right neighbour
 //!   its shape meanwhile (a piece of no bytes), so that a disagreement reaches a rank that
 //!   compares even where no clear-to-send crosses it (a root alone with a longer buffer).
 //!   Two small messages per rank at the start, beside operations of more than a piece. A
@@ -73,7 +73,12 @@
 //!   MPI's short Broadcasts), `ceil(log2 P)` hops instead of the chain's `P - 1`: with ranks
 //!   numbered from the root, rank `v` receives from `v` less its lowest set bit and sends to
 //!   `v + 2^i` for every `2^i` below that bit, the largest subtree first. Every rank posts the
-//!   same length, so every rank picks the same shape.
+//!   same length, so every rank picks the same shape. A tree's root completes as it sends,
+//!   so a root posting Broadcast after Broadcast could leave pieces of any number of them at
+//!   a rank that has not posted them: a piece goes to a child only within a window of
+//!   operations of the child's posts ([`tree_ahead`], 8 MiB of them), which the child
+//!   tells when asked (`0xF9` ask, `0xFA` posted); beyond it, the piece and its operation wait
+//!   at the sender.
 //!
 //! Several TCP operations may be in flight at once; pieces of a tree operation (and
 //! clear-to-sends) this rank has not posted yet wait for it. A peer whose connection closes
@@ -172,6 +177,32 @@ const KIND_CTS: u8 = 0xF7;
 /// Bruck Allgather (see [`Shape::Bruck`]), from rank `first`: its `count` blocks from `first`
 /// on (in rank order, wrapping), one after the other.
 const KIND_ROUND: u8 = 0xF8;
+/// `0xF9, 0, 0, 0, 0, 0, 0, 0, at u64`: the sender holds tree Broadcast pieces for this rank
+/// until it has posted every operation below `at` ([`tree_ahead`]); answered with
+/// `KIND_POSTED` once it has.
+const KIND_ASK: u8 = 0xF9;
+/// `0xFA, 0, 0, 0, 0, 0, 0, 0, next u64`: the sender has posted every operation below `next`.
+const KIND_POSTED: u8 = 0xFA;
+/// How far ahead of a child's posts, in operation indices, a tree Broadcast of `len` bytes
+/// sends it pieces: [`TREE_BYTES`] worth of such operations, at least 16 and at most 1 024.
+/// A piece of operation `k` goes to a child once it said (`KIND_POSTED`, asked for with
+/// `KIND_ASK`) that it posted every operation below `k + 1 - tree_ahead(len)`, and waits
+/// here until then, its operation with it (a root's request completes once its pieces went).
+///
+/// The tree's are the only pieces a rank sends any number of operations ahead: its root
+/// completes as it sends, where a chain or ring waits for a clear-to-send and an Allgather
+/// completes nowhere before every rank posted it. Without the bound, a root looping over
+/// small Broadcasts left 20 000 pieces of 32 KiB (650 MB) at each rank that posted 4 s late.
+/// With it, what a rank keeps of operations it has not posted is `TREE_BYTES` for
+/// Broadcasts of one length (a window of 1 024 holds 1 MiB of 1 KiB ones), and less than
+/// five times that however they mix (at distance `d`, only lengths below `TREE_BYTES / d`).
+/// Ranks in step never wait here: a root asks at half the window, before it reaches its end.
+fn tree_ahead(len: usize) -> u64 {
+    (TREE_BYTES / len.max(1) as u64).clamp(16, 1024)
+}
+
+/// See [`tree_ahead`].
+const TREE_BYTES: u64 = 8 << 20;
 /// Bytes a chain or ring rank lets wait in its next hop's connection queue (beyond what the
 /// socket took): it passes pieces on only while the queue is shorter, and sends the rest from
 /// its buffer as the queue drains (the mesh wakes it below [`SEND_LOW_WATER`]). Without it, a
@@ -600,6 +631,10 @@ pub(crate) fn start(
         broken: None,
         stopping: false,
         replied: false,
+        posted_at: vec![0; cfg.size as usize],
+        asked: vec![None; cfg.size as usize],
+        asks: vec![None; cfg.size as usize],
+        gated: Vec::new(),
         buf: Vec::new(),
         scratch: Vec::new(),
     };
@@ -879,6 +914,9 @@ struct TcpOp {
     /// Chain and ring: bytes the next hop takes from this rank in all (every block but its
     /// own; nothing past the chain's end). The operation is not over before they are queued.
     to_right: u64,
+    /// Tree: its pieces waiting in `Dispatcher::gated` for a child far behind
+    /// ([`tree_ahead`]). The operation is not over before they went.
+    gated: u32,
 }
 
 impl TcpOp {
@@ -938,6 +976,16 @@ impl TcpOp {
     }
 }
 
+/// A tree Broadcast's piece waiting for its child to post closer ([`tree_ahead`]).
+#[derive(Debug)]
+struct Gated {
+    to: u32,
+    k: u64,
+    /// `tree_ahead` of the operation's length.
+    window: u64,
+    msg: Vec<u8>,
+}
+
 /// Rank 0's agreement on the switch point.
 #[derive(Debug)]
 struct Agreement {
@@ -989,6 +1037,15 @@ struct Dispatcher {
     stopping: bool,
     /// A request's end was sent since this was last cleared (see [`Progress`]).
     replied: bool,
+    /// Per peer: it posted every operation below this one (its last `KIND_POSTED`).
+    posted_at: Vec<u64>,
+    /// Per peer: the `at` of the `KIND_ASK` sent to it and not answered yet.
+    asked: Vec<Option<u64>>,
+    /// Per peer: the `at` of its `KIND_ASK`, not answered yet (this rank's posts are short
+    /// of it).
+    asks: Vec<Option<u64>>,
+    /// Tree Broadcast pieces waiting for their child to post closer ([`tree_ahead`]).
+    gated: Vec<Gated>,
     buf: Vec<u8>,
     scratch: Vec<u8>,
 }
@@ -1071,6 +1128,7 @@ impl Dispatcher {
         self.check_freeze();
         moved |= self.inbox();
         moved |= self.resume();
+        self.answer_asks();
         moved
     }
 
@@ -1091,9 +1149,12 @@ impl Dispatcher {
     }
 
     /// Whether anything waits for progress: TCP operations in flight, a switch being agreed,
-    /// held posts.
+    /// held posts, a peer's question this rank's posts have not answered yet.
     fn busy(&self) -> bool {
-        !self.active.is_empty() || self.agreement.is_some() || !self.held.is_empty()
+        !self.active.is_empty()
+            || self.agreement.is_some()
+            || !self.held.is_empty()
+            || self.asks.iter().any(Option::is_some)
     }
 
     fn msg(&mut self, m: Msg) {
@@ -1410,6 +1471,18 @@ impl Dispatcher {
     fn message(&mut self, from: u32, b: &[u8]) {
         match b.first().copied() {
             Some(KIND_PIECE | KIND_CTS | KIND_ROUND) => self.arrival(from, b.to_vec()),
+            Some(KIND_ASK) => {
+                let (Some(at), Some(ask)) = (u64_at(b, 8), self.asks.get_mut(from as usize)) else {
+                    return;
+                };
+                *ask = Some(ask.map_or(at, |a| a.min(at)));
+                self.answer_asks();
+            }
+            Some(KIND_POSTED) => {
+                if let Some(next) = u64_at(b, 8) {
+                    self.posted(from, next);
+                }
+            }
             Some(KIND_LOSS) if self.cfg.rank == 0 => {
                 let (Some(permille), Some(op)) = (u32_at(b, 4), u64_at(b, 8)) else {
                     return;
@@ -1622,7 +1695,103 @@ impl Dispatcher {
             .bytes_sent
             .fetch_add(passed, Ordering::Relaxed);
         for &to in hops {
+            self.pass(i, to, msg);
+        }
+    }
+
+    /// Sends `msg`, a piece of operation `i`, to `to`; a tree Broadcast's waits in
+    /// [`Self::gated`] while `to` has not posted within [`tree_ahead`] operations of it.
+    fn pass(&mut self, i: usize, to: u32, msg: &[u8]) {
+        let op = &mut self.active[i];
+        let Some(&posted) = self.posted_at.get(to as usize) else {
+            return;
+        };
+        let (k, window) = (op.k, tree_ahead(op.buf.len()));
+        let tree = matches!(op.shape, Shape::Tree { .. });
+        let ahead = k.saturating_sub(posted);
+        if !tree || ahead < window {
             self.mesh.send_control(Rank(to), msg);
+            if tree && ahead >= window / 2 {
+                // Half the window used: ask now, so that a child in step answers before
+                // this rank reaches the end of it (it would wait a round trip there).
+                self.ask(to, k, window);
+            }
+            return;
+        }
+        op.gated += 1;
+        self.gated.push(Gated {
+            to,
+            k,
+            window,
+            msg: msg.to_vec(),
+        });
+        self.ask(to, k, window);
+    }
+
+    /// Asks `to` to say (`KIND_ASK`) when it posted every operation below `k + 1 - window /
+    /// 2`, unless it was asked that or less already: a piece of operation `k` may go to it
+    /// then with half its window to spare, so that a root running ahead asks once per half
+    /// window, not once per operation.
+    fn ask(&mut self, to: u32, k: u64, window: u64) {
+        let at = (k + 1).saturating_sub(window / 2);
+        let Some(asked) = self.asked.get_mut(to as usize) else {
+            return;
+        };
+        if asked.is_some_and(|a| a <= at) {
+            return;
+        }
+        *asked = Some(at);
+        let mut m = vec![KIND_ASK, 0, 0, 0, 0, 0, 0, 0];
+        m.extend_from_slice(&at.to_be_bytes());
+        self.mesh.send_control(Rank(to), &m);
+    }
+
+    /// `from` posted every operation below `next` (`KIND_POSTED`): the pieces that waited
+    /// for it and may go now go; it is asked again for the rest.
+    fn posted(&mut self, from: u32, next: u64) {
+        let Some(posted) = self.posted_at.get_mut(from as usize) else {
+            return;
+        };
+        *posted = (*posted).max(next);
+        let posted = *posted;
+        self.asked[from as usize] = None;
+        let mut still: Option<(u64, u64)> = None;
+        let mut j = 0;
+        while j < self.gated.len() {
+            let g = &self.gated[j];
+            if g.to != from || g.k.saturating_sub(posted) >= g.window {
+                if g.to == from {
+                    still = Some(still.map_or((g.k, g.window), |s| s.min((g.k, g.window))));
+                }
+                j += 1;
+                continue;
+            }
+            let g = self.gated.remove(j);
+            if let Some(op) = self.active.iter_mut().find(|o| o.k == g.k) {
+                op.gated -= 1;
+                op.last = Instant::now();
+                self.mesh.send_control(Rank(g.to), &g.msg);
+            }
+        }
+        if let Some((k, window)) = still {
+            self.ask(from, k, window);
+        }
+        self.reap();
+    }
+
+    /// Answers the peers' `KIND_ASK`s that this rank's posts reached (`KIND_POSTED`).
+    fn answer_asks(&mut self) {
+        if self.asks.iter().all(Option::is_none) {
+            return;
+        }
+        let next = self.route().next;
+        for (peer, ask) in self.asks.iter_mut().enumerate() {
+            if ask.is_some_and(|at| at <= next) {
+                *ask = None;
+                let mut m = vec![KIND_POSTED, 0, 0, 0, 0, 0, 0, 0];
+                m.extend_from_slice(&next.to_be_bytes());
+                self.mesh.send_control(Rank(peer as u32), &m);
+            }
         }
     }
 
@@ -1785,7 +1954,7 @@ impl Dispatcher {
             }
             Shape::Tree { .. } | Shape::Trees { .. } | Shape::Bruck { .. } => (0, false),
         };
-        let mut op = TcpOp {
+        let op = TcpOp {
             k,
             shape,
             fingerprint,
@@ -1804,9 +1973,14 @@ impl Dispatcher {
             } else {
                 Vec::new()
             },
+            gated: 0,
         };
         op.span
             .in_scope(|| tracing::debug!(op = k, len, "started over TCP"));
+        self.active.push(op);
+        let i = self.active.len() - 1;
+        let mut msg = std::mem::take(&mut self.scratch);
+        let op = &self.active[i];
         if size > 1 && pipelined {
             // Rendezvous: the left neighbour sends nothing of the operation before this, so
             // a rank that runs ahead never piles its pieces up at one that has not posted.
@@ -1822,27 +1996,28 @@ impl Dispatcher {
             // clear-to-send, and would otherwise never see a message of this shape (a root
             // alone with the longer buffer).
             if op.awaiting_cts {
-                piece_header(&mut self.scratch, own_block, k, 0, fingerprint);
-                self.mesh.send_control(Rank(right), &self.scratch);
+                piece_header(&mut msg, own_block, k, 0, fingerprint);
+                self.mesh.send_control(Rank(right), &msg);
             }
         } else if let Shape::Bruck { .. } = op.shape {
             // Its rounds go out below, as soon as each may.
         } else if size > 1 && own_len > 0 {
-            // Trees: one piece of each block, sent at once (eager).
+            // Trees, and a tree's root: one piece of each block, sent at once (eager; to a
+            // child far behind, once it came closer: `pass`).
             let hops = op.shape.next_hops(me, size, own_block);
             let mut off = 0u64;
             while off < own_len {
                 let n = (own_len - off).min(self.cfg.piece as u64);
-                piece_header(&mut self.scratch, own_block, k, off, fingerprint);
+                piece_header(&mut msg, own_block, k, off, fingerprint);
                 let s = (own_at + off) as usize;
-                self.scratch.extend_from_slice(&op.buf[s..s + n as usize]);
+                msg.extend_from_slice(&self.active[i].buf[s..s + n as usize]);
                 for &to in &hops {
-                    self.mesh.send_control(Rank(to), &self.scratch);
+                    self.pass(i, to, &msg);
                 }
                 off += n;
             }
             let sent = own_len * hops.len() as u64;
-            op.sent += sent;
+            self.active[i].sent += sent;
             self.shared
                 .counters
                 .bytes_sent
@@ -1851,13 +2026,12 @@ impl Dispatcher {
             // An empty Broadcast still shows its children its shape (a piece of no bytes): a
             // rank that posted it with bytes fails it at once, not at the peer timeout. Where
             // every rank agrees it is empty, it completed on posting and the piece is dropped.
-            piece_header(&mut self.scratch, own_block, k, 0, fingerprint);
+            piece_header(&mut msg, own_block, k, 0, fingerprint);
             for to in op.shape.next_hops(me, size, own_block) {
-                self.mesh.send_control(Rank(to), &self.scratch);
+                self.pass(i, to, &msg);
             }
         }
-        self.active.push(op);
-        let i = self.active.len() - 1;
+        self.scratch = msg;
         self.send_rounds(i);
         for (from, m) in self.early.remove(&k).unwrap_or_default() {
             if !self.take(i, from, &m) {
@@ -1967,7 +2141,7 @@ impl Dispatcher {
         let mut i = 0;
         while i < self.active.len() {
             let op = &self.active[i];
-            if op.waiting() || op.awaiting_cts || op.sent < op.to_right {
+            if op.waiting() || op.awaiting_cts || op.sent < op.to_right || op.gated > 0 {
                 i += 1;
                 continue;
             }
@@ -2059,9 +2233,12 @@ impl Dispatcher {
             }
             let op = &self.active[i];
             let data = op.waiting().then(|| op.shape.waits_on(me, size));
+            // A tree's piece waiting for a child to post closer: a wait on that child.
+            let gate = self.gated.iter().find(|g| g.k == op.k).map(|g| g.to);
             // Waiting on the right neighbour's clear-to-send is a wait on it, one hop away.
-            let (peer, hops) = match data {
-                Some((peer, hops)) if hops <= 1 || !op.awaiting_cts => (peer, hops),
+            let (peer, hops) = match (data, gate) {
+                (Some((peer, hops)), _) if hops <= 1 || !op.awaiting_cts => (peer, hops),
+                (None, Some(child)) => (child, 1),
                 _ => ((me + 1) % size, 1),
             };
             if quiet <= self.cfg.timeout(hops) {
@@ -2082,6 +2259,7 @@ impl Dispatcher {
     /// Ends operation `i` here with `e`.
     fn fail_active(&mut self, i: usize, e: CommError) {
         let op = self.active.swap_remove(i);
+        self.gated.retain(|g| g.k != op.k);
         self.ended(op.k);
         if !matches!(e, CommError::ShapeMismatch { .. }) {
             self.blame.failed(op.k, e.peer());
@@ -2259,6 +2437,73 @@ mod tests {
             }
             assert!(Instant::now() < deadline, "the pieces never arrived");
             thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A root that posts Broadcast after Broadcast sends a rank that has not posted them
+    /// pieces of at most a window of operations (`tree_ahead`); the next ones wait at the
+    /// root, their requests with them, until the ranks post, and then every one completes byte
+    /// for byte. Before the bound, a child kept a piece of every operation the root posted.
+    #[test]
+    fn a_root_sends_a_rank_that_has_not_posted_at_most_a_window() {
+        let len = 64 << 10;
+        let window = tree_ahead(len) as usize;
+        let n = 3 * window;
+        let hs = dispatchers(4, PIECE);
+        let data = |i: usize| vec![(i * 7 + 1) as u8; len];
+        let bcast = |h: &Handle, buf: Vec<u8>| {
+            let kind = Kind::Broadcast { root: 0 };
+            h.post::<u8>(kind, buf, None, tracing::Span::none())
+                .expect("post")
+        };
+        let mut root: Vec<_> = (0..n).map(|i| bcast(&hs[0], data(i))).collect();
+        // The root's children (ranks 1 and 2) take a window of operations and no more.
+        let early = |h: &Handle| h.progress.lock().as_ref().map_or(0, |d| d.early.len());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while early(&hs[1]) < window || early(&hs[2]) < window {
+            assert!(
+                Instant::now() < deadline,
+                "a window of pieces never arrived"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!((early(&hs[1]), early(&hs[2])), (window, window));
+        assert!(root[..window].iter_mut().all(Request::test));
+        assert!(
+            !root[window].test(),
+            "past the window, the root waits for its children"
+        );
+        let others: Vec<Vec<_>> = (1..4)
+            .map(|r| (0..n).map(|_| bcast(&hs[r], vec![0; len])).collect())
+            .collect();
+        for reqs in std::iter::once(root).chain(others) {
+            for (i, r) in reqs.into_iter().enumerate() {
+                assert_eq!(r.wait().expect("broadcast"), data(i), "operation {i}");
+            }
+        }
+    }
+
+    /// A child that never posts: the root's Broadcast past the window fails at the peer
+    /// timeout naming it; it does not hang.
+    #[test]
+    fn a_root_waiting_for_a_child_that_never_posts_names_it() {
+        let len = PIECE;
+        let window = tree_ahead(len) as usize;
+        let hs = dispatchers(2, PIECE);
+        let reqs: Vec<_> = (0..=window)
+            .map(|i| {
+                let kind = Kind::Broadcast { root: 0 };
+                hs[0]
+                    .post::<u8>(kind, vec![i as u8; len], None, tracing::Span::none())
+                    .expect("post")
+            })
+            .collect();
+        let mut results: Vec<_> = reqs.into_iter().map(Request::wait).collect();
+        let last = results.pop().expect("the last").map(|b| b.len());
+        assert_eq!(last, Err(CommError::PeerUnresponsive { peer: 1 }));
+        for (i, r) in results.into_iter().enumerate() {
+            assert_eq!(r.expect("within the window"), vec![i as u8; len]);
         }
     }
 
