@@ -22,6 +22,11 @@
 //!   that the last rank posts twice as long, one for which the last rank names rank 1 the
 //!   root; each must fail with `ShapeMismatch` (a `MISMATCH case=... peer=... by=... ms=...`
 //!   line each), then a verified round as `check` runs it (`CHECKED`, `STATS`).
+//! * `flood --ops N --size B --late-secs S`: rank 0 broadcasts N buffers of B bytes one after
+//!   the other (blocking, no barrier) while every other rank starts S seconds later; every
+//!   buffer is checked, then `FLOOD` gives each rank's time and peak resident memory (what it
+//!   kept of operations it had not posted). Run it with `RINGCAST_TCP_THRESHOLD` at or above
+//!   B, so that the Broadcasts take the TCP tree.
 //!
 //! Exit status: 0 done, 1 a collective failed or delivered wrong bytes, 3 the communicator
 //! could not be built (`BUILD_ERROR` line).
@@ -90,6 +95,12 @@ fn main() -> ExitCode {
         "loop" => run_loop(&comm, size, Duration::from_secs(num("--secs", 30))),
         "mismatch" => mismatch(&comm, size),
         "mix" => mix(&comm, num("--ops", 200), num("--seed", 1)),
+        "flood" => flood(
+            &comm,
+            num("--ops", 20_000),
+            size,
+            Duration::from_secs(num("--late-secs", 4)),
+        ),
         other => Err(Fail::Other(format!("unknown mode {other}"))),
     };
     match r {
@@ -280,6 +291,39 @@ fn mix(comm: &Communicator, ops: u64, seed: u64) -> Result<(), Fail> {
         t.elapsed().as_millis()
     ));
     stats(comm, "after")
+}
+
+fn flood(comm: &Communicator, ops: u64, size: usize, late: Duration) -> Result<(), Fail> {
+    let me = comm.rank();
+    if me != 0 {
+        std::thread::sleep(late);
+    }
+    let t = Instant::now();
+    let mut buf = vec![0u8; size];
+    for i in 0..ops {
+        let want = (i * 31 + 7) as u8;
+        if me == 0 {
+            buf.fill(want);
+        }
+        comm.broadcast(0, &mut buf)?;
+        if let Some(at) = buf.iter().position(|&b| b != want) {
+            return Err(Fail::Other(format!(
+                "operation {i}: byte {at} is {}, want {want}",
+                buf[at]
+            )));
+        }
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let peak = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .map_or("unknown", str::trim);
+    say(&format!(
+        "FLOOD rank={me} ops={ops} ms={} peak={}",
+        t.elapsed().as_millis(),
+        peak.replace(' ', "")
+    ));
+    Ok(())
 }
 
 fn mismatch(comm: &Communicator, size: usize) -> Result<(), Fail> {
