@@ -386,6 +386,31 @@ fn a_multicast_operation_after_many_tcp_ones_waits_for_a_late_rank() {
     );
 }
 
+/// A root that broadcasts small buffers back to back (blocking, no barrier) while the other
+/// ranks start late: it runs a window of operations ahead of them, then waits for them (its
+/// pieces would otherwise pile up at ranks that have not posted), and every buffer arrives,
+/// the multicast one among them too.
+#[test]
+fn a_root_running_ahead_of_late_ranks_delivers_every_byte() {
+    const OPS: u32 = 400;
+    const SMALL: usize = 64 << 10;
+    world_with(
+        13,
+        |b| b.tcp_threshold(SMALL as u64),
+        |comm| {
+            if comm.rank() != 0 {
+                thread::sleep(Duration::from_millis(500));
+            }
+            for i in 0..OPS {
+                // One of them too large for TCP, past the window: over multicast.
+                let len = if i == 300 { 5 * SMALL } else { SMALL };
+                broadcast_checked(&comm, &format!("broadcast {i}"), 50 + u64::from(i), 0, len)?;
+            }
+            Ok(())
+        },
+    );
+}
+
 /// A multicast operation in flight (rank 3 posts late) while 4095 TCP operations are posted
 /// behind it: the next multicast operation's id is 4096 (the number of immediate tags) after
 /// the first's, so it would have the first one's tag. It waits until the first has ended,

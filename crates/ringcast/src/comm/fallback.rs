@@ -1755,24 +1755,24 @@ impl Dispatcher {
         *posted = (*posted).max(next);
         let posted = *posted;
         self.asked[from as usize] = None;
-        let mut still: Option<(u64, u64)> = None;
-        let mut j = 0;
-        while j < self.gated.len() {
-            let g = &self.gated[j];
-            if g.to != from || g.k.saturating_sub(posted) >= g.window {
-                if g.to == from {
-                    still = Some(still.map_or((g.k, g.window), |s| s.min((g.k, g.window))));
-                }
-                j += 1;
-                continue;
-            }
-            let g = self.gated.remove(j);
+        // One pass (a root may hold thousands of non-blocking Broadcasts here).
+        let (go, wait): (Vec<Gated>, Vec<Gated>) = std::mem::take(&mut self.gated)
+            .into_iter()
+            .partition(|g| g.to == from && g.k.saturating_sub(posted) < g.window);
+        self.gated = wait;
+        for g in go {
             if let Some(op) = self.active.iter_mut().find(|o| o.k == g.k) {
                 op.gated -= 1;
                 op.last = Instant::now();
                 self.mesh.send_control(Rank(g.to), &g.msg);
             }
         }
+        let still = self
+            .gated
+            .iter()
+            .filter(|g| g.to == from)
+            .map(|g| (g.k, g.window))
+            .min();
         if let Some((k, window)) = still {
             self.ask(from, k, window);
         }
