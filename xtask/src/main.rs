@@ -4,6 +4,7 @@
 // A command-line tool: printing to the terminal is its job.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod bench_loopback;
 mod bench_net;
 mod fuzz;
 mod netns;
@@ -46,6 +47,12 @@ commands:
                               to 64 MiB, loss-free and at 1% loss, bytes on the bridge per rank;
                               report and SVG plots in target/bench-net/<id>/ (--record: also
                               docs/bench-net/)
+  bench-loopback [--rounds N] [--sizes B,..] [--iters N] [--warmup N]
+                              issue 7's side by side on loopback, 4 local ranks (needs mpicc):
+                              ringcast vs Open MPI over TCP and shared memory vs the raw
+                              multicast ceiling and the delivering one, Broadcast and Allgather,
+                              64 KiB to 64 MiB, in interleaved rounds (default 3) with ratios per
+                              round and medians; report in target/bench-loopback/<time>/
   soak [--runs N] [--first SEED] [--threads T]
                               randomized simulator campaign (default 100000 runs from seed 0 on 2
                               threads): loss up to 30%, bursts, reordering, duplication,
@@ -123,6 +130,7 @@ fn dispatch(args: &[String]) -> Result<(), StepError> {
         "soak" => sim_example(&root, "soak", rest),
         "netns" => netns::run(&root, rest),
         "bench-net" => bench_net::run(&root, rest),
+        "bench-loopback" => bench_loopback::run(&root, rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

@@ -1,0 +1,326 @@
+//! `cargo xtask bench-loopback`: issue 7's side by side on loopback, in one run, 4 local
+//! ranks: `ringcast bench {bcast,allgather} --local 4`; Open MPI's `MPI_Bcast` /
+//! `MPI_Allgather` (`xtask/src/lab/mpi_bench.c`, timed the same way) over TCP and over shared
+//! memory (vader); and the raw multicast ceiling (`goodput --mode gso`: one sender to three
+//! receivers, same datagram size), as is and with each receiver copying into an
+//! operation-sized buffer (`--deliver`: what delivering the bytes costs).
+//!
+//! The machine's speed drifts by up to 3x within an hour, so everything runs in `--rounds`
+//! interleaved rounds and every ratio is taken within a round; the summary gives the medians.
+//! Raw outputs and `results.md` land in `target/bench-loopback/<unix time>/`. No root needed;
+//! Open MPI runs with `--allow-run-as-root` for CI-like machines.
+
+use crate::netns::require_tools;
+use crate::netns_lab::{sh, sh_limit};
+use crate::run::{Step, StepError};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+const USAGE: &str = "bench-loopback [--rounds N] [--sizes B,B,..] [--iters N] [--warmup N]";
+
+struct Opts {
+    rounds: u32,
+    sizes: Vec<u64>,
+    iters: u32,
+    warmup: u32,
+}
+
+fn parse(args: &[String]) -> Result<Opts, StepError> {
+    let mut o = Opts {
+        rounds: 3,
+        sizes: vec![64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20],
+        iters: 10,
+        warmup: 2,
+    };
+    let bad = |m: String| StepError::Other(format!("{m}\n\nusage: cargo xtask {USAGE}"));
+    let count = |v: Option<&String>, what: &str| {
+        v.and_then(|v| v.parse::<u32>().ok())
+            .filter(|&n| n > 0 || what == "--warmup")
+            .ok_or_else(|| bad(format!("`{what}` wants a count")))
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--rounds" => o.rounds = count(it.next(), a)?,
+            "--iters" => o.iters = count(it.next(), a)?,
+            "--warmup" => o.warmup = count(it.next(), a)?,
+            "--sizes" => {
+                o.sizes = it
+                    .next()
+                    .and_then(|v| {
+                        v.split(',')
+                            .map(|s| s.trim().parse::<u64>().ok().filter(|&n| n > 0))
+                            .collect()
+                    })
+                    .ok_or_else(|| bad("`--sizes` wants positive byte counts".to_owned()))?;
+            }
+            other => return Err(bad(format!("unknown option `{other}`"))),
+        }
+    }
+    Ok(o)
+}
+
+/// Average latency (µs) per size from an OSU-style table (`ringcast bench`, `mpi_bench`):
+/// the first two columns of every line that starts with a digit.
+fn table(out: &str) -> Vec<(u64, f64)> {
+    out.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The mean goodput per receiver (GB/s) from `goodput`'s report.
+fn goodput(out: &str) -> Option<f64> {
+    let l = out.lines().find(|l| l.contains("mean per receiver"))?;
+    let gbps: f64 = l.split_whitespace().rev().nth(1)?.parse().ok()?;
+    Some(gbps / 8.0)
+}
+
+/// One round: per collective ([`COLLS`]) and side ([`SIDES`]), the average latency (µs) per
+/// size; the ceilings (GB/s).
+#[derive(Default)]
+struct Round {
+    colls: [[Vec<(u64, f64)>; 3]; 2],
+    raw: Option<f64>,
+    delivering: Option<f64>,
+}
+
+/// The collectives: `ringcast bench`'s and `mpi_bench`'s name, the report's.
+const COLLS: [(&str, &str); 2] = [("bcast", "Broadcast"), ("allgather", "Allgather")];
+const SIDES: [&str; 3] = ["ringcast", "Open MPI TCP", "Open MPI vader"];
+/// How long one benchmark run may take.
+const RUN_SECS: u64 = 900;
+
+fn at(t: &[(u64, f64)], size: u64) -> Option<f64> {
+    t.iter().find(|(s, _)| *s == size).map(|(_, v)| *v)
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
+pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
+    let o = parse(args)?;
+    require_tools(
+        "bench-loopback",
+        &["mpirun", "mpicc"],
+        "openmpi-bin libopenmpi-dev",
+    )?;
+    let cargo = crate::cargo();
+    let release = ["build", "--release", "-p"];
+    let ringcast = [
+        &release[..],
+        &["ringcast", "--features", "cli", "--bin", "ringcast"],
+    ];
+    let goodput_bin = [
+        &release[..],
+        &["ringcast-transport-rocev2-udp", "--example", "goodput"],
+    ];
+    for args in [ringcast.concat(), goodput_bin.concat()] {
+        Step::new(root, &cargo, &args, crate::minutes(30)).run()?;
+    }
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let dir = root.join("target/bench-loopback").join(stamp.to_string());
+    std::fs::create_dir_all(&dir).map_err(|e| StepError::Other(format!("{e}")))?;
+    let mpi = dir.join("mpi_bench");
+    let src = root.join("xtask/src/lab/mpi_bench.c");
+    sh(
+        "mpicc",
+        &["-O2", "-o", &mpi.to_string_lossy(), &src.to_string_lossy()],
+    )
+    .map_err(StepError::Other)?;
+    let b = Bench {
+        dir: dir.clone(),
+        ringcast: root.join("target/release/ringcast"),
+        goodput: root.join("target/release/examples/goodput"),
+        mpi,
+        o: &o,
+    };
+    let started = Instant::now();
+    let mut rounds = Vec::new();
+    for r in 1..=o.rounds {
+        eprintln!("bench-loopback: round {r} of {} ...", o.rounds);
+        rounds.push(b.round(r).map_err(StepError::Other)?);
+    }
+    let report = b.report(&rounds);
+    std::fs::write(dir.join("results.md"), &report)
+        .map_err(|e| StepError::Other(format!("{e}")))?;
+    print!("{report}");
+    eprintln!(
+        "bench-loopback: {} rounds in {:.0} s; raw outputs and results.md in {}",
+        o.rounds,
+        started.elapsed().as_secs_f64(),
+        dir.display()
+    );
+    Ok(())
+}
+
+struct Bench<'a> {
+    dir: PathBuf,
+    ringcast: PathBuf,
+    goodput: PathBuf,
+    mpi: PathBuf,
+    o: &'a Opts,
+}
+
+impl Bench<'_> {
+    /// Runs `program args`, keeps its output as `name` in the run's directory, returns it.
+    fn keep(&self, name: &str, program: &Path, args: &[String]) -> Result<String, String> {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = sh_limit(RUN_SECS, &program.to_string_lossy(), &refs)?;
+        std::fs::write(self.dir.join(name), &out).map_err(|e| format!("{name}: {e}"))?;
+        Ok(out)
+    }
+
+    fn round(&self, r: u32) -> Result<Round, String> {
+        let o = self.o;
+        let sizes: Vec<String> = o.sizes.iter().map(u64::to_string).collect();
+        let (w, i) = (o.warmup.to_string(), o.iters.to_string());
+        let mut round = Round::default();
+        for (slot, (coll, _)) in COLLS.into_iter().enumerate() {
+            let args = [
+                "bench",
+                coll,
+                "--local",
+                "4",
+                "--sizes",
+                &sizes.join(","),
+                "--warmup",
+                &w,
+                "--iters",
+                &i,
+            ]
+            .map(str::to_owned);
+            let out = self.keep(&format!("r{r}-ringcast-{coll}.txt"), &self.ringcast, &args)?;
+            let mut sides = vec![table(&out)];
+            for btl in ["tcp", "vader"] {
+                let mut args: Vec<String> = [
+                    "--allow-run-as-root",
+                    "--oversubscribe",
+                    "-np",
+                    "4",
+                    "--mca",
+                    "btl",
+                    &format!("{btl},self"),
+                    &self.mpi.to_string_lossy(),
+                    coll,
+                    &w,
+                    &i,
+                ]
+                .map(str::to_owned)
+                .to_vec();
+                args.extend(sizes.iter().cloned());
+                let name = format!("r{r}-mpi-{btl}-{coll}.txt");
+                sides.push(table(&self.keep(&name, Path::new("mpirun"), &args)?));
+            }
+            round.colls[slot] = sides.try_into().map_err(|_| "three sides")?;
+        }
+        let largest = o.sizes.iter().max().copied().unwrap_or(0).to_string();
+        for (name, deliver) in [("raw", false), ("delivering", true)] {
+            let mut args = ["--payload", "4096", "--secs", "2", "--mode", "gso"]
+                .map(str::to_owned)
+                .to_vec();
+            if deliver {
+                args.extend(["--deliver".to_owned(), largest.clone()]);
+            }
+            let out = self.keep(&format!("r{r}-ceiling-{name}.txt"), &self.goodput, &args)?;
+            let g = goodput(&out).ok_or_else(|| format!("goodput {name}: no mean: {out}"))?;
+            if deliver {
+                round.delivering = Some(g);
+            } else {
+                round.raw = Some(g);
+            }
+        }
+        Ok(round)
+    }
+
+    fn report(&self, rounds: &[Round]) -> String {
+        let o = self.o;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "# bench-loopback: 4 local ranks, {} rounds, warm-up {}, {} timed iterations\n\n\
+             Average latency in µs per size (bytes; per rank for the Allgather); `x TCP`: Open \
+             MPI over TCP's time over ringcast's, within the round.\n",
+            o.rounds, o.warmup, o.iters
+        );
+        let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
+        let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
+        for (slot, (_, what)) in COLLS.into_iter().enumerate() {
+            let _ = writeln!(s, "## {what}\n");
+            let _ = writeln!(
+                s,
+                "| round | size | {} | {} | {} | x TCP |\n|---|---:|---:|---:|---:|---:|",
+                SIDES[0], SIDES[1], SIDES[2]
+            );
+            for (n, r) in rounds.iter().enumerate() {
+                for &size in &o.sizes {
+                    let v: Vec<Option<f64>> = r.colls[slot].iter().map(|t| at(t, size)).collect();
+                    let x = ratio(v[1], v[0]).map_or("-".to_owned(), |x| format!("{x:.2}x"));
+                    let _ = writeln!(
+                        s,
+                        "| {} | {size} | {} | {} | {} | {x} |",
+                        n + 1,
+                        fmt(v[0]),
+                        fmt(v[1]),
+                        fmt(v[2])
+                    );
+                }
+            }
+            let _ = writeln!(s, "\nMedian over the rounds of `x TCP`:\n");
+            for &size in &o.sizes {
+                let m = median(
+                    rounds
+                        .iter()
+                        .filter_map(|r| {
+                            ratio(at(&r.colls[slot][1], size), at(&r.colls[slot][0], size))
+                        })
+                        .collect(),
+                );
+                let _ = writeln!(
+                    s,
+                    "* {size}: {}",
+                    m.map_or("-".to_owned(), |m| format!("{m:.2}x"))
+                );
+            }
+            let _ = writeln!(s);
+        }
+        let largest = o.sizes.iter().max().copied().unwrap_or(0);
+        let _ = writeln!(
+            s,
+            "## Broadcast goodput at {largest} B against the ceilings\n\n\
+             | round | ringcast GB/s | raw ceiling GB/s | delivering GB/s | of raw | of delivering |\n\
+             |---|---:|---:|---:|---:|---:|"
+        );
+        let mut of_raw = Vec::new();
+        for (n, r) in rounds.iter().enumerate() {
+            let gb = at(&r.colls[0][0], largest).map(|us| largest as f64 / us / 1e3);
+            let pct = |c: Option<f64>| ratio(gb, c).map(|x| 100.0 * x);
+            of_raw.extend(pct(r.raw));
+            let f3 = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.3}"));
+            let p = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0} %"));
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} |",
+                n + 1,
+                f3(gb),
+                f3(r.raw),
+                f3(r.delivering),
+                p(pct(r.raw)),
+                p(pct(r.delivering))
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nMedian share of the raw ceiling: {}\n",
+            median(of_raw).map_or("-".to_owned(), |m| format!("{m:.0} %"))
+        );
+        s
+    }
+}
