@@ -72,6 +72,18 @@ fn table(out: &str) -> Vec<(u64, f64)> {
         .collect()
 }
 
+/// `ringcast bench allgather`'s last two columns per size: the busiest rank's bytes on the
+/// wire per iteration, and a ring's.
+fn injected(out: &str) -> Vec<(u64, u64, u64)> {
+    out.lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let n = |i: usize| w.get(i)?.parse().ok();
+            Some((n(0)?, n(w.len().checked_sub(2)?)?, n(w.len() - 1)?))
+        })
+        .collect()
+}
+
 /// The mean goodput per receiver (GB/s) from `goodput`'s report.
 fn goodput(out: &str) -> Option<f64> {
     let l = out.lines().find(|l| l.contains("mean per receiver"))?;
@@ -84,6 +96,8 @@ fn goodput(out: &str) -> Option<f64> {
 #[derive(Default)]
 struct Round {
     colls: [[Vec<(u64, f64)>; 3]; 2],
+    /// The Allgather's bytes on the wire per rank ([`injected`]).
+    inject: Vec<(u64, u64, u64)>,
     raw: Option<f64>,
     delivering: Option<f64>,
 }
@@ -198,6 +212,9 @@ impl Bench<'_> {
             ]
             .map(str::to_owned);
             let out = self.keep(&format!("r{r}-ringcast-{coll}.txt"), &self.ringcast, &args)?;
+            if coll == "allgather" {
+                round.inject = injected(&out);
+            }
             let mut sides = vec![table(&out)];
             for btl in ["tcp", "vader"] {
                 let mut args: Vec<String> = [
@@ -291,6 +308,20 @@ impl Bench<'_> {
             }
             let _ = writeln!(s);
         }
+        let _ = writeln!(
+            s,
+            "## Bytes a rank injects per Allgather (round 1, ringcast's count)\n\n\
+             | size per rank | ringcast, headers included | x own block | a ring |\n\
+             |---:|---:|---:|---:|"
+        );
+        for &(size, inject, ring) in rounds.first().map_or(&[][..], |r| &r.inject) {
+            let _ = writeln!(
+                s,
+                "| {size} | {inject} | {:.3} | {ring} |",
+                inject as f64 / size as f64
+            );
+        }
+        let _ = writeln!(s);
         let largest = o.sizes.iter().max().copied().unwrap_or(0);
         let _ = writeln!(
             s,
