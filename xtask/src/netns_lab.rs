@@ -278,18 +278,30 @@ impl Lab {
     /// Joins `group` in every rank namespace (`ip addr ... autojoin`) and waits until the
     /// bridge lists every rank's port for it: snooping and IGMPv3 work.
     pub(crate) fn canary(&self, group: &str, limit: Duration) -> Result<Duration, String> {
-        let t = Instant::now();
         self.group_addr("add", group, &["autojoin"])?;
+        self.wait_group(group, 0..self.ns.len(), limit)
+            .map_err(|e| format!("canary {e}"))
+    }
+
+    /// Waits until the bridge's mdb lists the ports of ranks `ranks` for `group`; how long
+    /// that took.
+    pub(crate) fn wait_group(
+        &self,
+        group: &str,
+        ranks: std::ops::Range<usize>,
+        limit: Duration,
+    ) -> Result<Duration, String> {
+        let t = Instant::now();
         loop {
             let m = self.mdb();
-            if let Some(p) = m.get(group)
-                && self.veths[..self.ns.len()].iter().all(|v| p.contains(v))
+            if m.get(group)
+                .is_some_and(|p| self.veths[ranks.clone()].iter().all(|v| p.contains(v)))
             {
                 return Ok(t.elapsed());
             }
             if t.elapsed() > limit {
                 return Err(format!(
-                    "canary group {group}: not every rank's port in the bridge mdb after \
+                    "group {group}: not every port of ranks {ranks:?} in the bridge mdb after \
                      {limit:?}: {m:?}"
                 ));
             }

@@ -44,6 +44,9 @@ struct AtLoss {
     ceiling_tx_gbps: f64,
 }
 
+/// One goodput round: the ceiling's receivers (UDP Gb/s), ringcast's Broadcast.
+type GoodputRound = (Vec<f64>, Lat);
+
 struct Run {
     manifest: BTreeMap<String, String>,
     losses: Vec<(f64, AtLoss)>,
@@ -51,6 +54,9 @@ struct Run {
     bytes: BTreeMap<String, (Vec<u64>, Vec<u64>)>,
     /// ringcast's own count of what a rank injects per 16 MiB operation (from its JSON).
     injected_expected: BTreeMap<String, Vec<u64>>,
+    /// The goodput rounds, loss-free, in turn: the largest size, then per round the ceiling's
+    /// receivers (UDP Gb/s) and ringcast's Broadcast of that size.
+    goodput_rounds: Option<(u64, Vec<GoodputRound>)>,
 }
 
 fn read(dir: &Path, name: &str) -> Result<String, String> {
@@ -130,6 +136,15 @@ fn field(line: &str, key: &str) -> Option<f64> {
         .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }
 
+/// The `GOODPUT` lines' rates (UDP Gb/s) of a ceiling's receivers.
+fn receivers(ceiling: &str) -> Vec<f64> {
+    ceiling
+        .lines()
+        .filter(|l| l.starts_with("GOODPUT"))
+        .filter_map(|l| field(l, "gbps"))
+        .collect()
+}
+
 fn load(dir: &Path) -> Result<Run, String> {
     let manifest: BTreeMap<String, String> = read(dir, "manifest.txt")?
         .lines()
@@ -149,11 +164,7 @@ fn load(dir: &Path) -> Result<Run, String> {
             rc_bcast_fetched: bcast.fetched,
             mpi_bcast: mpi_table(&read(dir, &format!("{tag}-mpi-bcast.txt"))?),
             mpi_allgather: mpi_table(&read(dir, &format!("{tag}-mpi-allgather.txt"))?),
-            ceiling_rx_gbps: ceiling
-                .lines()
-                .filter(|l| l.starts_with("GOODPUT"))
-                .filter_map(|l| field(l, "gbps"))
-                .collect(),
+            ceiling_rx_gbps: receivers(&ceiling),
             ceiling_tx_gbps: ceiling
                 .lines()
                 .find(|l| l.starts_with("SENT"))
@@ -185,11 +196,33 @@ fn load(dir: &Path) -> Result<Run, String> {
             injected_expected.insert(coll.to_owned(), e);
         }
     }
+    let rounds: u32 = manifest
+        .get("goodput_rounds")
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    let mut goodput_rounds = None;
+    let largest = manifest
+        .get("sizes")
+        .and_then(|s| s.split(',').filter_map(|x| x.parse::<u64>().ok()).max());
+    if let (true, Some(size)) = (rounds > 0, largest) {
+        let mut v = Vec::new();
+        for r in 1..=rounds {
+            let ceiling = receivers(&read(dir, &format!("goodput-r{r}-ceiling.txt"))?);
+            let json = read(dir, &format!("goodput-r{r}-ringcast-bcast.json"))?;
+            let lat = ringcast_table(&json)?
+                .table
+                .remove(&size)
+                .ok_or_else(|| format!("goodput round {r}: no {size} B Broadcast"))?;
+            v.push((ceiling, lat));
+        }
+        goodput_rounds = Some((size, v));
+    }
     Ok(Run {
         manifest,
         losses,
         bytes,
         injected_expected,
+        goodput_rounds,
     })
 }
 
@@ -229,9 +262,24 @@ impl Run {
 
     /// The ceiling per receiver in payload GB/s.
     fn ceiling_gbs(a: &AtLoss, payload: f64) -> f64 {
-        let n = a.ceiling_rx_gbps.len().max(1) as f64;
-        let udp = a.ceiling_rx_gbps.iter().sum::<f64>() / n;
+        Self::payload_gbs(&a.ceiling_rx_gbps, payload)
+    }
+
+    /// The mean of receivers' UDP rates (Gb/s) in payload GB/s.
+    fn payload_gbs(rx_gbps: &[f64], payload: f64) -> f64 {
+        let n = rx_gbps.len().max(1) as f64;
+        let udp = rx_gbps.iter().sum::<f64>() / n;
         udp / 8.0 * payload / (payload + ROCE_OVERHEAD)
+    }
+
+    /// The goodput rounds: size, and per round ringcast's goodput and the ceiling (GB/s).
+    fn rounds(&self) -> Option<(u64, Vec<(f64, f64)>)> {
+        let (size, v) = self.goodput_rounds.as_ref()?;
+        let v = v
+            .iter()
+            .map(|(c, lat)| (gbs(*size, lat), Self::payload_gbs(c, self.payload())))
+            .collect();
+        Some((*size, v))
     }
 
     /// The largest size measured at 16 MiB or above, for the goodput figures.
@@ -376,8 +424,28 @@ impl Run {
             }
         }
         if let Some(size) = self.goodput_size() {
-            let c = Self::ceiling_gbs(a0, self.payload());
-            if let Some(r) = a0.rc_bcast.get(&size) {
+            // Against the ceiling measured next to it, round by round, where the run has
+            // rounds; else against the sweep's ceiling.
+            if let Some((size, v)) = self.rounds() {
+                let mut pct: Vec<f64> = v.iter().map(|(g, c)| 100.0 * g / c).collect();
+                let each: Vec<String> = v
+                    .iter()
+                    .zip(&pct)
+                    .map(|((g, c), p)| format!("{g:.3} of {c:.3} GB/s = {p:.0}%"))
+                    .collect();
+                pct.sort_by(f64::total_cmp);
+                let median = pct[pct.len() / 2];
+                g.push((
+                    format!(
+                        "Broadcast goodput ({}), each beside a ceiling",
+                        size_label(size)
+                    ),
+                    "≥ 85% of the ceiling".to_owned(),
+                    format!("median {median:.0}% ({})", each.join("; ")),
+                    Some(median >= 85.0),
+                ));
+            } else if let Some(r) = a0.rc_bcast.get(&size) {
+                let c = Self::ceiling_gbs(a0, self.payload());
                 let got = gbs(size, r);
                 g.push((
                     format!("Broadcast goodput ({})", size_label(size)),
@@ -458,6 +526,10 @@ impl Run {
                 "ceiling_tx_udp_gbps": a.ceiling_tx_gbps,
                 "ceiling_payload_gbs": Self::ceiling_gbs(a, self.payload()),
             })).collect::<Vec<_>>(),
+            "goodput_rounds": self.rounds().map(|(size, v)| json!({
+                "size": size,
+                "rounds": v.iter().map(|(g, c)| json!({"ringcast_gbs": g, "ceiling_payload_gbs": c})).collect::<Vec<_>>(),
+            })),
             "bytes_per_rank": self.bytes.iter().map(|(c, (r, m))| (c.clone(), json!({"ringcast": r, "mpi": m}))).collect::<BTreeMap<_, _>>(),
             "goals": self.goals().iter().map(|(n, g, r, m)| json!({"measure": n, "goal": g, "result": r, "met": m})).collect::<Vec<_>>(),
         })
