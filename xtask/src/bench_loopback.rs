@@ -10,9 +10,10 @@
 //! Raw outputs and `results.md` land in `target/bench-loopback/<unix time>/`. No root needed;
 //! Open MPI runs with `--allow-run-as-root` for CI-like machines.
 
+use crate::bench_net::{SIZES, build, mpi_bench, sizes};
 use crate::netns::require_tools;
-use crate::netns_lab::{sh, sh_limit};
-use crate::run::{Step, StepError};
+use crate::netns_lab::sh_limit;
+use crate::run::StepError;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -29,7 +30,7 @@ struct Opts {
 fn parse(args: &[String]) -> Result<Opts, StepError> {
     let mut o = Opts {
         rounds: 3,
-        sizes: vec![64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20],
+        sizes: SIZES.to_vec(),
         iters: 10,
         warmup: 2,
     };
@@ -48,11 +49,7 @@ fn parse(args: &[String]) -> Result<Opts, StepError> {
             "--sizes" => {
                 o.sizes = it
                     .next()
-                    .and_then(|v| {
-                        v.split(',')
-                            .map(|s| s.trim().parse::<u64>().ok().filter(|&n| n > 0))
-                            .collect()
-                    })
+                    .and_then(|v| sizes(v))
                     .ok_or_else(|| bad("`--sizes` wants positive byte counts".to_owned()))?;
             }
             other => return Err(bad(format!("unknown option `{other}`"))),
@@ -124,31 +121,13 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
         &["mpirun", "mpicc"],
         "openmpi-bin libopenmpi-dev",
     )?;
-    let cargo = crate::cargo();
-    let release = ["build", "--release", "-p"];
-    let ringcast = [
-        &release[..],
-        &["ringcast", "--features", "cli", "--bin", "ringcast"],
-    ];
-    let goodput_bin = [
-        &release[..],
-        &["ringcast-transport-rocev2-udp", "--example", "goodput"],
-    ];
-    for args in [ringcast.concat(), goodput_bin.concat()] {
-        Step::new(root, &cargo, &args, crate::minutes(30)).run()?;
-    }
+    build(root, &[])?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let dir = root.join("target/bench-loopback").join(stamp.to_string());
     std::fs::create_dir_all(&dir).map_err(|e| StepError::Other(format!("{e}")))?;
-    let mpi = dir.join("mpi_bench");
-    let src = root.join("xtask/src/lab/mpi_bench.c");
-    sh(
-        "mpicc",
-        &["-O2", "-o", &mpi.to_string_lossy(), &src.to_string_lossy()],
-    )
-    .map_err(StepError::Other)?;
+    let mpi = mpi_bench(root, &dir).map_err(StepError::Other)?;
     let b = Bench {
         dir: dir.clone(),
         ringcast: root.join("target/release/ringcast"),

@@ -59,10 +59,45 @@ struct Opts {
     record: bool,
 }
 
+/// The sizes measured by default, 64 KiB to 64 MiB (here and in `bench-loopback`).
+pub(crate) const SIZES: [u64; 6] = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20];
+
+/// A `--sizes` value: positive byte counts, comma-separated.
+pub(crate) fn sizes(v: &str) -> Option<Vec<u64>> {
+    v.split(',')
+        .map(|s| s.trim().parse::<u64>().ok().filter(|&n| n > 0))
+        .collect()
+}
+
+/// Builds, in release mode, the `ringcast` CLI, the ceiling's `goodput` and `examples`
+/// (package, example).
+pub(crate) fn build(root: &Path, examples: &[(&str, &str)]) -> Result<(), StepError> {
+    let cargo = crate::cargo();
+    let cli = ["ringcast", "--features", "cli", "--bin", "ringcast"];
+    let goodput = ["ringcast-transport-rocev2-udp", "--example", "goodput"];
+    let more = examples.iter().map(|(p, e)| vec![*p, "--example", e]);
+    for what in [cli.to_vec(), goodput.to_vec()].into_iter().chain(more) {
+        let args = [&["build", "--release", "-p"][..], &what].concat();
+        Step::new(root, &cargo, &args, crate::minutes(30)).run()?;
+    }
+    Ok(())
+}
+
+/// Builds `xtask/src/lab/mpi_bench.c` with mpicc into `dir`; its path.
+pub(crate) fn mpi_bench(root: &Path, dir: &Path) -> Result<PathBuf, String> {
+    let mpi = dir.join("mpi_bench");
+    let src = root.join("xtask/src/lab/mpi_bench.c");
+    sh(
+        "mpicc",
+        &["-O2", "-o", &mpi.to_string_lossy(), &src.to_string_lossy()],
+    )?;
+    Ok(mpi)
+}
+
 fn parse(args: &[String]) -> Result<Opts, StepError> {
     let mut o = Opts {
         ranks: 4,
-        sizes: vec![64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20],
+        sizes: SIZES.to_vec(),
         iters: 5,
         warmup: 1,
         losses: vec![0.0, 1.0],
@@ -85,10 +120,7 @@ fn parse(args: &[String]) -> Result<Opts, StepError> {
                     .ok_or_else(|| bad("`--ranks` wants 2 to 8".to_owned()))?;
             }
             "--sizes" => {
-                o.sizes = value("sizes in bytes")?
-                    .split(',')
-                    .map(|s| s.trim().parse::<u64>().ok().filter(|&n| n > 0))
-                    .collect::<Option<_>>()
+                o.sizes = sizes(&value("sizes in bytes")?)
                     .ok_or_else(|| bad("`--sizes` wants positive byte counts".to_owned()))?;
             }
             "--iters" => {
@@ -140,37 +172,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
         &["nft", "mpirun", "mpicc", "ethtool", "bridge", "timeout"],
         "iproute2 nftables ethtool openmpi-bin libopenmpi-dev",
     )?;
-    let cargo = crate::cargo();
-    for args in [
-        &[
-            "build",
-            "--release",
-            "-p",
-            "ringcast",
-            "--features",
-            "cli",
-            "--bin",
-            "ringcast",
-        ][..],
-        &[
-            "build",
-            "--release",
-            "-p",
-            "ringcast-transport-rocev2-udp",
-            "--example",
-            "goodput",
-        ],
-        &[
-            "build",
-            "--release",
-            "-p",
-            "ringcast",
-            "--example",
-            "bench_net_report",
-        ],
-    ] {
-        Step::new(root, &cargo, args, crate::minutes(30)).run()?;
-    }
+    build(root, &[("ringcast", "bench_net_report")])?;
     let bins = Bins {
         ringcast: root.join("target/release/ringcast"),
         goodput: root.join("target/release/examples/goodput"),
@@ -198,13 +200,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
             crate::netns_lab::in_ns(ns, "ethtool", &["-K", "eth0", "tx-udp-segmentation", "on"])
                 .map_err(StepError::Other)?;
         }
-        let mpi = dir.join("mpi_bench");
-        let src = root.join("xtask/src/lab/mpi_bench.c");
-        sh(
-            "mpicc",
-            &["-O2", "-o", &mpi.to_string_lossy(), &src.to_string_lossy()],
-        )
-        .map_err(StepError::Other)?;
+        let mpi = mpi_bench(root, &dir).map_err(StepError::Other)?;
         let bins = Bins { mpi, ..bins };
         let b = Bench {
             lab: &lab,
