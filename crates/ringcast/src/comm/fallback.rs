@@ -197,6 +197,10 @@ const KIND_POSTED: u8 = 0xFA;
 /// Broadcasts of one length (a window of 1 024 holds 1 MiB of 1 KiB ones), and less than
 /// five times that however they mix (at distance `d`, only lengths below `TREE_BYTES / d`).
 /// Ranks in step never wait here: a root asks at half the window, before it reaches its end.
+/// A root that waits here longer than the peer timeout fails the operation naming the child
+/// ([`CommError::PeerUnresponsive`]), as any operation waiting on a peer does: a rank that
+/// posts that late behind a root a window ahead fails it, where the root once completed (and
+/// the late rank found every piece waiting).
 fn tree_ahead(len: usize) -> u64 {
     (TREE_BYTES / len.max(1) as u64).clamp(16, 1024)
 }
