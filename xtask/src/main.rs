@@ -36,10 +36,10 @@ commands:
   figures [--quick|--full]    regenerate the study's tables and plots in docs/figures/ (quick default)
   netns [--ranks N] [--long] [--only NAME,...]
                               the namespace lab (needs root): N ranks (default 4, at most 8) on an
-                              IGMPv3-snooping bridge: correctness, a random mix, loss, hostile
-                              traffic, failures, fallback, wire checks, mpirun; removes all it
-                              created, even on Ctrl-C; skips with a message where namespaces
-                              cannot be created
+                              IGMPv3-snooping bridge: correctness, a random mix, a root running
+                              ahead, loss, hostile traffic, failures, fallback, wire checks,
+                              mpirun; removes all it created, even on Ctrl-C; skips with a
+                              message where namespaces cannot be created
   bench-net [--ranks N] [--sizes B,..] [--iters N] [--warmup N] [--losses PCT,..] [--quick]
             [--record]
                               ringcast vs Open MPI over TCP vs the raw multicast ceiling in the

@@ -167,6 +167,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
             ("no-offload", no_offload),
             ("small-tcp", small_tcp),
             ("random-mix", random_mix),
+            ("run-ahead", run_ahead),
             ("mismatch", mismatch),
             ("loss", loss),
             ("hostile", hostile),
@@ -572,6 +573,53 @@ fn random_mix(ctx: &Ctx<'_>) -> Result<String, String> {
     Ok(format!(
         "{ops} random operations per rank byte for byte at 1 % loss in {ms} ms (seed {seed}): \
          {datagrams} datagrams multicast, {tcp} B over TCP, {fetched} chunks fetched"
+    ))
+}
+
+/// A root that runs ahead (`lab_rank flood`): rank 0 broadcasts 5 000 buffers of 32 KiB back
+/// to back (blocking, no barrier; over TCP trees) while the others start 2 s late. Every
+/// buffer byte for byte, and no rank's peak resident memory above 64 MiB: a root sends a rank
+/// pieces of at most a window of operations it has not posted (8 MiB of them), where it once
+/// left one of every operation (160 MiB here).
+fn run_ahead(ctx: &Ctx<'_>) -> Result<String, String> {
+    const PEAK_KB: u64 = 64 << 10;
+    let mut r = ctx.start(
+        "flood",
+        &[
+            "flood",
+            "--ops",
+            "5000",
+            "--size",
+            "32768",
+            "--late-secs",
+            "2",
+        ],
+        &[("RINGCAST_TCP_THRESHOLD", "65536".to_owned())],
+    )?;
+    let done = r.wait_all(Duration::from_secs(120));
+    let outs = all_checked(&r, ctx.p())?;
+    if !done {
+        return Err("ranks ran past 120 s".to_owned());
+    }
+    let mut peaks = Vec::new();
+    for (i, out) in outs.iter().enumerate() {
+        let m = kv(out.lines().find(|l| l.starts_with("FLOOD")).unwrap_or(""));
+        let peak = m
+            .get("peak_kb")
+            .and_then(|p| p.parse::<u64>().ok())
+            .ok_or_else(|| format!("rank {i}: no peak memory: {out}"))?;
+        if peak > PEAK_KB {
+            return Err(format!(
+                "rank {i} peaked at {peak} kB, above {PEAK_KB} kB: it kept what it had not \
+                 posted"
+            ));
+        }
+        peaks.push(format!("{} MB", peak / 1024));
+    }
+    Ok(format!(
+        "5000 Broadcasts of 32 KiB from a root running ahead, the others 2 s late, byte for \
+         byte; peak resident memory per rank {}",
+        peaks.join(" / ")
     ))
 }
 

@@ -24,8 +24,8 @@
 //!   line each), then a verified round as `check` runs it (`CHECKED`, `STATS`).
 //! * `flood --ops N --size B --late-secs S`: rank 0 broadcasts N buffers of B bytes one after
 //!   the other (blocking, no barrier) while every other rank starts S seconds later; every
-//!   buffer is checked, then `FLOOD` gives each rank's time and peak resident memory (what it
-//!   kept of operations it had not posted). Run it with `RINGCAST_TCP_THRESHOLD` at or above
+//!   buffer is checked (`CHECKED`), then `FLOOD` gives each rank's time and peak resident
+//!   memory in kB (what it kept of operations it had not posted). Run it with `RINGCAST_TCP_THRESHOLD` at or above
 //!   B, so that the Broadcasts take the TCP tree.
 //!
 //! Exit status: 0 done, 1 a collective failed or delivered wrong bytes, 3 the communicator
@@ -313,16 +313,16 @@ fn flood(comm: &Communicator, ops: u64, size: usize, late: Duration) -> Result<(
             )));
         }
     }
+    let ms = t.elapsed().as_millis();
+    say(&format!("CHECKED rank={me} ops={ops} ms={ms}"));
+    // Peak resident memory, in kB (`VmHWM:   12345 kB`).
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let peak = status
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))
-        .map_or("unknown", str::trim);
-    say(&format!(
-        "FLOOD rank={me} ops={ops} ms={} peak={}",
-        t.elapsed().as_millis(),
-        peak.replace(' ', "")
-    ));
+        .and_then(|v| v.split_whitespace().next())
+        .unwrap_or("unknown");
+    say(&format!("FLOOD rank={me} ops={ops} ms={ms} peak_kb={peak}"));
     Ok(())
 }
 
