@@ -14,9 +14,8 @@
 //! Loss-free, it then measures the ceiling and ringcast's largest Broadcast in turn, three
 //! times, so that the goodput goal compares each with a ceiling measured next to it (the VM's
 //! speed drifts between the sweeps); and it counts the bytes each rank's namespace put into
-//! the bridge (the host-side
-//! veth's `rx_bytes`) over a few 16 MiB operations of each, to set ringcast's injection (own
-//! block + headers) beside a ring's (P-1 times).
+//! the bridge (the host-side veth's `rx_bytes`) over a few 16 MiB operations of each, to set
+//! ringcast's injection (own block + headers) beside a ring's (P-1 times).
 //!
 //! Both sides use the veths' segmentation offloads (TCP's TSO for Open MPI, UDP's USO for
 //! ringcast's GSO batches), as they would a NIC's. Nothing is pinned, neither side (2 cores shared by P ranks' threads: pinning would only
