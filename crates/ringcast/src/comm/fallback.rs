@@ -1474,7 +1474,7 @@ impl Dispatcher {
 
     fn message(&mut self, from: u32, b: &[u8]) {
         match b.first().copied() {
-            Some(KIND_PIECE | KIND_CTS | KIND_ROUND) => self.arrival(from, b.to_vec()),
+            Some(KIND_PIECE | KIND_CTS | KIND_ROUND) => self.arrival(from, b),
             Some(KIND_ASK) => {
                 let (Some(at), Some(ask)) = (u64_at(b, 8), self.asks.get_mut(from as usize)) else {
                     return;
@@ -1560,13 +1560,13 @@ impl Dispatcher {
 
     /// A piece or a clear-to-send from a peer: taken if its operation runs here, kept if it
     /// has not started yet.
-    fn arrival(&mut self, from: u32, msg: Vec<u8>) {
-        let Some(k) = u64_at(&msg, 8) else {
+    fn arrival(&mut self, from: u32, msg: &[u8]) {
+        let Some(k) = u64_at(msg, 8) else {
             return;
         };
         match self.active.iter().position(|o| o.k == k) {
             Some(i) => {
-                self.take(i, from, &msg);
+                self.take(i, from, msg);
             }
             None if self.ended.contains(&k) => {
                 tracing::debug!(op = k, "fallback: message of a finished operation ignored");
@@ -1578,7 +1578,9 @@ impl Dispatcher {
                     "fallback: message of an operation long over ignored"
                 );
             }
-            None => self.early.entry(k).or_default().push((from, msg)),
+            // Copied only here: a piece of an operation running here is taken from the
+            // mesh's buffer.
+            None => self.early.entry(k).or_default().push((from, msg.to_vec())),
         }
         self.reap();
     }
