@@ -1137,10 +1137,8 @@ impl ControlPort for TcpControl {
         }
         let input = self.ready.pop_front()?;
         if let ControlInput::Message { .. } = input {
-            buf.clear();
-            if let Some(m) = self.local.pop_front() {
-                buf.extend_from_slice(&m);
-            }
+            // Moved, not copied: a TCP fallback's piece is 256 KiB.
+            *buf = self.local.pop_front().unwrap_or_default();
         }
         Some(input)
     }
