@@ -35,17 +35,18 @@ fn parse(args: &[String]) -> Result<Opts, StepError> {
         warmup: 2,
     };
     let bad = |m: String| StepError::Other(format!("{m}\n\nusage: cargo xtask {USAGE}"));
-    let count = |v: Option<&String>, what: &str| {
+    // A count of at least `min` after option `what`.
+    let count = |v: Option<&String>, what: &str, min: u32| {
         v.and_then(|v| v.parse::<u32>().ok())
-            .filter(|&n| n > 0 || what == "--warmup")
-            .ok_or_else(|| bad(format!("`{what}` wants a count")))
+            .filter(|&n| n >= min)
+            .ok_or_else(|| bad(format!("`{what}` wants a count of at least {min}")))
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--rounds" => o.rounds = count(it.next(), a)?,
-            "--iters" => o.iters = count(it.next(), a)?,
-            "--warmup" => o.warmup = count(it.next(), a)?,
+            "--rounds" => o.rounds = count(it.next(), a, 1)?,
+            "--iters" => o.iters = count(it.next(), a, 1)?,
+            "--warmup" => o.warmup = count(it.next(), a, 0)?,
             "--sizes" => {
                 o.sizes = it
                     .next()

@@ -204,7 +204,9 @@ fn load(dir: &Path) -> Result<Run, String> {
     let largest = manifest
         .get("sizes")
         .and_then(|s| s.split(',').filter_map(|x| x.parse::<u64>().ok()).max());
-    if let (true, Some(size)) = (rounds > 0, largest) {
+    if rounds > 0
+        && let Some(size) = largest
+    {
         let mut v = Vec::new();
         for r in 1..=rounds {
             let ceiling = receivers(&read(dir, &format!("goodput-r{r}-ceiling.txt"))?);
