@@ -89,12 +89,20 @@ impl Barrier {
         self.ready_count + 1 >= ranks
     }
 
-    /// Hub: the lowest rank whose `Ready` is missing.
-    pub(crate) fn first_unready(&self) -> Option<Rank> {
-        self.ready
-            .iter_zeros()
-            .map(|i| Rank(i as u32))
-            .find(|r| *r != self.me)
+    /// Hub: whom to blame for the missing `Ready`s.
+    ///
+    /// A rank that has not said `Ready` may still be in the previous operation, done with its
+    /// data but waiting for its successor's `Fin` (the hub, done with that operation, heard
+    /// its own successor's): only a successor that hung withholds it, and that one has not
+    /// said `Ready` either. So the blame goes along the ring, from the hub, to the first silent
+    /// rank whose successor said `Ready` (or is the hub): the end of a run of silent ranks.
+    pub(crate) fn silent_to_blame(&self) -> Option<Rank> {
+        let p = self.ready.len() as u32;
+        let said = |r: u32| r == self.me.0 || self.ready[r as usize];
+        (1..p)
+            .map(|i| (self.me.0 + i) % p)
+            .find(|&r| !said(r) && said((r + 1) % p))
+            .map(Rank)
     }
 }
 
@@ -174,5 +182,35 @@ impl Collective {
         }
         self.begin_data(cx);
         self.progress(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hub `hub` of `ranks` with `said` having said `Ready`: whom it blames.
+    fn blamed(hub: u32, ranks: u32, said: &[u32]) -> Option<u32> {
+        let mut b = Barrier::new(Rank(hub), Rank(hub), ranks, 0);
+        for &r in said {
+            assert!(b.mark(Rank(r)));
+        }
+        b.silent_to_blame().map(|r| r.0)
+    }
+
+    #[test]
+    fn the_hub_blames_the_end_of_a_run_of_silent_ranks() {
+        // One silent rank: that one.
+        assert_eq!(blamed(0, 4, &[1, 3]), Some(2));
+        assert_eq!(blamed(0, 4, &[1, 2]), Some(3));
+        // Rank 1 may wait for rank 2's `Fin`: rank 2.
+        assert_eq!(blamed(0, 4, &[3]), Some(2));
+        assert_eq!(blamed(2, 6, &[3, 0]), Some(5));
+        // Nobody said anything: the hub's predecessor (the run ends at the hub).
+        assert_eq!(blamed(0, 4, &[]), Some(3));
+        assert_eq!(blamed(1, 2, &[]), Some(0));
+        // Two runs: the first after the hub.
+        assert_eq!(blamed(0, 6, &[3, 5]), Some(2));
+        assert_eq!(blamed(0, 4, &[1, 2, 3]), None);
     }
 }

@@ -217,7 +217,7 @@ impl Collective {
         let blame = [
             (
                 Timer::Ready,
-                self.barrier.first_unready().unwrap_or(self.succ),
+                self.barrier.silent_to_blame().unwrap_or(self.succ),
             ),
             (Timer::Go, self.barrier.hub()),
             (Timer::Fetch, self.pred),

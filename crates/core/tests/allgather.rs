@@ -112,3 +112,63 @@ fn crash_during_allgather_blames_the_crashed_rank() {
         assert!(failed > 0);
     }
 }
+
+/// A rank whose control connections go dead (an nft drop) right after its data is complete
+/// withholds its `Fin`: its predecessor still waits in that operation when the hub (rank 0),
+/// done with it, starts the next one. The hub must blame the silent rank, not the
+/// predecessor that only waits on it.
+#[test]
+fn a_rank_cut_off_before_its_fin_is_blamed_by_the_next_barrier() {
+    let sizes = vec![16 * 1024; 4];
+    // Where the loss-free operation's messages fall.
+    let mut clean = Net::new(4, |_| {});
+    clean.trace = Some(String::new());
+    clean.allgather_at(0, 0, sizes.clone());
+    clean.run(STEPS);
+    clean.assert_all_completed();
+    let trace = clean.trace.take().unwrap_or_default();
+    let time_of = |needle: &str| -> u64 {
+        let line = trace
+            .lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no `{needle}` in the trace:\n{trace}"));
+        line.split_whitespace()
+            .next()
+            .and_then(|t| t.parse().ok())
+            .expect("a time")
+    };
+    let fin = time_of("r2 -> r1 Fin");
+    let done = (0..4)
+        .map(|r| match clean.outcome(r, 0) {
+            Outcome::Completed(t) => t,
+            o => panic!("r{r}: {o:?}"),
+        })
+        .max()
+        .expect("ranks");
+
+    let mut net = Net::new(4, |_| {});
+    net.faults.control_cut.push((2, fin));
+    net.allgather_at(0, 0, sizes.clone());
+    // Ranks 0 and 3 complete the first operation and post the next; ranks 1 and 2 are still
+    // in the first (1 waits for 2's `Fin`, 2 for 3's).
+    for r in [0, 3] {
+        net.start_rank(
+            done + 1_000,
+            r,
+            util::Start::Allgather {
+                sizes: sizes.clone(),
+            },
+        );
+    }
+    net.run(STEPS);
+    assert!(net.errors.is_empty(), "{:?}", net.errors);
+    for r in [0, 3] {
+        assert!(matches!(net.outcome(r, 0), Outcome::Completed(_)), "r{r}");
+    }
+    for (r, op) in [(0, 1), (1, 0), (3, 1)] {
+        match net.outcome(r, op) {
+            Outcome::Failed(e) => assert_eq!(e.peer(), Rank(2), "r{r} op {op}: {e:?}"),
+            o => panic!("r{r} op {op}: {o:?}"),
+        }
+    }
+}

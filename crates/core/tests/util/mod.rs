@@ -83,6 +83,9 @@ pub struct Faults {
     pub crash: Vec<(u32, u64)>,
     /// Replays every chunk this many ns later (stale packets).
     pub replay_after_ns: Option<u64>,
+    /// (rank, time ns): from that time on, every control message from or to the rank is
+    /// dropped (an nft drop on its TCP ports); its multicast still flows.
+    pub control_cut: Vec<(u32, u64)>,
 }
 
 #[derive(Debug, Clone)]
@@ -222,6 +225,14 @@ impl Net {
             .unwrap_or(u64::MAX)
     }
 
+    /// Whether a control message between `a` and `b` is dropped now.
+    fn cut(&self, a: u32, b: u32) -> bool {
+        self.faults
+            .control_cut
+            .iter()
+            .any(|&(r, t)| (r == a || r == b) && self.now >= t)
+    }
+
     fn crashed(&self, rank: u32) -> bool {
         self.now >= self.crash_time(rank)
     }
@@ -333,6 +344,10 @@ impl Net {
                 }
             }
             Ev::Control { to, from, bytes } => {
+                if self.cut(from, to) {
+                    self.log(|| format!("r{to} <- r{from} cut"));
+                    return;
+                }
                 if self.trace.is_some() {
                     let m = ControlRepr::parse_bytes(&bytes)
                         .map_or_else(|_| "<malformed>".into(), |m| format!("{m:?}"));
