@@ -21,8 +21,11 @@
 //! And `poll(2)` on an inline mesh's epoll descriptor ([`wait_readable`]), which waits for its
 //! events without taking them (mio's poll takes them, and needs the mesh).
 //!
-//! This is the crate's only `unsafe`: four FFI calls with buffers they own, that view, and
-//! that control message.
+//! And a `recv` into a vector's spare capacity ([`recv_spare`]), for a large frame of the TCP
+//! mesh read straight into the vector that carries it on.
+//!
+//! This is the crate's only `unsafe`: five FFI calls with buffers they own, that view, that
+//! control message, and that vector's length.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -165,6 +168,24 @@ pub(crate) struct Scattered {
     pub(crate) from: socket2::SockAddr,
     /// Bytes of `control` the kernel filled.
     pub(crate) control_len: usize,
+}
+
+/// One non-blocking `recv` from `stream` into the spare capacity of `buf`, at most `max`
+/// bytes, which then extend `buf`: a large frame is read straight into the vector it is handed
+/// over in, with neither a zero fill first nor a copy after.
+pub(crate) fn recv_spare(
+    stream: &std::net::TcpStream,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> io::Result<usize> {
+    let spare = buf.spare_capacity_mut();
+    let n = max.min(spare.len());
+    let got =
+        socket2::SockRef::from(stream).recv_with_flags(&mut spare[..n], libc::MSG_DONTWAIT)?;
+    // SAFETY: `recv` initialized the first `got` bytes of the spare capacity (the kernel
+    // returns at most `n`, which is at most its length): they are now part of the vector.
+    unsafe { buf.set_len(buf.len() + got.min(n)) };
+    Ok(got)
 }
 
 /// One non-blocking `recvmsg` of one datagram (or GRO super-packet) across `bufs`, in order,

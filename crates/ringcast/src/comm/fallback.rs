@@ -1716,7 +1716,7 @@ impl Dispatcher {
         let tree = matches!(op.shape, Shape::Tree { .. });
         let ahead = k.saturating_sub(posted);
         if !tree || ahead < window {
-            self.mesh.send_control(Rank(to), msg);
+            self.mesh.send_control_parts(Rank(to), &[msg]);
             if tree && ahead >= window / 2 {
                 // Half the window used: ask now, so that a child in step answers before
                 // this rank reaches the end of it (it would wait a round trip there).
@@ -1834,8 +1834,8 @@ impl Dispatcher {
                 let n = (have - off).min(cfg.piece as u64);
                 piece_header(scratch, b, op.k, off, op.fingerprint);
                 let s = (base + off) as usize;
-                scratch.extend_from_slice(&op.buf[s..s + n as usize]);
-                mesh.send_control(Rank(to), scratch);
+                // Straight from the operation's buffer: copied only if the socket is full.
+                mesh.send_control_parts(Rank(to), &[scratch, &op.buf[s..s + n as usize]]);
                 op.fwd[b as usize] += n;
                 op.sent += n;
                 // The next hop took what was queued before: it is alive and reading.
