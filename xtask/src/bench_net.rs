@@ -32,7 +32,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 const USAGE: &str = "bench-net [--ranks N] [--sizes B,B,..] [--iters N] [--warmup N] \
-                     [--losses PCT,PCT,..] [--quick] [--record]";
+                     [--losses PCT,PCT,..] [--tcp-threshold B] [--quick] [--record]";
 
 /// The data port of ringcast and of the ceiling's sender (RoCEv2's).
 const DATA_PORT: u16 = 4791;
@@ -55,6 +55,8 @@ struct Opts {
     iters: u32,
     warmup: u32,
     losses: Vec<f64>,
+    /// ringcast's `--tcp-threshold` (its default when `None`).
+    tcp_threshold: Option<u64>,
     record: bool,
 }
 
@@ -100,6 +102,7 @@ fn parse(args: &[String]) -> Result<Opts, StepError> {
         iters: 5,
         warmup: 1,
         losses: vec![0.0, 1.0],
+        tcp_threshold: None,
         record: false,
     };
     let bad = |m: String| StepError::Other(format!("{m}\n\nusage: cargo xtask {USAGE}"));
@@ -145,6 +148,13 @@ fn parse(args: &[String]) -> Result<Opts, StepError> {
                     })
                     .collect::<Option<_>>()
                     .ok_or_else(|| bad("`--losses` wants percentages below 50".to_owned()))?;
+            }
+            "--tcp-threshold" => {
+                o.tcp_threshold = Some(
+                    value("bytes")?
+                        .parse()
+                        .map_err(|_| bad("`--tcp-threshold` wants bytes".to_owned()))?,
+                );
             }
             "--quick" => {
                 o.sizes = vec![64 << 10, 1 << 20, 16 << 20];
@@ -308,13 +318,17 @@ impl Bench<'_> {
             &format!(
                 "ranks={}\nsizes={}\niters={}\nwarmup={}\nlosses={}\npayload={PAYLOAD}\n\
                  bytes_size={BYTES_SIZE}\nbytes_ops={}\ncpu={cpu}\ncores={cores}\n\
-                 commit={commit}\nmpi={mpi}\ngoodput_rounds={GOODPUT_ROUNDS}\n",
+                 commit={commit}\nmpi={mpi}\ngoodput_rounds={GOODPUT_ROUNDS}\n\
+                 tcp_threshold={}\n",
                 self.p(),
                 sizes.join(","),
                 self.o.iters,
                 self.o.warmup,
                 losses.join(","),
                 BYTES_ITERS + 1,
+                self.o
+                    .tcp_threshold
+                    .map_or_else(|| "default".to_owned(), |t| t.to_string()),
             ),
         )
     }
@@ -375,9 +389,13 @@ impl Bench<'_> {
     /// `ringcast bench COLL --json` on every namespace; rank 0's JSON.
     fn ringcast(&self, coll: &str, sizes: &str, warmup: u32, iters: u32) -> Result<String, String> {
         let (w, i) = (warmup.to_string(), iters.to_string());
-        let args = [
+        let t = self.o.tcp_threshold.map(|t| t.to_string());
+        let mut args = vec![
             "bench", coll, "--sizes", sizes, "--warmup", &w, "--iters", &i, "--json",
         ];
+        if let Some(t) = &t {
+            args.extend(["--tcp-threshold", t]);
+        }
         let tag = format!("rc-{coll}-{}", self.port.get());
         let l = Launch {
             program: &self.bins.ringcast,

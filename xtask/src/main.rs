@@ -40,13 +40,14 @@ commands:
                               ahead, loss, hostile traffic, failures, fallback, wire checks,
                               mpirun; removes all it created, even on Ctrl-C; skips with a
                               message where namespaces cannot be created
-  bench-net [--ranks N] [--sizes B,..] [--iters N] [--warmup N] [--losses PCT,..] [--quick]
-            [--record]
+  bench-net [--ranks N] [--sizes B,..] [--iters N] [--warmup N] [--losses PCT,..]
+            [--tcp-threshold B] [--quick] [--record]
                               ringcast vs Open MPI over TCP vs the raw multicast ceiling in the
                               namespace lab (needs root, mpicc): Broadcast and Allgather, 64 KiB
                               to 64 MiB, loss-free and at 1% loss, bytes on the bridge per rank;
                               report and SVG plots in target/bench-net/<id>/ (--record: also
-                              docs/bench-net/)
+                              docs/bench-net/); --tcp-threshold: ringcast's (its default if
+                              not given)
   bench-loopback [--rounds N] [--sizes B,..] [--iters N] [--warmup N]
                               issue 7's side by side on loopback, 4 local ranks (needs mpicc):
                               ringcast vs Open MPI over TCP and shared memory vs the raw
