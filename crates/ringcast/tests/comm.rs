@@ -156,6 +156,49 @@ fn broadcast_allgather_allgatherv_byte_for_byte() {
     });
 }
 
+/// In-place Allgathers (`MPI_IN_PLACE`): a rank's block already in the buffer, nothing else
+/// written by it; small ones over TCP, large ones over multicast, several in flight.
+#[test]
+fn in_place_allgathers_deliver_every_byte() {
+    world_with(
+        31,
+        |b| b,
+        |comm| {
+            let me = comm.rank() as usize;
+            let p = RANKS as usize;
+            let mut reqs = Vec::new();
+            let mut wants = Vec::new();
+            // Equal blocks, typed: 100 u32 (over TCP) and 300 000 u32 (over multicast).
+            for (i, n) in [100usize, 300_000].into_iter().enumerate() {
+                let want: Vec<u32> = (0..n * p)
+                    .map(|j| (j as u32).wrapping_mul(2_654_435_761) ^ i as u32)
+                    .collect();
+                // Every block but this rank's is garbage that must be overwritten.
+                let mut buf = vec![0xDEAD_BEEFu32; n * p];
+                buf[me * n..(me + 1) * n].copy_from_slice(&want[me * n..(me + 1) * n]);
+                reqs.push(comm.iallgather_in_place(buf).map_err(e)?);
+                wants.push(want);
+            }
+            // Uneven blocks with empty ones, bytes.
+            for counts in [[7usize, 0, 1000, 3], [0, 200_000, 0, 90_001]] {
+                let blocks: Vec<Vec<u8>> = (0..RANKS)
+                    .map(|r| pattern(32, r, counts[r as usize]))
+                    .collect();
+                let at: usize = counts[..me].iter().sum();
+                let mut buf = vec![0xA5u8; counts.iter().sum()];
+                buf[at..at + counts[me]].copy_from_slice(&blocks[me]);
+                let r = comm.iallgatherv_in_place(buf, &counts).map_err(e)?;
+                let got = r.wait().map_err(e)?;
+                check("allgatherv in place", &got, &blocks.concat())?;
+            }
+            for (i, (r, want)) in reqs.into_iter().zip(wants).enumerate() {
+                check(&format!("allgather in place {i}"), &r.wait().map_err(e)?, &want)?;
+            }
+            Ok(())
+        },
+    );
+}
+
 #[test]
 fn with_the_icrc_checked_every_datagram_passes_it() {
     world_with(
@@ -729,6 +772,18 @@ fn bad_arguments_and_settings_are_typed_errors() {
     assert!(matches!(
         comm.iallgatherv(&[1u8], vec![0u8; 1], &[1, 0]),
         Err(CommError::CountsLength { got: 2, ranks: 1 })
+    ));
+    assert!(matches!(
+        comm.iallgatherv_in_place(vec![0u8; 2], &[1, 1]),
+        Err(CommError::CountsLength { got: 2, ranks: 1 })
+    ));
+    assert!(matches!(
+        comm.iallgatherv_in_place(vec![0u8; 2], &[3]),
+        Err(CommError::BufferSize {
+            what: "recv",
+            got: 2,
+            required: 3
+        })
     ));
     // Counts whose bytes do not fit in memory: a typed error, not an overflow.
     assert!(matches!(

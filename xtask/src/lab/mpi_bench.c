@@ -3,7 +3,8 @@
  * untimed run, WARMUP warm-up runs, ITERS timed runs, each after a barrier; an iteration's
  * latency is the slowest rank's (MPI_Reduce MAX); avg/min/max over iterations.
  * Build: mpicc -O2 -o mpi_bench mpi_bench.c */
-/* usage: mpi_bench bcast|allgather WARMUP ITERS SIZE... */
+/* usage: mpi_bench bcast|allgather|allgather-in-place WARMUP ITERS SIZE...
+ * (allgather-in-place: MPI_IN_PLACE, each rank's block already in the receive buffer) */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &p);
     int bcast = strcmp(argv[1], "bcast") == 0, warmup = atoi(argv[2]), iters = atoi(argv[3]);
+    int in_place = strcmp(argv[1], "allgather-in-place") == 0;
     double *t = malloc(sizeof(double) * iters), *tmax = malloc(sizeof(double) * iters);
     if (me == 0)
         printf("%-10s%18s%18s%18s%12s%14s%14s\n", "# Size", "Avg Latency(us)", "Min Latency(us)",
@@ -23,10 +25,13 @@ int main(int argc, char **argv) {
         char *send = malloc(n), *recv = malloc(bcast ? 1 : n * p);
         memset(send, me, n);
         if (!bcast) memset(recv, 0, n * p);
+        if (in_place) memset(recv + (long)me * n, me, n);
         for (int i = -1 - warmup; i < iters; i++) {   /* 1 untimed + warmup, then timed */
             MPI_Barrier(MPI_COMM_WORLD);
             double t0 = MPI_Wtime();
             if (bcast) MPI_Bcast(send, n, MPI_BYTE, 0, MPI_COMM_WORLD);
+            else if (in_place)
+                MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, n, MPI_BYTE, MPI_COMM_WORLD);
             else MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, MPI_COMM_WORLD);
             if (i >= 0) t[i] = MPI_Wtime() - t0;
         }

@@ -294,6 +294,46 @@ impl Communicator {
         recv: Vec<T>,
         counts: &[usize],
     ) -> Result<Request<T>, CommError> {
+        self.post_allgatherv(Some(send), recv, counts)
+    }
+
+    /// Starts an Allgather in place (`MPI_IN_PLACE`; NCCL's in-place `ncclAllGather`): `buf`,
+    /// the world size times one block, already holds this rank's block at its place (block
+    /// `rank`), and comes back holding every rank's. Nothing is copied in: the layout of an
+    /// FSDP shard, a view of the gathered tensor. A length that is not a multiple of the world
+    /// size is a [`CommError::BufferSize`].
+    pub fn iallgather_in_place<T: Pod>(&self, buf: Vec<T>) -> Result<Request<T>, CommError> {
+        let p = self.size as usize;
+        if !buf.len().is_multiple_of(p) {
+            return Err(CommError::BufferSize {
+                what: "recv",
+                got: buf.len(),
+                required: buf.len().next_multiple_of(p),
+            });
+        }
+        let counts = vec![buf.len() / p; p];
+        self.post_allgatherv(None, buf, &counts)
+    }
+
+    /// Starts an Allgatherv in place: `buf` (`counts` summed) already holds this rank's
+    /// `counts[rank]` elements at their place (after the blocks of the ranks before it), and
+    /// comes back holding every block in rank order. See [`Self::iallgather_in_place`].
+    pub fn iallgatherv_in_place<T: Pod>(
+        &self,
+        buf: Vec<T>,
+        counts: &[usize],
+    ) -> Result<Request<T>, CommError> {
+        self.post_allgatherv(None, buf, counts)
+    }
+
+    /// An Allgatherv into `recv`, with this rank's block copied in from `send`, or already in
+    /// place (`None`).
+    fn post_allgatherv<T: Pod>(
+        &self,
+        send: Option<&[T]>,
+        recv: Vec<T>,
+        counts: &[usize],
+    ) -> Result<Request<T>, CommError> {
         if counts.len() != self.size as usize {
             return Err(CommError::CountsLength {
                 got: counts.len(),
@@ -301,7 +341,9 @@ impl Communicator {
             });
         }
         let me = self.rank as usize;
-        if send.len() != counts[me] {
+        if let Some(send) = send
+            && send.len() != counts[me]
+        {
             return Err(CommError::BufferSize {
                 what: "send",
                 got: send.len(),
@@ -325,9 +367,11 @@ impl Communicator {
             bytes = total * elem
         );
         let (mut bytes, typed) = vec_to_bytes(recv);
-        let at = counts[..me].iter().sum::<usize>() * elem;
-        let mine: &[u8] = bytemuck::cast_slice(send);
-        bytes[at..at + mine.len()].copy_from_slice(mine);
+        if let Some(send) = send {
+            let at = counts[..me].iter().sum::<usize>() * elem;
+            let mine: &[u8] = bytemuck::cast_slice(send);
+            bytes[at..at + mine.len()].copy_from_slice(mine);
+        }
         let sizes = counts.iter().map(|&c| (c * elem) as u64).collect();
         self.post(Kind::Allgather { sizes }, bytes, typed, span)
     }

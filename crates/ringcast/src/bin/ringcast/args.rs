@@ -251,6 +251,11 @@ pub(crate) struct BenchArgs {
     /// owned vectors.
     #[arg(long)]
     pub(crate) blocking: bool,
+    /// Time the in-place Allgather(v) (`iallgatherv_in_place`, `MPI_IN_PLACE`: this rank's
+    /// block is already in the receive buffer, nothing is copied in); a Broadcast is always
+    /// in place.
+    #[arg(long, conflicts_with = "blocking")]
+    pub(crate) in_place: bool,
     #[command(flatten)]
     pub(crate) net: NetArgs,
 }

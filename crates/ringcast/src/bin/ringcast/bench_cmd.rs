@@ -87,11 +87,7 @@ impl Output {
                 1,
                 a.warmup,
                 a.iters,
-                if a.blocking {
-                    "blocking"
-                } else {
-                    "non-blocking"
-                }
+                calls(a)
             ))?;
             o.line(
                 "# Latency: per iteration the slowest rank's time; avg/min/max over iterations",
@@ -179,6 +175,7 @@ impl Output {
             "launch": launch,
             "warmup": a.warmup,
             "blocking": a.blocking,
+            "in_place": a.in_place,
             "iters": a.iters,
             "latency": "per iteration the slowest rank's time (us); avg/min/max over iterations",
             "algbw": "S / avg latency in GB/s (1e9 B/s); S = the buffer (bcast) or all blocks",
@@ -317,8 +314,8 @@ enum Bufs {
 }
 
 impl Bufs {
-    fn run(self, comm: &Communicator, blocking: bool) -> Result<Self, CommError> {
-        if blocking {
+    fn run(self, comm: &Communicator, a: &BenchArgs) -> Result<Self, CommError> {
+        if a.blocking {
             return Ok(match self {
                 Bufs::Bcast(mut b) => {
                     comm.broadcast(0, &mut b)?;
@@ -337,10 +334,25 @@ impl Bufs {
         Ok(match self {
             Bufs::Bcast(b) => Bufs::Bcast(comm.ibroadcast(0, b)?.wait()?),
             Bufs::Gather { send, recv, counts } => {
-                let recv = comm.iallgatherv(&send, recv, &counts)?.wait()?;
+                let recv = if a.in_place {
+                    // This rank's block is in place: put there before the first run, and
+                    // left as it was by every run since.
+                    comm.iallgatherv_in_place(recv, &counts)?.wait()?
+                } else {
+                    comm.iallgatherv(&send, recv, &counts)?.wait()?
+                };
                 Bufs::Gather { send, recv, counts }
             }
         })
+    }
+}
+
+/// Which calls `bench` times, in words.
+fn calls(a: &BenchArgs) -> &'static str {
+    match (a.blocking, a.in_place) {
+        (true, _) => "blocking",
+        (false, true) => "non-blocking in-place",
+        (false, false) => "non-blocking",
     }
 }
 
@@ -367,13 +379,21 @@ fn one_size(
         } else {
             vec![0; size as usize]
         }),
-        _ => Bufs::Gather {
-            send: net::pattern(salt, me, counts[me as usize]),
-            recv: vec![0; total as usize],
-            counts: counts.clone(),
-        },
+        _ => {
+            let send = net::pattern(salt, me, counts[me as usize]);
+            let mut recv = vec![0; total as usize];
+            if a.in_place {
+                let at: usize = counts[..me as usize].iter().sum();
+                recv[at..at + send.len()].copy_from_slice(&send);
+            }
+            Bufs::Gather {
+                send,
+                recv,
+                counts: counts.clone(),
+            }
+        }
     };
-    bufs = bufs.run(comm, a.blocking)?;
+    bufs = bufs.run(comm, a)?;
     let checked = match &bufs {
         Bufs::Bcast(b) => net::verify("bcast", b, &net::pattern(salt, 0, size as usize), &counts),
         Bufs::Gather { recv, .. } => {
@@ -387,7 +407,7 @@ fn one_size(
     checked.map_err(CmdError::Run)?;
     sink.emit("TICK", "")?;
     for _ in 0..a.warmup {
-        bufs = bufs.run(comm, a.blocking)?;
+        bufs = bufs.run(comm, a)?;
         sink.emit("TICK", "")?;
     }
     let mut mine = Vec::with_capacity(a.iters as usize + EXTRA);
@@ -396,7 +416,7 @@ fn one_size(
         comm.barrier()?;
         let s0 = comm.stats()?;
         let t0 = Instant::now();
-        bufs = bufs.run(comm, a.blocking)?;
+        bufs = bufs.run(comm, a)?;
         mine.push(t0.elapsed().as_secs_f64());
         inj.add(&Injected::between(&s0, &comm.stats()?));
         sink.emit("TICK", "")?;
