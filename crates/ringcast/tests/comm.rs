@@ -192,7 +192,11 @@ fn in_place_allgathers_deliver_every_byte() {
                 check("allgatherv in place", &got, &blocks.concat())?;
             }
             for (i, (r, want)) in reqs.into_iter().zip(wants).enumerate() {
-                check(&format!("allgather in place {i}"), &r.wait().map_err(e)?, &want)?;
+                check(
+                    &format!("allgather in place {i}"),
+                    &r.wait().map_err(e)?,
+                    &want,
+                )?;
             }
             Ok(())
         },
