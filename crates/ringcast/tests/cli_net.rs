@@ -150,6 +150,41 @@ fn bench_allgather_json_has_the_fields() {
     }
 }
 
+/// `--in-place` times the in-place Allgatherv, over multicast and over TCP, each size
+/// verified byte for byte first; it conflicts with `--blocking`.
+#[test]
+fn bench_in_place_allgathers_are_verified() {
+    for threshold in ["0", "1GiB"] {
+        let out = run_bounded(command(&[
+            "bench",
+            "allgatherv",
+            "--local",
+            "4",
+            "--sizes",
+            "4KiB,300KiB",
+            "--iters",
+            "2",
+            "--tcp-threshold",
+            threshold,
+            "--in-place",
+            "--json",
+        ]));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+        assert_eq!(v["in_place"], true);
+        for row in v["results"].as_array().expect("results") {
+            assert_eq!(row["verified"], true, "{row}");
+        }
+    }
+    let out = run_bounded(command(&["bench", "allgather", "--in-place", "--blocking"]));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--blocking"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 /// At the default TCP threshold (64 KiB) a 4 KiB-per-rank Allgather (16 KiB in all) runs over
 /// TCP: no datagram, every rank sends its block P - 1 times (one tree per block), and the
 /// table marks the row (here of a blocking Broadcast).
