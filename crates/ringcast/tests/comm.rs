@@ -191,6 +191,21 @@ fn in_place_allgathers_deliver_every_byte() {
                 let got = r.wait().map_err(e)?;
                 check("allgatherv in place", &got, &blocks.concat())?;
             }
+            // Blocking, typed and bytes.
+            let want: Vec<u64> = (0..500 * p as u64).map(|j| j * 0x9E37_79B9).collect();
+            let mut buf = vec![u64::MAX; want.len()];
+            buf[me * 500..(me + 1) * 500].copy_from_slice(&want[me * 500..(me + 1) * 500]);
+            comm.allgather_in_place(&mut buf).map_err(e)?;
+            check("blocking allgather in place", &buf, &want)?;
+            let counts = [0usize, 100_000, 3, 0];
+            let blocks: Vec<Vec<u8>> = (0..RANKS)
+                .map(|r| pattern(33, r, counts[r as usize]))
+                .collect();
+            let at: usize = counts[..me].iter().sum();
+            let mut buf = vec![0x5Au8; counts.iter().sum()];
+            buf[at..at + counts[me]].copy_from_slice(&blocks[me]);
+            comm.allgatherv_in_place(&mut buf, &counts).map_err(e)?;
+            check("blocking allgatherv in place", &buf, &blocks.concat())?;
             for (i, (r, want)) in reqs.into_iter().zip(wants).enumerate() {
                 check(
                     &format!("allgather in place {i}"),
@@ -779,6 +794,10 @@ fn bad_arguments_and_settings_are_typed_errors() {
     ));
     assert!(matches!(
         comm.iallgatherv_in_place(vec![0u8; 2], &[1, 1]),
+        Err(CommError::CountsLength { got: 2, ranks: 1 })
+    ));
+    assert!(matches!(
+        comm.allgatherv_in_place(&mut [0u8; 2], &[2, 0]),
         Err(CommError::CountsLength { got: 2, ranks: 1 })
     ));
     assert!(matches!(

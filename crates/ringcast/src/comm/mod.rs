@@ -411,6 +411,61 @@ impl Communicator {
         self.allgatherv(send, recv, &counts)
     }
 
+    /// Allgather in place, blocking (`MPI_Allgather` with `MPI_IN_PLACE`): `buf` (the world
+    /// size times one block) holds this rank's block at its place and gets every rank's.
+    pub fn allgather_in_place<T: Pod>(&self, buf: &mut [T]) -> Result<OpStats, CommError> {
+        let p = self.size as usize;
+        if !buf.len().is_multiple_of(p) {
+            return Err(CommError::BufferSize {
+                what: "recv",
+                got: buf.len(),
+                required: buf.len().next_multiple_of(p),
+            });
+        }
+        let counts = vec![buf.len() / p; p];
+        self.allgatherv_in_place(buf, &counts)
+    }
+
+    /// Allgatherv in place, blocking: `buf` (`counts` summed) holds this rank's
+    /// `counts[rank]` elements at their place and gets every rank's block; left as it was
+    /// when the operation fails.
+    pub fn allgatherv_in_place<T: Pod>(
+        &self,
+        buf: &mut [T],
+        counts: &[usize],
+    ) -> Result<OpStats, CommError> {
+        if counts.len() != self.size as usize {
+            return Err(CommError::CountsLength {
+                got: counts.len(),
+                ranks: self.size,
+            });
+        }
+        let elem = std::mem::size_of::<T>();
+        let total = total_of(counts, elem)?;
+        if std::mem::size_of_val(buf) != total {
+            return Err(CommError::BufferSize {
+                what: "recv",
+                got: buf.len(),
+                required: counts.iter().sum(),
+            });
+        }
+        // No product overflows: their sum did not.
+        let byte_counts: Vec<usize> = counts.iter().map(|c| c * elem).collect();
+        let me = self.rank as usize;
+        let at: usize = byte_counts[..me].iter().sum();
+        let mine = at..at + byte_counts[me];
+        let bytes = bytemuck::cast_slice_mut::<T, u8>(buf);
+        let mut tmp = self.pool.take(total);
+        tmp[mine.clone()].copy_from_slice(&bytes[mine]);
+        // The other blocks are written by a successful operation.
+        let (out, stats) = self
+            .iallgatherv_in_place(tmp, &byte_counts)?
+            .wait_with_stats()?;
+        bytes.copy_from_slice(&out);
+        self.pool.put(out);
+        Ok(stats)
+    }
+
     /// Allgatherv, blocking: rank `r` contributes `counts[r]` elements.
     pub fn allgatherv<T: Pod>(
         &self,
