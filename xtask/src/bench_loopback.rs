@@ -1,5 +1,6 @@
 //! `cargo xtask bench-loopback`: issue 7's side by side on loopback, in one run, 4 local
-//! ranks: `ringcast bench {bcast,allgather} --local 4`; Open MPI's `MPI_Bcast` /
+//! ranks: `ringcast bench {bcast,allgather} --local 4`, as is and with everything over its TCP
+//! path (`--tcp-threshold 1GiB`: what a network without multicast gets); Open MPI's `MPI_Bcast` /
 //! `MPI_Allgather` (`xtask/src/lab/mpi_bench.c`, timed the same way) over TCP and over shared
 //! memory (vader); and the raw multicast ceiling (`goodput --mode gso`: one sender to three
 //! receivers, same datagram size), as is and with each receiver copying into an
@@ -93,7 +94,7 @@ fn goodput(out: &str) -> Option<f64> {
 /// size; the ceilings (GB/s).
 #[derive(Default)]
 struct Round {
-    colls: [[Vec<(u64, f64)>; 3]; 2],
+    colls: [[Vec<(u64, f64)>; 4]; 2],
     /// The Allgather's bytes on the wire per rank ([`injected`]).
     inject: Vec<(u64, u64, u64)>,
     raw: Option<f64>,
@@ -102,7 +103,16 @@ struct Round {
 
 /// The collectives: `ringcast bench`'s and `mpi_bench`'s name, the report's.
 const COLLS: [(&str, &str); 2] = [("bcast", "Broadcast"), ("allgather", "Allgather")];
-const SIDES: [&str; 3] = ["ringcast", "Open MPI TCP", "Open MPI vader"];
+const SIDES: [&str; 4] = [
+    "ringcast",
+    "ringcast over TCP",
+    "Open MPI TCP",
+    "Open MPI vader",
+];
+/// Where each side is in [`SIDES`] (and in a round's `colls`).
+const RC: usize = 0;
+const RC_TCP: usize = 1;
+const MPI_TCP: usize = 2;
 /// How long one benchmark run may take.
 const RUN_SECS: u64 = 900;
 
@@ -196,6 +206,10 @@ impl Bench<'_> {
                 round.inject = injected(&out);
             }
             let mut sides = vec![table(&out)];
+            let mut over_tcp = args.to_vec();
+            over_tcp.extend(["--tcp-threshold".to_owned(), "1073741824".to_owned()]);
+            let name = format!("r{r}-ringcast-tcp-{coll}.txt");
+            sides.push(table(&self.keep(&name, &self.ringcast, &over_tcp)?));
             for btl in ["tcp", "vader"] {
                 let mut args: Vec<String> = [
                     "--allow-run-as-root",
@@ -244,7 +258,8 @@ impl Bench<'_> {
             s,
             "# bench-loopback: 4 local ranks, {} rounds, warm-up {}, {} timed iterations\n\n\
              Average latency in µs per size (bytes; per rank for the Allgather); `x TCP`: Open \
-             MPI over TCP's time over ringcast's, within the round.\n",
+             MPI over TCP's time over ringcast's, within the round (`TCP x TCP`: over ringcast's \
+             TCP path's).\n",
             o.rounds, o.warmup, o.iters
         );
         let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
@@ -253,38 +268,44 @@ impl Bench<'_> {
             let _ = writeln!(s, "## {what}\n");
             let _ = writeln!(
                 s,
-                "| round | size | {} | {} | {} | x TCP |\n|---|---:|---:|---:|---:|---:|",
-                SIDES[0], SIDES[1], SIDES[2]
+                "| round | size | {} | {} | {} | {} | x TCP | TCP x TCP |\n\
+                 |---|---:|---:|---:|---:|---:|---:|---:|",
+                SIDES[0], SIDES[1], SIDES[2], SIDES[3]
             );
             for (n, r) in rounds.iter().enumerate() {
                 for &size in &o.sizes {
                     let v: Vec<Option<f64>> = r.colls[slot].iter().map(|t| at(t, size)).collect();
-                    let x = ratio(v[1], v[0]).map_or("-".to_owned(), |x| format!("{x:.2}x"));
+                    let x = |of: usize| {
+                        ratio(v[MPI_TCP], v[of]).map_or("-".to_owned(), |x| format!("{x:.2}x"))
+                    };
                     let _ = writeln!(
                         s,
-                        "| {} | {size} | {} | {} | {} | {x} |",
+                        "| {} | {size} | {} | {} | {} | {} | {} | {} |",
                         n + 1,
                         fmt(v[0]),
                         fmt(v[1]),
-                        fmt(v[2])
+                        fmt(v[2]),
+                        fmt(v[3]),
+                        x(RC),
+                        x(RC_TCP)
                     );
                 }
             }
-            let _ = writeln!(s, "\nMedian over the rounds of `x TCP`:\n");
+            let _ = writeln!(s, "\nMedian over the rounds of `x TCP` (of `TCP x TCP`):\n");
             for &size in &o.sizes {
-                let m = median(
-                    rounds
-                        .iter()
-                        .filter_map(|r| {
-                            ratio(at(&r.colls[slot][1], size), at(&r.colls[slot][0], size))
-                        })
-                        .collect(),
-                );
-                let _ = writeln!(
-                    s,
-                    "* {size}: {}",
-                    m.map_or("-".to_owned(), |m| format!("{m:.2}x"))
-                );
+                let m = |of: usize| {
+                    median(
+                        rounds
+                            .iter()
+                            .filter_map(|r| {
+                                let c = &r.colls[slot];
+                                ratio(at(&c[MPI_TCP], size), at(&c[of], size))
+                            })
+                            .collect(),
+                    )
+                    .map_or("-".to_owned(), |m| format!("{m:.2}x"))
+                };
+                let _ = writeln!(s, "* {size}: {} ({})", m(RC), m(RC_TCP));
             }
             let _ = writeln!(s);
         }
@@ -311,7 +332,7 @@ impl Bench<'_> {
         );
         let mut of_raw = Vec::new();
         for (n, r) in rounds.iter().enumerate() {
-            let gb = at(&r.colls[0][0], largest).map(|us| largest as f64 / us / 1e3);
+            let gb = at(&r.colls[0][RC], largest).map(|us| largest as f64 / us / 1e3);
             let pct = |c: Option<f64>| ratio(gb, c).map(|x| 100.0 * x);
             of_raw.extend(pct(r.raw));
             let f3 = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.3}"));

@@ -61,13 +61,6 @@ use ringcast_core::{OpId, ReadError, ReadId};
 const MAGIC: u32 = 0x5243_4331; // "RCC1"
 const KIND_HELLO: u8 = 0;
 const KIND_MESSAGE: u8 = 1;
-/// Parts of a frame [`Link::send_parts`] writes at once (the frame header included).
-const MAX_PARTS: usize = 4;
-/// Frames longer than this, when not read whole with their header, are read on straight into
-/// the vector that carries the message ([`IoPeer::big`]).
-const BIG_FRAME: usize = 16 << 10;
-/// What such a vector reserves at a time.
-const BIG_RESERVE: usize = 1 << 20;
 const KIND_READ_REQ: u8 = 2;
 const KIND_READ_RESP: u8 = 3;
 const KIND_READ_REFUSED: u8 = 4;
@@ -76,6 +69,13 @@ const HELLO_LEN: usize = 1 + 4 + 8 + 4;
 const READ_REQ_LEN: usize = 1 + 8 * 4;
 /// Longest wait for an accepted connection's hello.
 const HELLO_WAIT: Duration = Duration::from_secs(2);
+/// Parts of a frame [`Link::send_parts`] writes at once (the frame header included).
+const MAX_PARTS: usize = 4;
+/// Frames longer than this, when not read whole with their header, are read on straight into
+/// the vector that carries the message ([`IoPeer::big`]).
+const BIG_FRAME: usize = 16 << 10;
+/// What such a vector reserves at a time.
+const BIG_RESERVE: usize = 1 << 20;
 
 /// An operation's buffer, shared by the caller and the port: the receive halves write chunks
 /// into it, the send halves and the read service read from it, reads write into it.
@@ -364,7 +364,8 @@ impl Link {
     /// straight from them, with one vectored write, and only what the socket did not take is
     /// copied into the queue (behind queued frames, all of it is). False when the connection
     /// is shut down. A 256 KiB piece of a TCP collective then costs no copy in user space on
-    /// its way out, where [`Self::send`] took two (assembling the message, then the frame).
+    /// its way out, where assembling it into a message and then a frame for [`Self::send`]
+    /// took two.
     fn send_parts(&self, parts: &[&[u8]]) -> bool {
         let mut out = self.out();
         if out.closed {
