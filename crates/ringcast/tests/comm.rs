@@ -166,6 +166,18 @@ fn in_place_allgathers_deliver_every_byte() {
         |comm| {
             let me = comm.rank() as usize;
             let p = RANKS as usize;
+            // A length that is not one block per rank is refused before anything is posted.
+            match comm.iallgather_in_place(vec![0u8; 5]) {
+                Err(CommError::BufferSize {
+                    what: "recv",
+                    got: 5,
+                    required: 8,
+                }) => {}
+                other => return Err(format!("5 bytes in place: {:?}", other.map(|_| ()))),
+            }
+            if comm.allgather_in_place(&mut [0u16; 6]).is_ok() {
+                return Err("6 elements in place on 4 ranks passed".into());
+            }
             let mut reqs = Vec::new();
             let mut wants = Vec::new();
             // Equal blocks, typed: 100 u32 (over TCP) and 300 000 u32 (over multicast).

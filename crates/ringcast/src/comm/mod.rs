@@ -303,16 +303,21 @@ impl Communicator {
     /// FSDP shard, a view of the gathered tensor. A length that is not a multiple of the world
     /// size is a [`CommError::BufferSize`].
     pub fn iallgather_in_place<T: Pod>(&self, buf: Vec<T>) -> Result<Request<T>, CommError> {
+        let counts = self.equal_blocks(buf.len())?;
+        self.post_allgatherv(None, buf, &counts)
+    }
+
+    /// The counts of an in-place Allgather of `len` elements in all: one block per rank.
+    fn equal_blocks(&self, len: usize) -> Result<Vec<usize>, CommError> {
         let p = self.size as usize;
-        if !buf.len().is_multiple_of(p) {
+        if !len.is_multiple_of(p) {
             return Err(CommError::BufferSize {
                 what: "recv",
-                got: buf.len(),
-                required: buf.len().next_multiple_of(p),
+                got: len,
+                required: len.next_multiple_of(p),
             });
         }
-        let counts = vec![buf.len() / p; p];
-        self.post_allgatherv(None, buf, &counts)
+        Ok(vec![len / p; p])
     }
 
     /// Starts an Allgatherv in place: `buf` (`counts` summed) already holds this rank's
@@ -414,15 +419,7 @@ impl Communicator {
     /// Allgather in place, blocking (`MPI_Allgather` with `MPI_IN_PLACE`): `buf` (the world
     /// size times one block) holds this rank's block at its place and gets every rank's.
     pub fn allgather_in_place<T: Pod>(&self, buf: &mut [T]) -> Result<OpStats, CommError> {
-        let p = self.size as usize;
-        if !buf.len().is_multiple_of(p) {
-            return Err(CommError::BufferSize {
-                what: "recv",
-                got: buf.len(),
-                required: buf.len().next_multiple_of(p),
-            });
-        }
-        let counts = vec![buf.len() / p; p];
+        let counts = self.equal_blocks(buf.len())?;
         self.allgatherv_in_place(buf, &counts)
     }
 
