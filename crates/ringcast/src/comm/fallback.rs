@@ -60,7 +60,11 @@
 //!   its next hop's connection queue holds less than [`WINDOW`] bytes, and sends the rest from
 //!   its buffer as the queue drains. A root whose next hop reads slowly therefore holds a
 //!   window's copy, not its whole buffer's, and its request completes once its last piece is
-//!   queued (its buffer is then free, as after `MPI_Send`).
+//!   queued (its buffer is then free, as after `MPI_Send`). A piece leaves from the
+//!   operation's buffer in one vectored write
+//!   ([`TcpControl::send_control_parts`]): only what the socket does not take is copied into
+//!   the connection's queue; and a piece arrives in the vector the mesh read it into, whose
+//!   bytes are copied once, into the operation's buffer.
 //! * **Allgather(v)** whose blocks each fit in one piece: every block down its own binomial
 //!   tree from its owner (all `P` trees at once), `ceil(log2 P)` hops; and when the whole
 //!   buffer fits in one piece (the small operations, the barrier), **Bruck's algorithm**:
