@@ -168,21 +168,36 @@ pub(crate) fn random_ops(comm: &Communicator, seed: u64, ops: u64) -> Result<(),
                         .collect();
                     let want = blocks.concat();
                     let mine = &blocks[me as usize];
-                    let what = format!("op {}: allgather(v) of {counts:?}", done + i);
+                    // A third of them in place (`MPI_IN_PLACE`), chosen per rank apart from
+                    // the shared stream (ranks may differ: it is local): the rest of the
+                    // buffer is garbage the operation must overwrite.
+                    let in_place = splitmix(salt ^ u64::from(me)).is_multiple_of(3);
+                    let what = format!(
+                        "op {}: allgather(v) of {counts:?}{}",
+                        done + i,
+                        if in_place { " in place" } else { "" }
+                    );
                     let mut recv = vec![0; want.len()];
+                    if in_place {
+                        recv.fill(0xE5);
+                        let at: usize = counts[..me as usize].iter().sum();
+                        recv[at..at + mine.len()].copy_from_slice(mine);
+                    }
                     if blocking {
-                        let done = if kind == 1 {
-                            comm.allgather(mine, &mut recv)
-                        } else {
-                            comm.allgatherv(mine, &mut recv, &counts)
+                        let done = match (in_place, kind == 1) {
+                            (true, true) => comm.allgather_in_place(&mut recv),
+                            (true, false) => comm.allgatherv_in_place(&mut recv, &counts),
+                            (false, true) => comm.allgather(mine, &mut recv),
+                            (false, false) => comm.allgatherv(mine, &mut recv, &counts),
                         };
                         done.map_err(|x| format!("{what}: {x}"))?;
                         check(&what, &recv, &want)?;
                     } else {
-                        let req = if kind == 1 {
-                            comm.iallgather(mine, recv)
-                        } else {
-                            comm.iallgatherv(mine, recv, &counts)
+                        let req = match (in_place, kind == 1) {
+                            (true, true) => comm.iallgather_in_place(recv),
+                            (true, false) => comm.iallgatherv_in_place(recv, &counts),
+                            (false, true) => comm.iallgather(mine, recv),
+                            (false, false) => comm.iallgatherv(mine, recv, &counts),
                         };
                         reqs.push((req.map_err(e)?, want, what));
                     }
