@@ -7,6 +7,18 @@
 //! directly, so when one never answers the hub names it, and the others (who wait twice as
 //! long for `Go`) hear the verdict through `Abort` before their own deadline.
 //!
+//! Right after other operations (back to back, as a program of blocking calls runs them), a
+//! rank the barrier waits on may not have posted because it still waits in an earlier one: on
+//! its successor's `Fin` (up to twice the peer timeout), or on a read. Its verdict must come
+//! first, and name the rank it waited on: so the barrier waits longer then
+//! (`Session::barrier_slack`: the others 3.5 peer timeouts for `Go`, plus the earlier
+//! operation's time on the link; the hub 2.5 when two ranks or more are silent, and one when
+//! a single rank is, which cannot be waiting on another: the common case stays fast), a
+//! verdict of the barrier's own timers names the rank that
+//! the rank it blames reported (its `Abort`, even for an operation over here; see
+//! `Session::verdict`), and the hub blames the end of a run of silent ranks in ring order
+//! ([`Barrier::silent_to_blame`]): the one a `Fin` waits on.
+//!
 //! A rank queues the lanes' `Open` before it says `Ready` (see [`crate::lane`]), so no chunk
 //! can reach a lane before its operation.
 //!
@@ -89,6 +101,11 @@ impl Barrier {
         self.ready_count + 1 >= ranks
     }
 
+    /// Hub: how many ranks have not said `Ready`.
+    pub(crate) fn silent(&self) -> u32 {
+        (self.ready.len() as u32).saturating_sub(self.ready_count + 1)
+    }
+
     /// Hub: whom to blame for the missing `Ready`s.
     ///
     /// A rank that has not said `Ready` may still be in the previous operation, done with its
@@ -116,8 +133,10 @@ impl Collective {
                 .set(Timer::Ready, cx.now + cx.config.peer_timeout);
             self.maybe_go(cx)
         } else {
-            self.timers
-                .set(Timer::Go, cx.now + cx.config.peer_timeout * 2);
+            self.timers.set(
+                Timer::Go,
+                cx.now + cx.config.peer_timeout * 2 + self.barrier_slack,
+            );
             None
         }
     }

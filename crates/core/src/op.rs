@@ -62,6 +62,11 @@ pub(crate) struct Collective {
     pub(crate) cutoff_at: Option<Instant>,
     pub(crate) cutoff_fired: bool,
     cutoff_after: Duration,
+    /// How much longer than usual this rank waits for the barrier's hub (the session's
+    /// `barrier_slack`: the hub may still wait in an earlier operation).
+    pub(crate) barrier_slack: Duration,
+    /// The hub's `Ready` wait was extended by the slack once.
+    ready_extended: bool,
     /// With `Config::cutoff_extension`: chunks written on the open lanes at the last look,
     /// and the lanes whose count is still awaited.
     cutoff_seen: u64,
@@ -153,6 +158,8 @@ impl Collective {
             cutoff_at: None,
             cutoff_fired: false,
             cutoff_after: wire + c.cutoff_alpha,
+            barrier_slack: Duration::ZERO,
+            ready_extended: false,
             cutoff_seen: 0,
             counting: 0,
             counted: 0,
@@ -214,6 +221,16 @@ impl Collective {
 
     pub(crate) fn on_timeout(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
         let now = cx.now;
+        // Two silent ranks or more right after other operations: one may wait in an earlier
+        // operation on another; its verdict comes first (see the barrier's module docs).
+        if self.timers.expired(Timer::Ready, now)
+            && self.barrier.silent() >= 2
+            && !self.barrier_slack.is_zero()
+            && !core::mem::replace(&mut self.ready_extended, true)
+        {
+            self.timers.set(Timer::Ready, now + self.barrier_slack);
+            return None;
+        }
         let blame = [
             (
                 Timer::Ready,

@@ -3,7 +3,7 @@
 use crate::config::{Config, ConfigError, Rank};
 use crate::event::{Event, OpError, OpId, ReadError, ReadId, StartError, Stats, Transmit};
 use crate::lane::{LaneCommand, LaneNote, RxNote, TxNote};
-use crate::op::Collective;
+use crate::op::{Collective, transfer_time};
 use crate::out::{ControlMsg, Ctx, Outcome, Outgoing, bump};
 use crate::time::Instant;
 use crate::wire::{ControlKind, ControlRepr};
@@ -86,7 +86,20 @@ pub struct Session {
     /// `poll_timeout`'s answer, until an input changes a timer (`None`: not computed). Chunks
     /// never reach the session, so on the hot path this is computed once and reused.
     timeout: Cell<Option<Option<Instant>>>,
+    /// Per rank, the last failure it reported (`Abort`): the operation and the rank it named,
+    /// until an operation after it completes here. A rank this one waits on that failed an
+    /// earlier operation over a third rank is stuck on that rank, not hung itself.
+    reports: Vec<Option<(u64, Rank)>>,
+    /// When the last operations that ran here ended, and how long each takes on the link
+    /// (at most [`ENDED_KEEP`]): a rank may still wait in one of them on its successor's
+    /// `Fin` (see [`Self::barrier_slack`]).
+    ended: VecDeque<(Instant, core::time::Duration)>,
+    /// The latest time an input brought.
+    now: Instant,
 }
+
+/// How many ended operations [`Session::barrier_slack`] looks at.
+const ENDED_KEEP: usize = 8;
 
 macro_rules! cx {
     ($s:ident, $now:expr) => {
@@ -106,7 +119,6 @@ impl Session {
     pub fn new(config: Config) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Session {
-            config,
             next_seq: 0,
             ops: Vec::new(),
             out: VecDeque::new(),
@@ -117,6 +129,10 @@ impl Session {
             lane_out: VecDeque::new(),
             next_read: 0,
             timeout: Cell::new(None),
+            reports: alloc::vec![None; config.ranks as usize],
+            ended: VecDeque::new(),
+            now: Instant::ZERO,
+            config,
         })
     }
 
@@ -251,10 +267,12 @@ impl Session {
         make: impl FnOnce(&Ctx<'_>, OpId) -> Result<Collective, StartError>,
     ) -> Result<OpId, StartError> {
         self.timeout.set(None);
+        self.now = self.now.max(now);
         if let Some(e) = self.start_blocker() {
             return Err(e);
         }
         let id = OpId(self.next_seq);
+        let slack = self.barrier_slack(now);
         let mut cx = cx!(self, now);
         let mut op = make(&cx, id)?;
         self.next_seq += 1;
@@ -277,6 +295,7 @@ impl Session {
             .iter()
             .position(|e| e.seq == id.0)
             .map(|i| self.early.swap_remove(i));
+        op.barrier_slack = slack;
         let mut outcome = op.on_start(&mut cx);
         if let Some(e) = early {
             for (r, shape) in e.ready {
@@ -299,10 +318,69 @@ impl Session {
         Ok(id)
     }
 
+    /// How much longer than usual the barrier waits (the hub for every `Ready`, the others
+    /// for the hub's `Go`) right after operations that ended here: a rank it waits on may
+    /// still be in one of them, waiting on a `Fin` (`2 * peer_timeout` and the operation's
+    /// time on the link, from about when this rank finished it) or on a read, and the
+    /// verdict of that wait (its `Abort`, which names the rank it waited on, see
+    /// [`Self::reports`]) must come first. One and a half peer timeouts and the link time of
+    /// the longest operation that ended within such a wait: the others then wait 3.5 peer
+    /// timeouts for `Go` (2 with no operation before), and the hub, once one peer timeout
+    /// passed with two ranks or more silent, this much more (see the barrier).
+    fn barrier_slack(&self, now: Instant) -> core::time::Duration {
+        let pt = self.config.peer_timeout;
+        self.ended
+            .iter()
+            .filter(|&&(at, link)| now.saturating_duration_since(at) < pt * 2 + link)
+            .map(|&(_, link)| link + pt * 3 / 2)
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// `from` reported a failure of operation `seq` naming `culprit` (its `Abort`).
+    fn reported(&mut self, from: Rank, seq: u64, culprit: Rank) {
+        if culprit != self.config.rank
+            && let Some(r) = self.reports.get_mut(from.index())
+        {
+            *r = Some((seq, culprit));
+        }
+    }
+
+    /// A verdict of this rank's timers (`PeerUnresponsive`), unless a failure was reported
+    /// since the last operation that completed here: the rank it names may be stuck in that
+    /// operation, or have failed it (its program then posts nothing more) on hearing of it.
+    /// Then the rank that failure named: the one the named rank reported, else the earliest.
+    fn verdict(&self, error: OpError) -> OpError {
+        let OpError::PeerUnresponsive { peer } = error else {
+            return error;
+        };
+        let own = self
+            .reports
+            .get(peer.index())
+            .copied()
+            .flatten()
+            .map(|(_, culprit)| (peer, culprit));
+        let earliest = || {
+            (0..self.config.ranks)
+                .map(Rank)
+                .filter_map(|r| Some((r, self.reports[r.index()]?)))
+                .min_by_key(|&(r, (seq, _))| (seq, r.0))
+                .map(|(r, (_, culprit))| (r, culprit))
+        };
+        match own.or_else(earliest) {
+            Some((reported_by, culprit)) => OpError::PeerFailed {
+                peer: culprit,
+                reported_by,
+            },
+            None => error,
+        }
+    }
+
     /// A control message arrived from `from` on the reliable path. Malformed, stale or
     /// unexpected messages are dropped and counted.
     pub fn handle_control(&mut self, now: Instant, from: Rank, bytes: &[u8]) {
         self.timeout.set(None);
+        self.now = self.now.max(now);
         if bytes.len() > self.config.limits.max_control_len || from.0 >= self.config.ranks {
             bump(&mut self.stats.control_malformed);
             return;
@@ -312,6 +390,11 @@ impl Session {
             return;
         };
         let seq = msg.op();
+        if let ControlRepr::Abort { culprit, .. } = msg
+            && culprit < self.config.ranks
+        {
+            self.reported(from, seq, Rank(culprit));
+        }
         let Some(i) = self.ops.iter().position(|o| o.id.0 == seq) else {
             self.control_for_unstarted(from, &msg);
             return;
@@ -431,6 +514,7 @@ impl Session {
     /// operation ended meanwhile) is ignored.
     pub fn handle_read_done(&mut self, now: Instant, id: ReadId, result: Result<(), ReadError>) {
         self.timeout.set(None);
+        self.now = self.now.max(now);
         let Some(i) = self.ops.iter().position(|o| o.ring.has_read(id)) else {
             return;
         };
@@ -445,6 +529,7 @@ impl Session {
     /// ended are ignored.
     pub fn handle_lane_note(&mut self, now: Instant, note: LaneNote) {
         self.timeout.set(None);
+        self.now = self.now.max(now);
         let op = match &note {
             LaneNote::Rx(
                 RxNote::Full { op, .. }
@@ -499,7 +584,7 @@ impl Session {
     /// `first` are ones the peer had finished when it left cleanly: they need nothing more of it.
     pub fn handle_peer_lost(&mut self, now: Instant, peer: Rank, first: OpId) {
         self.timeout.set(None);
-        let _ = now;
+        self.now = self.now.max(now);
         if peer.0 >= self.config.ranks || peer == self.config.rank {
             return;
         }
@@ -517,12 +602,20 @@ impl Session {
     /// Timers may have expired. A spurious call is harmless.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.timeout.set(None);
+        self.now = self.now.max(now);
         let mut i = 0;
         while i < self.ops.len() {
             let due = self.ops[i].next_timeout().is_some_and(|t| t <= now);
             if due {
                 let mut cx = cx!(self, now);
                 if let Some(o) = self.ops[i].on_timeout(&mut cx) {
+                    let o = match o {
+                        Outcome::Failed { error, abort } => Outcome::Failed {
+                            error: self.verdict(error),
+                            abort,
+                        },
+                        o => o,
+                    };
                     self.finish(i, o);
                     continue; // `finish` removed op `i`
                 }
@@ -578,6 +671,19 @@ impl Session {
 
     fn finish(&mut self, i: usize, outcome: Outcome) {
         let mut op = self.ops.remove(i);
+        if self.ended.len() == ENDED_KEEP {
+            self.ended.pop_front();
+        }
+        self.ended
+            .push_back((self.now, transfer_time(&self.config, op.layout.bytes())));
+        if matches!(outcome, Outcome::Completed) {
+            // Every rank took part in it: what was reported before is over.
+            for r in &mut self.reports {
+                if r.is_some_and(|(seq, _)| seq < op.id.0) {
+                    *r = None;
+                }
+            }
+        }
         let failed = matches!(outcome, Outcome::Failed { .. });
         op.close_lanes(&mut cx!(self, Instant::ZERO), failed);
         match outcome {

@@ -290,11 +290,87 @@ fn cases() -> u32 {
         .unwrap_or(96)
 }
 
+/// A program of back-to-back operations on every rank, one rank hung (its control cut, as
+/// an nft drop does, its multicast still flowing) or crashed at some moment.
+#[derive(Debug, Clone)]
+struct Seq {
+    ranks: u32,
+    ops: Vec<util::Start>,
+    victim: u32,
+    at: u64,
+    crash: bool,
+    loss: f64,
+    gap_ns: u64,
+    seed: u64,
+}
+
+fn seq() -> impl Strategy<Value = Seq> {
+    (3u32..8, 2usize..6).prop_flat_map(|(ranks, n)| {
+        let op = prop_oneof![
+            (0..ranks, 0u64..60_000).prop_map(|(root, len)| util::Start::Broadcast { root, len }),
+            proptest::collection::vec(prop_oneof![Just(0u64), 0u64..20_000], ranks as usize)
+                .prop_map(|sizes| util::Start::Allgather { sizes }),
+        ];
+        (
+            proptest::collection::vec(op, n),
+            0..ranks,
+            0u64..400_000,
+            proptest::bool::weighted(0.3),
+            prop_oneof![Just(0.0), 0.0..0.05f64],
+            0u64..20_000,
+            any::<u64>(),
+        )
+            .prop_map(move |(ops, victim, at, crash, loss, gap_ns, seed)| Seq {
+                ranks,
+                ops,
+                victim,
+                at,
+                crash,
+                loss,
+                gap_ns,
+                seed,
+            })
+    })
+}
+
+/// Every survivor completes each operation it started with the exact buffer or fails it
+/// naming the victim; none hangs.
+fn run_seq(c: &Seq) -> Result<(), TestCaseError> {
+    let mut net = Net::new(c.ranks, |_| {});
+    net.rng = Rng::new(c.seed);
+    net.faults.loss = c.loss;
+    if c.crash {
+        net.faults.crash.push((c.victim, c.at));
+    } else {
+        net.faults.control_cut.push((c.victim, c.at));
+    }
+    net.sequence(c.ops.clone(), 50, c.gap_ns);
+    net.run(5_000_000);
+    prop_assert!(net.errors.is_empty(), "{:?}", net.errors);
+    for r in (0..c.ranks).filter(|r| *r != c.victim) {
+        for (&op, o) in &net.outcomes[r as usize] {
+            match o {
+                Outcome::Completed(_) => {}
+                Outcome::Failed(e) => {
+                    prop_assert_eq!(e.peer(), Rank(c.victim), "r{} op {} blames wrongly", r, op)
+                }
+                Outcome::Pending => prop_assert!(false, "r{} hangs in op {}", r, op),
+            }
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn every_surviving_rank_gets_the_root_buffer(c in case()) {
         run_case(&c)?;
+    }
+
+    #[test]
+    fn back_to_back_operations_name_a_rank_that_hangs_or_crashes(c in seq()) {
+        run_seq(&c)?;
     }
 }

@@ -162,6 +162,11 @@ pub struct Net {
     pub chunk_size: u32,
     pub errors: Vec<String>,
     nic_free_at: Vec<u64>,
+    /// Operations every rank runs one after the other, as a program of blocking calls does:
+    /// the next starts `gap` ns after the previous completed there (none after a failure).
+    sequence: Vec<Start>,
+    gap_ns: u64,
+    next_in_sequence: Vec<usize>,
 }
 
 impl Net {
@@ -196,7 +201,22 @@ impl Net {
             chunk_size,
             errors: Vec::new(),
             nic_free_at: vec![0; ranks as usize],
+            sequence: Vec::new(),
+            gap_ns: 0,
+            next_in_sequence: vec![0; ranks as usize],
         }
+    }
+
+    /// Every rank runs `ops` back to back from time 0 (rank `r` starting `skew_ns * r` late):
+    /// each starts `gap_ns` after the one before completed on that rank; a failure ends the
+    /// rank's program.
+    pub fn sequence(&mut self, ops: Vec<Start>, skew_ns: u64, gap_ns: u64) {
+        if let Some(first) = ops.first() {
+            self.start_at(0, skew_ns, first.clone());
+            self.next_in_sequence.fill(1);
+        }
+        self.sequence = ops;
+        self.gap_ns = gap_ns;
     }
 
     pub fn ranks(&self) -> u32 {
@@ -526,6 +546,11 @@ impl Net {
         match e {
             Event::Completed { op } => {
                 self.outcomes[r as usize].insert(op.0, Outcome::Completed(self.now));
+                let next = self.next_in_sequence[r as usize];
+                if let Some(what) = self.sequence.get(next).cloned() {
+                    self.next_in_sequence[r as usize] += 1;
+                    self.push(self.now + self.gap_ns, Ev::Start { rank: r, what });
+                }
                 // Check the buffer now, then poison it: nobody may read it any more.
                 let sizes = self.ops[&op.0].sizes(ranks);
                 let want = expected(op.0, &sizes, self.chunk_size, None);
