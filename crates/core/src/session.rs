@@ -337,9 +337,13 @@ impl Session {
             .unwrap_or_default()
     }
 
-    /// `from` reported a failure of operation `seq` naming `culprit` (its `Abort`).
+    /// `from` reported a failure of operation `seq` naming `culprit` (its `Abort`). Only for
+    /// an operation this rank ran or may still run (within the window of operations in
+    /// flight): a report far ahead would outlive every completion that clears it.
     fn reported(&mut self, from: Rank, seq: u64, culprit: Rank) {
+        let window = u64::from(self.config.limits.max_inflight_ops);
         if culprit != self.config.rank
+            && seq < self.next_seq.saturating_add(window)
             && let Some(r) = self.reports.get_mut(from.index())
         {
             *r = Some((seq, culprit));
