@@ -44,6 +44,14 @@ use ringcast::{CommError, Communicator, Request};
 mod common;
 
 fn main() -> ExitCode {
+    // Under `RUST_LOG` (say `ringcast=debug`), the library's events go to stderr, which the
+    // lab keeps per rank (`<tag>-rank<i>.err`).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(mode) = args.first().cloned() else {
         eprintln!("usage: lab_rank check|hold|loop [--size B] [--rounds R] [--inflight K] ...");
