@@ -39,7 +39,8 @@ commands:
                               IGMPv3-snooping bridge: correctness, a random mix, a root running
                               ahead, loss, hostile traffic, failures, fallback, wire checks,
                               mpirun; removes all it created, even on Ctrl-C; skips with a
-                              message where namespaces cannot be created
+                              message where namespaces cannot be created; --long: longer runs
+                              (2 000-op random mix, more loss rates, tcp-block at 16 KiB too)
   bench-net [--ranks N] [--sizes B,..] [--iters N] [--warmup N] [--losses PCT,..]
             [--tcp-threshold B] [--quick] [--record]
                               ringcast vs Open MPI over TCP vs the raw multicast ceiling in the

@@ -1016,8 +1016,9 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(3);
 const FAIL_DEADLINE: Duration = Duration::from_secs(12);
 
 /// Starts `loop` ranks and waits until all run.
-fn looping(ctx: &Ctx<'_>, tag: &str) -> Result<Ranks, String> {
-    let mut r = ctx.start(tag, &["loop", "--size", "4194304", "--secs", "90"], &[])?;
+fn looping(ctx: &Ctx<'_>, tag: &str, size: u64) -> Result<Ranks, String> {
+    let size = size.to_string();
+    let mut r = ctx.start(tag, &["loop", "--size", &size, "--secs", "90"], &[])?;
     for i in 0..ctx.p() {
         r.wait_line(i, "RUNNING", Duration::from_secs(60))
             .ok_or_else(|| format!("rank {i} never ran: {} {}", r.out(i), r.err_tail(i)))?;
@@ -1056,7 +1057,7 @@ fn survivors_name(r: &mut Ranks, p: usize, victim: usize, t0: Instant) -> Result
 /// A rank SIGKILLed mid-collective: the others fail within the deadline naming it.
 fn kill(ctx: &Ctx<'_>) -> Result<String, String> {
     let victim = ctx.p() / 2;
-    let mut r = looping(ctx, "kill")?;
+    let mut r = looping(ctx, "kill", 4 << 20)?;
     std::thread::sleep(Duration::from_millis(200));
     let t0 = Instant::now();
     r.kill(victim);
@@ -1068,11 +1069,23 @@ fn kill(ctx: &Ctx<'_>) -> Result<String, String> {
 }
 
 /// A rank's control connections blocked by nft drops on their TCP ports: detected like a
-/// dead rank, within the peer timeout.
+/// dead rank, within the peer timeout. With `--long`, also in a loop of 16 KiB-per-rank
+/// Allgathers (over multicast: operations back to back, the block most often lands while
+/// some ranks are in the next one).
 fn tcp_block(ctx: &Ctx<'_>) -> Result<String, String> {
+    let sizes: &[u64] = if ctx.long { &[4 << 20, 16 << 10] } else { &[4 << 20] };
+    let mut done = Vec::new();
+    for &size in sizes {
+        let r = tcp_block_at(ctx, size).map_err(|e| format!("{size} B: {e}"))?;
+        done.push(format!("{size} B: {r}"));
+    }
+    Ok(done.join("; "))
+}
+
+fn tcp_block_at(ctx: &Ctx<'_>, size: u64) -> Result<String, String> {
     let victim = ctx.p() / 2;
     let ns = ctx.lab.ns[victim].clone();
-    let mut r = looping(ctx, "tcpblock")?;
+    let mut r = looping(ctx, &format!("tcpblock{size}"), size)?;
     let ss = in_ns(&ns, "ss", &["-Htn", "state", "established"])?;
     let mut ports: Vec<String> = ss
         .lines()
