@@ -1073,7 +1073,11 @@ fn kill(ctx: &Ctx<'_>) -> Result<String, String> {
 /// Allgathers (over multicast: operations back to back, the block most often lands while
 /// some ranks are in the next one).
 fn tcp_block(ctx: &Ctx<'_>) -> Result<String, String> {
-    let sizes: &[u64] = if ctx.long { &[4 << 20, 16 << 10] } else { &[4 << 20] };
+    let sizes: &[u64] = if ctx.long {
+        &[4 << 20, 16 << 10]
+    } else {
+        &[4 << 20]
+    };
     let mut done = Vec::new();
     for &size in sizes {
         let r = tcp_block_at(ctx, size).map_err(|e| format!("{size} B: {e}"))?;
