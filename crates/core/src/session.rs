@@ -94,8 +94,6 @@ pub struct Session {
     /// (at most [`ENDED_KEEP`]): a rank may still wait in one of them on its successor's
     /// `Fin` (see [`Self::barrier_slack`]).
     ended: VecDeque<(Instant, core::time::Duration)>,
-    /// The latest time an input brought.
-    now: Instant,
 }
 
 /// How many ended operations [`Session::barrier_slack`] looks at.
@@ -131,7 +129,6 @@ impl Session {
             timeout: Cell::new(None),
             reports: alloc::vec![None; config.ranks as usize],
             ended: VecDeque::new(),
-            now: Instant::ZERO,
             config,
         })
     }
@@ -267,7 +264,6 @@ impl Session {
         make: impl FnOnce(&Ctx<'_>, OpId) -> Result<Collective, StartError>,
     ) -> Result<OpId, StartError> {
         self.timeout.set(None);
-        self.now = self.now.max(now);
         if let Some(e) = self.start_blocker() {
             return Err(e);
         }
@@ -313,7 +309,7 @@ impl Session {
         }
         self.ops.push(op);
         if let Some(o) = outcome {
-            self.finish(self.ops.len() - 1, o);
+            self.finish(self.ops.len() - 1, o, now);
         }
         Ok(id)
     }
@@ -384,7 +380,6 @@ impl Session {
     /// unexpected messages are dropped and counted.
     pub fn handle_control(&mut self, now: Instant, from: Rank, bytes: &[u8]) {
         self.timeout.set(None);
-        self.now = self.now.max(now);
         if bytes.len() > self.config.limits.max_control_len || from.0 >= self.config.ranks {
             bump(&mut self.stats.control_malformed);
             return;
@@ -429,7 +424,7 @@ impl Session {
             }
         };
         if let Some(o) = outcome {
-            self.finish(i, o);
+            self.finish(i, o, now);
         }
     }
 
@@ -518,13 +513,12 @@ impl Session {
     /// operation ended meanwhile) is ignored.
     pub fn handle_read_done(&mut self, now: Instant, id: ReadId, result: Result<(), ReadError>) {
         self.timeout.set(None);
-        self.now = self.now.max(now);
         let Some(i) = self.ops.iter().position(|o| o.ring.has_read(id)) else {
             return;
         };
         let mut cx = cx!(self, now);
         if let Some(o) = self.ops[i].on_read_done(&mut cx, id, result.is_ok()) {
-            self.finish(i, o);
+            self.finish(i, o, now);
         }
     }
 
@@ -533,7 +527,6 @@ impl Session {
     /// ended are ignored.
     pub fn handle_lane_note(&mut self, now: Instant, note: LaneNote) {
         self.timeout.set(None);
-        self.now = self.now.max(now);
         let op = match &note {
             LaneNote::Rx(
                 RxNote::Full { op, .. }
@@ -578,7 +571,7 @@ impl Session {
             }
         };
         if let Some(o) = outcome {
-            self.finish(i, o);
+            self.finish(i, o, now);
         }
     }
 
@@ -588,7 +581,6 @@ impl Session {
     /// `first` are ones the peer had finished when it left cleanly: they need nothing more of it.
     pub fn handle_peer_lost(&mut self, now: Instant, peer: Rank, first: OpId) {
         self.timeout.set(None);
-        self.now = self.now.max(now);
         if peer.0 >= self.config.ranks || peer == self.config.rank {
             return;
         }
@@ -596,7 +588,7 @@ impl Session {
         while i < self.ops.len() {
             if self.ops[i].id >= first {
                 let error = OpError::PeerLost { peer };
-                self.finish(i, Outcome::Failed { error, abort: true });
+                self.finish(i, Outcome::Failed { error, abort: true }, now);
             } else {
                 i += 1;
             }
@@ -606,7 +598,6 @@ impl Session {
     /// Timers may have expired. A spurious call is harmless.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.timeout.set(None);
-        self.now = self.now.max(now);
         let mut i = 0;
         while i < self.ops.len() {
             let due = self.ops[i].next_timeout().is_some_and(|t| t <= now);
@@ -620,7 +611,7 @@ impl Session {
                         },
                         o => o,
                     };
-                    self.finish(i, o);
+                    self.finish(i, o, now);
                     continue; // `finish` removed op `i`
                 }
             }
@@ -673,13 +664,13 @@ impl Session {
         self.events.pop_front()
     }
 
-    fn finish(&mut self, i: usize, outcome: Outcome) {
+    fn finish(&mut self, i: usize, outcome: Outcome, now: Instant) {
         let mut op = self.ops.remove(i);
         if self.ended.len() == ENDED_KEEP {
             self.ended.pop_front();
         }
         self.ended
-            .push_back((self.now, transfer_time(&self.config, op.layout.bytes())));
+            .push_back((now, transfer_time(&self.config, op.layout.bytes())));
         if matches!(outcome, Outcome::Completed) {
             // Every rank took part in it: what was reported before is over.
             for r in &mut self.reports {
