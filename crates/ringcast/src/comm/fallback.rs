@@ -1774,7 +1774,7 @@ impl Dispatcher {
             if let Some(op) = self.active.iter_mut().find(|o| o.k == g.k) {
                 op.gated -= 1;
                 op.last = Instant::now();
-                self.mesh.send_control(Rank(g.to), &g.msg);
+                self.mesh.send_control_parts(Rank(g.to), &[&g.msg]);
             }
         }
         let still = self
