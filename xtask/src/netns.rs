@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "netns [--ranks N] [--long] [--only NAME,...]";
+const USAGE: &str = "netns [--ranks N] [--long] [--only NAME,...] [--repeat N]";
 
 /// The data port every lab job uses (RoCEv2's).
 const DATA_PORT: u16 = 4791;
@@ -23,6 +23,8 @@ struct Opts {
     ranks: usize,
     long: bool,
     only: Vec<String>,
+    /// Runs each chosen check this many times in the one lab (hunting a rare failure).
+    repeat: u32,
     lab_only: Option<u64>,
 }
 
@@ -31,6 +33,7 @@ fn parse(args: &[String]) -> Result<Opts, StepError> {
         ranks: 4,
         long: false,
         only: Vec::new(),
+        repeat: 1,
         lab_only: None,
     };
     let mut it = args.iter();
@@ -52,6 +55,13 @@ fn parse(args: &[String]) -> Result<Opts, StepError> {
                     .split(',')
                     .map(str::to_owned)
                     .collect();
+            }
+            "--repeat" => {
+                o.repeat = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&n| n >= 1)
+                    .ok_or_else(|| bad("`--repeat` wants a count of 1 or more".to_owned()))?;
             }
             // Internal: build a lab, say so, wait (the Ctrl-C self-test's child).
             "--lab-only" => {
@@ -75,6 +85,8 @@ struct Ctx<'a> {
     cli_bin: Result<PathBuf, String>,
     long: bool,
     next_port: std::cell::Cell<u16>,
+    /// With `--repeat`, the run number, so that each run's rank outputs are kept apart.
+    run: std::cell::Cell<u32>,
 }
 
 impl Ctx<'_> {
@@ -89,11 +101,15 @@ impl Ctx<'_> {
     }
 
     fn start(&self, tag: &str, args: &[&str], env: &[(&str, String)]) -> Result<Ranks, String> {
+        let tag = match self.run.get() {
+            0 => tag.to_owned(),
+            k => format!("{tag}.{k}"),
+        };
         let l = Launch {
             program: &self.rank_bin,
             args,
             env,
-            tag,
+            tag: &tag,
         };
         Ranks::start(self.lab, &l, self.port())
     }
@@ -160,6 +176,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
             cli_bin,
             long: o.long,
             next_port: std::cell::Cell::new(29_400),
+            run: std::cell::Cell::new(0),
         };
         type Check = fn(&Ctx<'_>) -> Result<String, String>;
         let checks: &[(&str, Check)] = &[
@@ -182,16 +199,24 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
             if !wanted(name) {
                 continue;
             }
-            eprintln!("netns: {name} ...");
-            let t = Instant::now();
-            let r = f(&ctx);
-            let d = t.elapsed();
-            match &r {
-                Ok(m) => eprintln!("netns: {name}: ok ({:.1}s): {m}", d.as_secs_f64()),
-                Err(m) => eprintln!("netns: {name}: FAILED ({:.1}s): {m}", d.as_secs_f64()),
+            for k in 1..=o.repeat {
+                let name = if o.repeat > 1 {
+                    ctx.run.set(k);
+                    format!("{name} #{k}")
+                } else {
+                    (*name).to_owned()
+                };
+                eprintln!("netns: {name} ...");
+                let t = Instant::now();
+                let r = f(&ctx);
+                let d = t.elapsed();
+                match &r {
+                    Ok(m) => eprintln!("netns: {name}: ok ({:.1}s): {m}", d.as_secs_f64()),
+                    Err(m) => eprintln!("netns: {name}: FAILED ({:.1}s): {m}", d.as_secs_f64()),
+                }
+                log(&lab.dir, &format!("{name}: {r:?}"));
+                results.push((name, d, r));
             }
-            log(&lab.dir, &format!("{name}: {r:?}"));
-            results.push(((*name).to_owned(), d, r));
         }
         // The lab is dropped here: the watchdog removes it.
     }
@@ -1016,9 +1041,9 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(3);
 const FAIL_DEADLINE: Duration = Duration::from_secs(12);
 
 /// Starts `loop` ranks and waits until all run.
-fn looping(ctx: &Ctx<'_>, tag: &str, size: u64) -> Result<Ranks, String> {
+fn looping(ctx: &Ctx<'_>, tag: &str, size: u64, env: &[(&str, String)]) -> Result<Ranks, String> {
     let size = size.to_string();
-    let mut r = ctx.start(tag, &["loop", "--size", &size, "--secs", "90"], &[])?;
+    let mut r = ctx.start(tag, &["loop", "--size", &size, "--secs", "90"], env)?;
     for i in 0..ctx.p() {
         r.wait_line(i, "RUNNING", Duration::from_secs(60))
             .ok_or_else(|| format!("rank {i} never ran: {} {}", r.out(i), r.err_tail(i)))?;
@@ -1057,7 +1082,7 @@ fn survivors_name(r: &mut Ranks, p: usize, victim: usize, t0: Instant) -> Result
 /// A rank SIGKILLed mid-collective: the others fail within the deadline naming it.
 fn kill(ctx: &Ctx<'_>) -> Result<String, String> {
     let victim = ctx.p() / 2;
-    let mut r = looping(ctx, "kill", 4 << 20)?;
+    let mut r = looping(ctx, "kill", 4 << 20, &[])?;
     std::thread::sleep(Duration::from_millis(200));
     let t0 = Instant::now();
     r.kill(victim);
@@ -1070,26 +1095,37 @@ fn kill(ctx: &Ctx<'_>) -> Result<String, String> {
 
 /// A rank's control connections blocked by nft drops on their TCP ports: detected like a
 /// dead rank, within the peer timeout. With `--long`, also in a loop of 16 KiB-per-rank
-/// Allgathers (over multicast: operations back to back, the block most often lands while
-/// some ranks are in the next one).
+/// Allgathers (operations back to back, the block most often lands while some ranks are in
+/// the next one), over multicast and over the TCP path.
 fn tcp_block(ctx: &Ctx<'_>) -> Result<String, String> {
-    let sizes: &[u64] = if ctx.long {
-        &[4 << 20, 16 << 10]
+    // (bytes per rank, over the TCP path rather than multicast)
+    let runs: &[(u64, bool)] = if ctx.long {
+        &[(4 << 20, false), (16 << 10, false), (16 << 10, true)]
     } else {
-        &[4 << 20]
+        &[(4 << 20, false)]
     };
     let mut done = Vec::new();
-    for &size in sizes {
-        let r = tcp_block_at(ctx, size).map_err(|e| format!("{size} B: {e}"))?;
-        done.push(format!("{size} B: {r}"));
+    for &(size, tcp) in runs {
+        let how = if tcp { " over the TCP path" } else { "" };
+        let r = tcp_block_at(ctx, size, tcp).map_err(|e| format!("{size} B{how}: {e}"))?;
+        done.push(format!("{size} B{how}: {r}"));
     }
     Ok(done.join("; "))
 }
 
-fn tcp_block_at(ctx: &Ctx<'_>, size: u64) -> Result<String, String> {
+fn tcp_block_at(ctx: &Ctx<'_>, size: u64, tcp_path: bool) -> Result<String, String> {
     let victim = ctx.p() / 2;
     let ns = ctx.lab.ns[victim].clone();
-    let mut r = looping(ctx, &format!("tcpblock{size}"), size)?;
+    let (tag, env) = if tcp_path {
+        let all = (size * ctx.p() as u64).to_string();
+        (
+            format!("tcpblock{size}tcp"),
+            vec![("RINGCAST_TCP_THRESHOLD", all)],
+        )
+    } else {
+        (format!("tcpblock{size}"), Vec::new())
+    };
+    let mut r = looping(ctx, &tag, size, &env)?;
     let ss = in_ns(&ns, "ss", &["-Htn", "state", "established"])?;
     let mut ports: Vec<String> = ss
         .lines()
@@ -1200,6 +1236,7 @@ fn no_querier(ctx: &Ctx<'_>) -> Result<String, String> {
         cli_bin: Err("unused".to_owned()),
         long: ctx.long,
         next_port: std::cell::Cell::new(ctx.port()),
+        run: std::cell::Cell::new(ctx.run.get()),
     };
     let mut r = sub.start(
         "noquerier",
