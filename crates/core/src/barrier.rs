@@ -97,6 +97,15 @@ impl Barrier {
         fresh
     }
 
+    /// Whether the barrier waits on `r`: the hub on its `Ready`, the others on the hub's `Go`.
+    fn waits_on(&self, r: Rank) -> bool {
+        if self.is_hub() {
+            r != self.me && self.ready.get(r.index()).is_some_and(|b| !*b)
+        } else {
+            r == self.hub
+        }
+    }
+
     fn all_ready(&self, ranks: u32) -> bool {
         self.ready_count + 1 >= ranks
     }
@@ -191,6 +200,22 @@ impl Collective {
         }
         self.begin_data(cx);
         self.progress(cx)
+    }
+
+    /// `reporter` failed an operation over `culprit` (its `Abort`, or its goodbye): still in
+    /// the barrier and waiting on that rank, this operation cannot go on. It fails now,
+    /// naming it, rather than at a timer that right after other operations waits long for
+    /// exactly such a report (the session's `barrier_slack`).
+    pub(crate) fn on_report(&self, culprit: Rank, reporter: Rank) -> Option<Outcome> {
+        (self.phase == Phase::Barrier && self.barrier.waits_on(culprit)).then_some(
+            Outcome::Failed {
+                error: OpError::PeerFailed {
+                    peer: culprit,
+                    reported_by: reporter,
+                },
+                abort: true,
+            },
+        )
     }
 
     /// Everyone is ready.

@@ -164,8 +164,14 @@ impl Node {
     }
 
     /// See [`Session::handle_peer_lost`].
-    pub fn handle_peer_lost(&mut self, now: Instant, peer: Rank, first: OpId) {
-        self.session.handle_peer_lost(now, peer, first);
+    pub fn handle_peer_lost(
+        &mut self,
+        now: Instant,
+        peer: Rank,
+        first: OpId,
+        blamed: Option<Rank>,
+    ) {
+        self.session.handle_peer_lost(now, peer, first, blamed);
         self.route(now);
     }
 

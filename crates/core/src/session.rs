@@ -336,14 +336,17 @@ impl Session {
     /// `from` reported a failure of operation `seq` naming `culprit` (its `Abort`). Only for
     /// an operation this rank ran or may still run (within the window of operations in
     /// flight): a report far ahead would outlive every completion that clears it.
-    fn reported(&mut self, from: Rank, seq: u64, culprit: Rank) {
+    /// Whether it was kept.
+    fn reported(&mut self, from: Rank, seq: u64, culprit: Rank) -> bool {
         let window = u64::from(self.config.limits.max_inflight_ops);
         if culprit != self.config.rank
             && seq < self.next_seq.saturating_add(window)
             && let Some(r) = self.reports.get_mut(from.index())
         {
             *r = Some((seq, culprit));
+            return true;
         }
+        false
     }
 
     /// A verdict of this rank's timers (`PeerUnresponsive`), unless a failure was reported
@@ -379,24 +382,32 @@ impl Session {
     /// A control message arrived from `from` on the reliable path. Malformed, stale or
     /// unexpected messages are dropped and counted.
     pub fn handle_control(&mut self, now: Instant, from: Rank, bytes: &[u8]) {
+        if let Some(culprit) = self.control(now, from, bytes) {
+            self.fail_waits_on(now, culprit, from);
+        }
+    }
+
+    /// [`Self::handle_control`]; the rank an `Abort` reported failed, if it was one.
+    fn control(&mut self, now: Instant, from: Rank, bytes: &[u8]) -> Option<Rank> {
         self.timeout.set(None);
         if bytes.len() > self.config.limits.max_control_len || from.0 >= self.config.ranks {
             bump(&mut self.stats.control_malformed);
-            return;
+            return None;
         }
         let Ok(msg) = ControlRepr::parse_bytes(bytes) else {
             bump(&mut self.stats.control_malformed);
-            return;
+            return None;
         };
         let seq = msg.op();
-        if let ControlRepr::Abort { culprit, .. } = msg
-            && culprit < self.config.ranks
-        {
-            self.reported(from, seq, Rank(culprit));
-        }
+        let report = match msg {
+            ControlRepr::Abort { culprit, .. } if culprit < self.config.ranks => {
+                Some(Rank(culprit)).filter(|&c| self.reported(from, seq, c))
+            }
+            _ => None,
+        };
         let Some(i) = self.ops.iter().position(|o| o.id.0 == seq) else {
             self.control_for_unstarted(from, &msg);
-            return;
+            return report;
         };
         let mut cx = cx!(self, now);
         let op = &mut self.ops[i];
@@ -425,6 +436,19 @@ impl Session {
         };
         if let Some(o) = outcome {
             self.finish(i, o, now);
+        }
+        report
+    }
+
+    /// `reporter` failed an operation over `culprit`: the operations still in their barrier
+    /// waiting on that rank fail now (see the barrier's `on_report`).
+    fn fail_waits_on(&mut self, now: Instant, culprit: Rank, reporter: Rank) {
+        let mut i = 0;
+        while i < self.ops.len() {
+            match self.ops[i].on_report(culprit, reporter) {
+                Some(o) => self.finish(i, o, now),
+                None => i += 1,
+            }
         }
     }
 
@@ -579,19 +603,44 @@ impl Session {
     /// in flight from `first` on fails at once naming it, and the other ranks hear of it
     /// through `Abort` (sent before anything else this rank sends them). Operations before
     /// `first` are ones the peer had finished when it left cleanly: they need nothing more of it.
-    pub fn handle_peer_lost(&mut self, now: Instant, peer: Rank, first: OpId) {
+    ///
+    /// A peer that left over a failure it named (`blamed`, from its goodbye) left because of
+    /// that rank, whose failure may not have reached this rank yet (it travels over other
+    /// connections, or this rank was past that operation): the operations fail with
+    /// [`OpError::PeerFailed`] naming `blamed` as reported by `peer`, the `Abort`s name it,
+    /// and it counts as `peer`'s report for this rank's later verdicts. A `blamed` that is
+    /// this rank or no rank is ignored.
+    pub fn handle_peer_lost(
+        &mut self,
+        now: Instant,
+        peer: Rank,
+        first: OpId,
+        blamed: Option<Rank>,
+    ) {
         self.timeout.set(None);
         if peer.0 >= self.config.ranks || peer == self.config.rank {
             return;
         }
+        let blamed = blamed.filter(|b| b.0 < self.config.ranks && *b != self.config.rank);
+        let report = blamed.filter(|&b| self.reported(peer, first.0, b));
+        let error = match blamed {
+            Some(b) => OpError::PeerFailed {
+                peer: b,
+                reported_by: peer,
+            },
+            None => OpError::PeerLost { peer },
+        };
         let mut i = 0;
         while i < self.ops.len() {
             if self.ops[i].id >= first {
-                let error = OpError::PeerLost { peer };
                 self.finish(i, Outcome::Failed { error, abort: true }, now);
             } else {
                 i += 1;
             }
+        }
+        // The operations it finished may still wait on the rank it blamed.
+        if let Some(b) = report {
+            self.fail_waits_on(now, b, peer);
         }
     }
 

@@ -1111,6 +1111,8 @@ impl TcpControl {
             },
             Inbound::Lost(r) => self.mark_lost(r),
             Inbound::Bye(r, mark, blamed) => {
+                // A blame naming no rank of the job names nobody.
+                let blamed = blamed.filter(|b| (b.0 as usize) < self.peers.len());
                 if !self.departed.iter().any(|(p, ..)| *p == r) {
                     self.departed.push((r, mark, blamed));
                 }

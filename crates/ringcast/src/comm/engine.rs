@@ -577,8 +577,9 @@ impl Engine {
         let tag = self.session.config().imm.tag_of(op.0);
         let drained = self.drained();
         self.quarantine.ended(tag, &drained, StdInstant::now());
-        // What the application is told, decided once.
-        let told = verdict.err().map(|e| self.told(e));
+        // What the application is told (a loss of a rank that left over another rank's
+        // failure already names that rank: the session was told whom it blamed).
+        let told = verdict.err().map(CommError::from);
         // A rank that failed names the culprit of later losses; one that posted another
         // shape is alive and well.
         match &told {
@@ -611,17 +612,6 @@ impl Engine {
                 let _ = reply.send(Err(told));
             }
         }
-    }
-
-    /// What a failure tells the application: a loss of a rank that left over another rank's
-    /// failure names that rank, as reported by the one that left.
-    fn told(&self, e: OpError) -> CommError {
-        if let OpError::PeerLost { peer } = e
-            && let Some(l) = self.lost.iter().find(|l| l.rank == peer.0)
-        {
-            return l.error();
-        }
-        e.into()
     }
 
     /// Whether report `r` goes to the roots (in flight, and at an operation's end): when the
@@ -672,7 +662,7 @@ impl Engine {
         // (it travels over another connection): that rank is the one to blame.
         self.blame.heard(blamed);
         self.session
-            .handle_peer_lost(now, Rank(rank), OpId(mark.unwrap_or(0)));
+            .handle_peer_lost(now, Rank(rank), OpId(mark.unwrap_or(0)), blamed.map(Rank));
         for p in std::mem::take(&mut self.queued) {
             self.doom(p, rank);
         }
