@@ -629,6 +629,8 @@ pub(crate) fn start(
         early: HashMap::new(),
         ended: VecDeque::new(),
         aborts: HashMap::new(),
+        last_end: None,
+        reports: vec![None; cfg.size as usize],
         elsewhere: VecDeque::new(),
         next_tcp: switch_at.unwrap_or(0),
         lost: Vec::new(),
@@ -928,6 +930,15 @@ struct TcpOp {
 }
 
 impl TcpOp {
+    /// Whether nothing of its data came yet: no byte, no Bruck round.
+    fn nothing_in(&self) -> bool {
+        let no_round = match &self.shape {
+            Shape::Bruck { got, .. } => *got == 0,
+            _ => true,
+        };
+        self.received == 0 && no_round
+    }
+
     /// Whether data is still to come: bytes, or a Bruck round (which may hold none).
     fn waiting(&self) -> bool {
         match &self.shape {
@@ -1022,6 +1033,13 @@ struct Dispatcher {
     /// Operations a peer gave up on before they started here, with the error they fail
     /// with.
     aborts: HashMap<u64, CommError>,
+    /// When the last TCP operation ended here (see [`Self::check_timeouts`]).
+    last_end: Option<Instant>,
+    /// Per peer, the last failure it reported (`KIND_ABORT` for a timeout, of any operation,
+    /// ended or not started here): the operation and the rank it named, until an operation
+    /// after it completes here. A peer this rank waits on that gave up on an earlier
+    /// operation over a third rank is stuck on that rank, not hung itself.
+    reports: Vec<Option<(u64, u32)>>,
     /// The last [`ENDED_KEEP`] operations that ran over multicast here, each with whether a
     /// piece of one came (the ranks were told: ranks that disagree on its length across the
     /// threshold).
@@ -1234,6 +1252,7 @@ impl Dispatcher {
     /// Remembers that TCP operation `k` ended here (its late pieces are dropped).
     fn ended(&mut self, k: u64) {
         keep_last(&mut self.ended, k);
+        self.last_end = Some(Instant::now());
         self.early.remove(&k);
         self.aborts.remove(&k);
     }
@@ -1534,6 +1553,9 @@ impl Dispatcher {
                     },
                     _ => return,
                 };
+                if matches!(e, CommError::PeerFailed { .. }) {
+                    self.reported(from, k, peer);
+                }
                 if k == u64::MAX && from == 0 && self.frozen_at.is_some() {
                     // Rank 0 gave up on the switch agreement.
                     if self.broken.is_none() {
@@ -2158,6 +2180,12 @@ impl Dispatcher {
             let op = self.active.swap_remove(i);
             self.ended(op.k);
             self.blame.completed(op.k);
+            // Every rank took part in it: what was reported before is over.
+            for r in &mut self.reports {
+                if r.is_some_and(|(k, _)| k < op.k) {
+                    *r = None;
+                }
+            }
             let stats = OpStats {
                 op: op.k,
                 bytes: op.buf.len() as u64,
@@ -2228,8 +2256,57 @@ impl Dispatcher {
         }
     }
 
+    /// `from` gave up on operation `k` naming `culprit` (its `KIND_ABORT` for a timeout).
+    /// Kept only for an operation this rank ran or may still run soon: a report far ahead
+    /// would outlive every completion that clears it.
+    fn reported(&mut self, from: u32, k: u64, culprit: u32) {
+        let horizon = self.next_tcp.max(self.route().next) + ENDED_KEEP as u64;
+        if culprit != self.cfg.rank
+            && k < horizon
+            && let Some(r) = self.reports.get_mut(from as usize)
+        {
+            *r = Some((k, culprit));
+        }
+    }
+
+    /// What a wait that ran out on `peer` blames: `peer`, unless a failure was reported
+    /// since the last operation that completed here. Then `peer` may be stuck in that
+    /// operation, or have failed it (its program then posts nothing more): the rank named
+    /// is the one `peer` reported, else the one of the earliest report.
+    fn verdict(&self, peer: u32) -> (u32, CommError) {
+        let own = self
+            .reports
+            .get(peer as usize)
+            .copied()
+            .flatten()
+            .map(|(_, culprit)| (peer, culprit));
+        let earliest = || {
+            (0..self.cfg.size)
+                .filter_map(|r| Some((r, self.reports[r as usize]?)))
+                .min_by_key(|&(r, (k, _))| (k, r))
+                .map(|(r, (_, culprit))| (r, culprit))
+        };
+        match own.or_else(earliest) {
+            Some((reported_by, culprit)) => (
+                culprit,
+                CommError::PeerFailed {
+                    peer: culprit,
+                    reported_by,
+                },
+            ),
+            None => (peer, CommError::PeerUnresponsive { peer }),
+        }
+    }
+
     /// Fails the operations that waited too long, and tells every rank whom they waited on
     /// (`KIND_ABORT`): the ranks further down fail too, naming the same rank.
+    ///
+    /// An operation that got nothing yet, soon after others ended here, may wait on a peer
+    /// still stuck in one of those (on another rank), which blames that rank once its own
+    /// wait runs out: at most the longest wait ([`FallbackConfig::timeout`] of `P - 1` hops)
+    /// after its last progress. Blaming the peer sooner would name a live rank, so such an
+    /// operation waits until that long and half a peer timeout more since the last end
+    /// here, and then names the rank the peer reported, if it did ([`Self::verdict`]).
     fn check_timeouts(&mut self) {
         let (me, size) = (self.cfg.rank, self.cfg.size);
         let mut i = 0;
@@ -2255,7 +2332,13 @@ impl Dispatcher {
                 i += 1;
                 continue;
             }
-            self.give_up(i, ABORT_TIMEOUT, peer, CommError::PeerUnresponsive { peer });
+            let slack = self.cfg.timeout(size - 1) + self.cfg.peer_timeout / 2;
+            if op.nothing_in() && self.last_end.is_some_and(|t| t.elapsed() <= slack) {
+                i += 1;
+                continue;
+            }
+            let (culprit, e) = self.verdict(peer);
+            self.give_up(i, ABORT_TIMEOUT, culprit, e);
         }
     }
 
@@ -3197,6 +3280,75 @@ mod tests {
         assert_eq!(by(&lost[..1], 1), None, "rank 2 finished operation 1");
         assert_eq!(by(&lost[..1], 2), Some(2));
         assert_eq!(by(&[], 0), None);
+    }
+
+    /// Operations back to back, a rank hung partway through one: a rank that finished it
+    /// and waits in the next one on a live rank still stuck in it (on the hung rank) names
+    /// the hung rank, as that rank reports it, not the live one.
+    #[test]
+    fn a_wait_on_a_rank_stuck_in_an_earlier_operation_names_the_rank_it_is_stuck_on() {
+        const HUNG: u32 = 2;
+        const B: usize = 64;
+        let mut m = mesh(4);
+        let mut hung = m.remove(HUNG as usize);
+        let hs: Vec<(u32, Handle)> = m
+            .into_iter()
+            .zip([0, 1, 3])
+            .map(|(mesh, me)| {
+                let c = FallbackConfig {
+                    peer_timeout: Duration::from_secs(1),
+                    ..cfg(me, 4)
+                };
+                (me, start(c, mesh, None, FROM_START).expect("start"))
+            })
+            .collect();
+        let sizes = vec![B as u64; 4];
+        let post = |h: &Handle, me: u32| {
+            let mut buf = vec![0; 4 * B];
+            buf[me as usize * B..][..B].fill(me as u8 + 1);
+            let kind = Kind::Allgather {
+                sizes: sizes.clone(),
+            };
+            h.post::<u8>(kind, buf, None, tracing::Span::none())
+                .expect("post")
+        };
+        // Operation 0 (Bruck: round 0 from the next rank, round 1 from the one after). The
+        // hung rank sends its round 0 to rank 1, then nothing: ranks 1 and 3 get every block
+        // (rank 3 through rank 1), rank 0 waits for its round 1 from the hung rank.
+        let first: Vec<_> = hs.iter().map(|(me, h)| (*me, post(h, *me))).collect();
+        let mut round = vec![KIND_ROUND, 0, 0, 0];
+        round.extend_from_slice(&HUNG.to_be_bytes());
+        round.extend_from_slice(&0u64.to_be_bytes());
+        round.extend_from_slice(&1u64.to_be_bytes());
+        round.extend_from_slice(&allgather_shape(&sizes).to_be_bytes());
+        round.extend_from_slice(&[HUNG as u8 + 1; B]);
+        hung.send_control(Rank(1), &round);
+        let mut stuck = None;
+        for (me, req) in first {
+            if me == 0 {
+                stuck = Some(req);
+            } else {
+                let got = req.wait().expect("ranks 1 and 3 have every block");
+                assert!(
+                    got.chunks(B)
+                        .enumerate()
+                        .all(|(b, c)| c == [b as u8 + 1; B])
+                );
+            }
+        }
+        // Ranks 1 and 3 go on to operation 1; rank 0's program is still waiting for the first.
+        // Rank 3 waits there on rank 0 (its round 0), rank 1 on the hung rank.
+        let next: Vec<_> = hs[1..].iter().map(|(me, h)| (*me, post(h, *me))).collect();
+        let e0 = stuck
+            .expect("rank 0")
+            .wait()
+            .expect_err("rank 0 waits on the hung rank");
+        assert_eq!(e0, CommError::PeerUnresponsive { peer: HUNG });
+        for (me, req) in next {
+            let e = req.wait().expect_err("operation 1 cannot complete");
+            assert_eq!(e.peer(), Some(HUNG), "rank {me}: {e}");
+        }
+        drop(hung);
     }
 
     /// Which rank a stalled operation blames, and how long it waits before it does.
