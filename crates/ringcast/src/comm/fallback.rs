@@ -927,18 +927,11 @@ struct TcpOp {
     /// Tree: its pieces waiting in `Dispatcher::gated` for a child far behind
     /// ([`tree_ahead`]). The operation is not over before they went.
     gated: u32,
+    /// The peers that sent anything of it (pieces, rounds, clear-to-sends): a few sources.
+    heard: Vec<u32>,
 }
 
 impl TcpOp {
-    /// Whether nothing of its data came yet: no byte, no Bruck round.
-    fn nothing_in(&self) -> bool {
-        let no_round = match &self.shape {
-            Shape::Bruck { got, .. } => *got == 0,
-            _ => true,
-        };
-        self.received == 0 && no_round
-    }
-
     /// Whether data is still to come: bytes, or a Bruck round (which may hold none).
     fn waiting(&self) -> bool {
         match &self.shape {
@@ -1553,9 +1546,8 @@ impl Dispatcher {
                     },
                     _ => return,
                 };
-                if matches!(e, CommError::PeerFailed { .. }) {
-                    self.reported(from, k, peer);
-                }
+                let report =
+                    matches!(e, CommError::PeerFailed { .. }) && self.reported(from, k, peer);
                 if k == u64::MAX && from == 0 && self.frozen_at.is_some() {
                     // Rank 0 gave up on the switch agreement.
                     if self.broken.is_none() {
@@ -1564,6 +1556,9 @@ impl Dispatcher {
                     return;
                 }
                 self.aborted(k, e);
+                if report {
+                    self.fail_waits_on(peer, from);
+                }
             }
             Some(KIND_SWITCH) if from == 0 => {
                 let (Some(rank), Some(at), Some(op), Some(permille)) =
@@ -1632,6 +1627,10 @@ impl Dispatcher {
             };
             self.give_up(i, ABORT_MISMATCH, from, e);
             return false;
+        }
+        let heard = &mut self.active[i].heard;
+        if !heard.contains(&from) {
+            heard.push(from);
         }
         if cts {
             self.cleared(i, from);
@@ -2006,6 +2005,7 @@ impl Dispatcher {
                 Vec::new()
             },
             gated: 0,
+            heard: Vec::new(),
         };
         op.span
             .in_scope(|| tracing::debug!(op = k, len, "started over TCP"));
@@ -2246,6 +2246,16 @@ impl Dispatcher {
             };
             self.fail_active(i, e);
         }
+        // The operations a rank that left over a failure finished may still wait here on the
+        // rank it blamed.
+        for j in before..self.lost.len() {
+            let l = self.lost[j];
+            if let (Some(mark), Some(b)) = (l.mark, l.blamed)
+                && self.reported(l.rank, mark, b)
+            {
+                self.fail_waits_on(b, l.rank);
+            }
+        }
         // A switch can no longer be agreed: held posts fail too (and later ones, doomed).
         if self.agreement.is_some() || self.route().frozen {
             self.agreement = None;
@@ -2258,15 +2268,17 @@ impl Dispatcher {
 
     /// `from` gave up on operation `k` naming `culprit` (its `KIND_ABORT` for a timeout).
     /// Kept only for an operation this rank ran or may still run soon: a report far ahead
-    /// would outlive every completion that clears it.
-    fn reported(&mut self, from: u32, k: u64, culprit: u32) {
+    /// would outlive every completion that clears it. Whether it was kept.
+    fn reported(&mut self, from: u32, k: u64, culprit: u32) -> bool {
         let horizon = self.next_tcp.max(self.route().next) + ENDED_KEEP as u64;
         if culprit != self.cfg.rank
             && k < horizon
             && let Some(r) = self.reports.get_mut(from as usize)
         {
             *r = Some((k, culprit));
+            return true;
         }
+        false
     }
 
     /// What a wait that ran out on `peer` blames: `peer`, unless a failure was reported
@@ -2301,14 +2313,14 @@ impl Dispatcher {
     /// Fails the operations that waited too long, and tells every rank whom they waited on
     /// (`KIND_ABORT`): the ranks further down fail too, naming the same rank.
     ///
-    /// An operation that got nothing yet, soon after others ended here, may wait on a peer
-    /// still stuck in one of those (on another rank), which blames that rank once its own
-    /// wait runs out: at most the longest wait ([`FallbackConfig::timeout`] of `P - 1` hops)
+    /// An operation that got nothing yet from the peer it waits on, soon after others ended
+    /// here, may wait on a peer still stuck in one of those (on another rank), which blames
+    /// that rank once its own wait runs out: at most the longest wait ([`FallbackConfig::timeout`] of `P - 1` hops)
     /// after its last progress. Blaming the peer sooner would name a live rank, so such an
     /// operation waits until that long and half a peer timeout more since the last end
     /// here, and then names the rank the peer reported, if it did ([`Self::verdict`]).
     fn check_timeouts(&mut self) {
-        let (me, size) = (self.cfg.rank, self.cfg.size);
+        let size = self.cfg.size;
         let mut i = 0;
         while i < self.active.len() {
             // Every wait is at least the peer timeout: only an operation quiet for that long
@@ -2318,26 +2330,52 @@ impl Dispatcher {
                 i += 1;
                 continue;
             }
+            let (peer, hops) = self.wait_of(i);
             let op = &self.active[i];
-            let data = op.waiting().then(|| op.shape.waits_on(me, size));
-            // A tree's piece waiting for a child to post closer: a wait on that child.
-            let gate = self.gated.iter().find(|g| g.k == op.k).map(|g| g.to);
-            // Waiting on the right neighbour's clear-to-send is a wait on it, one hop away.
-            let (peer, hops) = match (data, gate) {
-                (Some((peer, hops)), _) if hops <= 1 || !op.awaiting_cts => (peer, hops),
-                (None, Some(child)) => (child, 1),
-                _ => ((me + 1) % size, 1),
-            };
             if quiet <= self.cfg.timeout(hops) {
                 i += 1;
                 continue;
             }
             let slack = self.cfg.timeout(size - 1) + self.cfg.peer_timeout / 2;
-            if op.nothing_in() && self.last_end.is_some_and(|t| t.elapsed() <= slack) {
+            if !op.heard.contains(&peer) && self.last_end.is_some_and(|t| t.elapsed() <= slack) {
                 i += 1;
                 continue;
             }
             let (culprit, e) = self.verdict(peer);
+            self.give_up(i, ABORT_TIMEOUT, culprit, e);
+        }
+    }
+
+    /// The rank operation `i` waits on, and how many hops that wait is from the data's
+    /// owner (see [`Shape::waits_on`]).
+    fn wait_of(&self, i: usize) -> (u32, u32) {
+        let (me, size) = (self.cfg.rank, self.cfg.size);
+        let op = &self.active[i];
+        let data = op.waiting().then(|| op.shape.waits_on(me, size));
+        // A tree's piece waiting for a child to post closer: a wait on that child.
+        let gate = self.gated.iter().find(|g| g.k == op.k).map(|g| g.to);
+        // Waiting on the right neighbour's clear-to-send is a wait on it, one hop away.
+        match (data, gate) {
+            (Some((peer, hops)), _) if hops <= 1 || !op.awaiting_cts => (peer, hops),
+            (None, Some(child)) => (child, 1),
+            _ => ((me + 1) % size, 1),
+        }
+    }
+
+    /// `reporter` gave up on an operation over `culprit`: the operations here that wait on
+    /// that rank cannot go on. They fail now, naming it, and tell the others (whose waits on
+    /// this rank would otherwise run out).
+    fn fail_waits_on(&mut self, culprit: u32, reporter: u32) {
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.wait_of(i).0 != culprit {
+                i += 1;
+                continue;
+            }
+            let e = CommError::PeerFailed {
+                peer: culprit,
+                reported_by: reporter,
+            };
             self.give_up(i, ABORT_TIMEOUT, culprit, e);
         }
     }
