@@ -335,11 +335,12 @@ impl Session {
 
     /// `from` reported a failure of operation `seq` naming `culprit` (its `Abort`). Only for
     /// an operation this rank ran or may still run (within the window of operations in
-    /// flight): a report far ahead would outlive every completion that clears it. Whether it
-    /// was kept.
+    /// flight): a report far ahead would outlive every completion that clears it; and no rank
+    /// blames itself (such a report is noise). Whether it was kept.
     fn reported(&mut self, from: Rank, seq: u64, culprit: Rank) -> bool {
         let window = u64::from(self.config.limits.max_inflight_ops);
         if culprit != self.config.rank
+            && culprit != from
             && seq < self.next_seq.saturating_add(window)
             && let Some(r) = self.reports.get_mut(from.index())
         {

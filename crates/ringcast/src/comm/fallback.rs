@@ -2268,10 +2268,12 @@ impl Dispatcher {
 
     /// `from` gave up on operation `k` naming `culprit` (its `KIND_ABORT` for a timeout).
     /// Kept only for an operation this rank ran or may still run soon: a report far ahead
-    /// would outlive every completion that clears it. Whether it was kept.
+    /// would outlive every completion that clears it; and no rank gives up on itself (such a
+    /// report is noise). Whether it was kept.
     fn reported(&mut self, from: u32, k: u64, culprit: u32) -> bool {
         let horizon = self.next_tcp.max(self.route().next) + ENDED_KEEP as u64;
         if culprit != self.cfg.rank
+            && culprit != from
             && k < horizon
             && let Some(r) = self.reports.get_mut(from as usize)
         {
