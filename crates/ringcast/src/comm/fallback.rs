@@ -927,8 +927,6 @@ struct TcpOp {
     /// Tree: its pieces waiting in `Dispatcher::gated` for a child far behind
     /// ([`tree_ahead`]). The operation is not over before they went.
     gated: u32,
-    /// The peers that sent anything of it (pieces, rounds, clear-to-sends): a few sources.
-    heard: Vec<u32>,
 }
 
 impl TcpOp {
@@ -1628,10 +1626,6 @@ impl Dispatcher {
             self.give_up(i, ABORT_MISMATCH, from, e);
             return false;
         }
-        let heard = &mut self.active[i].heard;
-        if !heard.contains(&from) {
-            heard.push(from);
-        }
         if cts {
             self.cleared(i, from);
         } else if msg.first() == Some(&KIND_ROUND) {
@@ -2005,7 +1999,6 @@ impl Dispatcher {
                 Vec::new()
             },
             gated: 0,
-            heard: Vec::new(),
         };
         op.span
             .in_scope(|| tracing::debug!(op = k, len, "started over TCP"));
@@ -2315,12 +2308,16 @@ impl Dispatcher {
     /// Fails the operations that waited too long, and tells every rank whom they waited on
     /// (`KIND_ABORT`): the ranks further down fail too, naming the same rank.
     ///
-    /// An operation that got nothing yet from the peer it waits on, soon after others ended
-    /// here, may wait on a peer still stuck in one of those (on another rank), which blames
-    /// that rank once its own wait runs out: at most the longest wait ([`FallbackConfig::timeout`] of `P - 1` hops)
-    /// after its last progress. Blaming the peer sooner would name a live rank, so such an
-    /// operation waits until that long and half a peer timeout more since the last end
-    /// here, and then names the rank the peer reported, if it did ([`Self::verdict`]).
+    /// Soon after other operations ended here, the peer an operation waits on may still be
+    /// stuck in one of those (on another rank), and blame that rank once its own wait runs
+    /// out: at most the longest wait ([`FallbackConfig::timeout`] of `P - 1` hops) after its
+    /// last progress. Blaming the peer sooner would name a live rank, so such an operation
+    /// waits, since the last end here, its own wait and that long less half a peer timeout
+    /// (one hop from the data's owner: the longest wait and half a peer timeout more), and
+    /// then names the rank the peer reported, if it did ([`Self::verdict`]). Every wait so
+    /// placed moves alike, whether its peer is in this operation or not (this rank cannot
+    /// tell): the waits keep their order along the hops, and the rank nearest a hung one
+    /// still gives up first.
     fn check_timeouts(&mut self) {
         let size = self.cfg.size;
         let mut i = 0;
@@ -2333,13 +2330,13 @@ impl Dispatcher {
                 continue;
             }
             let (peer, hops) = self.wait_of(i);
-            let op = &self.active[i];
             if quiet <= self.cfg.timeout(hops) {
                 i += 1;
                 continue;
             }
-            let slack = self.cfg.timeout(size - 1) + self.cfg.peer_timeout / 2;
-            if !op.heard.contains(&peer) && self.last_end.is_some_and(|t| t.elapsed() <= slack) {
+            let slack = self.cfg.timeout(size - 1) - self.cfg.peer_timeout / 2;
+            let wait = slack + self.cfg.timeout(hops);
+            if self.last_end.is_some_and(|t| t.elapsed() <= wait) {
                 i += 1;
                 continue;
             }
