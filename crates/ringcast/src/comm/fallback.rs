@@ -99,7 +99,12 @@
 //! along the ring, or with the first Bruck round it misses (round `j`: `j + 1` hops) (the
 //! peer timeout, plus half of it per hop beyond the first): the ranks
 //! right after a hung rank give up first and name it, before a rank further down would name
-//! the live source that only had nothing to pass on.
+//! the live source that only had nothing to pass on. Operations back to back add a wait
+//! across operations: right after others ended, the rank waited on may still be stuck in
+//! one of them on a third rank, so every wait moves by the same slack (see
+//! `Dispatcher::check_timeouts`); a rank whose wait runs out names the rank its peer
+//! reported (`KIND_ABORT` of any operation), and a report or a goodbye naming the rank an
+//! operation waits on fails it at once.
 //!
 //! A piece (and a clear-to-send) carries its sender's fingerprint of the operation's kind,
 //! root and sizes ([`ringcast_core::broadcast_shape`], the one the multicast barrier
@@ -160,6 +165,8 @@ pub(crate) const PIECE: usize = 256 << 10;
 pub(crate) const MIN_SAMPLE: u64 = 64;
 /// TCP operations remembered as ended (see `Dispatcher::ended`).
 const ENDED_KEEP: usize = 1024;
+/// How many ended operations' times [`Dispatcher::check_timeouts`] looks at.
+const RECENT_KEEP: usize = 8;
 /// Bytes of a piece's header.
 const PIECE_HEADER: usize = 28;
 const KIND_PIECE: u8 = 0xF1;
@@ -629,7 +636,7 @@ pub(crate) fn start(
         early: HashMap::new(),
         ended: VecDeque::new(),
         aborts: HashMap::new(),
-        last_end: None,
+        recent: VecDeque::new(),
         reports: vec![None; cfg.size as usize],
         elsewhere: VecDeque::new(),
         next_tcp: switch_at.unwrap_or(0),
@@ -881,6 +888,17 @@ impl Shape {
         (self.source(me, size, block), depth)
     }
 
+    /// The most hops a wait in it may be from a block's owner ([`Self::waits_on`]): along
+    /// the ring or the chain, `P - 1`; down a binomial tree, or through Bruck's rounds,
+    /// `ceil(log2 P)`.
+    fn longest(&self, size: u32) -> u32 {
+        match self {
+            Shape::Chain { .. } | Shape::Ring { .. } => size.saturating_sub(1),
+            Shape::Tree { .. } | Shape::Trees { .. } | Shape::Bruck { .. } => bruck_rounds(size),
+        }
+        .max(1)
+    }
+
     /// Where rank `me` sends a piece of `block` (one it received, or its own).
     fn next_hops(&self, me: u32, size: u32, block: u32) -> Vec<u32> {
         match self {
@@ -1024,8 +1042,9 @@ struct Dispatcher {
     /// Operations a peer gave up on before they started here, with the error they fail
     /// with.
     aborts: HashMap<u64, CommError>,
-    /// When the last TCP operation ended here (see [`Self::check_timeouts`]).
-    last_end: Option<Instant>,
+    /// When the last [`RECENT_KEEP`] TCP operations ended here, each with the longest wait
+    /// a rank may have in it (see [`Self::check_timeouts`]).
+    recent: VecDeque<(Instant, Duration)>,
     /// Per peer, the last failure it reported (`KIND_ABORT` for a timeout, of any operation,
     /// ended or not started here): the operation and the rank it named, until an operation
     /// after it completes here. A peer this rank waits on that gave up on an earlier
@@ -1210,14 +1229,14 @@ impl Dispatcher {
     fn post(&mut self, k: u64, p: Post) {
         if let Some(e) = &self.broken {
             let e = e.clone();
-            self.ended(k);
+            self.ended(k, self.cfg.size - 1);
             self.blame.failed(k, e.peer());
             self.fail(p.reply, e);
             return;
         }
         if let Some(e) = self.dooms(k) {
             // Ended before it started: pieces peers sent for it are dropped, not kept.
-            self.ended(k);
+            self.ended(k, self.cfg.size - 1);
             self.blame.failed(k, e.peer());
             self.fail(p.reply, e);
             return;
@@ -1240,10 +1259,15 @@ impl Dispatcher {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Remembers that TCP operation `k` ended here (its late pieces are dropped).
-    fn ended(&mut self, k: u64) {
+    /// Remembers that TCP operation `k` ended here (its late pieces are dropped), and when,
+    /// with the longest wait a rank may have in it: `hops` hops from a block's owner.
+    fn ended(&mut self, k: u64, hops: u32) {
         keep_last(&mut self.ended, k);
-        self.last_end = Some(Instant::now());
+        if self.recent.len() == RECENT_KEEP {
+            self.recent.pop_front();
+        }
+        self.recent
+            .push_back((Instant::now(), self.cfg.timeout(hops)));
         self.early.remove(&k);
         self.aborts.remove(&k);
     }
@@ -1903,7 +1927,7 @@ impl Dispatcher {
         self.next_tcp = self.next_tcp.max(k + 1);
         if let Some(e) = self.aborts.remove(&k) {
             // A peer already gave up on it.
-            self.ended(k);
+            self.ended(k, size - 1);
             self.blame.failed(k, e.peer());
             self.fail(p.reply, e);
             return;
@@ -2171,7 +2195,7 @@ impl Dispatcher {
                 continue;
             }
             let op = self.active.swap_remove(i);
-            self.ended(op.k);
+            self.ended(op.k, op.shape.longest(self.cfg.size));
             self.blame.completed(op.k);
             // Every rank took part in it: what was reported before is over.
             for r in &mut self.reports {
@@ -2310,16 +2334,15 @@ impl Dispatcher {
     ///
     /// Soon after other operations ended here, the peer an operation waits on may still be
     /// stuck in one of those (on another rank), and blame that rank once its own wait runs
-    /// out: at most the longest wait ([`FallbackConfig::timeout`] of `P - 1` hops) after its
-    /// last progress. Blaming the peer sooner would name a live rank, so such an operation
-    /// waits, since the last end here, its own wait and that long less half a peer timeout
-    /// (one hop from the data's owner: the longest wait and half a peer timeout more), and
-    /// then names the rank the peer reported, if it did ([`Self::verdict`]). Every wait so
-    /// placed moves alike, whether its peer is in this operation or not (this rank cannot
-    /// tell): the waits keep their order along the hops, and the rank nearest a hung one
-    /// still gives up first.
+    /// out: at most the longest wait of that operation ([`FallbackConfig::timeout`] of
+    /// [`Shape::longest`] hops) after its last progress. Blaming the peer sooner would name
+    /// a live rank, so such an operation waits, since each recent end here, its own wait and
+    /// that operation's longest less half a peer timeout (one hop from the data's owner: the
+    /// longest wait and half a peer timeout more), and then names the rank the peer
+    /// reported, if it did ([`Self::verdict`]). Every wait so placed moves alike, whether
+    /// its peer is in this operation or not (this rank cannot tell): the waits keep their
+    /// order along the hops, and the rank nearest a hung one still gives up first.
     fn check_timeouts(&mut self) {
-        let size = self.cfg.size;
         let mut i = 0;
         while i < self.active.len() {
             // Every wait is at least the peer timeout: only an operation quiet for that long
@@ -2334,9 +2357,9 @@ impl Dispatcher {
                 i += 1;
                 continue;
             }
-            let slack = self.cfg.timeout(size - 1) - self.cfg.peer_timeout / 2;
-            let wait = slack + self.cfg.timeout(hops);
-            if self.last_end.is_some_and(|t| t.elapsed() <= wait) {
+            let (own, half) = (self.cfg.timeout(hops), self.cfg.peer_timeout / 2);
+            let slack = |longest: Duration| longest.saturating_sub(half) + own;
+            if self.recent.iter().any(|&(at, w)| at.elapsed() <= slack(w)) {
                 i += 1;
                 continue;
             }
@@ -2390,7 +2413,7 @@ impl Dispatcher {
     fn fail_active(&mut self, i: usize, e: CommError) {
         let op = self.active.swap_remove(i);
         self.gated.retain(|g| g.k != op.k);
-        self.ended(op.k);
+        self.ended(op.k, op.shape.longest(self.cfg.size));
         if !matches!(e, CommError::ShapeMismatch { .. }) {
             self.blame.failed(op.k, e.peer());
         }
