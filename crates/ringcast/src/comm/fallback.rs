@@ -100,11 +100,12 @@
 //! peer timeout, plus half of it per hop beyond the first): the ranks
 //! right after a hung rank give up first and name it, before a rank further down would name
 //! the live source that only had nothing to pass on. Operations back to back add a wait
-//! across operations: right after others ended, the rank waited on may still be stuck in
-//! one of them on a third rank, so every wait moves by the same slack (see
-//! `Dispatcher::check_timeouts`); a rank whose wait runs out names the rank its peer
-//! reported (`KIND_ABORT` of any operation), and a report or a goodbye naming the rank an
-//! operation waits on fails it at once.
+//! across operations: the rank waited on may still be stuck in an earlier one on a third
+//! rank. A rank whose wait runs out first asks its peer where it is (`KIND_WHERE`): one
+//! that answers (`KIND_HERE`) is alive, and the rank waits for the report of the rank it is
+//! stuck on (see `Dispatcher::check_timeouts`); a rank names the rank its peer reported
+//! (`KIND_ABORT` of any operation), and a report or a goodbye naming the rank an operation
+//! waits on fails it at once.
 //!
 //! A piece (and a clear-to-send) carries its sender's fingerprint of the operation's kind,
 //! root and sizes ([`ringcast_core::broadcast_shape`], the one the multicast barrier
@@ -165,8 +166,6 @@ pub(crate) const PIECE: usize = 256 << 10;
 pub(crate) const MIN_SAMPLE: u64 = 64;
 /// TCP operations remembered as ended (see `Dispatcher::ended`).
 const ENDED_KEEP: usize = 1024;
-/// How many ended operations' times [`Dispatcher::check_timeouts`] looks at.
-const RECENT_KEEP: usize = 8;
 /// Bytes of a piece's header.
 const PIECE_HEADER: usize = 28;
 const KIND_PIECE: u8 = 0xF1;
@@ -194,6 +193,12 @@ const KIND_ROUND: u8 = 0xF8;
 const KIND_ASK: u8 = 0xF9;
 /// `0xFA, 0, 0, 0, 0, 0, 0, 0, next u64`: the sender has posted every operation below `next`.
 const KIND_POSTED: u8 = 0xFA;
+/// `0xFB, 0, 0, 0, 0, 0, 0, 0, op u64`: the sender's operation `op` waited on this rank past
+/// its timeout; answered at once with `KIND_HERE` (see [`Dispatcher::check_timeouts`]).
+const KIND_WHERE: u8 = 0xFB;
+/// `0xFC, 0, 0, 0, 0, 0, 0, 0, op u64`: the answer to `KIND_WHERE` about `op`: the sender is
+/// alive and its dispatcher runs.
+const KIND_HERE: u8 = 0xFC;
 /// How far ahead of a child's posts, in operation indices, a tree Broadcast of `len` bytes
 /// sends it pieces: [`TREE_BYTES`] worth of such operations, at least 16 and at most 1 024.
 /// A piece of operation `k` goes to a child once it said (`KIND_POSTED`, asked for with
@@ -636,7 +641,6 @@ pub(crate) fn start(
         early: HashMap::new(),
         ended: VecDeque::new(),
         aborts: HashMap::new(),
-        recent: VecDeque::new(),
         reports: vec![None; cfg.size as usize],
         elsewhere: VecDeque::new(),
         next_tcp: switch_at.unwrap_or(0),
@@ -888,17 +892,6 @@ impl Shape {
         (self.source(me, size, block), depth)
     }
 
-    /// The most hops a wait in it may be from a block's owner ([`Self::waits_on`]): along
-    /// the ring or the chain, `P - 1`; down a binomial tree, or through Bruck's rounds,
-    /// `ceil(log2 P)`.
-    fn longest(&self, size: u32) -> u32 {
-        match self {
-            Shape::Chain { .. } | Shape::Ring { .. } => size.saturating_sub(1),
-            Shape::Tree { .. } | Shape::Trees { .. } | Shape::Bruck { .. } => bruck_rounds(size),
-        }
-        .max(1)
-    }
-
     /// Where rank `me` sends a piece of `block` (one it received, or its own).
     fn next_hops(&self, me: u32, size: u32, block: u32) -> Vec<u32> {
         match self {
@@ -945,6 +938,17 @@ struct TcpOp {
     /// Tree: its pieces waiting in `Dispatcher::gated` for a child far behind
     /// ([`tree_ahead`]). The operation is not over before they went.
     gated: u32,
+    /// The peer this operation's wait ran out on, asked where it is (`KIND_WHERE`): when,
+    /// and when it answered (see [`Dispatcher::check_timeouts`]).
+    probe: Option<Probe>,
+}
+
+/// A `KIND_WHERE` sent to `peer` at `at`, answered at `answered`.
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    peer: u32,
+    at: Instant,
+    answered: Option<Instant>,
 }
 
 impl TcpOp {
@@ -1042,9 +1046,6 @@ struct Dispatcher {
     /// Operations a peer gave up on before they started here, with the error they fail
     /// with.
     aborts: HashMap<u64, CommError>,
-    /// When the last [`RECENT_KEEP`] TCP operations ended here, each with the longest wait
-    /// a rank may have in it (see [`Self::check_timeouts`]).
-    recent: VecDeque<(Instant, Duration)>,
     /// Per peer, the last failure it reported (`KIND_ABORT` for a timeout, of any operation,
     /// ended or not started here): the operation and the rank it named, until an operation
     /// after it completes here. A peer this rank waits on that gave up on an earlier
@@ -1229,14 +1230,14 @@ impl Dispatcher {
     fn post(&mut self, k: u64, p: Post) {
         if let Some(e) = &self.broken {
             let e = e.clone();
-            self.ended(k, self.cfg.size - 1);
+            self.ended(k);
             self.blame.failed(k, e.peer());
             self.fail(p.reply, e);
             return;
         }
         if let Some(e) = self.dooms(k) {
             // Ended before it started: pieces peers sent for it are dropped, not kept.
-            self.ended(k, self.cfg.size - 1);
+            self.ended(k);
             self.blame.failed(k, e.peer());
             self.fail(p.reply, e);
             return;
@@ -1259,15 +1260,9 @@ impl Dispatcher {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Remembers that TCP operation `k` ended here (its late pieces are dropped), and when,
-    /// with the longest wait a rank may have in it: `hops` hops from a block's owner.
-    fn ended(&mut self, k: u64, hops: u32) {
+    /// Remembers that TCP operation `k` ended here (its late pieces are dropped).
+    fn ended(&mut self, k: u64) {
         keep_last(&mut self.ended, k);
-        if self.recent.len() == RECENT_KEEP {
-            self.recent.pop_front();
-        }
-        self.recent
-            .push_back((Instant::now(), self.cfg.timeout(hops)));
         self.early.remove(&k);
         self.aborts.remove(&k);
     }
@@ -1519,6 +1514,25 @@ impl Dispatcher {
                 };
                 *ask = Some(ask.map_or(at, |a| a.min(at)));
                 self.answer_asks();
+            }
+            Some(KIND_WHERE) => {
+                if let Some(k) = u64_at(b, 8) {
+                    let mut m = vec![KIND_HERE, 0, 0, 0, 0, 0, 0, 0];
+                    m.extend_from_slice(&k.to_be_bytes());
+                    self.mesh.send_control(Rank(from), &m);
+                }
+            }
+            Some(KIND_HERE) => {
+                let k = u64_at(b, 8);
+                if let Some(p) = self
+                    .active
+                    .iter_mut()
+                    .find(|o| Some(o.k) == k)
+                    .and_then(|o| o.probe.as_mut())
+                    .filter(|p| p.peer == from)
+                {
+                    p.answered.get_or_insert_with(Instant::now);
+                }
             }
             Some(KIND_POSTED) => {
                 if let Some(next) = u64_at(b, 8) {
@@ -1927,7 +1941,7 @@ impl Dispatcher {
         self.next_tcp = self.next_tcp.max(k + 1);
         if let Some(e) = self.aborts.remove(&k) {
             // A peer already gave up on it.
-            self.ended(k, size - 1);
+            self.ended(k);
             self.blame.failed(k, e.peer());
             self.fail(p.reply, e);
             return;
@@ -2023,6 +2037,7 @@ impl Dispatcher {
                 Vec::new()
             },
             gated: 0,
+            probe: None,
         };
         op.span
             .in_scope(|| tracing::debug!(op = k, len, "started over TCP"));
@@ -2195,7 +2210,7 @@ impl Dispatcher {
                 continue;
             }
             let op = self.active.swap_remove(i);
-            self.ended(op.k, op.shape.longest(self.cfg.size));
+            self.ended(op.k);
             self.blame.completed(op.k);
             // Every rank took part in it: what was reported before is over.
             for r in &mut self.reports {
@@ -2332,16 +2347,13 @@ impl Dispatcher {
     /// Fails the operations that waited too long, and tells every rank whom they waited on
     /// (`KIND_ABORT`): the ranks further down fail too, naming the same rank.
     ///
-    /// Soon after other operations ended here, the peer an operation waits on may still be
-    /// stuck in one of those (on another rank), and blame that rank once its own wait runs
-    /// out: at most the longest wait of that operation ([`FallbackConfig::timeout`] of
-    /// [`Shape::longest`] hops) after its last progress. Blaming the peer sooner would name
-    /// a live rank, so such an operation waits, since each recent end here, its own wait and
-    /// that operation's longest less half a peer timeout (one hop from the data's owner: the
-    /// longest wait and half a peer timeout more), and then names the rank the peer
-    /// reported, if it did ([`Self::verdict`]). Every wait so placed moves alike, whether
-    /// its peer is in this operation or not (this rank cannot tell): the waits keep their
-    /// order along the hops, and the rank nearest a hung one still gives up first.
+    /// Operations back to back: the peer an operation waits on may still be stuck in an
+    /// earlier one, on another rank, and name that rank only once its own wait there runs
+    /// out, which the hops cannot order against this one. So before blaming a peer, a rank
+    /// asks it where it is ([`Self::probing`]): a hung or cut-off peer does not answer
+    /// within half a peer timeout and is named; one that answers is alive, and the
+    /// operation waits for the report of the rank it is stuck on (then names that rank,
+    /// [`Self::verdict`]), or for the longest wait if none comes.
     fn check_timeouts(&mut self) {
         let mut i = 0;
         while i < self.active.len() {
@@ -2357,14 +2369,42 @@ impl Dispatcher {
                 i += 1;
                 continue;
             }
-            let (own, half) = (self.cfg.timeout(hops), self.cfg.peer_timeout / 2);
-            let slack = |longest: Duration| longest.saturating_sub(half) + own;
-            if self.recent.iter().any(|&(at, w)| at.elapsed() <= slack(w)) {
+            if self.probing(i, peer) {
                 i += 1;
                 continue;
             }
             let (culprit, e) = self.verdict(peer);
             self.give_up(i, ABORT_TIMEOUT, culprit, e);
+        }
+    }
+
+    /// Whether operation `i`, whose wait on `peer` ran out, still holds off blaming it: it
+    /// asks `peer` where it is first (`KIND_WHERE`), and waits half a peer timeout for the
+    /// answer; a peer that answers is alive (stuck on another rank, which it will name, in
+    /// this operation or an earlier one), so the operation waits for that report as long as
+    /// the longest wait and half a peer timeout more. A peer whose wait changed, or that
+    /// made progress since, is asked again.
+    fn probing(&mut self, i: usize, peer: u32) -> bool {
+        let half = self.cfg.peer_timeout / 2;
+        let longest = self.cfg.timeout(self.cfg.size - 1) + half;
+        let op = &mut self.active[i];
+        match op.probe {
+            Some(p) if p.peer == peer && p.at >= op.last => match p.answered {
+                None => p.at.elapsed() <= half,
+                Some(at) => at.elapsed() <= longest,
+            },
+            _ => {
+                let at = Instant::now();
+                op.probe = Some(Probe {
+                    peer,
+                    at,
+                    answered: None,
+                });
+                let mut m = vec![KIND_WHERE, 0, 0, 0, 0, 0, 0, 0];
+                m.extend_from_slice(&op.k.to_be_bytes());
+                self.mesh.send_control(Rank(peer), &m);
+                true
+            }
         }
     }
 
@@ -2386,19 +2426,29 @@ impl Dispatcher {
 
     /// `reporter` gave up on an operation over `culprit`: the operations here that wait on
     /// that rank cannot go on. They fail now, naming it, and tell the others (whose waits on
-    /// this rank would otherwise run out).
+    /// this rank would otherwise run out). So do those whose wait ran out on a peer that
+    /// answered (alive, and stuck): the report says on whom ([`Self::verdict`]).
     fn fail_waits_on(&mut self, culprit: u32, reporter: u32) {
         let mut i = 0;
         while i < self.active.len() {
-            if self.wait_of(i).0 != culprit {
+            let peer = self.wait_of(i).0;
+            let op = &self.active[i];
+            let stuck = op
+                .probe
+                .is_some_and(|p| p.peer == peer && p.at >= op.last && p.answered.is_some());
+            let (c, e) = if peer == culprit {
+                let e = CommError::PeerFailed {
+                    peer: culprit,
+                    reported_by: reporter,
+                };
+                (culprit, e)
+            } else if stuck {
+                self.verdict(peer)
+            } else {
                 i += 1;
                 continue;
-            }
-            let e = CommError::PeerFailed {
-                peer: culprit,
-                reported_by: reporter,
             };
-            self.give_up(i, ABORT_TIMEOUT, culprit, e);
+            self.give_up(i, ABORT_TIMEOUT, c, e);
         }
     }
 
@@ -2413,7 +2463,7 @@ impl Dispatcher {
     fn fail_active(&mut self, i: usize, e: CommError) {
         let op = self.active.swap_remove(i);
         self.gated.retain(|g| g.k != op.k);
-        self.ended(op.k, op.shape.longest(self.cfg.size));
+        self.ended(op.k);
         if !matches!(e, CommError::ShapeMismatch { .. }) {
             self.blame.failed(op.k, e.peer());
         }
@@ -3343,8 +3393,8 @@ mod tests {
     }
 
     /// Operations back to back, a rank hung partway through one: a rank that finished it
-    /// and waits in the next one on a live rank still stuck in it (on the hung rank) names
-    /// the hung rank, as that rank reports it, not the live one.
+    /// and waits in the next one on a live rank still stuck in it (on the hung rank, which
+    /// does not answer where it is) names the hung rank, as reported, not the live one.
     #[test]
     fn a_wait_on_a_rank_stuck_in_an_earlier_operation_names_the_rank_it_is_stuck_on() {
         const HUNG: u32 = 2;
@@ -3396,18 +3446,24 @@ mod tests {
                 );
             }
         }
-        // Ranks 1 and 3 go on to operation 1; rank 0's program is still waiting for the first.
-        // Rank 3 waits there on rank 0 (its round 0), rank 1 on the hung rank.
-        let next: Vec<_> = hs[1..].iter().map(|(me, h)| (*me, post(h, *me))).collect();
+        // Rank 3 goes on to operation 1 (rank 1's program does not, yet); rank 0's is still
+        // waiting for the first. Rank 3 waits there on rank 0 (its round 0), one hop away,
+        // so its wait runs out first; rank 0 answers where it is, and rank 3 waits for its
+        // report.
+        let next = post(&hs[2].1, 3);
         let e0 = stuck
             .expect("rank 0")
             .wait()
             .expect_err("rank 0 waits on the hung rank");
         assert_eq!(e0, CommError::PeerUnresponsive { peer: HUNG });
-        for (me, req) in next {
-            let e = req.wait().expect_err("operation 1 cannot complete");
-            assert_eq!(e.peer(), Some(HUNG), "rank {me}: {e}");
-        }
+        let e3 = next.wait().expect_err("operation 1 cannot complete");
+        assert_eq!(
+            e3,
+            CommError::PeerFailed {
+                peer: HUNG,
+                reported_by: 0
+            }
+        );
         drop(hung);
     }
 
