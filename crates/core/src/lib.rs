@@ -74,6 +74,7 @@ mod node;
 mod op;
 mod out;
 pub mod port;
+mod reports;
 mod ring;
 mod rxview;
 mod schedule;
@@ -90,6 +91,7 @@ pub use event::{
 };
 pub use lane::Multicast;
 pub use node::Node;
+pub use reports::Reports;
 pub use session::Session;
 pub use shape::{allgather_shape, broadcast_shape};
 pub use time::Instant;

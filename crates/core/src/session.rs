@@ -5,6 +5,7 @@ use crate::event::{Event, OpError, OpId, ReadError, ReadId, StartError, Stats, T
 use crate::lane::{LaneCommand, LaneNote, RxNote, TxNote};
 use crate::op::{Collective, transfer_time};
 use crate::out::{ControlMsg, Ctx, Outcome, Outgoing, bump};
+use crate::reports::Reports;
 use crate::time::Instant;
 use crate::wire::{ControlKind, ControlRepr};
 use alloc::collections::VecDeque;
@@ -89,7 +90,7 @@ pub struct Session {
     /// Per rank, the last failure it reported (`Abort`): the operation and the rank it named,
     /// until an operation after it completes here. A rank this one waits on that failed an
     /// earlier operation over a third rank is stuck on that rank, not hung itself.
-    reports: Vec<Option<(u64, Rank)>>,
+    reports: Reports,
     /// When the last operations that ran here ended, and how long each takes on the link
     /// (at most [`ENDED_KEEP`]): a rank may still wait in one of them on its successor's
     /// `Fin` (see [`Self::barrier_slack`]).
@@ -127,7 +128,7 @@ impl Session {
             lane_out: VecDeque::new(),
             next_read: 0,
             timeout: Cell::new(None),
-            reports: alloc::vec![None; config.ranks as usize],
+            reports: Reports::new(config.rank, config.ranks),
             ended: VecDeque::new(),
             config,
         })
@@ -339,15 +340,8 @@ impl Session {
     /// blames itself (such a report is noise). Whether it was kept.
     fn reported(&mut self, from: Rank, seq: u64, culprit: Rank) -> bool {
         let window = u64::from(self.config.limits.max_inflight_ops);
-        if culprit != self.config.rank
-            && culprit != from
-            && seq < self.next_seq.saturating_add(window)
-            && let Some(r) = self.reports.get_mut(from.index())
-        {
-            *r = Some((seq, culprit));
-            return true;
-        }
-        false
+        let horizon = self.next_seq.saturating_add(window);
+        self.reports.report(from, seq, culprit, horizon)
     }
 
     /// A verdict of this rank's timers (`PeerUnresponsive`), unless a failure was reported
@@ -358,21 +352,8 @@ impl Session {
         let OpError::PeerUnresponsive { peer } = error else {
             return error;
         };
-        let own = self
-            .reports
-            .get(peer.index())
-            .copied()
-            .flatten()
-            .map(|(_, culprit)| (peer, culprit));
-        let earliest = || {
-            (0..self.config.ranks)
-                .map(Rank)
-                .filter_map(|r| Some((r, self.reports[r.index()]?)))
-                .min_by_key(|&(r, (seq, _))| (seq, r.0))
-                .map(|(r, (_, culprit))| (r, culprit))
-        };
-        match own.or_else(earliest) {
-            Some((reported_by, culprit)) => OpError::PeerFailed {
+        match self.reports.blame(peer) {
+            Some((culprit, reported_by)) => OpError::PeerFailed {
                 peer: culprit,
                 reported_by,
             },
@@ -723,11 +704,7 @@ impl Session {
             .push_back((now, transfer_time(&self.config, op.layout.bytes())));
         if matches!(outcome, Outcome::Completed) {
             // Every rank took part in it: what was reported before is over.
-            for r in &mut self.reports {
-                if r.is_some_and(|(seq, _)| seq < op.id.0) {
-                    *r = None;
-                }
-            }
+            self.reports.completed(op.id.0);
         }
         let failed = matches!(outcome, Outcome::Failed { .. });
         op.close_lanes(&mut cx!(self, Instant::ZERO), failed);

@@ -151,7 +151,7 @@ use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
 use ringcast_core::port::{ControlInput, ControlPort};
-use ringcast_core::{Rank, allgather_shape, broadcast_shape};
+use ringcast_core::{Rank, Reports, allgather_shape, broadcast_shape};
 use ringcast_transport_rocev2_udp::{IoWait, IoWaker, SEND_LOW_WATER, TcpControl};
 
 use super::blame::{Blame, Lost};
@@ -641,7 +641,7 @@ pub(crate) fn start(
         early: HashMap::new(),
         ended: VecDeque::new(),
         aborts: HashMap::new(),
-        reports: vec![None; cfg.size as usize],
+        reports: Reports::new(Rank(cfg.rank), cfg.size),
         elsewhere: VecDeque::new(),
         next_tcp: switch_at.unwrap_or(0),
         lost: Vec::new(),
@@ -1047,10 +1047,10 @@ struct Dispatcher {
     /// with.
     aborts: HashMap<u64, CommError>,
     /// Per peer, the last failure it reported (`KIND_ABORT` for a timeout, of any operation,
-    /// ended or not started here): the operation and the rank it named, until an operation
-    /// after it completes here. A peer this rank waits on that gave up on an earlier
-    /// operation over a third rank is stuck on that rank, not hung itself.
-    reports: Vec<Option<(u64, u32)>>,
+    /// ended or not started here, or its goodbye), until an operation after it completes
+    /// here. A peer this rank waits on that gave up on an earlier operation over a third
+    /// rank is stuck on that rank, not hung itself.
+    reports: Reports,
     /// The last [`ENDED_KEEP`] operations that ran over multicast here, each with whether a
     /// piece of one came (the ranks were told: ranks that disagree on its length across the
     /// threshold).
@@ -2213,11 +2213,7 @@ impl Dispatcher {
             self.ended(op.k);
             self.blame.completed(op.k);
             // Every rank took part in it: what was reported before is over.
-            for r in &mut self.reports {
-                if r.is_some_and(|(k, _)| k < op.k) {
-                    *r = None;
-                }
-            }
+            self.reports.completed(op.k);
             let stats = OpStats {
                 op: op.k,
                 bytes: op.buf.len() as u64,
@@ -2298,21 +2294,12 @@ impl Dispatcher {
         }
     }
 
-    /// `from` gave up on operation `k` naming `culprit` (its `KIND_ABORT` for a timeout).
-    /// Kept only for an operation this rank ran or may still run soon: a report far ahead
-    /// would outlive every completion that clears it; and no rank gives up on itself (such a
-    /// report is noise). Whether it was kept.
+    /// `from` gave up on operation `k` naming `culprit` (its `KIND_ABORT` for a timeout, or
+    /// its goodbye). Kept only for an operation this rank ran or may still run soon (see
+    /// [`Reports::report`]). Whether it was kept.
     fn reported(&mut self, from: u32, k: u64, culprit: u32) -> bool {
         let horizon = self.next_tcp.max(self.route().next) + ENDED_KEEP as u64;
-        if culprit != self.cfg.rank
-            && culprit != from
-            && k < horizon
-            && let Some(r) = self.reports.get_mut(from as usize)
-        {
-            *r = Some((k, culprit));
-            return true;
-        }
-        false
+        self.reports.report(Rank(from), k, Rank(culprit), horizon)
     }
 
     /// What a wait that ran out on `peer` blames: `peer`, unless a failure was reported
@@ -2320,24 +2307,12 @@ impl Dispatcher {
     /// operation, or have failed it (its program then posts nothing more): the rank named
     /// is the one `peer` reported, else the one of the earliest report.
     fn verdict(&self, peer: u32) -> (u32, CommError) {
-        let own = self
-            .reports
-            .get(peer as usize)
-            .copied()
-            .flatten()
-            .map(|(_, culprit)| (peer, culprit));
-        let earliest = || {
-            (0..self.cfg.size)
-                .filter_map(|r| Some((r, self.reports[r as usize]?)))
-                .min_by_key(|&(r, (k, _))| (k, r))
-                .map(|(r, (_, culprit))| (r, culprit))
-        };
-        match own.or_else(earliest) {
-            Some((reported_by, culprit)) => (
-                culprit,
+        match self.reports.blame(Rank(peer)) {
+            Some((culprit, by)) => (
+                culprit.0,
                 CommError::PeerFailed {
-                    peer: culprit,
-                    reported_by,
+                    peer: culprit.0,
+                    reported_by: by.0,
                 },
             ),
             None => (peer, CommError::PeerUnresponsive { peer }),
