@@ -951,6 +951,14 @@ struct Probe {
     answered: Option<Instant>,
 }
 
+impl Probe {
+    /// Whether it still stands for a wait on `peer` whose operation last moved at `last`
+    /// (asked after that, of that peer).
+    fn stands(&self, peer: u32, last: Instant) -> bool {
+        self.peer == peer && self.at >= last
+    }
+}
+
 impl TcpOp {
     /// Whether data is still to come: bytes, or a Bruck round (which may hold none).
     fn waiting(&self) -> bool {
@@ -2364,7 +2372,7 @@ impl Dispatcher {
         let longest = self.cfg.timeout(self.cfg.size - 1) + half;
         let op = &mut self.active[i];
         match op.probe {
-            Some(p) if p.peer == peer && p.at >= op.last => match p.answered {
+            Some(p) if p.stands(peer, op.last) => match p.answered {
                 None => p.at.elapsed() <= half,
                 Some(at) => at.elapsed() <= longest,
             },
@@ -2410,7 +2418,7 @@ impl Dispatcher {
             let op = &self.active[i];
             let stuck = op
                 .probe
-                .is_some_and(|p| p.peer == peer && p.at >= op.last && p.answered.is_some());
+                .is_some_and(|p| p.stands(peer, op.last) && p.answered.is_some());
             let (c, e) = if peer == culprit {
                 let e = CommError::PeerFailed {
                     peer: culprit,
