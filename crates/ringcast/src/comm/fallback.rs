@@ -2746,14 +2746,17 @@ mod tests {
     /// blocks: `send` sends rank 0 what rank 1 sends (given the operation's shape and rank
     /// 1's block); rank 0 must end with both blocks right.
     fn allgather_at_zero(send: impl FnOnce(&mut TcpControl, u32, &[u8])) {
+        // Blocks of one piece but not the whole buffer: the trees, piece by piece.
+        allgather_at_zero_in(4096, send);
+    }
+
+    /// [`allgather_at_zero`] with pieces of `piece` bytes: of `2 * S` or more, the whole
+    /// buffer is one piece, and the operation runs Bruck's rounds.
+    fn allgather_at_zero_in(piece: usize, send: impl FnOnce(&mut TcpControl, u32, &[u8])) {
         let mut m = mesh(2);
         let mut one = m.pop().expect("rank 1");
         let zero = m.pop().expect("rank 0");
-        // Blocks of one piece but not the whole buffer: the trees, piece by piece.
-        let c = FallbackConfig {
-            piece: 4096,
-            ..cfg(0, 2)
-        };
+        let c = FallbackConfig { piece, ..cfg(0, 2) };
         let zero = start(c, zero, None, FROM_START).expect("start rank 0");
         let mine: Vec<u8> = (0..S).map(|i| (i * 7 + 1) as u8).collect();
         let theirs: Vec<u8> = (0..S).map(|i| (i * 5 + 3) as u8).collect();
@@ -3042,6 +3045,75 @@ mod tests {
                 one.send_control(Rank(0), &b[..end]);
             }
         });
+    }
+
+    /// A peer that sends messages of every kind the TCP path knows, and of kinds it does
+    /// not, with random fields and lengths (the loss report, freeze and switch of the
+    /// agreement, clear-to-sends, Bruck rounds, asks and answers about posts, probes and
+    /// their answers), about other operations than the one under way (which a clear-to-send
+    /// of another shape or a right round would rightly change): nothing panics, nothing lands
+    /// in the buffer, and the operation completes byte for byte.
+    #[test]
+    fn garbage_of_every_kind_from_a_peer_is_dropped() {
+        for piece in [4096, 2 * S] {
+            allgather_at_zero_in(piece, |one, shape, theirs| {
+                garbage_of_every_kind(one, shape);
+                let mut good = Vec::new();
+                if piece < 2 * S {
+                    piece_header(&mut good, 1, 0, 0, shape);
+                } else {
+                    // Bruck's round 0 from rank 1: its block.
+                    good.extend_from_slice(&[KIND_ROUND, 0, 0, 0]);
+                    good.extend_from_slice(&1u32.to_be_bytes());
+                    good.extend_from_slice(&0u64.to_be_bytes());
+                    good.extend_from_slice(&1u64.to_be_bytes());
+                    good.extend_from_slice(&shape.to_be_bytes());
+                }
+                good.extend_from_slice(theirs);
+                one.send_control(Rank(0), &good);
+            });
+        }
+    }
+
+    /// What [`garbage_of_every_kind_from_a_peer_is_dropped`] sends before the block.
+    fn garbage_of_every_kind(one: &mut TcpControl, shape: u32) {
+        {
+            let kinds = [
+                KIND_PIECE,
+                KIND_LOSS,
+                KIND_FREEZE,
+                KIND_FROZEN,
+                KIND_SWITCH,
+                KIND_ABORT,
+                KIND_CTS,
+                KIND_ROUND,
+                KIND_ASK,
+                KIND_POSTED,
+                KIND_WHERE,
+                KIND_HERE,
+                0,
+                0xFF,
+            ];
+            let mut rng = ringcast_core::port::SplitMix64::new(7);
+            for _ in 0..3000 {
+                let r = rng.next_u64();
+                let kind = kinds[(r % kinds.len() as u64) as usize];
+                let len = (rng.next_u64() % 80) as usize;
+                let mut b: Vec<u8> = (0..len.max(1)).map(|_| rng.next_u64() as u8).collect();
+                b[0] = kind;
+                // Bytes 8..16 name the operation in most kinds: never operation 0, but for
+                // Bruck rounds with its shape, which are right only with exactly its block.
+                let op0 = kind == KIND_ROUND && r.is_multiple_of(2);
+                if b.len() >= 16 {
+                    let k = if op0 { 0 } else { rng.next_u64() | 1 };
+                    b[8..16].copy_from_slice(&k.to_be_bytes());
+                }
+                if op0 && b.len() >= 28 {
+                    b[24..28].copy_from_slice(&shape.to_be_bytes());
+                }
+                one.send_control(Rank(0), &b);
+            }
+        }
     }
 
     /// Posts a 1 MiB Broadcast from rank 0 on `h` once it is held by the dispatcher (until
