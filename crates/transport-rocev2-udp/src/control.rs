@@ -113,6 +113,39 @@ impl Spare {
     }
 }
 
+/// Where a large message's bytes go, as its receiver decides from its first bytes: straight
+/// into a buffer, not into a vector of its own ([`TcpControl::set_lander`]).
+#[derive(Debug)]
+pub struct Landing {
+    /// The buffer the message's bytes from `skip` on are written to, from `at` on.
+    pub buf: OpBuffer,
+    /// Where in `buf`.
+    pub at: usize,
+    /// Bytes at the message's start that are not written (its header).
+    pub skip: usize,
+    /// What the owner gets from the sender once every byte is written, in place of the
+    /// message: nothing at all if the buffer is too short by then (its operation ended).
+    pub note: Vec<u8>,
+}
+
+/// Decides where large messages land ([`TcpControl::set_lander`]).
+pub trait Lander: Send {
+    /// A message of `len` bytes from `from` begins with `head` (what has arrived of it, at
+    /// least its first byte): where its bytes go, or `None` to have it delivered whole as
+    /// usual. A landing whose `skip` exceeds `head` is not taken.
+    fn land(&mut self, from: Rank, head: &[u8], len: usize) -> Option<Landing>;
+
+    /// Every byte of the landing whose note is `note` is written: called just before the
+    /// note goes to the owner. (The owner cannot tell a note from a message of the same
+    /// bytes sent by a peer; the lander can say which bytes are really there.)
+    fn landed(&mut self, note: &[u8]) {
+        let _ = note;
+    }
+}
+
+/// Bytes a connection reads at first after a large message (see `IoPeer::peek`).
+const PEEK: usize = 256;
+
 /// An operation's buffer, shared by the caller and the port: the receive halves write chunks
 /// into it, the send halves and the read service read from it, reads write into it.
 #[derive(Clone, Debug, Default)]
@@ -829,6 +862,8 @@ impl TcpControl {
                 end: 0,
                 big: Vec::new(),
                 big_len: 0,
+                land: None,
+                peek: false,
             }));
             peers.push(Some(Peer { link, lost: false }));
         }
@@ -843,6 +878,7 @@ impl TcpControl {
             registry: registry.clone(),
             stats: Arc::clone(&stats),
             cfg,
+            lander: None,
         };
         let io = if cfg.inline_io {
             IoMode::Inline(Box::new(io), mio::Events::with_capacity(EVENTS))
@@ -907,6 +943,23 @@ impl TcpControl {
                 io.woken = false;
             }
             IoMode::Thread(_) => thread::park_timeout(timeout),
+        }
+    }
+
+    /// Has large messages (longer than 16 KiB, and not read whole at once: a TCP collective's
+    /// pieces are longer than a connection's read buffer) land where `lander` says, from the
+    /// first bytes that arrive of each: their bytes are read straight into the buffer it
+    /// names, and the owner gets the landing's note in place of the message; a message it
+    /// declines arrives as usual. Inline meshes only (the owner's calls do the reads, so no
+    /// other thread holds the buffer's lock through a read): false, and nothing set, on a
+    /// mesh that has an I/O thread.
+    pub fn set_lander(&mut self, lander: Box<dyn Lander>) -> bool {
+        match &mut self.io {
+            IoMode::Inline(io, _) => {
+                io.lander = Some(lander);
+                true
+            }
+            IoMode::Thread(_) => false,
         }
     }
 
@@ -1335,6 +1388,23 @@ struct IoPeer {
     /// header), and the body's length; empty with 0 otherwise.
     big: Vec<u8>,
     big_len: usize,
+    /// A large message being read straight into the buffer its [`Lander`] named.
+    land: Option<Land>,
+    /// The last message was a large one: the next read takes only [`PEEK`] bytes, so that
+    /// a large message after it is read into its place from its first bytes on, not copied
+    /// there out of a full read buffer.
+    peek: bool,
+}
+
+/// A landing under way: `left` bytes are still to come, to `at..at + left` of `buf`.
+struct Land {
+    buf: OpBuffer,
+    at: usize,
+    left: usize,
+    note: Vec<u8>,
+    /// The buffer was too short when written to (its operation ended): the rest is read and
+    /// dropped, and the owner hears nothing.
+    gone: bool,
 }
 
 /// Why a connection's reading ended.
@@ -1358,6 +1428,8 @@ struct Io {
     registry: Registry,
     stats: Arc<ControlStats>,
     cfg: ControlConfig,
+    /// Where large messages land ([`TcpControl::set_lander`]), if anywhere.
+    lander: Option<Box<dyn Lander>>,
 }
 
 impl Io {
@@ -1444,12 +1516,59 @@ impl Io {
             registry,
             stats,
             cfg,
+            lander,
             ..
         } = self;
         let Some(Some(p)) = peers.get_mut(j) else {
             return;
         };
         let ended = loop {
+            if let Some(l) = &mut p.land {
+                let stream = &p.link.stream;
+                let room = l.left;
+                // Into its place; once the buffer is gone, into the read buffer (empty now),
+                // and dropped.
+                let scratch = room.min(p.buf.len());
+                let got = if l.gone {
+                    None
+                } else {
+                    l.buf.with(|v| {
+                        v.get_mut(l.at..l.at + l.left)
+                            .map(|dst| (&*stream).read(dst))
+                    })
+                };
+                let (got, room) = match got {
+                    Some(r) => (r, room),
+                    None => {
+                        l.gone = true;
+                        ((&*stream).read(&mut p.buf[..scratch]), scratch)
+                    }
+                };
+                let drained = match got {
+                    Ok(0) => break Some(Ended::Closed),
+                    Ok(n) => {
+                        l.at += n;
+                        l.left -= n;
+                        short_ends && n < room
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
+                    Err(_) => break Some(Ended::Closed),
+                };
+                if l.left == 0 {
+                    if let Some(l) = p.land.take().filter(|l| !l.gone) {
+                        if let Some(lander) = lander.as_mut() {
+                            lander.landed(&l.note);
+                        }
+                        let _ = owner.send(Inbound::Message(p.rank, l.note));
+                    }
+                    p.peek = true;
+                }
+                if drained {
+                    break None;
+                }
+                continue;
+            }
             if p.big_len > 0 {
                 let want = p.big_len - p.big.len();
                 if p.big.capacity() == p.big.len() {
@@ -1467,6 +1586,7 @@ impl Io {
                 };
                 if p.big.len() == p.big_len {
                     p.big_len = 0;
+                    p.peek = true;
                     let _ = owner.send(Inbound::Message(p.rank, std::mem::take(&mut p.big)));
                 }
                 if drained {
@@ -1482,8 +1602,11 @@ impl Io {
                     p.buf.resize(p.buf.len() * 2, 0);
                 }
             }
-            let room = p.buf.len() - p.end;
-            let drained = match (&p.link.stream).read(&mut p.buf[p.end..]) {
+            let mut room = p.buf.len() - p.end;
+            if std::mem::take(&mut p.peek) {
+                room = room.min(PEEK);
+            }
+            let drained = match (&p.link.stream).read(&mut p.buf[p.end..p.end + room]) {
                 Ok(0) => break Some(Ended::Closed),
                 Ok(n) => {
                     p.end += n;
@@ -1507,10 +1630,37 @@ impl Io {
                     // it to the owner (no copy out of this buffer, nor growing it).
                     if len > BIG_FRAME && p.start + 4 < p.end && p.buf[p.start + 4] == KIND_MESSAGE
                     {
-                        // Memory as the bytes come, not as a header announces them.
-                        p.big = p.link.spare.take((len - 1).min(BIG_RESERVE));
-                        p.big.extend_from_slice(&p.buf[p.start + 5..p.end]);
-                        p.big_len = len - 1;
+                        let head = &p.buf[p.start + 5..p.end];
+                        match lander.as_mut().and_then(|l| l.land(p.rank, head, len - 1)) {
+                            Some(l) if l.skip <= head.len() => {
+                                let (have, rest) = (head.len() - l.skip, len - 1 - l.skip);
+                                // Where the message ends in the buffer; past what a buffer can
+                                // hold, it is gone as one too short is.
+                                let end = l.at.checked_add(rest);
+                                let gone = !l.buf.with(|v| {
+                                    match end.and_then(|end| v.get_mut(l.at..end)) {
+                                        Some(dst) => {
+                                            dst[..have].copy_from_slice(&head[l.skip..]);
+                                            true
+                                        }
+                                        None => false,
+                                    }
+                                });
+                                p.land = Some(Land {
+                                    buf: l.buf,
+                                    at: if gone { 0 } else { l.at + have },
+                                    left: rest - have,
+                                    note: l.note,
+                                    gone,
+                                });
+                            }
+                            _ => {
+                                // Memory as the bytes come, not as a header announces them.
+                                p.big = p.link.spare.take((len - 1).min(BIG_RESERVE));
+                                p.big.extend_from_slice(head);
+                                p.big_len = len - 1;
+                            }
+                        }
                         p.start = p.end;
                     }
                     break;
@@ -2000,6 +2150,137 @@ mod tests {
             let zero = waiter.join().expect("waiter");
             assert_eq!(zero.queued(Rank(1)), 0);
         }
+    }
+
+    /// Lands a large message that starts with `L` and an offset (u64) at that offset of its
+    /// buffer; notes `N` and the offset; records the notes it is told have landed.
+    struct TestLander {
+        dest: OpBuffer,
+        landed: Arc<Mutex<Vec<Vec<u8>>>>,
+    }
+
+    impl Lander for TestLander {
+        fn land(&mut self, _from: Rank, head: &[u8], _len: usize) -> Option<Landing> {
+            if head.len() < 9 || head[0] != b'L' {
+                return None;
+            }
+            let at = u64::from_be_bytes(head[1..9].try_into().expect("8 bytes"));
+            let mut note = b"N".to_vec();
+            note.extend_from_slice(&head[1..9]);
+            Some(Landing {
+                buf: self.dest.clone(),
+                at: at as usize,
+                skip: 9,
+                note,
+            })
+        }
+
+        fn landed(&mut self, note: &[u8]) {
+            self.landed.lock().expect("lock").push(note.to_vec());
+        }
+    }
+
+    /// Large messages land where the lander says, from their first bytes, and the owner
+    /// gets the note instead; the ones it declines, and small ones, arrive whole; one whose
+    /// place lies outside the buffer is read and dropped, without a note; and the messages
+    /// after each arrive whole and in order. A mesh with an I/O thread takes no lander.
+    #[test]
+    fn large_messages_land_where_the_lander_says() {
+        let mut threaded = mesh_io(2, 93, |_| false);
+        assert!(!threaded[1].set_lander(Box::new(TestLander {
+            dest: OpBuffer::zeroed(1),
+            landed: Arc::default(),
+        })));
+        drop(threaded);
+        let mut m = mesh_io(2, 94, |_| true);
+        let mut one = m.pop().expect("rank 1");
+        let mut zero = m.pop().expect("rank 0");
+        const DEST: usize = 1 << 20;
+        let dest = OpBuffer::zeroed(DEST);
+        let landed = Arc::new(Mutex::new(Vec::new()));
+        assert!(one.set_lander(Box::new(TestLander {
+            dest: dest.clone(),
+            landed: Arc::clone(&landed),
+        })));
+        let body = |tag: u8, at: u64, len: usize| -> Vec<u8> {
+            let mut b = vec![tag];
+            b.extend_from_slice(&at.to_be_bytes());
+            b.extend((0..len).map(|j| (j * 7 + at as usize) as u8));
+            b
+        };
+        let msgs = [
+            body(b'L', 100, 200_000),
+            body(b'W', 0, 70_000),
+            body(b'L', 5, 100),
+            // Longer than the read buffer: never read whole, so offered to the lander.
+            body(b'L', (DEST - 10) as u64, 100_000),
+            body(b'L', 300_000, 300_000),
+            body(b'W', 1, 20_000),
+        ];
+        let sent = msgs.clone();
+        let sender = thread::spawn(move || {
+            for b in &sent {
+                zero.send_control(Rank(1), b);
+                zero.poll_io(Duration::from_millis(1));
+            }
+            while zero.queued(Rank(1)) > 0 {
+                zero.poll_io(Duration::from_millis(10));
+            }
+            zero
+        });
+        let mut buf = Vec::new();
+        let mut next = || {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if let Some(ControlInput::Message { len, .. }) = one.poll_control(&mut buf) {
+                    return buf[..len].to_vec();
+                }
+                assert!(Instant::now() < deadline, "a message is lost");
+                one.poll_io(Duration::from_millis(10));
+            }
+        };
+        // In order: a note, two whole messages, nothing for the one outside the buffer, a
+        // note, a whole message.
+        let note = |at: u64| [&b"N"[..], &at.to_be_bytes()].concat();
+        for (i, want) in [
+            note(100),
+            msgs[1].clone(),
+            msgs[2].clone(),
+            note(300_000),
+            msgs[5].clone(),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let got = next();
+            assert!(
+                got == want,
+                "input {i}: {} bytes starting {:?}",
+                got.len(),
+                &got[..9]
+            );
+        }
+        let zero = sender.join().expect("sender");
+        assert_eq!(*landed.lock().expect("lock"), [note(100), note(300_000)]);
+        dest.with(|v| {
+            assert!(
+                v[100..100 + 200_000] == msgs[0][9..],
+                "the first landing's bytes"
+            );
+            assert!(
+                v[300_000..600_000] == msgs[4][9..],
+                "the second landing's bytes"
+            );
+            assert!(
+                v[..100].iter().all(|&b| b == 0),
+                "bytes before it are untouched"
+            );
+            assert!(
+                v[600_000..].iter().all(|&b| b == 0),
+                "bytes after it are untouched"
+            );
+        });
+        drop(zero);
     }
 
     /// The kept vectors: only a large message's, at most `SPARE_KEEP`, handed out empty and

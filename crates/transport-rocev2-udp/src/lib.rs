@@ -56,8 +56,8 @@ mod sys;
 pub mod tx;
 
 pub use control::{
-    ControlConfig, ControlError, IoWait, IoWaker, OpBuffer, PeerLost, Registry, SEND_LOW_WATER,
-    TcpControl,
+    ControlConfig, ControlError, IoWait, IoWaker, Lander, Landing, OpBuffer, PeerLost, Registry,
+    SEND_LOW_WATER, TcpControl,
 };
 pub use port::{PortError, UdpPort, UdpPortConfig, UdpRx, UdpTx};
 pub use rx::{Chunk, LaneReceiver, RxBatch, RxConfig, RxError, RxStats};

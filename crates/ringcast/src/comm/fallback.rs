@@ -63,8 +63,11 @@
 //!   queued (its buffer is then free, as after `MPI_Send`). A piece leaves from the
 //!   operation's buffer in one vectored write
 //!   ([`TcpControl::send_control_parts`]): only what the socket does not take is copied into
-//!   the connection's queue; and a piece arrives in the vector the mesh read it into, whose
-//!   bytes are copied once, into the operation's buffer.
+//!   the connection's queue. A piece arrives straight in the operation's buffer: the mesh
+//!   asks the dispatcher's [`PieceLander`] where a large message goes from its first bytes,
+//!   and reads the rest there, as Open MPI reads a large message into the user's buffer; one
+//!   it cannot place (of an operation not started here, out of order, of another shape)
+//!   arrives in a vector of its own, and is copied once, into the operation's buffer.
 //! * **Allgather(v)** whose blocks each fit in one piece: every block down its own binomial
 //!   tree from its owner (all `P` trees at once), `ceil(log2 P)` hops; and when the whole
 //!   buffer fits in one piece (the small operations, the barrier), **Bruck's algorithm**:
@@ -152,7 +155,9 @@ use std::time::{Duration, Instant};
 use bytemuck::Pod;
 use ringcast_core::port::{ControlInput, ControlPort};
 use ringcast_core::{Rank, Reports, allgather_shape, broadcast_shape};
-use ringcast_transport_rocev2_udp::{IoWait, IoWaker, SEND_LOW_WATER, TcpControl};
+use ringcast_transport_rocev2_udp::{
+    IoWait, IoWaker, Lander, Landing, OpBuffer, SEND_LOW_WATER, TcpControl,
+};
 
 use super::blame::{Blame, Lost};
 use super::engine::{Command, Kind, Post, PostTx};
@@ -199,6 +204,85 @@ const KIND_WHERE: u8 = 0xFB;
 /// `0xFC, 0, 0, 0, 0, 0, 0, 0, op u64`: the answer to `KIND_WHERE` about `op`: the sender is
 /// alive and its dispatcher runs.
 const KIND_HERE: u8 = 0xFC;
+/// `0xFD, 0, 0, 0, block u32, op u64, offset u64, shape u32, len u64`: never sent; the mesh's
+/// note that a piece of these fields from the note's sender landed in the operation's buffer
+/// ([`PieceLander`]). Taken only for bytes the lander placed (see [`Dispatcher::landed`]).
+const KIND_LANDED: u8 = 0xFD;
+
+/// Where a block's pieces land straight from the mesh: the block of operation `k` this rank
+/// receives from `from`, at `base..limit` of `buf`; the pieces taken so far end at `next`,
+/// those whose every byte is in the buffer at `done`.
+#[derive(Debug)]
+struct LandAt {
+    from: u32,
+    buf: OpBuffer,
+    base: u64,
+    limit: u64,
+    next: u64,
+    done: u64,
+    fingerprint: u32,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The blocks whose pieces land straight in their buffers, by operation and block: kept by
+/// the dispatcher, read by its mesh's [`PieceLander`].
+type Landings = Arc<Mutex<HashMap<(u64, u32), LandAt>>>;
+
+/// A piece of a running operation arrives straight in the operation's buffer, from its first
+/// bytes on (the mesh reads it there), where it was read into a vector of its own and copied
+/// (a copy of every byte of a TCP collective, and the allocation). Only the next piece of a
+/// block, from the rank it comes from, of the operation's shape and within the block: the
+/// same checks as [`Dispatcher::place`]'s, before a byte is written; anything else arrives
+/// as a message and meets those.
+struct PieceLander(Landings);
+
+impl Lander for PieceLander {
+    fn land(&mut self, from: Rank, head: &[u8], len: usize) -> Option<Landing> {
+        if head.len() < PIECE_HEADER || head[0] != KIND_PIECE || len <= PIECE_HEADER {
+            return None;
+        }
+        let (block, k) = (u32_at(head, 4)?, u64_at(head, 8)?);
+        let (offset, shape) = (u64_at(head, 16)?, u32_at(head, 24)?);
+        let n = (len - PIECE_HEADER) as u64;
+        let mut all = lock(&self.0);
+        let to = all.get_mut(&(k, block))?;
+        if to.from != from.0 || to.fingerprint != shape || to.next != offset {
+            return None;
+        }
+        let at = to.base.checked_add(offset)?;
+        if at.checked_add(n)? > to.limit {
+            return None;
+        }
+        let at = usize::try_from(at).ok()?;
+        to.next += n;
+        let mut note = head[..PIECE_HEADER].to_vec();
+        note[0] = KIND_LANDED;
+        note.extend_from_slice(&n.to_be_bytes());
+        Some(Landing {
+            buf: to.buf.clone(),
+            at,
+            skip: PIECE_HEADER,
+            note,
+        })
+    }
+
+    fn landed(&mut self, note: &[u8]) {
+        let (Some(block), Some(k), Some(offset), Some(n)) = (
+            u32_at(note, 4),
+            u64_at(note, 8),
+            u64_at(note, 16),
+            u64_at(note, PIECE_HEADER),
+        ) else {
+            return;
+        };
+        if let Some(to) = lock(&self.0).get_mut(&(k, block)) {
+            to.done = to.done.max(offset + n);
+        }
+    }
+}
 /// How far ahead of a child's posts, in operation indices, a tree Broadcast of `len` bytes
 /// sends it pieces: [`TREE_BYTES`] worth of such operations, at least 16 and at most 1 024.
 /// A piece of operation `k` goes to a child once it said (`KIND_POSTED`, asked for with
@@ -600,7 +684,7 @@ impl Progress {
 /// put them back on `mesh` ([`TcpControl::unread`]), where the dispatcher reads them first.
 pub(crate) fn start(
     cfg: FallbackConfig,
-    mesh: TcpControl,
+    mut mesh: TcpControl,
     engine: Option<PostTx>,
     mode: TransportMode,
 ) -> std::io::Result<Handle> {
@@ -631,6 +715,10 @@ pub(crate) fn start(
     });
     let io_wait = mesh.io_wait();
     let waker = mesh.waker();
+    let landings = Landings::default();
+    // An inline mesh (the dispatcher's always is, but for one whose I/O thread ended before
+    // it could hand over: every peer is then lost) lands pieces in place.
+    let _ = mesh.set_lander(Box::new(PieceLander(Arc::clone(&landings))));
     let d = Dispatcher {
         cfg,
         shared: shared.clone(),
@@ -658,6 +746,7 @@ pub(crate) fn start(
         gated: Vec::new(),
         buf: Vec::new(),
         scratch: Vec::new(),
+        landings,
     };
     let progress = Arc::new(Progress {
         state: Mutex::new(Some(d)),
@@ -918,7 +1007,11 @@ struct TcpOp {
     shape: Shape,
     /// This rank's fingerprint of the operation's kind, root and sizes.
     fingerprint: u32,
-    buf: Vec<u8>,
+    /// The caller's buffer, shared with the mesh, which writes pieces straight into it
+    /// ([`PieceLander`]); handed back whole on completion.
+    buf: OpBuffer,
+    /// Its length in bytes.
+    len: u64,
     reply: SyncSender<Completion>,
     span: tracing::Span,
     started: Instant,
@@ -974,7 +1067,7 @@ impl TcpOp {
     fn span(&self, block: u32) -> Option<(u64, u64)> {
         match &self.shape {
             Shape::Chain { root } | Shape::Tree { root } => {
-                (block == *root).then_some((0, self.buf.len() as u64))
+                (block == *root).then_some((0, self.len))
             }
             Shape::Ring { displs, sizes, .. }
             | Shape::Trees { displs, sizes, .. }
@@ -1004,8 +1097,8 @@ impl TcpOp {
     /// from one source, in order): all of its own, what came of the others.
     fn have(&self, me: u32, block: u32) -> u64 {
         match &self.shape {
-            Shape::Chain { root } | Shape::Tree { root } if *root == me => self.buf.len() as u64,
-            Shape::Chain { .. } | Shape::Tree { .. } => self.buf.len() as u64 - self.want,
+            Shape::Chain { root } | Shape::Tree { root } if *root == me => self.len,
+            Shape::Chain { .. } | Shape::Tree { .. } => self.len - self.want,
             Shape::Ring { sizes, left, .. } | Shape::Trees { sizes, left, .. } => {
                 let b = block as usize;
                 sizes.get(b).zip(left.get(b)).map_or(0, |(s, l)| s - l)
@@ -1093,6 +1186,8 @@ struct Dispatcher {
     gated: Vec<Gated>,
     buf: Vec<u8>,
     scratch: Vec<u8>,
+    /// The blocks of running operations whose pieces land straight in their buffers.
+    landings: Landings,
 }
 
 /// Clears `out` and writes a piece's header into it: block `block` of operation `k` (of
@@ -1273,6 +1368,7 @@ impl Dispatcher {
         keep_last(&mut self.ended, k);
         self.early.remove(&k);
         self.aborts.remove(&k);
+        lock(&self.landings).retain(|&(op, _), _| op != k);
     }
 
     fn fail(&mut self, reply: SyncSender<Completion>, e: CommError) {
@@ -1516,6 +1612,7 @@ impl Dispatcher {
     fn message(&mut self, from: u32, b: &[u8]) {
         match b.first().copied() {
             Some(KIND_PIECE | KIND_CTS | KIND_ROUND) => self.arrival(from, b),
+            Some(KIND_LANDED) => self.landed(from, b),
             Some(KIND_ASK) => {
                 let (Some(at), Some(ask)) = (u64_at(b, 8), self.asks.get_mut(from as usize)) else {
                     return;
@@ -1684,7 +1781,6 @@ impl Dispatcher {
 
     /// Writes a piece from `from` into operation `i` and passes it on.
     fn place(&mut self, i: usize, from: u32, msg: &[u8]) {
-        let (me, size) = (self.cfg.rank, self.cfg.size);
         let (Some(block), Some(offset)) = (u32_at(msg, 4), u64_at(msg, 16)) else {
             return;
         };
@@ -1693,14 +1789,59 @@ impl Dispatcher {
             // Only ever a sender's shape, shown (and compared) before any byte.
             return;
         }
-        let op = &mut self.active[i];
+        let n = data.len() as u64;
+        let Some((at, end)) = self.accept(i, from, block, offset, n) else {
+            return;
+        };
+        let op = &self.active[i];
+        op.buf
+            .with(|v| v[at as usize..end as usize].copy_from_slice(data));
+        // The block's next piece may land straight in the buffer.
+        if let Some(to) = lock(&self.landings).get_mut(&(op.k, block)) {
+            to.next = offset + n;
+            to.done = offset + n;
+        }
+        self.arrived(i, block, offset, n, Some(msg));
+    }
+
+    /// The mesh wrote a piece straight into its operation's buffer ([`PieceLander`]): `b` is
+    /// its note, from `from`. Counted only for bytes that landed: the kind is never sent, so
+    /// a note from the network names bytes that did not (or ones that did, counted once).
+    fn landed(&mut self, from: u32, b: &[u8]) {
+        let (Some(block), Some(k), Some(offset), Some(n)) = (
+            u32_at(b, 4),
+            u64_at(b, 8),
+            u64_at(b, 16),
+            u64_at(b, PIECE_HEADER),
+        ) else {
+            return;
+        };
+        let landed = n > 0
+            && lock(&self.landings).get(&(k, block)).is_some_and(|to| {
+                to.from == from && offset.checked_add(n).is_some_and(|e| e <= to.done)
+            });
+        let Some(i) = self.active.iter().position(|o| o.k == k).filter(|_| landed) else {
+            tracing::debug!(op = k, from, "fallback: note of no landing ignored");
+            return;
+        };
+        if self.accept(i, from, block, offset, n).is_some() {
+            self.arrived(i, block, offset, n, None);
+            self.reap();
+        }
+    }
+
+    /// Where `n` bytes of `block` at `offset`, from `from`, go in operation `i`'s buffer
+    /// (start, end), if they are its next ones from the rank it takes them from.
+    fn accept(&self, i: usize, from: u32, block: u32, offset: u64, n: u64) -> Option<(u64, u64)> {
+        let (me, size) = (self.cfg.rank, self.cfg.size);
+        let op = &self.active[i];
         if from != op.shape.source(me, size, block) {
             tracing::debug!(
                 op = op.k,
                 from,
                 "fallback: piece from a rank this operation takes none from"
             );
-            return;
+            return None;
         }
         // Where the block starts in the buffer, and where it ends: only blocks this rank
         // receives.
@@ -1716,32 +1857,39 @@ impl Dispatcher {
                 block,
                 "fallback: piece for no block of this rank"
             );
-            return;
+            return None;
         };
         // A block's pieces come from one source, in order: one that does not start where
         // the block's bytes end so far (a repeat, a gap) is not the sender's protocol.
         if offset != op.have(me, block) {
             tracing::debug!(op = op.k, block, offset, "fallback: piece out of order");
-            return;
+            return None;
         }
         // The offset comes from the network: no sum may wrap into another block.
         let at = base.checked_add(offset);
-        let end = at.and_then(|a| a.checked_add(data.len() as u64));
+        let end = at.and_then(|a| a.checked_add(n));
         let (Some(at), Some(end)) = (at, end.filter(|&e| e <= limit)) else {
             tracing::debug!(op = op.k, block, offset, "fallback: piece out of range");
-            return;
+            return None;
         };
-        op.buf[at as usize..end as usize].copy_from_slice(data);
+        Some((at, end))
+    }
+
+    /// `n` bytes of `block` at `offset` are in operation `i`'s buffer: counted, and passed on
+    /// (`msg`, the piece as it came, if it came whole; from the buffer if it landed there).
+    fn arrived(&mut self, i: usize, block: u32, offset: u64, n: u64, msg: Option<&[u8]>) {
+        let (me, size) = (self.cfg.rank, self.cfg.size);
+        let op = &mut self.active[i];
         if let Shape::Trees { left, .. } | Shape::Ring { left, .. } = &mut op.shape {
-            left[block as usize] = left[block as usize].saturating_sub(data.len() as u64);
+            left[block as usize] = left[block as usize].saturating_sub(n);
         }
-        op.want = op.want.saturating_sub(data.len() as u64);
-        op.received += data.len() as u64;
+        op.want = op.want.saturating_sub(n);
+        op.received += n;
         op.last = Instant::now();
         self.shared
             .counters
             .bytes_received
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+            .fetch_add(n, Ordering::Relaxed);
         // Chain and ring: passed on as it came if the next hop takes pieces, has every
         // earlier one and room in its queue; otherwise `pump` sends it from the buffer when
         // the next hop is clear and has room.
@@ -1751,37 +1899,53 @@ impl Dispatcher {
                 self.pump(i);
                 return;
             }
-            op.fwd[block as usize] += data.len() as u64;
+            op.fwd[block as usize] += n;
         }
         let hops = op.shape.next_hops(me, size, block);
-        self.relay(i, &hops, msg);
+        if hops.is_empty() {
+            return;
+        }
+        if let Some(msg) = msg {
+            self.relay(i, &hops, &[msg]);
+            return;
+        }
+        let Some((base, _)) = op.span(block) else {
+            return;
+        };
+        let mut head = Vec::with_capacity(PIECE_HEADER);
+        piece_header(&mut head, block, op.k, offset, op.fingerprint);
+        let (s, buf) = ((base + offset) as usize, op.buf.clone());
+        buf.with(|v| self.relay(i, &hops, &[&head, &v[s..s + n as usize]]));
     }
 
-    /// Sends piece `msg` of operation `i` to each of `hops`, and counts it.
-    fn relay(&mut self, i: usize, hops: &[u32], msg: &[u8]) {
-        let passed = (msg.len().saturating_sub(PIECE_HEADER) * hops.len()) as u64;
+    /// Sends a piece of operation `i`, given as `parts` (header and bytes), to each of
+    /// `hops`, and counts it.
+    fn relay(&mut self, i: usize, hops: &[u32], parts: &[&[u8]]) {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let passed = (len.saturating_sub(PIECE_HEADER) * hops.len()) as u64;
         self.active[i].sent += passed;
         self.shared
             .counters
             .bytes_sent
             .fetch_add(passed, Ordering::Relaxed);
         for &to in hops {
-            self.pass(i, to, msg);
+            self.pass(i, to, parts);
         }
     }
 
-    /// Sends `msg`, a piece of operation `i`, to `to`; a tree Broadcast's waits in
-    /// [`Self::gated`] while `to` has not posted within [`tree_ahead`] operations of it.
-    fn pass(&mut self, i: usize, to: u32, msg: &[u8]) {
+    /// Sends a piece of operation `i` (`parts`, header and bytes) to `to`; a tree
+    /// Broadcast's waits in [`Self::gated`] while `to` has not posted within [`tree_ahead`]
+    /// operations of it.
+    fn pass(&mut self, i: usize, to: u32, parts: &[&[u8]]) {
         let op = &mut self.active[i];
         let Some(&posted) = self.posted_at.get(to as usize) else {
             return;
         };
-        let (k, window) = (op.k, tree_ahead(op.buf.len()));
+        let (k, window) = (op.k, tree_ahead(op.len as usize));
         let tree = matches!(op.shape, Shape::Tree { .. });
         let ahead = k.saturating_sub(posted);
         if !tree || ahead < window {
-            self.mesh.send_control_parts(Rank(to), &[msg]);
+            self.mesh.send_control_parts(Rank(to), parts);
             if tree && ahead >= window / 2 {
                 // Half the window used: ask now, so that a child in step answers before
                 // this rank reaches the end of it (it would wait a round trip there).
@@ -1794,7 +1958,7 @@ impl Dispatcher {
             to,
             k,
             window,
-            msg: msg.to_vec(),
+            msg: parts.concat(),
         });
         self.ask(to, k, window);
     }
@@ -1900,7 +2064,9 @@ impl Dispatcher {
                 piece_header(scratch, b, op.k, off, op.fingerprint);
                 let s = (base + off) as usize;
                 // Straight from the operation's buffer: copied only if the socket is full.
-                mesh.send_control_parts(Rank(to), &[scratch, &op.buf[s..s + n as usize]]);
+                op.buf.with(|v| {
+                    mesh.send_control_parts(Rank(to), &[scratch, &v[s..s + n as usize]]);
+                });
                 op.fwd[b as usize] += n;
                 op.sent += n;
                 // The next hop took what was queued before: it is alive and reading.
@@ -2029,7 +2195,8 @@ impl Dispatcher {
             k,
             shape,
             fingerprint,
-            buf: p.buf,
+            buf: OpBuffer::from_vec(p.buf),
+            len,
             reply: p.reply,
             span: p.span,
             started: now,
@@ -2049,6 +2216,30 @@ impl Dispatcher {
         };
         op.span
             .in_scope(|| tracing::debug!(op = k, len, "started over TCP"));
+        // Where the pieces of the blocks this rank receives may land straight from the mesh.
+        let blocks: Vec<u32> = match &op.shape {
+            Shape::Chain { root } | Shape::Tree { root } if *root != me => vec![*root],
+            Shape::Ring { .. } | Shape::Trees { .. } => (0..size).filter(|&b| b != me).collect(),
+            Shape::Chain { .. } | Shape::Tree { .. } | Shape::Bruck { .. } => Vec::new(),
+        };
+        let mut landings = lock(&self.landings);
+        for b in blocks {
+            if let Some((base, limit)) = op.span(b).filter(|(base, limit)| limit > base) {
+                landings.insert(
+                    (k, b),
+                    LandAt {
+                        from: op.shape.source(me, size, b),
+                        buf: op.buf.clone(),
+                        base,
+                        limit,
+                        next: 0,
+                        done: 0,
+                        fingerprint,
+                    },
+                );
+            }
+        }
+        drop(landings);
         self.active.push(op);
         let i = self.active.len() - 1;
         let mut msg = std::mem::take(&mut self.scratch);
@@ -2082,9 +2273,11 @@ impl Dispatcher {
                 let n = (own_len - off).min(self.cfg.piece as u64);
                 piece_header(&mut msg, own_block, k, off, fingerprint);
                 let s = (own_at + off) as usize;
-                msg.extend_from_slice(&self.active[i].buf[s..s + n as usize]);
+                self.active[i]
+                    .buf
+                    .with(|v| msg.extend_from_slice(&v[s..s + n as usize]));
                 for &to in &hops {
-                    self.pass(i, to, &msg);
+                    self.pass(i, to, &[&msg]);
                 }
                 off += n;
             }
@@ -2100,7 +2293,7 @@ impl Dispatcher {
             // every rank agrees it is empty, it completed on posting and the piece is dropped.
             piece_header(&mut msg, own_block, k, 0, fingerprint);
             for to in op.shape.next_hops(me, size, own_block) {
-                self.pass(i, to, &msg);
+                self.pass(i, to, &[&msg]);
             }
         }
         self.scratch = msg;
@@ -2147,7 +2340,8 @@ impl Dispatcher {
             for t in 0..count {
                 let b = ((me + t) % size) as usize;
                 let at = displs[b] as usize;
-                scratch.extend_from_slice(&op.buf[at..at + sizes[b] as usize]);
+                op.buf
+                    .with(|v| scratch.extend_from_slice(&v[at..at + sizes[b] as usize]));
             }
             let n = (scratch.len() - PIECE_HEADER) as u64;
             mesh.send_control(Rank((me + size - (1 << j)) % size), scratch);
@@ -2194,7 +2388,8 @@ impl Dispatcher {
         let mut at = 0;
         for b in blocks {
             let (to, n) = (displs[b] as usize, sizes[b] as usize);
-            op.buf[to..to + n].copy_from_slice(&data[at..at + n]);
+            op.buf
+                .with(|v| v[to..to + n].copy_from_slice(&data[at..at + n]));
             at += n;
         }
         *got |= 1 << j;
@@ -2224,7 +2419,7 @@ impl Dispatcher {
             self.reports.completed(op.k);
             let stats = OpStats {
                 op: op.k,
-                bytes: op.buf.len() as u64,
+                bytes: op.len,
                 elapsed: op.started.elapsed(),
                 counters: Counters {
                     tcp_bytes_sent: op.sent,
@@ -2240,7 +2435,9 @@ impl Dispatcher {
                 .completed
                 .fetch_add(1, Ordering::Relaxed);
             self.replied = true;
-            let _ = op.reply.send(Ok((op.buf, stats)));
+            // The mesh holds no landing in it any more (every byte landed), and would find it
+            // empty if it did.
+            let _ = op.reply.send(Ok((op.buf.with(std::mem::take), stats)));
         }
     }
 
@@ -3091,6 +3288,7 @@ mod tests {
                 KIND_POSTED,
                 KIND_WHERE,
                 KIND_HERE,
+                KIND_LANDED,
                 0,
                 0xFF,
             ];
@@ -3102,14 +3300,23 @@ mod tests {
                 let mut b: Vec<u8> = (0..len.max(1)).map(|_| rng.next_u64() as u8).collect();
                 b[0] = kind;
                 // Bytes 8..16 name the operation in most kinds: never operation 0, but for
-                // Bruck rounds with its shape, which are right only with exactly its block.
-                let op0 = kind == KIND_ROUND && r.is_multiple_of(2);
+                // Bruck rounds with its shape, which are right only with exactly its block,
+                // and for the mesh's notes of landed pieces, which a peer cannot send.
+                let op0 = matches!(kind, KIND_ROUND | KIND_LANDED) && r.is_multiple_of(2);
                 if b.len() >= 16 {
                     let k = if op0 { 0 } else { rng.next_u64() | 1 };
                     b[8..16].copy_from_slice(&k.to_be_bytes());
                 }
                 if op0 && b.len() >= 28 {
                     b[24..28].copy_from_slice(&shape.to_be_bytes());
+                }
+                if op0 && kind == KIND_LANDED {
+                    // Rank 1's block from its start, as a landing of it would say.
+                    b.resize(PIECE_HEADER + 8, 0);
+                    b[4..8].copy_from_slice(&1u32.to_be_bytes());
+                    b[16..24].copy_from_slice(&0u64.to_be_bytes());
+                    let n = 1 + rng.next_u64() % S as u64;
+                    b[PIECE_HEADER..].copy_from_slice(&n.to_be_bytes());
                 }
                 one.send_control(Rank(0), &b);
             }
