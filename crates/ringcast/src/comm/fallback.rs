@@ -223,6 +223,7 @@ struct LandAt {
     fingerprint: u32,
 }
 
+/// `m`'s guard, poisoned or not (nothing holding it panics midway through a change).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -231,12 +232,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// the dispatcher, read by its mesh's [`PieceLander`].
 type Landings = Arc<Mutex<HashMap<(u64, u32), LandAt>>>;
 
-/// A piece of a running operation arrives straight in the operation's buffer, from its first
-/// bytes on (the mesh reads it there), where it was read into a vector of its own and copied
-/// (a copy of every byte of a TCP collective, and the allocation). Only the next piece of a
-/// block, from the rank it comes from, of the operation's shape and within the block: the
-/// same checks as [`Dispatcher::place`]'s, before a byte is written; anything else arrives
-/// as a message and meets those.
+/// A piece of a running operation lands straight in the operation's buffer, from its first
+/// bytes on (the mesh reads it there), instead of in a vector of its own that is then copied
+/// (a copy of every byte of a TCP collective, and an allocation per piece). Only the next
+/// piece of a block, from the rank it comes from, of the operation's shape and within the
+/// block: the same checks as [`Dispatcher::place`]'s, before a byte is written; anything else
+/// arrives as a message and meets those.
 struct PieceLander(Landings);
 
 impl Lander for PieceLander {
@@ -279,10 +280,11 @@ impl Lander for PieceLander {
             return;
         };
         if let Some(to) = lock(&self.0).get_mut(&(k, block)) {
-            to.done = to.done.max(offset + n);
+            to.done = to.done.max(offset.saturating_add(n));
         }
     }
 }
+
 /// How far ahead of a child's posts, in operation indices, a tree Broadcast of `len` bytes
 /// sends it pieces: [`TREE_BYTES`] worth of such operations, at least 16 and at most 1 024.
 /// A piece of operation `k` goes to a child once it said (`KIND_POSTED`, asked for with
