@@ -2275,12 +2275,13 @@ impl Dispatcher {
                 let n = (own_len - off).min(self.cfg.piece as u64);
                 piece_header(&mut msg, own_block, k, off, fingerprint);
                 let s = (own_at + off) as usize;
-                self.active[i]
-                    .buf
-                    .with(|v| msg.extend_from_slice(&v[s..s + n as usize]));
-                for &to in &hops {
-                    self.pass(i, to, &[&msg]);
-                }
+                // Straight from the operation's buffer, as the pipelines send.
+                let buf = self.active[i].buf.clone();
+                buf.with(|v| {
+                    for &to in &hops {
+                        self.pass(i, to, &[&msg, &v[s..s + n as usize]]);
+                    }
+                });
                 off += n;
             }
             let sent = own_len * hops.len() as u64;
