@@ -209,6 +209,16 @@ const KIND_HERE: u8 = 0xFC;
 /// ([`PieceLander`]). Taken only for bytes the lander placed (see [`Dispatcher::landed`]).
 const KIND_LANDED: u8 = 0xFD;
 
+/// A `KIND_LANDED` note's block, operation, offset and length.
+fn landed_fields(note: &[u8]) -> Option<(u32, u64, u64, u64)> {
+    Some((
+        u32_at(note, 4)?,
+        u64_at(note, 8)?,
+        u64_at(note, 16)?,
+        u64_at(note, PIECE_HEADER)?,
+    ))
+}
+
 /// Where a block's pieces land straight from the mesh: the block of operation `k` this rank
 /// receives from `from`, at `base..limit` of `buf`; the pieces taken so far end at `next`,
 /// those whose every byte is in the buffer at `done`.
@@ -271,12 +281,7 @@ impl Lander for PieceLander {
     }
 
     fn landed(&mut self, note: &[u8]) {
-        let (Some(block), Some(k), Some(offset), Some(n)) = (
-            u32_at(note, 4),
-            u64_at(note, 8),
-            u64_at(note, 16),
-            u64_at(note, PIECE_HEADER),
-        ) else {
+        let Some((block, k, offset, n)) = landed_fields(note) else {
             return;
         };
         if let Some(to) = lock(&self.0).get_mut(&(k, block)) {
@@ -1810,12 +1815,7 @@ impl Dispatcher {
     /// its note, from `from`. Counted only for bytes that landed: the kind is never sent, so
     /// a note from the network names bytes that did not (or ones that did, counted once).
     fn landed(&mut self, from: u32, b: &[u8]) {
-        let (Some(block), Some(k), Some(offset), Some(n)) = (
-            u32_at(b, 4),
-            u64_at(b, 8),
-            u64_at(b, 16),
-            u64_at(b, PIECE_HEADER),
-        ) else {
+        let Some((block, k, offset, n)) = landed_fields(b) else {
             return;
         };
         let landed = n > 0
