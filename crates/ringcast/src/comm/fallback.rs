@@ -424,6 +424,7 @@ struct Route {
 struct TcpCounters {
     bytes_sent: AtomicU64,
     bytes_received: AtomicU64,
+    bytes_landed: AtomicU64,
     completed: AtomicU64,
     failed: AtomicU64,
     cancelled: AtomicU64,
@@ -864,6 +865,7 @@ impl Handle {
         s.mode = self.mode();
         s.counters.tcp_bytes_sent += g(&c.bytes_sent);
         s.counters.tcp_bytes_received += g(&c.bytes_received);
+        s.counters.tcp_bytes_landed += g(&c.bytes_landed);
         s.ops_completed += g(&c.completed);
         s.ops_failed += g(&c.failed);
         s.ops_cancelled += g(&c.cancelled);
@@ -1027,6 +1029,8 @@ struct TcpOp {
     want: u64,
     sent: u64,
     received: u64,
+    /// Of `received`, the bytes that landed in `buf` straight from the mesh.
+    landed: u64,
     /// Chain and ring: the next hop has not said it posted the operation yet (`KIND_CTS`),
     /// so it gets none of its pieces; they wait in `buf`.
     awaiting_cts: bool,
@@ -1827,6 +1831,11 @@ impl Dispatcher {
             return;
         };
         if self.accept(i, from, block, offset, n).is_some() {
+            self.active[i].landed += n;
+            self.shared
+                .counters
+                .bytes_landed
+                .fetch_add(n, Ordering::Relaxed);
             self.arrived(i, block, offset, n, None);
             self.reap();
         }
@@ -2206,6 +2215,7 @@ impl Dispatcher {
             want,
             sent: 0,
             received: 0,
+            landed: 0,
             awaiting_cts: size > 1 && to_right > 0,
             to_right: if size > 1 { to_right } else { 0 },
             fwd: if pipelined {
@@ -2427,6 +2437,7 @@ impl Dispatcher {
                 counters: Counters {
                     tcp_bytes_sent: op.sent,
                     tcp_bytes_received: op.received,
+                    tcp_bytes_landed: op.landed,
                     ..Counters::default()
                 },
             };

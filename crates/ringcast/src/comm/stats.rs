@@ -35,6 +35,10 @@ pub struct Counters {
     pub tcp_bytes_sent: u64,
     /// Payload bytes received over the TCP fallback.
     pub tcp_bytes_received: u64,
+    /// Of `tcp_bytes_received`, the bytes the mesh read straight into the operation's buffer
+    /// (pieces of an operation that had started, landing in place); the rest were read into
+    /// a vector first and copied.
+    pub tcp_bytes_landed: u64,
 }
 
 impl Counters {
@@ -53,6 +57,7 @@ impl Counters {
             multicasts_lost: d(self.multicasts_lost, earlier.multicasts_lost),
             tcp_bytes_sent: d(self.tcp_bytes_sent, earlier.tcp_bytes_sent),
             tcp_bytes_received: d(self.tcp_bytes_received, earlier.tcp_bytes_received),
+            tcp_bytes_landed: d(self.tcp_bytes_landed, earlier.tcp_bytes_landed),
         }
     }
 }
