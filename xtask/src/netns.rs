@@ -1201,6 +1201,7 @@ fn unreachable(ctx: &Ctx<'_>) -> Result<String, String> {
         r.wait_all(Duration::from_secs(120));
         let outs = all_checked(&r, ctx.p())?;
         let mut mode = String::new();
+        let (mut received, mut landed) = (0, 0);
         for (i, o) in outs.iter().enumerate() {
             let s = stats(o);
             let a = s.get("after").ok_or("no STATS")?;
@@ -1211,12 +1212,21 @@ fn unreachable(ctx: &Ctx<'_>) -> Result<String, String> {
                     num(a, "tcp_sent")
                 ));
             }
+            // The 1 MiB operations' 256 KiB pieces land straight in their buffers.
+            let (r, l) = (num(a, "tcp_received"), num(a, "tcp_landed"));
+            if l == 0 || l > r {
+                return Err(format!(
+                    "rank {i}: {l} of {r} bytes over TCP landed in place"
+                ));
+            }
+            (received, landed) = (received + r, landed + l);
             mode = m;
         }
         let short: String = msg.chars().take(240).collect();
         Ok(format!(
             "without fallback every rank failed to build in {:.1}s with MulticastUnreachable \
-             (\"{short}...\"); with RINGCAST_FALLBACK=tcp all ops byte for byte, mode {mode}",
+             (\"{short}...\"); with RINGCAST_FALLBACK=tcp all ops byte for byte, mode {mode}, \
+             {landed} of the {received} bytes received over TCP read straight into place",
             took.as_secs_f64()
         ))
     })();

@@ -419,7 +419,7 @@ fn stats(comm: &Communicator, when: &str) -> Result<(), Fail> {
          opcode={} pkey={} qkey={} destqp={} version={} malformed={} unknown_source={} \
          bad_icrc={} stale={} out_of_range={} duplicate={} own={} wrong_source={} \
          wrong_lane={} bad_length={} fetched={} socket_drops={} tcp_sent={} tcp_received={} \
-         ops_completed={} ops_failed={} sent={} sent_in_place={}",
+         tcp_landed={} ops_completed={} ops_failed={} sent={} sent_in_place={}",
         comm.rank(),
         mode_name(s.mode),
         rx.datagrams,
@@ -445,6 +445,7 @@ fn stats(comm: &Communicator, when: &str) -> Result<(), Fail> {
         s.socket_drops,
         s.counters.tcp_bytes_sent,
         s.counters.tcp_bytes_received,
+        s.counters.tcp_bytes_landed,
         s.ops_completed,
         s.ops_failed,
         s.tx.datagrams,
