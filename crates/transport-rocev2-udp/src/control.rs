@@ -168,6 +168,12 @@ impl OpBuffer {
         f(&mut g)
     }
 
+    /// How many handles to the buffer there are, this one included: more than the owner's
+    /// while a mesh still has bytes of it to send ([`TcpControl::send_control_shared`]).
+    pub fn holders(&self) -> usize {
+        Arc::strong_count(&self.0)
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.with(|v| v.len())
@@ -391,10 +397,48 @@ struct Link {
     spare: Arc<Spare>,
 }
 
+/// A frame waiting on a connection: its bytes, or a header of its own and bytes that stay in
+/// an operation's buffer until they are written ([`TcpControl::send_control_shared`]).
+enum Frame {
+    Owned(Vec<u8>),
+    Shared {
+        head: Vec<u8>,
+        buf: OpBuffer,
+        at: usize,
+        len: usize,
+    },
+}
+
+impl Frame {
+    fn len(&self) -> usize {
+        match self {
+            Frame::Owned(f) => f.len(),
+            Frame::Shared { head, len, .. } => head.len() + len,
+        }
+    }
+
+    /// Writes what `sock` takes of the frame from byte `from` on. A shared frame whose buffer
+    /// no longer holds its bytes is an error: its connection is shut down, never fed other
+    /// bytes in their place.
+    fn write(&self, sock: &socket2::SockRef<'_>, from: usize, flags: i32) -> io::Result<usize> {
+        match self {
+            Frame::Owned(f) => sock.send_with_flags(&f[from..], flags),
+            Frame::Shared { head, buf, at, len } => buf.with(|v| {
+                let data = v.get(*at..at + len).ok_or(io::ErrorKind::InvalidData)?;
+                let (h, d) = match from.checked_sub(head.len()) {
+                    None => (&head[from..], data),
+                    Some(past) => (&[][..], &data[past..]),
+                };
+                sock.send_vectored_with_flags(&[IoSlice::new(h), IoSlice::new(d)], flags)
+            }),
+        }
+    }
+}
+
 /// Frames queued on a connection, the first one maybe partly written.
 #[derive(Default)]
 struct Out {
-    frames: VecDeque<Vec<u8>>,
+    frames: VecDeque<Frame>,
     /// Bytes of the first frame already written.
     head: usize,
     /// Bytes queued and not written yet.
@@ -428,7 +472,7 @@ impl Link {
             return false;
         }
         out.bytes += f.len();
-        out.frames.push_back(f);
+        out.frames.push_back(Frame::Owned(f));
         self.flush(&mut out);
         true
     }
@@ -487,7 +531,54 @@ impl Link {
                 skip -= s;
             }
             out.bytes += rest.len();
-            out.frames.push_back(rest);
+            out.frames.push_back(Frame::Owned(rest));
+            if !idle {
+                self.flush(&mut out);
+            }
+        }
+        true
+    }
+
+    /// Sends one frame of `head` and bytes `at..at + len` of `buf`, which stay in `buf` until
+    /// written: on an idle connection written at once, as far as the socket takes them; what
+    /// it does not take, or all of it behind queued frames, waits in the queue as a reference
+    /// to `buf`, not as a copy. False when the connection is shut down.
+    fn send_shared(&self, head: &[u8], buf: &OpBuffer, at: usize, len: usize) -> bool {
+        let mut out = self.out();
+        if out.closed {
+            return false;
+        }
+        let frame = Frame::Shared {
+            head: head.to_vec(),
+            buf: buf.clone(),
+            at,
+            len,
+        };
+        let total = frame.len();
+        let mut done = 0;
+        let idle = out.frames.is_empty();
+        if idle {
+            let sock = socket2::SockRef::from(&self.stream);
+            let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+            while done < total {
+                match frame.write(&sock, done, flags) {
+                    Ok(w) => done += w,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(_) => {
+                        self.shut(&mut out);
+                        return true;
+                    }
+                }
+            }
+        }
+        if done < total {
+            if idle {
+                // First in the queue: its written part is the queue's head.
+                out.head = done;
+            }
+            out.bytes += total - done;
+            out.frames.push_back(frame);
             if !idle {
                 self.flush(&mut out);
             }
@@ -502,12 +593,12 @@ impl Link {
         let sock = socket2::SockRef::from(&self.stream);
         let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
         while let Some(f) = out.frames.front() {
-            match sock.send_with_flags(&f[out.head..], flags) {
+            match f.write(&sock, out.head, flags) {
                 Ok(n) => {
                     out.head += n;
                     out.bytes = out.bytes.saturating_sub(n);
                     if out.head >= f.len() {
-                        if let Some(f) = out.frames.pop_front() {
+                        if let Some(Frame::Owned(f)) = out.frames.pop_front() {
                             self.spare.give(f);
                         }
                         out.head = 0;
@@ -1272,6 +1363,41 @@ impl TcpControl {
         all[1..=parts.len()].copy_from_slice(parts);
         let sent = match self.peers.get(to.0 as usize) {
             Some(Some(p)) if !p.lost => p.link.send_parts(&all[..=parts.len()]),
+            _ => false,
+        };
+        if sent {
+            bump(&self.stats.messages_sent);
+        } else {
+            if (to.0 as usize) < self.peers.len() {
+                self.mark_lost(to);
+            }
+            bump(&self.stats.messages_to_lost_peer);
+        }
+    }
+
+    /// Sends `to` a message of `head` and bytes `at..at + len` of `buf`, which are not copied:
+    /// what the socket does not take at once waits in the connection's queue as a reference
+    /// into `buf`, which holds a clone of it until then. The owner must leave those bytes
+    /// as they are until the mesh lets go of `buf` ([`OpBuffer::holders`]): a buffer that no
+    /// longer holds them shuts the connection down rather than send other bytes.
+    pub fn send_control_shared(
+        &mut self,
+        to: Rank,
+        head: &[u8],
+        buf: &OpBuffer,
+        at: usize,
+        len: usize,
+    ) {
+        if to == self.rank {
+            let mut m = head.to_vec();
+            buf.with(|v| m.extend_from_slice(&v[at..at + len]));
+            self.handle(Inbound::Message(to, m));
+            return;
+        }
+        let mut framed = frame(KIND_MESSAGE, head.len() + len);
+        framed.extend_from_slice(head);
+        let sent = match self.peers.get(to.0 as usize) {
+            Some(Some(p)) if !p.lost => p.link.send_shared(&framed, buf, at, len),
             _ => false,
         };
         if sent {
@@ -2328,8 +2454,23 @@ mod tests {
             let mut one = m.pop().expect("rank 1");
             let mut zero = m.pop().expect("rank 0");
             let sender = thread::spawn(move || {
+                let mut shared = Vec::new();
                 for i in 0..MSGS {
                     let b = body(i, lens(i));
+                    if i % 7 == 6 {
+                        // Its first 3 bytes as the head, the rest from a buffer with 10 bytes
+                        // before and after them, not copied.
+                        let mut held = vec![0xAA; 10];
+                        held.extend_from_slice(&b[3..]);
+                        held.extend_from_slice(&[0xBB; 10]);
+                        let buf = OpBuffer::from_vec(held);
+                        zero.send_control_shared(Rank(1), &b[..3], &buf, 10, b.len() - 3);
+                        shared.push(buf);
+                        if inline {
+                            zero.poll_io(Duration::from_millis(1));
+                        }
+                        continue;
+                    }
                     let parts: &[&[u8]] = match i % 5 {
                         0 => &[],
                         1 => &[&b[..5], &b[5..]],
@@ -2349,6 +2490,11 @@ mod tests {
                 while zero.queued(Rank(1)) > 0 {
                     zero.poll_io(Duration::from_millis(10));
                 }
+                // Every byte written: the mesh let go of every buffer it sent from.
+                assert!(
+                    shared.iter().all(|b| b.holders() == 1),
+                    "a buffer still held"
+                );
                 zero
             });
             // Rank 1 reads late, so that rank 0's socket fills and its writes go partly
@@ -2389,6 +2535,136 @@ mod tests {
             );
             assert_eq!(buf, b"to myself");
         }
+    }
+
+    /// Messages sent from a buffer by reference, mixed with copied ones, while the reader
+    /// reads (so that queued frames are partly written when more are queued behind them):
+    /// every one arrives once, whole, in order, and the sender lets go of every buffer once
+    /// its bytes are written; with an I/O thread and inline. A buffer that no longer holds
+    /// the bytes a queued frame refers to shuts the connection down: the reader loses the
+    /// peer instead of getting other bytes.
+    #[test]
+    fn messages_sent_by_reference_arrive_whole_and_in_order() {
+        const MSGS: usize = 200;
+        let body = |i: usize| -> Vec<u8> {
+            let len = 40_000 + (i * 7919) % 300_000;
+            (0..len).map(|j| (i * 13 + j * 3) as u8).collect()
+        };
+        for inline in [false, true] {
+            let mut m = mesh_io(2, 95 + u64::from(inline), |_| inline);
+            let mut one = m.pop().expect("rank 1");
+            let mut zero = m.pop().expect("rank 0");
+            let reader = thread::spawn(move || {
+                let mut buf = Vec::new();
+                for i in 0..MSGS {
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    let got = loop {
+                        if let Some(ControlInput::Message { len, .. }) = one.poll_control(&mut buf)
+                        {
+                            break buf[..len].to_vec();
+                        }
+                        assert!(Instant::now() < deadline, "message {i} lost");
+                        one.poll_io(Duration::from_millis(5));
+                    };
+                    assert!(got == body(i), "inline {inline}: message {i}'s bytes");
+                    // A slow reader: the sender's socket fills, and its queue is partly
+                    // written when more is queued behind.
+                    thread::sleep(Duration::from_micros(500));
+                }
+                one
+            });
+            let mut held = Vec::new();
+            for i in 0..MSGS {
+                let b = body(i);
+                if i % 2 == 0 {
+                    let buf = OpBuffer::from_vec([&[7u8; 5][..], &b[4..], &[9; 5]].concat());
+                    zero.send_control_shared(Rank(1), &b[..4], &buf, 5, b.len() - 4);
+                    held.push(buf);
+                } else {
+                    zero.send_control_parts(Rank(1), &[&b[..10], &b[10..]]);
+                }
+                if inline {
+                    zero.poll_io(Duration::ZERO);
+                }
+            }
+            while zero.queued(Rank(1)) > 0 {
+                zero.poll_io(Duration::from_millis(5));
+            }
+            let mut one = reader.join().expect("reader");
+            assert!(held.iter().all(|b| b.holders() == 1), "a buffer still held");
+            if !inline {
+                // The reader's I/O thread reads whatever comes: nothing stays queued.
+                continue;
+            }
+            // A queued frame whose buffer was emptied meanwhile: the connection goes down.
+            let mut stuck = Vec::new();
+            for _ in 0..50 {
+                let buf = OpBuffer::from_vec(vec![1; 1 << 20]);
+                zero.send_control_shared(Rank(1), b"head", &buf, 0, 1 << 20);
+                stuck.push(buf);
+            }
+            assert!(
+                zero.queued(Rank(1)) > 0,
+                "the reader's socket took 50 MiB unread"
+            );
+            for b in &stuck {
+                b.with(std::mem::take);
+            }
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut buf = Vec::new();
+            while !one.lost_peers().contains(&Rank(0)) {
+                assert!(
+                    Instant::now() < deadline,
+                    "inline {inline}: the peer never went down"
+                );
+                zero.poll_io(Duration::from_millis(1));
+                one.poll_io(Duration::from_millis(1));
+                while one.poll_control(&mut buf).is_some() {}
+            }
+        }
+    }
+
+    /// A link whose first queued frame is partly written when a frame by reference is queued
+    /// behind it: the bytes leave in order, each frame whole (the reference's frame keeps
+    /// the written part of the one in front).
+    #[test]
+    fn a_frame_by_reference_queues_behind_a_partly_written_one() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let writer = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (mut reader, _) = l.accept().expect("accept");
+        writer.set_nonblocking(true).expect("nonblocking");
+        let link = Link::new(writer, Arc::default());
+        let first: Vec<u8> = (0..16 << 20).map(|j: usize| (j / 1021) as u8).collect();
+        assert!(link.send(first.clone()));
+        let queued = link.queued();
+        assert!(queued > 0, "the socket took 16 MiB unread");
+        // The reader takes some; the queue's first frame is then written on, in part.
+        let mut got = vec![0u8; 1 << 20];
+        reader.read_exact(&mut got).expect("read");
+        link.flush(&mut link.out());
+        assert!(
+            link.queued() < queued && link.queued() > 0,
+            "no partial write"
+        );
+        let buf = OpBuffer::from_vec((0..300_000).map(|j: usize| (j % 251) as u8).collect());
+        assert!(link.send_shared(b"head", &buf, 100, 200_000));
+        let mut rest = Vec::new();
+        reader
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .expect("timeout");
+        let want = [&first[..], b"head", &buf.to_vec()[100..200_100]].concat();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while got.len() + rest.len() < want.len() {
+            assert!(Instant::now() < deadline, "bytes lost");
+            link.flush(&mut link.out());
+            let mut chunk = vec![0u8; 1 << 20];
+            if let Ok(n) = reader.read(&mut chunk) {
+                rest.extend_from_slice(&chunk[..n]);
+            }
+        }
+        got.extend_from_slice(&rest);
+        assert!(got == want, "the bytes left out of order");
+        assert_eq!(buf.holders(), 1, "the link still holds the buffer");
     }
 
     /// `make_inline` takes the I/O thread's connections over while a peer streams frames at
