@@ -51,8 +51,9 @@
 //!   buffers for operations it has not started is bounded by one piece per tree operation
 //!   (the eager ones below, themselves a window of operations ahead at most), and the
 //!   root's request completes once its next hop posted and its pieces are queued. A rank
-//!   that waits for a clear-to-send shows its right neighbour its shape meanwhile (a piece of no bytes), so that a disagreement reaches a rank that
-//!   compares even where no clear-to-send crosses it (a root alone with a longer buffer).
+//!   that waits for a clear-to-send shows its right neighbour its shape meanwhile (a piece
+//!   of no bytes), so that a disagreement reaches a rank that compares even where no
+//!   clear-to-send crosses it (a root alone with a longer buffer).
 //!   Two small messages per rank at the start, beside operations of more than a piece. A
 //!   block's pieces come from one source in order; a piece that does not start where the
 //!   block's bytes end so far (a repeat, a gap) is dropped.
@@ -65,11 +66,12 @@
 //!   once the mesh wrote the last of its bytes and let go of its buffer. A chain's root
 //!   copies instead, and completes once its last piece is queued (its buffer is then free,
 //!   as after `MPI_Send`; a root whose next hop reads slowly holds a window's copy, not its
-//!   whole buffer's): waiting for the socket made its 1 MiB Broadcast slower. A piece arrives straight in the operation's buffer: the mesh
-//!   asks the dispatcher's [`PieceLander`] where a large message goes from its first bytes,
-//!   and reads the rest there, as Open MPI reads a large message into the user's buffer; one
-//!   it cannot place (of an operation not started here, out of order, of another shape)
-//!   arrives in a vector of its own, and is copied once, into the operation's buffer.
+//!   whole buffer's): waiting for the socket made its 1 MiB Broadcast slower. A piece
+//!   arrives straight in the operation's buffer: the mesh asks the dispatcher's
+//!   [`PieceLander`] where a large message goes from its first bytes, and reads the rest
+//!   there, as Open MPI reads a large message into the user's buffer; one it cannot place (of
+//!   an operation not started here, out of order, of another shape) arrives in a vector of
+//!   its own, and is copied once, into the operation's buffer.
 //! * **Allgather(v)** whose blocks each fit in one piece: every block down its own binomial
 //!   tree from its owner (all `P` trees at once), `ceil(log2 P)` hops; and when the whole
 //!   buffer fits in one piece (the small operations, the barrier), **Bruck's algorithm**:
