@@ -461,18 +461,19 @@ impl Link {
     }
 
     /// Queues `f` behind what is queued, then writes what the socket takes without blocking:
-    /// a control message on an idle connection leaves at once, from the calling thread.
-    /// False when the connection is shut down.
+    /// a control message on an idle connection leaves at once, from the calling thread, and
+    /// a frame by reference ([`Frame::Shared`]) leaves straight from its buffer, which it
+    /// holds until its last byte is written. False when the connection is shut down.
     ///
     /// Frames never interleave: every write happens under the queue's lock, in queue order,
     /// and a partly written frame stays first until its rest is written.
-    fn send(&self, f: Vec<u8>) -> bool {
+    fn send(&self, f: Frame) -> bool {
         let mut out = self.out();
         if out.closed {
             return false;
         }
         out.bytes += f.len();
-        out.frames.push_back(Frame::Owned(f));
+        out.frames.push_back(f);
         self.flush(&mut out);
         true
     }
@@ -532,53 +533,6 @@ impl Link {
             }
             out.bytes += rest.len();
             out.frames.push_back(Frame::Owned(rest));
-            if !idle {
-                self.flush(&mut out);
-            }
-        }
-        true
-    }
-
-    /// Sends one frame of `head` and bytes `at..at + len` of `buf`, which stay in `buf` until
-    /// written: on an idle connection written at once, as far as the socket takes them; what
-    /// it does not take, or all of it behind queued frames, waits in the queue as a reference
-    /// to `buf`, not as a copy. False when the connection is shut down.
-    fn send_shared(&self, head: &[u8], buf: &OpBuffer, at: usize, len: usize) -> bool {
-        let mut out = self.out();
-        if out.closed {
-            return false;
-        }
-        let frame = Frame::Shared {
-            head: head.to_vec(),
-            buf: buf.clone(),
-            at,
-            len,
-        };
-        let total = frame.len();
-        let mut done = 0;
-        let idle = out.frames.is_empty();
-        if idle {
-            let sock = socket2::SockRef::from(&self.stream);
-            let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-            while done < total {
-                match frame.write(&sock, done, flags) {
-                    Ok(w) => done += w,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(_) => {
-                        self.shut(&mut out);
-                        return true;
-                    }
-                }
-            }
-        }
-        if done < total {
-            if idle {
-                // First in the queue: its written part is the queue's head.
-                out.head = done;
-            }
-            out.bytes += total - done;
-            out.frames.push_back(frame);
             if !idle {
                 self.flush(&mut out);
             }
@@ -1232,7 +1186,7 @@ impl TcpControl {
             .map(|p| &p.link)
             .collect();
         for l in &live {
-            l.send(bye.clone());
+            l.send(Frame::Owned(bye.clone()));
         }
         let live: Vec<Arc<Link>> = live.into_iter().cloned().collect();
         let mut this = self;
@@ -1361,18 +1315,8 @@ impl TcpControl {
         let mut all = [&[][..]; MAX_PARTS];
         all[0] = &head;
         all[1..=parts.len()].copy_from_slice(parts);
-        let sent = match self.peers.get(to.0 as usize) {
-            Some(Some(p)) if !p.lost => p.link.send_parts(&all[..=parts.len()]),
-            _ => false,
-        };
-        if sent {
-            bump(&self.stats.messages_sent);
-        } else {
-            if (to.0 as usize) < self.peers.len() {
-                self.mark_lost(to);
-            }
-            bump(&self.stats.messages_to_lost_peer);
-        }
+        let sent = self.on_link(to, |l| l.send_parts(&all[..=parts.len()]));
+        self.count_message(sent);
     }
 
     /// Sends `to` a message of `head` and bytes `at..at + len` of `buf`, which are not copied:
@@ -1396,30 +1340,43 @@ impl TcpControl {
         }
         let mut framed = frame(KIND_MESSAGE, head.len() + len);
         framed.extend_from_slice(head);
-        let sent = match self.peers.get(to.0 as usize) {
-            Some(Some(p)) if !p.lost => p.link.send_shared(&framed, buf, at, len),
-            _ => false,
-        };
-        if sent {
-            bump(&self.stats.messages_sent);
-        } else {
-            if (to.0 as usize) < self.peers.len() {
-                self.mark_lost(to);
-            }
-            bump(&self.stats.messages_to_lost_peer);
-        }
+        let sent = self.queue(
+            to,
+            Frame::Shared {
+                head: framed,
+                buf: buf.clone(),
+                at,
+                len,
+            },
+        );
+        self.count_message(sent);
     }
 
     /// Sends `f` to `to` (or queues it on the connection); false when the peer is gone.
-    fn queue(&mut self, to: Rank, f: Vec<u8>) -> bool {
+    fn queue(&mut self, to: Rank, f: Frame) -> bool {
+        self.on_link(to, |l| l.send(f))
+    }
+
+    /// Hands `send` the connection to `to`; false, and `to` marked lost, when there is none
+    /// or `send` finds it shut down.
+    fn on_link(&mut self, to: Rank, send: impl FnOnce(&Link) -> bool) -> bool {
         let sent = match self.peers.get(to.0 as usize) {
-            Some(Some(p)) if !p.lost => p.link.send(f),
+            Some(Some(p)) if !p.lost => send(&p.link),
             _ => false,
         };
         if !sent && (to.0 as usize) < self.peers.len() && to != self.rank {
             self.mark_lost(to);
         }
         sent
+    }
+
+    /// Counts a message sent, or one for a lost peer.
+    fn count_message(&self, sent: bool) {
+        bump(if sent {
+            &self.stats.messages_sent
+        } else {
+            &self.stats.messages_to_lost_peer
+        });
     }
 }
 
@@ -1431,11 +1388,8 @@ impl ControlPort for TcpControl {
         }
         let mut f = frame(KIND_MESSAGE, bytes.len());
         f.extend_from_slice(bytes);
-        if self.queue(to, f) {
-            bump(&self.stats.messages_sent);
-        } else {
-            bump(&self.stats.messages_to_lost_peer);
-        }
+        let sent = self.queue(to, Frame::Owned(f));
+        self.count_message(sent);
     }
 
     fn read(&mut self, req: &ReadRequest) {
@@ -1457,7 +1411,7 @@ impl ControlPort for TcpControl {
             f.extend_from_slice(&v.to_be_bytes());
         }
         self.pending.insert(req.id.0, *req);
-        if !self.queue(req.from, f) && self.pending.remove(&req.id.0).is_some() {
+        if !self.queue(req.from, Frame::Owned(f)) && self.pending.remove(&req.id.0).is_some() {
             // Unknown rank (lost peers' reads were failed by `mark_lost`).
             self.fail_read(req.id);
         }
@@ -1935,7 +1889,7 @@ impl Served<'_> {
             f = frame(KIND_READ_REFUSED, 8);
             f.extend_from_slice(&id.to_be_bytes());
         }
-        self.link.send(f);
+        self.link.send(Frame::Owned(f));
     }
 }
 
@@ -2635,7 +2589,7 @@ mod tests {
         writer.set_nonblocking(true).expect("nonblocking");
         let link = Link::new(writer, Arc::default());
         let first: Vec<u8> = (0..16 << 20).map(|j: usize| (j / 1021) as u8).collect();
-        assert!(link.send(first.clone()));
+        assert!(link.send(Frame::Owned(first.clone())));
         let queued = link.queued();
         assert!(queued > 0, "the socket took 16 MiB unread");
         // The reader takes some; the queue's first frame is then written on, in part.
@@ -2647,7 +2601,12 @@ mod tests {
             "no partial write"
         );
         let buf = OpBuffer::from_vec((0..300_000).map(|j: usize| (j % 251) as u8).collect());
-        assert!(link.send_shared(b"head", &buf, 100, 200_000));
+        assert!(link.send(Frame::Shared {
+            head: b"head".to_vec(),
+            buf: buf.clone(),
+            at: 100,
+            len: 200_000,
+        }));
         let mut rest = Vec::new();
         reader
             .set_read_timeout(Some(Duration::from_millis(50)))
