@@ -5,8 +5,9 @@
 //! `Vec<SocketAddr>` indexed by rank: every rank listens on `table[rank]`; rank `i` connects to
 //! every rank `j < i` and accepts every rank `j > i`. Each side sends a hello (magic, job nonce,
 //! rank) and checks the other's, so a stray connection or another job is refused. The whole
-//! start-up is bounded by [`ControlConfig::connect_timeout`]. Nothing connects later: a lost
-//! connection is never re-established.
+//! start-up is bounded by [`ControlConfig::connect_timeout`], a hello that trickles in
+//! included (a stray gets at most 2 s in all). Nothing connects later: a lost connection is
+//! never re-established.
 //!
 //! ## Frames
 //! Every frame is `[u32 length, big-endian][u8 kind][body]`, `length` covering kind and body
@@ -31,7 +32,12 @@
 //! [`Registry::register`] (and [`Registry::unregister`] when the operation is over). A read of
 //! an unknown operation, or of a range outside the registered buffer, or longer than
 //! [`ControlConfig::max_read`], is refused and counted ([`ControlStats::reads_refused`]), never
-//! served. A read this rank asks for lands in its own registered buffer at the same offset.
+//! served, and nothing is allocated for it. Answers are copies queued on the connection; while
+//! 16 MiB of it wait unwritten, further reads wait as requests, answered in order as it drains
+//! ([`ControlStats::reads_deferred`]), so a peer that asks without reading costs a bounded
+//! queue, not a copy of every range it names. A read this rank asks for lands in its own
+//! registered buffer at the same offset, from the peer it asked only: an answer or refusal
+//! from another is counted as stray ([`ControlStats::stray_responses`]) and changes nothing.
 //!
 //! ## Failures
 //! A closed or broken connection (EOF, I/O error, malformed frame) marks the peer lost at once:
@@ -67,6 +73,10 @@ const KIND_READ_REFUSED: u8 = 4;
 const KIND_BYE: u8 = 5;
 const HELLO_LEN: usize = 1 + 4 + 8 + 4;
 const READ_REQ_LEN: usize = 1 + 8 * 4;
+/// A peer's reads are answered while less than this many bytes wait on its connection; the
+/// rest wait, as requests, for the queue to drain (a peer that asks and does not read costs
+/// this much, not a copy of every range it names).
+const SERVE_QUEUE: usize = 16 << 20;
 /// Longest wait for an accepted connection's hello.
 const HELLO_WAIT: Duration = Duration::from_secs(2);
 /// Parts of a frame [`Link::send_parts`] writes at once (the frame header included).
@@ -362,9 +372,11 @@ pub struct ControlStats {
     pub bytes_served: AtomicU64,
     /// Peers' reads refused: unknown operation, range outside the buffer, too long.
     pub reads_refused: AtomicU64,
+    /// Peers' reads that waited for their connection's queue to drain before being answered.
+    pub reads_deferred: AtomicU64,
     /// Frames that broke the protocol (each closes its connection).
     pub malformed: AtomicU64,
-    /// Responses naming no pending read.
+    /// Responses naming no pending read, or one asked of another peer.
     pub stray_responses: AtomicU64,
     /// Peers lost.
     pub peers_lost: AtomicU64,
@@ -381,8 +393,8 @@ pub const SEND_LOW_WATER: usize = 1 << 20;
 /// What the I/O thread hands the owner.
 enum Inbound {
     Message(Rank, Vec<u8>),
-    ReadData(u64, Vec<u8>),
-    Refused(u64),
+    ReadData(Rank, u64, Vec<u8>),
+    Refused(Rank, u64),
     Lost(Rank),
     Bye(Rank, u64, Option<Rank>),
 }
@@ -395,6 +407,27 @@ struct Link {
     /// The mesh's kept vectors: a queued frame's rest comes from there and goes back once
     /// written.
     spare: Arc<Spare>,
+    /// What answering the peer's reads takes.
+    serve: Serve,
+}
+
+/// What a connection needs to answer its peer's reads: the buffers and the counters.
+#[derive(Clone, Debug, Default)]
+struct Serve {
+    peer: Rank,
+    registry: Registry,
+    stats: Arc<ControlStats>,
+    /// [`ControlConfig::max_read`], shared by the mesh's connections ([`TcpControl::set_limits`]).
+    max_read: Arc<AtomicU64>,
+}
+
+/// A peer's read of `len` bytes at `offset` of operation `op`'s buffer, to be answered.
+#[derive(Clone, Copy, Debug)]
+struct Asked {
+    id: u64,
+    op: OpId,
+    offset: u64,
+    len: u64,
 }
 
 /// A frame waiting on a connection: its bytes, or a header of its own and bytes that stay in
@@ -445,14 +478,17 @@ struct Out {
     bytes: usize,
     /// The connection is shut down: nothing is queued any more.
     closed: bool,
+    /// The peer's reads not answered yet: they wait while [`SERVE_QUEUE`] bytes are queued.
+    asked: VecDeque<Asked>,
 }
 
 impl Link {
-    fn new(stream: TcpStream, spare: Arc<Spare>) -> Self {
+    fn new(stream: TcpStream, spare: Arc<Spare>, serve: Serve) -> Self {
         Link {
             stream,
             out: Mutex::default(),
             spare,
+            serve,
         }
     }
 
@@ -543,7 +579,22 @@ impl Link {
     /// Writes queued frames until none is left or the socket would block (it is then
     /// registered for writability with the I/O thread, which resumes). A failed write shuts
     /// the connection down: the I/O thread's read ends and reports the peer lost.
+    ///
+    /// The peer's reads waiting for the queue to drain ([`Self::ask`]) are answered here, as
+    /// it does, whichever thread writes.
     fn flush(&self, out: &mut Out) {
+        loop {
+            let blocked = self.write_queued(out);
+            let answered = self.answer(out);
+            if blocked || !answered {
+                return;
+            }
+        }
+    }
+
+    /// Writes queued frames until none is left (false) or the socket would block or failed
+    /// (true; a failure shuts the connection down).
+    fn write_queued(&self, out: &mut Out) -> bool {
         let sock = socket2::SockRef::from(&self.stream);
         let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
         while let Some(f) = out.frames.front() {
@@ -559,19 +610,50 @@ impl Link {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
                 Err(_) => {
                     self.shut(out);
-                    return;
+                    return true;
                 }
             }
         }
+        false
+    }
+
+    /// A peer's read: answered now, or once the queue holds less than [`SERVE_QUEUE`] bytes
+    /// (after the reads asked before it).
+    fn ask(&self, a: Asked) {
+        let mut out = self.out();
+        if out.closed {
+            return;
+        }
+        if !out.asked.is_empty() || out.bytes >= SERVE_QUEUE {
+            bump(&self.serve.stats.reads_deferred);
+        }
+        out.asked.push_back(a);
+        self.flush(&mut out);
+    }
+
+    /// Queues the answers of waiting reads while the queue is short enough; whether any was.
+    fn answer(&self, out: &mut Out) -> bool {
+        let mut any = false;
+        while out.bytes < SERVE_QUEUE
+            && !out.closed
+            && let Some(a) = out.asked.pop_front()
+        {
+            let f = self.serve.reply(a);
+            out.bytes += f.len();
+            out.frames.push_back(Frame::Owned(f));
+            any = true;
+        }
+        any
     }
 
     /// Shuts the connection down; what was queued is dropped.
     fn shut(&self, out: &mut Out) {
         out.closed = true;
         out.frames.clear();
+        out.asked.clear();
         out.head = 0;
         out.bytes = 0;
         let _ = self.stream.shutdown(Shutdown::Both);
@@ -623,6 +705,8 @@ pub struct TcpControl {
     io_waker: Arc<mio::Waker>,
     /// Vectors of large messages kept for reuse.
     spare: Arc<Spare>,
+    /// The longest read served, as the connections see it.
+    max_read: Arc<AtomicU64>,
 }
 
 /// The I/O thread runs on.
@@ -765,6 +849,22 @@ fn read_frame(s: &mut impl Read, max: usize, buf: &mut Vec<u8>) -> io::Result<bo
     Ok(true)
 }
 
+/// A socket whose reads all end by a deadline: each sets the socket's timeout to the time
+/// left, so that a peer trickling a frame byte by byte cannot stretch a start-up past it.
+struct ReadBy<'a>(&'a TcpStream, Instant);
+
+impl Read for ReadBy<'_> {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        let left = self
+            .1
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or(io::ErrorKind::TimedOut)?;
+        self.0.set_read_timeout(Some(left))?;
+        (&*self.0).read(b)
+    }
+}
+
 /// Checks a hello frame body; returns the rank it names.
 fn check_hello(b: &[u8], nonce: u64) -> Result<u32, &'static str> {
     if b.len() != HELLO_LEN || b[0] != KIND_HELLO {
@@ -794,7 +894,10 @@ impl TcpControl {
         if rank as usize >= ranks || ranks > 1 << 24 {
             return Err(ControlError::BadTable { rank, ranks });
         }
-        let deadline = Instant::now() + cfg.connect_timeout;
+        // A bound beyond any deadline an `Instant` can hold is no bound: a year then.
+        let deadline = Instant::now()
+            .checked_add(cfg.connect_timeout)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 24 * 3600));
         let left = |peer: u32| {
             deadline
                 .checked_duration_since(Instant::now())
@@ -811,11 +914,11 @@ impl TcpControl {
                     Err(_) => thread::sleep(Duration::from_millis(10)),
                 }
             };
-            s.set_read_timeout(Some(left(j as u32)?))
-                .map_err(io_err("SO_RCVTIMEO"))?;
+            left(j as u32)?;
             (&s).write_all(&hello(cfg.nonce, rank))
                 .map_err(io_err("send hello"))?;
-            let ok = read_frame(&mut &s, HELLO_LEN, &mut buf).map_err(io_err("read hello"))?;
+            let ok = read_frame(&mut ReadBy(&s, deadline), HELLO_LEN, &mut buf)
+                .map_err(io_err("read hello"))?;
             let got = if ok {
                 check_hello(&buf, cfg.nonce).map_err(|m| ControlError::BadHello(*addr, m))?
             } else {
@@ -845,12 +948,11 @@ impl TcpControl {
                 Err(e) => return Err(io_err("accept")(e)),
             };
             s.set_nonblocking(false).map_err(io_err("O_NONBLOCK"))?;
-            // A peer sends its hello right after connecting: a client silent for longer is
-            // a stray, and must not hold up the start-up.
-            s.set_read_timeout(Some(left(first_missing)?.min(HELLO_WAIT)))
-                .map_err(io_err("SO_RCVTIMEO"))?;
+            // A peer sends its hello right after connecting: a client slower than that (silent,
+            // or trickling) is a stray, and must not hold up the start-up.
+            let by = Instant::now() + left(first_missing)?.min(HELLO_WAIT);
             // A stray client is refused without failing the mesh.
-            let got = match read_frame(&mut &s, HELLO_LEN, &mut buf) {
+            let got = match read_frame(&mut ReadBy(&s, by), HELLO_LEN, &mut buf) {
                 Ok(true) => check_hello(&buf, cfg.nonce),
                 _ => Err("no hello"),
             };
@@ -882,6 +984,7 @@ impl TcpControl {
         let mut peers = Vec::with_capacity(ranks);
         let mut io_peers = Vec::with_capacity(ranks);
         let spare = Arc::new(Spare::default());
+        let max_read = Arc::new(AtomicU64::new(cfg.max_read));
         for (j, s) in streams.into_iter().enumerate() {
             let Some(s) = s else {
                 peers.push(None);
@@ -898,7 +1001,13 @@ impl TcpControl {
                     mio::Interest::READABLE | mio::Interest::WRITABLE,
                 )
                 .map_err(io_err("epoll_ctl"))?;
-            let link = Arc::new(Link::new(s, Arc::clone(&spare)));
+            let serve = Serve {
+                peer: Rank(j as u32),
+                registry: registry.clone(),
+                stats: Arc::clone(&stats),
+                max_read: Arc::clone(&max_read),
+            };
+            let link = Arc::new(Link::new(s, Arc::clone(&spare), serve));
             io_peers.push(Some(IoPeer {
                 rank: Rank(j as u32),
                 link: Arc::clone(&link),
@@ -920,7 +1029,6 @@ impl TcpControl {
             woken: false,
             io_state: Arc::clone(&io_state),
             owner: to_owner,
-            registry: registry.clone(),
             stats: Arc::clone(&stats),
             cfg,
             lander: None,
@@ -959,6 +1067,7 @@ impl TcpControl {
             io_state,
             io_waker,
             spare,
+            max_read,
         })
     }
 
@@ -1053,6 +1162,7 @@ impl TcpControl {
             cfg.max_frame = max_frame;
             cfg.max_read = max_read;
         }
+        self.max_read.store(max_read, Ordering::Relaxed);
         true
     }
 
@@ -1211,6 +1321,16 @@ impl TcpControl {
         }
     }
 
+    /// The pending read `id`, if it was asked of `from`; otherwise it stays pending and the
+    /// response counts as stray.
+    fn take_pending(&mut self, from: Rank, id: u64) -> Option<ReadRequest> {
+        if self.pending.get(&id).is_some_and(|q| q.from == from) {
+            return self.pending.remove(&id);
+        }
+        bump(&self.stats.stray_responses);
+        None
+    }
+
     fn fail_read(&mut self, id: ReadId) {
         bump(&self.stats.reads_failed);
         self.ready.push_back(ControlInput::ReadDone {
@@ -1228,9 +1348,10 @@ impl TcpControl {
                 let len = self.local.back().map_or(0, Vec::len);
                 self.ready.push_back(ControlInput::Message { from, len });
             }
-            Inbound::ReadData(id, bytes) => {
-                let Some(req) = self.pending.remove(&id) else {
-                    bump(&self.stats.stray_responses);
+            Inbound::ReadData(from, id, bytes) => {
+                // Only the peer the read was asked of answers it: any other's bytes, even
+                // of the right length, are not the ones asked for.
+                let Some(req) = self.take_pending(from, id) else {
                     return;
                 };
                 let ok = bytes.len() as u64 == req.len
@@ -1249,10 +1370,11 @@ impl TcpControl {
                     self.fail_read(req.id);
                 }
             }
-            Inbound::Refused(id) => match self.pending.remove(&id) {
-                Some(req) => self.fail_read(req.id),
-                None => bump(&self.stats.stray_responses),
-            },
+            Inbound::Refused(from, id) => {
+                if let Some(req) = self.take_pending(from, id) {
+                    self.fail_read(req.id);
+                }
+            }
             Inbound::Lost(r) => self.mark_lost(r),
             Inbound::Bye(r, mark, blamed) => {
                 // A blame naming no rank of the job names nobody.
@@ -1505,7 +1627,6 @@ struct Io {
     woken: bool,
     io_state: Arc<AtomicU8>,
     owner: Owner,
-    registry: Registry,
     stats: Arc<ControlStats>,
     cfg: ControlConfig,
     /// Where large messages land ([`TcpControl::set_lander`]), if anywhere.
@@ -1593,8 +1714,6 @@ impl Io {
         let Io {
             peers,
             owner,
-            registry,
-            stats,
             cfg,
             lander,
             ..
@@ -1750,9 +1869,6 @@ impl Io {
                     peer: p.rank,
                     link: &p.link,
                     owner,
-                    registry,
-                    stats,
-                    cfg,
                 };
                 if !served.handle(body) {
                     bad = true;
@@ -1804,9 +1920,6 @@ struct Served<'a> {
     peer: Rank,
     link: &'a Link,
     owner: &'a Owner,
-    registry: &'a Registry,
-    stats: &'a ControlStats,
-    cfg: &'a ControlConfig,
 }
 
 impl Served<'_> {
@@ -1833,12 +1946,19 @@ impl Served<'_> {
                 if body.len() != READ_REQ_LEN - 1 {
                     return false;
                 }
-                self.serve(id, OpId(op), offset, len);
+                self.link.ask(Asked {
+                    id,
+                    op: OpId(op),
+                    offset,
+                    len,
+                });
                 true
             }
             KIND_READ_RESP => match u64_at(body, 0) {
                 Some(id) => {
-                    let _ = self.owner.send(Inbound::ReadData(id, body[8..].to_vec()));
+                    let _ = self
+                        .owner
+                        .send(Inbound::ReadData(self.peer, id, body[8..].to_vec()));
                     true
                 }
                 None => false,
@@ -1857,7 +1977,7 @@ impl Served<'_> {
             },
             KIND_READ_REFUSED => match u64_at(body, 0) {
                 Some(id) if body.len() == 8 => {
-                    let _ = self.owner.send(Inbound::Refused(id));
+                    let _ = self.owner.send(Inbound::Refused(self.peer, id));
                     true
                 }
                 _ => false,
@@ -1865,31 +1985,37 @@ impl Served<'_> {
             _ => false,
         }
     }
+}
 
-    /// Serves a peer's read from the registered buffer, or refuses it. The response is
-    /// queued like any frame: written now as far as the socket takes it, the rest when it
-    /// takes more.
-    fn serve(&self, id: u64, op: OpId, offset: u64, len: u64) {
-        let mut f = Vec::new();
-        let served = len <= self.cfg.max_read
-            && match self.registry.get(op) {
-                Some(b) => {
-                    f = frame(KIND_READ_RESP, 8 + len as usize);
-                    f.extend_from_slice(&id.to_be_bytes());
-                    b.read_at(offset, len, &mut f)
-                }
-                None => false,
-            };
-        if served {
-            bump(&self.stats.reads_served);
-            self.stats.bytes_served.fetch_add(len, Ordering::Relaxed);
-        } else {
-            bump(&self.stats.reads_refused);
-            tracing::debug!(peer = self.peer.0, op = op.0, offset, len, "read refused");
-            f = frame(KIND_READ_REFUSED, 8);
+impl Serve {
+    /// The answer to a peer's read: the bytes from the registered buffer, or a refusal (an
+    /// unknown operation, a range outside its buffer, longer than `max_read`). Nothing is
+    /// allocated for a read that is refused.
+    fn reply(&self, a: Asked) -> Vec<u8> {
+        let Asked {
+            id,
+            op,
+            offset,
+            len,
+        } = a;
+        let buf = self.registry.get(op).filter(|b| {
+            len <= self.max_read.load(Ordering::Relaxed) && range(offset, len, b.len()).is_some()
+        });
+        if let Some(b) = buf {
+            let mut f = frame(KIND_READ_RESP, 8 + len as usize);
             f.extend_from_slice(&id.to_be_bytes());
+            // The buffer's length does not change while registered; checked again anyway.
+            if b.read_at(offset, len, &mut f) {
+                bump(&self.stats.reads_served);
+                self.stats.bytes_served.fetch_add(len, Ordering::Relaxed);
+                return f;
+            }
         }
-        self.link.send(Frame::Owned(f));
+        bump(&self.stats.reads_refused);
+        tracing::debug!(peer = self.peer.0, op = op.0, offset, len, "read refused");
+        let mut f = frame(KIND_READ_REFUSED, 8);
+        f.extend_from_slice(&id.to_be_bytes());
+        f
     }
 }
 
@@ -2587,7 +2713,7 @@ mod tests {
         let writer = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
         let (mut reader, _) = l.accept().expect("accept");
         writer.set_nonblocking(true).expect("nonblocking");
-        let link = Link::new(writer, Arc::default());
+        let link = Link::new(writer, Arc::default(), Serve::default());
         let first: Vec<u8> = (0..16 << 20).map(|j: usize| (j / 1021) as u8).collect();
         assert!(link.send(Frame::Owned(first.clone())));
         let queued = link.queued();
@@ -2897,5 +3023,190 @@ mod tests {
             thread::sleep(Duration::from_millis(1));
         }
         assert_eq!(c.stats().malformed.load(Ordering::Relaxed), 1);
+    }
+
+    /// A read answered (or refused) by a rank it was not asked of is not taken: the bytes
+    /// stay out of the buffer, the read stays pending, and the answer of the rank asked
+    /// completes it.
+    #[test]
+    fn a_read_is_answered_only_by_the_rank_it_was_asked_of() {
+        // Rank 2 does its own I/O and is not polled: it answers only when the test says.
+        let mut m = mesh_io(3, 97, |r| r == 2);
+        let mut buf = Vec::new();
+        let dst = OpBuffer::zeroed(16);
+        m[0].registry().register(OpId(5), dst.clone());
+        m[2].registry()
+            .register(OpId(5), OpBuffer::from_vec(vec![0xAA; 16]));
+        m[0].read(&req(7, 2, 5, 0, 16));
+        // Rank 1 answers first, with the right length, then refuses it.
+        let mut forged = frame(KIND_READ_RESP, 8 + 16);
+        forged.extend_from_slice(&7u64.to_be_bytes());
+        forged.extend_from_slice(&[0xEE; 16]);
+        let mut refusal = frame(KIND_READ_REFUSED, 8);
+        refusal.extend_from_slice(&7u64.to_be_bytes());
+        assert!(m[1].queue(Rank(0), Frame::Owned(forged)));
+        assert!(m[1].queue(Rank(0), Frame::Owned(refusal)));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while m[0].stats().stray_responses.load(Ordering::Relaxed) < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the forged answers did not arrive"
+            );
+            assert_eq!(
+                m[0].poll_control(&mut buf),
+                None,
+                "a forged answer was taken"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(dst.to_vec(), vec![0; 16]);
+        // Rank 2 answers: the read completes with its bytes.
+        let got = loop {
+            m[2].poll_io(Duration::from_millis(1));
+            if let Some(i) = m[0].poll_control(&mut buf) {
+                break i;
+            }
+            assert!(Instant::now() < deadline, "rank 2's answer did not arrive");
+        };
+        assert_eq!(
+            got,
+            ControlInput::ReadDone {
+                id: ReadId(7),
+                result: Ok(())
+            }
+        );
+        assert_eq!(dst.to_vec(), vec![0xAA; 16]);
+        assert_eq!(m[0].stats().reads_failed.load(Ordering::Relaxed), 0);
+    }
+
+    /// A peer that asks for far more than it reads costs its connection a bounded queue:
+    /// answers beyond [`SERVE_QUEUE`] wait as requests, and all of them arrive, in order and
+    /// whole, once it reads. A read longer than any buffer is refused without allocating
+    /// for it.
+    #[test]
+    fn reads_asked_faster_than_read_wait_as_requests() {
+        const LEN: usize = 4 << 20;
+        const READS: u64 = 24;
+        // Rank 1 does its own I/O and reads nothing until polled.
+        let mut m = mesh_io(2, 98, |r| r == 1);
+        let src: Vec<u8> = (0..LEN).map(|j| (j % 253) as u8).collect();
+        m[0].registry()
+            .register(OpId(3), OpBuffer::from_vec(src.clone()));
+        let dsts: Vec<OpBuffer> = (0..READS).map(|_| OpBuffer::zeroed(LEN)).collect();
+        for (i, d) in (0..READS).zip(&dsts) {
+            m[1].registry().register(OpId(100 + i), d.clone());
+        }
+        // Rank 1 asks for 96 MiB; as the request frames are small, each op's read names op
+        // 3 at rank 0 but lands in its own buffer: rank 1's requests are sent by hand.
+        for i in 0..READS {
+            let mut f = frame(KIND_READ_REQ, READ_REQ_LEN - 1);
+            for v in [i, 3, 0, LEN as u64] {
+                f.extend_from_slice(&v.to_be_bytes());
+            }
+            assert!(m[1].queue(Rank(0), Frame::Owned(f)));
+            m[1].pending.insert(i, req(i, 0, 100 + i, 0, LEN as u64));
+        }
+        // Until rank 0 has taken every request and holds answers back, rank 1 stays unread.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while m[0].stats().reads_deferred.load(Ordering::Relaxed) == 0 {
+            assert!(Instant::now() < deadline, "no read waited");
+            thread::sleep(Duration::from_millis(5));
+        }
+        thread::sleep(Duration::from_millis(100));
+        let queued = m[0].queued(Rank(1));
+        assert!(
+            queued <= SERVE_QUEUE + LEN + 64,
+            "{queued} bytes queued for a peer that reads nothing"
+        );
+        let mut buf = Vec::new();
+        let mut done = 0;
+        while done < READS {
+            m[1].poll_io(Duration::from_millis(1));
+            while let Some(i) = m[1].poll_control(&mut buf) {
+                assert!(
+                    matches!(i, ControlInput::ReadDone { result: Ok(()), .. }),
+                    "{i:?}"
+                );
+                done += 1;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{done} of {READS} reads answered"
+            );
+        }
+        assert!(dsts.iter().all(|d| d.to_vec() == src), "wrong bytes");
+        // Far longer than any buffer, with no limit on reads: refused, and nothing reserved
+        // for it (2^60 bytes cannot be).
+        m[0].max_read.store(u64::MAX, Ordering::Relaxed);
+        let mut f = frame(KIND_READ_REQ, READ_REQ_LEN - 1);
+        for v in [99u64, 3, 0, 1 << 60] {
+            f.extend_from_slice(&v.to_be_bytes());
+        }
+        assert!(m[1].queue(Rank(0), Frame::Owned(f)));
+        m[1].pending.insert(99, req(99, 0, 100, 0, 1 << 60));
+        let got = loop {
+            m[1].poll_io(Duration::from_millis(1));
+            if let Some(i) = m[1].poll_control(&mut buf) {
+                break i;
+            }
+            assert!(Instant::now() < deadline, "no refusal");
+        };
+        assert_eq!(
+            got,
+            ControlInput::ReadDone {
+                id: ReadId(99),
+                result: Err(ReadError)
+            }
+        );
+    }
+
+    /// A stray client that trickles its hello a byte at a time is dropped after
+    /// [`HELLO_WAIT`] in all, not [`HELLO_WAIT`] per byte: the peer behind it still connects
+    /// within the start-up's bound.
+    #[test]
+    fn a_trickling_stray_does_not_hold_up_the_start_up() {
+        let listeners: Vec<TcpListener> = (0..2)
+            .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
+            .collect();
+        let table: Vec<SocketAddr> = listeners
+            .iter()
+            .map(|l| l.local_addr().expect("addr"))
+            .collect();
+        // 21 bytes at one a second: 21 s, where the start-up has 8.
+        let stray_to = table[0];
+        let stray = thread::spawn(move || {
+            let mut s = TcpStream::connect(stray_to).expect("stray connects");
+            for b in hello(1, 1) {
+                if s.write_all(&[b]).is_err() {
+                    return;
+                }
+                thread::sleep(Duration::from_secs(1));
+            }
+        });
+        thread::sleep(Duration::from_millis(100));
+        let cfg = ControlConfig {
+            connect_timeout: Duration::from_secs(8),
+            ..ControlConfig::new(96)
+        };
+        let handles: Vec<_> = listeners
+            .into_iter()
+            .enumerate()
+            .map(|(r, l)| {
+                let table = table.clone();
+                thread::spawn(move || {
+                    if r == 1 {
+                        // Behind the stray in rank 0's accept queue.
+                        thread::sleep(Duration::from_millis(200));
+                    }
+                    TcpControl::connect(r as u32, &table, l, Registry::default(), cfg)
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join()
+                .expect("join")
+                .expect("connected despite the stray");
+        }
+        stray.join().expect("stray");
     }
 }
