@@ -4,6 +4,12 @@ use crate::wire::ImmLayout;
 use core::fmt;
 use core::time::Duration;
 
+/// The longest `peer_timeout`, `cutoff_alpha` or `cutoff_extension` a [`Config`] takes (a
+/// week): sums and multiples of them then never overflow a `Duration` or an [`Instant`].
+///
+/// [`Instant`]: crate::Instant
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// A rank: a process's index in the communicator, `0..ranks`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Rank(pub u32);
@@ -120,11 +126,17 @@ impl Config {
         if self.link_bandwidth == 0 {
             return Err(ConfigError::Bandwidth);
         }
-        if self.peer_timeout.is_zero() {
+        if self.peer_timeout.is_zero() || self.peer_timeout > MAX_TIMEOUT {
             return Err(ConfigError::PeerTimeout);
         }
-        if self.cutoff_extension.is_some_and(|d| d.is_zero()) {
+        if self
+            .cutoff_extension
+            .is_some_and(|d| d.is_zero() || d > MAX_TIMEOUT)
+        {
             return Err(ConfigError::CutoffExtension);
+        }
+        if self.cutoff_alpha > MAX_TIMEOUT {
+            return Err(ConfigError::CutoffAlpha);
         }
         if self.send_window == 0 {
             return Err(ConfigError::SendWindow);
@@ -165,12 +177,14 @@ pub enum ConfigError {
     Lanes,
     /// `link_bandwidth` is zero.
     Bandwidth,
-    /// `peer_timeout` is zero.
+    /// `peer_timeout` is zero or longer than [`MAX_TIMEOUT`].
     PeerTimeout,
     /// `send_window` is zero.
     SendWindow,
-    /// `cutoff_extension` is `Some(0)`.
+    /// `cutoff_extension` is `Some(0)` or longer than [`MAX_TIMEOUT`].
     CutoffExtension,
+    /// `cutoff_alpha` is longer than [`MAX_TIMEOUT`].
+    CutoffAlpha,
     /// `chains` is zero.
     Chains,
     /// `max_inflight_ops` is zero or needs more than a quarter of the op tag space.
@@ -189,9 +203,12 @@ impl fmt::Display for ConfigError {
             ConfigError::ChunkSize => "chunk_size must be positive",
             ConfigError::Lanes => "lanes must be positive",
             ConfigError::Bandwidth => "link_bandwidth must be positive",
-            ConfigError::PeerTimeout => "peer_timeout must be positive",
+            ConfigError::PeerTimeout => "peer_timeout must be positive and at most a week",
             ConfigError::SendWindow => "send_window must be positive",
-            ConfigError::CutoffExtension => "cutoff_extension must be positive when set",
+            ConfigError::CutoffExtension => {
+                "cutoff_extension must be positive and at most a week when set"
+            }
+            ConfigError::CutoffAlpha => "cutoff_alpha must be at most a week",
             ConfigError::Chains => "chains must be positive",
             ConfigError::InflightOps => {
                 "max_inflight_ops must be positive and at most a quarter of the op tags"
@@ -206,3 +223,35 @@ impl fmt::Display for ConfigError {
 }
 
 impl core::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Timeouts beyond [`MAX_TIMEOUT`] are refused (their sums would overflow later, in the
+    /// middle of an operation); up to it they are taken.
+    #[test]
+    fn timeouts_are_bounded() {
+        let ok = Config::new(0, 2);
+        assert_eq!(ok.validate(), Ok(()));
+        let with = |f: &dyn Fn(&mut Config)| {
+            let mut c = Config::new(0, 2);
+            f(&mut c);
+            c.validate()
+        };
+        assert_eq!(with(&|c| c.peer_timeout = MAX_TIMEOUT), Ok(()));
+        assert_eq!(with(&|c| c.cutoff_alpha = MAX_TIMEOUT), Ok(()));
+        assert_eq!(
+            with(&|c| c.peer_timeout = Duration::MAX),
+            Err(ConfigError::PeerTimeout)
+        );
+        assert_eq!(
+            with(&|c| c.cutoff_alpha = MAX_TIMEOUT + Duration::from_nanos(1)),
+            Err(ConfigError::CutoffAlpha)
+        );
+        assert_eq!(
+            with(&|c| c.cutoff_extension = Some(Duration::MAX)),
+            Err(ConfigError::CutoffExtension)
+        );
+    }
+}

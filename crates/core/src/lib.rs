@@ -85,7 +85,7 @@ mod time;
 mod timer;
 pub mod wire;
 
-pub use config::{Config, ConfigError, Limits, Rank};
+pub use config::{Config, ConfigError, Limits, MAX_TIMEOUT, Rank};
 pub use event::{
     DropReason, Event, OpError, OpId, Placement, ReadError, ReadId, StartError, Stats, Transmit,
 };

@@ -336,6 +336,11 @@ fn bad_settings_name_the_variable() {
             "RINGCAST_BOOTSTRAP_TIMEOUT",
         ),
         (
+            // Longer than any deadline an `Instant` holds.
+            with(TORCHRUN, &[("RINGCAST_BOOTSTRAP_TIMEOUT", "1e19")]),
+            "RINGCAST_BOOTSTRAP_TIMEOUT",
+        ),
+        (
             with(OPEN_MPI, &[("OMPI_COMM_WORLD_SIZE", "")]),
             "OMPI_COMM_WORLD_SIZE",
         ),
@@ -581,6 +586,95 @@ fn a_stray_client_does_not_break_the_rendezvous() {
             .serve(listener, b"r")
             .expect("met");
         assert_eq!(member.join().expect("no panic").expect("met"), table);
+    });
+}
+
+/// Writes `bytes` to `s` one a second until done or `stop` (the reader gave up): whether it
+/// wrote them all.
+fn trickle(mut s: std::net::TcpStream, bytes: &[u8], stop: &std::sync::atomic::AtomicBool) -> bool {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    for b in bytes {
+        if stop.load(Ordering::Relaxed) || s.write_all(&[*b]).is_err() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    true
+}
+
+/// A client that trickles a hello a byte a second (a minute's worth) does not keep rank 0
+/// past its deadline, nor does a flood of silent connections, and the timeout's message
+/// stays short however many it refused.
+#[test]
+fn trickling_and_flooding_clients_do_not_keep_rank_0_past_its_deadline() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let trickler = s.spawn(|| {
+            let c = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect");
+            trickle(c, &[b'R'; 60], &stop)
+        });
+        let flood = s.spawn(|| {
+            let mut held = Vec::new();
+            for _ in 0..3000 {
+                if stop.load(Ordering::Relaxed) {
+                    return false;
+                }
+                if let Ok(c) = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)) {
+                    held.push(c);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            true
+        });
+        let mut root = Rendezvous::new(0, 2, addr(port));
+        root.timeout = Duration::from_secs(2);
+        let e = root.serve(listener, b"r").expect_err("nobody joins");
+        stop.store(true, Ordering::Relaxed);
+        assert!(
+            !trickler.join().expect("no panic"),
+            "rank 0 waited for the whole trickle"
+        );
+        assert!(
+            !flood.join().expect("no panic"),
+            "rank 0 waited for the whole flood"
+        );
+        assert!(matches!(e, RendezvousError::Timeout { .. }), "{e}");
+        let text = e.to_string();
+        assert!(text.len() < 4096, "{} bytes: {text}", text.len());
+    });
+}
+
+/// A joining rank whose rank 0 trickles the table a byte a second gives up at its deadline.
+#[test]
+fn a_trickled_reply_does_not_keep_a_rank_past_its_deadline() {
+    use std::io::Read;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let fake = s.spawn(|| {
+            let (mut c, _) = listener.accept().expect("accept");
+            let mut hello = [0u8; 64];
+            let _ = c.read(&mut hello);
+            // "RCBS", version 1, status table, then a minute of the rest.
+            let mut reply = b"RCBS\x00\x01\x00".to_vec();
+            reply.resize(60, 0);
+            trickle(c, &reply, &stop)
+        });
+        let mut member = Rendezvous::new(1, 2, addr(port));
+        member.timeout = Duration::from_secs(1);
+        let e = member.run(b"m").expect_err("no table in time");
+        stop.store(true, Ordering::Relaxed);
+        assert!(
+            !fake.join().expect("no panic"),
+            "the rank waited for the whole trickle"
+        );
+        assert!(matches!(e, RendezvousError::NoReply { .. }), "{e}");
     });
 }
 

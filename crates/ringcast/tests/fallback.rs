@@ -413,6 +413,21 @@ fn the_fallback_setting_must_match() {
     assert!("udp".parse::<Fallback>().is_err());
 }
 
+/// Ranks whose chunk sizes differ (set so, or hosts of different MTUs) are refused at
+/// start-up: a chunk's index says where its bytes go only for one size.
+#[test]
+fn the_chunk_size_must_match() {
+    world(
+        7,
+        |r, b, _| b.chunk_size(if r == 1 { 1024 } else { 2048 }),
+        |r, comm| match comm {
+            Err(BuildError::StartupCheck(m)) if m.contains("RINGCAST_CHUNK_SIZE") => Ok(()),
+            Err(other) => Err(format!("rank {r}: {other}")),
+            Ok(_) => Err(format!("rank {r}: built with mismatched chunk sizes")),
+        },
+    );
+}
+
 /// The random mix of `comm.rs` after a failed start-up check: everything over TCP.
 #[test]
 fn a_random_mix_over_the_fallback_delivers_every_byte() {

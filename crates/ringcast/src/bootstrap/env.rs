@@ -219,6 +219,7 @@ impl JobEnv {
                 .ok()
                 .filter(|s| *s > 0.0)
                 .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .filter(|d| *d <= ringcast_core::MAX_TIMEOUT)
                 .ok_or(EnvError::BadTimeout(v))?,
         };
         Ok(JobEnv {

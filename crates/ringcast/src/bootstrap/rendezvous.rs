@@ -251,6 +251,11 @@ impl Rendezvous {
         })
     }
 
+    /// When a rendezvous started at `started` gives up: `timeout` later, or a week at most.
+    pub(super) fn deadline(&self, started: Instant) -> Instant {
+        started + self.timeout.min(ringcast_core::MAX_TIMEOUT)
+    }
+
     /// Runs this rank's side: rank 0 listens on the address's port (all local addresses) and
     /// serves; the others join.
     pub fn run(&self, control: &[u8]) -> Result<PeerTable, RendezvousError> {
@@ -286,9 +291,9 @@ impl Rendezvous {
     pub fn join(&self, control: &[u8]) -> Result<PeerTable, RendezvousError> {
         check_control(control)?;
         let started = Instant::now();
-        let deadline = started + self.timeout;
+        let deadline = self.deadline(started);
         let addr = self.addr.to_string();
-        let mut stream = self.connect(&addr, started, deadline)?;
+        let stream = self.connect(&addr, started, deadline)?;
         let io_err = |source| RendezvousError::Io {
             addr: addr.clone(),
             source,
@@ -302,10 +307,11 @@ impl Rendezvous {
             job_key: self.job_key,
             control: control.to_vec(),
         };
-        wire::send(&mut stream, &hello.encode()).map_err(io_err)?;
-        let wait = deadline.saturating_duration_since(Instant::now()) + REPLY_GRACE;
-        stream.set_read_timeout(Some(wait)).map_err(io_err)?;
-        match Reply::read(&mut stream, self.world_size) {
+        // The hello out and the whole reply in by the deadline (and a grace for rank 0's
+        // last turn), however slowly either side's bytes move.
+        let by = deadline.max(Instant::now()) + REPLY_GRACE;
+        wire::send(&mut wire::By(&stream, by), &hello.encode()).map_err(io_err)?;
+        match Reply::read(&mut wire::By(&stream, by), self.world_size) {
             Ok(Reply::Table { nonce, entries }) => {
                 tracing::debug!(rank = self.rank, %addr, nonce, "rendezvous: joined");
                 Ok(table(nonce, entries))

@@ -2,13 +2,16 @@
 //! passes), check each hello, then send everyone the table.
 
 use super::rendezvous::{PeerTable, Rendezvous, RendezvousError, job_nonce, table};
-use super::wire::{self, Hello, Reply, WireError};
+use super::wire::{self, By, Hello, Reply, WireError};
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-/// How long rank 0 waits for one connection's hello before dropping it.
+/// How long rank 0 waits for one connection's hello before dropping it, and gives a joined
+/// rank to take the table (or a refusal).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Refused connections a timeout's message lists (a flood of strays makes it no longer).
+const REJECTED_KEPT: usize = 16;
 /// How often rank 0 polls its listener.
 const ACCEPT_POLL: Duration = Duration::from_millis(5);
 
@@ -29,6 +32,8 @@ pub(super) struct Server<'a> {
     deadline: Instant,
     joined: Vec<Option<Joined>>,
     rejected: Vec<String>,
+    /// Connections refused, those not in `rejected` included.
+    rejects: usize,
 }
 
 impl<'a> Server<'a> {
@@ -46,15 +51,20 @@ impl<'a> Server<'a> {
             listener,
             addr,
             started,
-            deadline: started + cfg.timeout,
+            deadline: cfg.deadline(started),
             joined: (0..cfg.world_size).map(|_| None).collect(),
             rejected: Vec::new(),
+            rejects: 0,
         })
     }
 
     pub(super) fn run(mut self, control: &[u8]) -> Result<PeerTable, RendezvousError> {
         let mut waiting = self.cfg.world_size.saturating_sub(1);
         while waiting > 0 {
+            // Every turn: connections that keep coming must not keep rank 0 past it.
+            if Instant::now() >= self.deadline {
+                return Err(self.fail(self.timeout_error()));
+            }
             match self.listener.accept() {
                 Ok((stream, peer)) => {
                     if self.admit(stream, peer)? {
@@ -62,9 +72,6 @@ impl<'a> Server<'a> {
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    if Instant::now() >= self.deadline {
-                        return Err(self.fail(self.timeout_error()));
-                    }
                     std::thread::sleep(ACCEPT_POLL);
                 }
                 Err(e)
@@ -101,8 +108,11 @@ impl<'a> Server<'a> {
             entries: entries.clone(),
         }
         .encode();
-        for (peer, mut stream) in streams {
-            if let Err(e) = wire::send(&mut stream, &reply) {
+        // Each rank gets its own time to take it: one that does not read costs the others
+        // that much, not a rank 0 blocked for good.
+        for (peer, stream) in streams {
+            let by = Instant::now() + HELLO_TIMEOUT;
+            if let Err(e) = wire::send(&mut By(&stream, by), &reply) {
                 tracing::warn!(%peer, error = %e, "rendezvous: a rank left before getting the table");
             }
         }
@@ -112,18 +122,17 @@ impl<'a> Server<'a> {
 
     /// Reads one connection's hello; `Ok(true)` when it is a new rank of this job.
     fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr) -> Result<bool, RendezvousError> {
+        // The whole hello within this, however it trickles in.
         let left = self.deadline.saturating_duration_since(Instant::now());
+        let by = Instant::now() + left.clamp(Duration::from_millis(100), HELLO_TIMEOUT);
         let setup = stream
             .set_nonblocking(false)
-            .and_then(|()| {
-                stream.set_read_timeout(Some(left.clamp(Duration::from_millis(100), HELLO_TIMEOUT)))
-            })
             .and_then(|()| stream.set_nodelay(true));
         if let Err(e) = setup {
             tracing::debug!(%peer, error = %e, "rendezvous: dropping a connection");
             return Ok(false);
         }
-        let hello = match Hello::read(&mut stream) {
+        let hello = match Hello::read(&mut By(&stream, by)) {
             Ok(h) => h,
             Err(e) => {
                 if let WireError::Version(_) = e {
@@ -133,7 +142,7 @@ impl<'a> Server<'a> {
                     );
                 }
                 tracing::debug!(%peer, error = %e, "rendezvous: dropping a connection");
-                self.rejected.push(format!("{peer} ({e})"));
+                self.reject(format!("{peer} ({e})"));
                 return Ok(false);
             }
         };
@@ -148,7 +157,7 @@ impl<'a> Server<'a> {
                 &format!("{why}; give each job its own RINGCAST_BOOTSTRAP port"),
             );
             tracing::warn!("rendezvous: {why}");
-            self.rejected.push(why);
+            self.reject(why);
             return Ok(false);
         }
         if hello.world_size != self.cfg.world_size || hello.rank >= self.cfg.world_size {
@@ -190,7 +199,20 @@ impl<'a> Server<'a> {
         Ok(true)
     }
 
+    /// Keeps why a connection was refused, for the timeout's message: the first
+    /// [`REJECTED_KEPT`], then only how many more.
+    fn reject(&mut self, why: String) {
+        self.rejects += 1;
+        if self.rejected.len() < REJECTED_KEPT {
+            self.rejected.push(why);
+        }
+    }
+
     fn timeout_error(&self) -> RendezvousError {
+        let mut rejected = self.rejected.clone();
+        if self.rejects > rejected.len() {
+            rejected.push(format!("{} more", self.rejects - rejected.len()));
+        }
         let missing = (0u32..)
             .zip(&self.joined)
             .filter(|(r, j)| j.is_none() && *r != self.cfg.rank)
@@ -201,7 +223,7 @@ impl<'a> Server<'a> {
             waited: self.started.elapsed(),
             missing,
             origin: self.cfg.addr.origin,
-            rejected: self.rejected.clone(),
+            rejected,
         }
     }
 
@@ -216,9 +238,13 @@ impl<'a> Server<'a> {
     }
 }
 
-/// Best effort: the peer may already be gone.
+/// Best effort, within a second: the peer may already be gone, or not read.
 fn refuse(stream: &mut TcpStream, text: &str) {
-    if let Err(e) = wire::send(stream, &Reply::Refused(text.to_owned()).encode()) {
+    let by = Instant::now() + Duration::from_secs(1);
+    if let Err(e) = wire::send(
+        &mut By(stream, by),
+        &Reply::Refused(text.to_owned()).encode(),
+    ) {
         tracing::debug!(error = %e, "rendezvous: could not deliver a refusal");
     }
 }

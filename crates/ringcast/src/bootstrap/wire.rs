@@ -10,6 +10,8 @@
 //! `local_rank` `0xFFFF_FFFF` means unknown.
 
 use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::Instant;
 
 /// First bytes of every message.
 pub(super) const MAGIC: [u8; 4] = *b"RCBS";
@@ -213,6 +215,38 @@ fn bytes(r: &mut impl Read, what: &'static str, max: usize) -> Result<Vec<u8>, W
     let mut out = vec![0u8; len];
     r.read_exact(&mut out)?;
     Ok(out)
+}
+
+/// A connection whose reads and writes all end by a deadline: each sets the socket's timeout
+/// to the time left (`TimedOut` once none is), so that a peer that trickles a message byte by
+/// byte, or reads one that way, cannot stretch a rendezvous past it.
+pub(super) struct By<'a>(pub(super) &'a TcpStream, pub(super) Instant);
+
+impl By<'_> {
+    fn left(&self) -> io::Result<std::time::Duration> {
+        self.1
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::TimedOut))
+    }
+}
+
+impl Read for By<'_> {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        self.0.set_read_timeout(Some(self.left()?))?;
+        (&*self.0).read(b)
+    }
+}
+
+impl Write for By<'_> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0.set_write_timeout(Some(self.left()?))?;
+        (&*self.0).write(b)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        (&*self.0).flush()
+    }
 }
 
 /// Writes a whole message.

@@ -6,7 +6,7 @@ use std::thread;
 use std::time::Duration;
 
 use ringcast_core::port::Port;
-use ringcast_core::{Config, Node};
+use ringcast_core::{Config, MAX_TIMEOUT, Node};
 use ringcast_transport_rocev2_udp::addr::{AddrConfig, JobAddrs, McastPrefix, ROCEV2_PORT};
 use ringcast_transport_rocev2_udp::{
     ControlConfig, Registry, SocketConfig, TcpControl, UdpPort, UdpPortConfig,
@@ -16,7 +16,7 @@ use super::Communicator;
 use super::engine::{Engine, PostTx};
 use super::error::BuildError;
 use super::fallback::{self, FallbackConfig, FallbackReason, TransportMode};
-use super::probe::{self, ProbeSetup};
+use super::probe::{self, PROBE_LEN, ProbeSetup};
 use super::track::{TrackedControl, TrackedTx};
 use crate::bootstrap::{
     BootstrapError, JobEnv, PeerTable, Rendezvous, RendezvousAddr, select_interface,
@@ -31,6 +31,8 @@ use crate::bootstrap::{
 const STALL: Duration = Duration::from_millis(10);
 /// Posts that may wait for the engine before `post` blocks.
 const POST_QUEUE: usize = 64;
+/// The smallest chunk size taken: a start-up check's datagram must fit in one chunk.
+const MIN_CHUNK: u32 = PROBE_LEN as u32;
 
 /// What to do when multicast does not work.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,6 +74,8 @@ enum Peers {
     Rendezvous { addr: RendezvousAddr, job_key: u64 },
     /// Read from the launcher's environment.
     Env(Box<JobEnv>),
+    /// [`CommBuilder::rendezvous`] was given this, which is no `host:port`.
+    BadRendezvous(String),
 }
 
 /// Builds a [`Communicator`]: every setting explicit, or [`CommBuilder::from_env`].
@@ -248,10 +252,16 @@ impl CommBuilder {
     }
 
     /// Meet the other ranks at `host:port` (rank 0 listens there; like `RINGCAST_BOOTSTRAP`).
+    /// Anything else (no port, port 0, not a number) fails [`build`](Self::build) with
+    /// [`BuildError::Invalid`].
     pub fn rendezvous(mut self, host_port: &str) -> Self {
-        let (host, port) = match host_port.rsplit_once(':') {
-            Some((h, p)) => (h.trim_matches(['[', ']']), p.parse().unwrap_or(0)),
-            None => (host_port, 0),
+        let parsed = host_port
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse::<u16>().ok()?)))
+            .filter(|&(h, p)| !h.is_empty() && p != 0);
+        let Some((host, port)) = parsed else {
+            self.peers = Some(Peers::BadRendezvous(host_port.to_owned()));
+            return self;
         };
         self.peers = Some(Peers::Rendezvous {
             addr: RendezvousAddr {
@@ -324,10 +334,10 @@ impl CommBuilder {
     /// A multicast operation pays a round of control messages before its data (the barrier
     /// that makes sure every receiver is ready) and one after (the FIN ring): for a few
     /// kilobytes that is most of its time. Over TCP a short Broadcast goes down a binomial
-    /// tree from its root and a short Allgather down one tree per block (`ceil(log2 P)` hops),
-    /// with no barrier. A second TCP mesh carries them (as with [`Fallback::Tcp`]), so the
-    /// engine's control messages never wait behind them. Every rank must use the same value:
-    /// the start-up check compares them.
+    /// tree from its root and a short Allgather runs Bruck's `ceil(log2 P)` rounds (one
+    /// message per rank per round), with no barrier. A second TCP mesh carries them (as with
+    /// [`Fallback::Tcp`]), so the engine's control messages never wait behind them. Every
+    /// rank must use the same value: the start-up check compares them.
     pub fn tcp_threshold(mut self, bytes: u64) -> Self {
         self.tcp_threshold = bytes;
         self
@@ -378,6 +388,28 @@ impl CommBuilder {
     /// Connects to the other ranks (every rank calls it at about the same time) and starts
     /// the engine.
     pub fn build(self) -> Result<Communicator, BuildError> {
+        // Every wait is bounded, so that its deadline can be computed (a week at most).
+        for (d, setting) in [
+            (self.peer_timeout, "peer timeout (RINGCAST_PEER_TIMEOUT)"),
+            (self.connect_timeout, "CommBuilder::connect_timeout"),
+            (self.probe_window, "start-up check (RINGCAST_PROBE_WINDOW)"),
+            (self.cutoff_alpha, "CommBuilder::cutoff_alpha"),
+        ] {
+            if d > MAX_TIMEOUT {
+                return Err(BuildError::Invalid {
+                    setting: setting.into(),
+                    why: format!("{d:?} is longer than the {MAX_TIMEOUT:?} any wait may take"),
+                });
+            }
+        }
+        if let Some(c) = self.chunk_size
+            && c < MIN_CHUNK
+        {
+            return Err(BuildError::Invalid {
+                setting: "chunk size (RINGCAST_CHUNK_SIZE)".into(),
+                why: format!("{c} bytes is below {MIN_CHUNK}, the start-up check's datagram"),
+            });
+        }
         if self.loss_threshold.is_nan() || self.loss_threshold < 0.0 {
             return Err(BuildError::Invalid {
                 setting: "fallback loss threshold (RINGCAST_FALLBACK_LOSS)".into(),
@@ -440,6 +472,12 @@ impl CommBuilder {
                 let table = r.run(blob.as_bytes())?;
                 let (control, nonce) = parse_table(&table)?;
                 (control, nonce, listener, iface)
+            }
+            Peers::BadRendezvous(given) => {
+                return Err(BuildError::Invalid {
+                    setting: "CommBuilder::rendezvous".into(),
+                    why: format!("{given:?} is not host:port (with a port from 1 to 65535)"),
+                });
             }
             Peers::Env(job) => {
                 let iface = match self.interface {
@@ -538,6 +576,7 @@ impl CommBuilder {
             report_wait: self.peer_timeout.max(Duration::from_secs(2)),
             fallback_tcp: tcp_fallback,
             tcp_threshold: self.tcp_threshold,
+            chunk_size: chunk,
             extra: fb_extra,
         };
         let ex = match probe::run(&setup, &mut rx, &mut tx, &mut control) {

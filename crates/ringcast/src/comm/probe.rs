@@ -38,9 +38,10 @@
 //!
 //! ## Reports on the control mesh
 //! A control message whose first byte is [`REPORT_KIND`] (`0xF0`; the core's kinds are small
-//! integers, 1 to 9 today, so the core would reject one as malformed): `kind, version, flags, 0, rank u32, ranks u32,
-//! tcp_threshold u64, lanes u16, port u16, interface [4], groups [4] x lanes, heard bitmap (lane-major,
-//! ceil(lanes x ranks / 8) bytes), extra_len u16, extra`.
+//! integers, 1 to 9 today, so the core would reject one as malformed): `kind, version, flags,
+//! 0, rank u32, ranks u32, tcp_threshold u64, chunk_size u32, lanes u16, port u16, interface
+//! [4], groups [4] x lanes, heard bitmap (lane-major, ceil(lanes x ranks / 8) bytes),
+//! extra_len u16, extra`.
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -58,13 +59,13 @@ use super::error::BuildError;
 pub(crate) const PROBE_IMM: u32 = u32::MAX;
 /// Probe payload: magic, rank, lane, round.
 const PROBE_MAGIC: [u8; 8] = *b"RCPROBE1";
-const PROBE_LEN: usize = 16;
+pub(crate) const PROBE_LEN: usize = 16;
 /// Registry ids of the probe's send and receive scratch buffers (no operation gets near them).
 const PROBE_TX_OP: OpId = OpId(u64::MAX);
 const PROBE_RX_OP: OpId = OpId(u64::MAX - 1);
 /// First byte of a report on the control mesh.
 pub(crate) const REPORT_KIND: u8 = 0xF0;
-const REPORT_VERSION: u8 = 2;
+const REPORT_VERSION: u8 = 3;
 const FLAG_CHECKED: u8 = 1;
 const FLAG_FALLBACK_TCP: u8 = 2;
 /// How often a rank multicasts its probes.
@@ -88,6 +89,9 @@ pub(crate) struct ProbeSetup {
     pub(crate) fallback_tcp: bool,
     /// Operations up to this many bytes run over TCP (every rank must agree).
     pub(crate) tcp_threshold: u64,
+    /// Payload bytes per datagram (every rank must agree: a chunk's index says where it goes
+    /// only for one size).
+    pub(crate) chunk_size: u32,
     /// Opaque bytes handed to every peer (the fallback listener's address).
     pub(crate) extra: Vec<u8>,
 }
@@ -111,6 +115,7 @@ pub(crate) struct Report {
     pub(crate) checked: bool,
     pub(crate) fallback_tcp: bool,
     pub(crate) tcp_threshold: u64,
+    pub(crate) chunk_size: u32,
     pub(crate) interface: Ipv4Addr,
     pub(crate) port: u16,
     pub(crate) groups: Vec<Ipv4Addr>,
@@ -144,6 +149,7 @@ impl Report {
         b.extend_from_slice(&self.rank.to_be_bytes());
         b.extend_from_slice(&self.ranks.to_be_bytes());
         b.extend_from_slice(&self.tcp_threshold.to_be_bytes());
+        b.extend_from_slice(&self.chunk_size.to_be_bytes());
         b.extend_from_slice(&(self.lanes() as u16).to_be_bytes());
         b.extend_from_slice(&self.port.to_be_bytes());
         b.extend_from_slice(&self.interface.octets());
@@ -178,6 +184,7 @@ impl Report {
         let rank = u32_(take(&mut at, 4)?);
         let ranks = u32_(take(&mut at, 4)?);
         let tcp_threshold = u64::from_be_bytes(take(&mut at, 8)?.try_into().ok()?);
+        let chunk_size = u32_(take(&mut at, 4)?);
         let lanes = usize::from(u16_(take(&mut at, 2)?));
         let port = u16_(take(&mut at, 2)?);
         let i = take(&mut at, 4)?;
@@ -206,6 +213,7 @@ impl Report {
             checked: flags & FLAG_CHECKED != 0,
             fallback_tcp: flags & FLAG_FALLBACK_TCP != 0,
             tcp_threshold,
+            chunk_size,
             interface,
             port,
             groups,
@@ -394,6 +402,14 @@ pub(crate) fn judge(reports: &[Report], window: Duration) -> Result<Option<Probe
                 first.rank, first.tcp_threshold, r.rank, r.tcp_threshold
             ));
         }
+        if r.chunk_size != first.chunk_size {
+            return Err(format!(
+                "rank {} sends {}-byte chunks, rank {} {}-byte ones (without RINGCAST_CHUNK_SIZE, \
+                 each host's MTU decides): set RINGCAST_CHUNK_SIZE the same on every rank, at \
+                 most the smallest",
+                first.rank, first.chunk_size, r.rank, r.chunk_size
+            ));
+        }
     }
     if reports.iter().any(|r| !r.checked) {
         return Ok(None);
@@ -561,6 +577,7 @@ fn exchange(
                 checked: checking,
                 fallback_tcp: s.fallback_tcp,
                 tcp_threshold: s.tcp_threshold,
+                chunk_size: s.chunk_size,
                 interface: s.interface,
                 port: s.groups.first().map_or(0, SocketAddrV4::port),
                 groups: s.groups.iter().map(|g| *g.ip()).collect(),
@@ -711,6 +728,7 @@ mod tests {
             checked: true,
             fallback_tcp: false,
             tcp_threshold: 65536,
+            chunk_size: 4096,
             interface: Ipv4Addr::new(10, 0, 0, 1 + rank as u8),
             port: 4791,
             groups: vec![Ipv4Addr::new(239, 1, 2, 3)],
@@ -724,6 +742,7 @@ mod tests {
         let mut r = report(2, 4, &[0, 3]);
         r.fallback_tcp = true;
         r.tcp_threshold = 0x0102_0304_0506_0708;
+        r.chunk_size = 0x0A0B_0C0D;
         r.groups.push(Ipv4Addr::new(239, 9, 9, 9));
         r.heard.extend([true, false, true, true]);
         let b = r.encode();
@@ -783,6 +802,14 @@ mod tests {
         let e = judge(&rs, Duration::ZERO).expect_err("mismatch");
         assert!(
             e.contains("RINGCAST_TCP_THRESHOLD") && e.contains("65536"),
+            "{e}"
+        );
+        // Chunk sizes from hosts of different MTUs.
+        let mut rs = vec![report(0, 2, &[1]), report(1, 2, &[0])];
+        rs[1].chunk_size = 1024;
+        let e = judge(&rs, Duration::ZERO).expect_err("mismatch");
+        assert!(
+            e.contains("RINGCAST_CHUNK_SIZE") && e.contains("4096") && e.contains("1024"),
             "{e}"
         );
         // Unchecked reports (the check is off) never fail the multicast verdict.
