@@ -16,7 +16,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ringcast::comm::CommBuilder;
-use ringcast::{CommError, Communicator};
+use ringcast::{BuildError, CommError, Communicator};
 
 mod common;
 
@@ -744,6 +744,75 @@ fn a_rank_that_ran_an_operation_over_multicast_tells_the_tcp_ranks_waiting_on_it
     );
 }
 
+/// An erroneous program: rank 1 passes a root that does not exist where the others pass
+/// rank 0, so its call fails at once, before anything is posted. Its place in the sequence
+/// of collectives is taken all the same: the others' operation fails (or completes with the
+/// root's bytes, upstream of rank 1 over TCP) and the Broadcasts after it, on which every
+/// rank agrees, deliver the root's bytes everywhere, not those of the operation before.
+/// Small (over TCP) and large (over multicast), with and without the TCP path.
+#[test]
+fn a_call_refused_at_one_rank_does_not_shift_the_others() {
+    for (salt, threshold, len) in [(30, 64 << 10, 4096), (31, 64 << 10, 1 << 20), (32, 0, 4096)] {
+        world_with(
+            salt,
+            move |b| {
+                b.tcp_threshold(threshold)
+                    .peer_timeout(Duration::from_secs(2))
+            },
+            move |comm| {
+                let me = comm.rank();
+                let want = pattern(salt, 0, len);
+                if me == 1 {
+                    match comm.ibroadcast(99, vec![0u8; len]) {
+                        Err(CommError::RootOutOfRange { root: 99, .. }) => {}
+                        other => return Err(format!("a root out of range: {:?}", other.err())),
+                    }
+                } else {
+                    match ibroadcast_of(&comm, 0, &want)?.wait() {
+                        Err(_) => {}
+                        Ok(v) if v == want => {}
+                        Ok(_) => return Err(format!("{threshold}/{len}: other bytes")),
+                    }
+                }
+                for (k, l) in [len, 4096, 1 << 20].into_iter().enumerate() {
+                    let what = format!("{threshold}/{len}: broadcast {k} after");
+                    broadcast_checked(&comm, &what, salt + 100 + k as u64, 0, l)?;
+                }
+                Ok(())
+            },
+        );
+    }
+}
+
+/// Ranks that disagree on a Broadcast's length, so that only the root's is too large for
+/// the chunk size (`StartError::TooLarge`, found by the engine once posted): the root's id
+/// is taken all the same, and the operations after it line up.
+#[test]
+fn an_operation_one_rank_cannot_start_does_not_shift_the_others() {
+    world_with(
+        33,
+        |b| {
+            b.tcp_threshold(0)
+                .chunk_size(16)
+                .peer_timeout(Duration::from_secs(2))
+        },
+        |comm| {
+            let me = comm.rank();
+            // 16-byte chunks: 20 MB is more chunks than an operation may have.
+            let len = if me == 0 { 20_000_000 } else { 200_000 };
+            let got = ibroadcast_of(&comm, 0, &pattern(34, 0, len))?.wait();
+            match (me, got) {
+                (0, Err(CommError::Start(_))) | (1.., Err(_)) => {}
+                (_, other) => return Err(format!("rank {me}: {:?}", other.map(|v| v.len()))),
+            }
+            for k in 0..3 {
+                broadcast_checked(&comm, &format!("broadcast {k} after"), 35 + k, 0, 20_000)?;
+            }
+            Ok(())
+        },
+    );
+}
+
 /// The same with small operations over TCP in flight beside multicast ones: dropping the
 /// communicator cancels both kinds, and the engine and the dispatcher both stop.
 #[test]
@@ -778,6 +847,33 @@ fn bad_arguments_and_settings_are_typed_errors() {
         .build()
         .expect_err("no peers");
     assert!(err.to_string().contains("RINGCAST_BOOTSTRAP"), "{err}");
+
+    // Settings no deadline can be computed from, or no datagram fits: typed errors naming
+    // them, before anything is bound or connected.
+    let one = || {
+        Communicator::builder()
+            .rank(0)
+            .world_size(2)
+            .rendezvous("127.0.0.1:1")
+    };
+    for (b, want) in [
+        (one().peer_timeout(Duration::MAX), "RINGCAST_PEER_TIMEOUT"),
+        (one().connect_timeout(Duration::MAX), "connect_timeout"),
+        (one().startup_check(Duration::MAX), "RINGCAST_PROBE_WINDOW"),
+        (one().cutoff_alpha(Duration::MAX), "cutoff_alpha"),
+        (one().chunk_size(8), "RINGCAST_CHUNK_SIZE"),
+        (
+            one().rendezvous("127.0.0.1:notaport"),
+            "CommBuilder::rendezvous",
+        ),
+        (one().rendezvous("127.0.0.1"), "CommBuilder::rendezvous"),
+        (one().rendezvous(":99999"), "CommBuilder::rendezvous"),
+    ] {
+        match b.build() {
+            Err(BuildError::Invalid { setting, .. }) if setting.contains(want) => {}
+            other => panic!("{want}: {:?}", other.err()),
+        }
+    }
 
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let comm = Communicator::builder()
@@ -824,6 +920,28 @@ fn bad_arguments_and_settings_are_typed_errors() {
     assert!(matches!(
         comm.allgatherv::<u64>(&[], &mut [], &[usize::MAX / 4]),
         Err(CommError::CountsTooLarge)
+    ));
+    // Zero-sized elements carry no bytes: a typed error, not a panic or another length.
+    assert!(matches!(
+        comm.ibroadcast(0, vec![(); 3]),
+        Err(CommError::ZeroSizedElements)
+    ));
+    assert!(matches!(
+        comm.broadcast(0, &mut [(); 3]),
+        Err(CommError::ZeroSizedElements)
+    ));
+    assert!(matches!(
+        comm.iallgather_in_place(vec![(); usize::MAX]),
+        Err(CommError::ZeroSizedElements)
+    ));
+    // The blocking Allgatherv counts the send buffer in elements, as its caller does.
+    assert!(matches!(
+        comm.allgatherv::<u32>(&[1, 2], &mut [0; 4], &[4]),
+        Err(CommError::BufferSize {
+            what: "send",
+            got: 2,
+            required: 4
+        })
     ));
     // A single rank completes at once, and hands its buffer back.
     let mut v = [7u16; 9];

@@ -64,13 +64,13 @@
 //! share of it. `RINGCAST_PACING=off` disables it; `RINGCAST_PIN=1` pins the threads.
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::thread;
 use std::time::{Duration, Instant as StdInstant};
 
 use ringcast_core::lane::{LaneCommand, LaneRx, LaneTx};
 use ringcast_core::port::{self, ControlInput, ControlPort, Ports};
-use ringcast_core::{Event, Node, OpError, OpId, Rank, Session, Stats};
+use ringcast_core::{Event, Node, OpError, OpId, Rank, Session, StartError, Stats};
 use ringcast_transport_rocev2_udp::pace::{Pacer, ReceiverReport};
 use ringcast_transport_rocev2_udp::{OpBuffer, PeerLost, Registry, UdpRx, UdpTx};
 
@@ -125,6 +125,27 @@ pub(crate) struct Post {
     /// did not get (`Session::skip_op`), so that an id names the same operation on every
     /// rank even where ranks disagree on a length and so on where it runs.
     pub(crate) index: Option<u64>,
+    /// The operation failed this rank's checks before it was posted ([`Post::forfeit`]):
+    /// it only takes its id, which the peers' operation of that id then fails against.
+    pub(crate) forfeit: bool,
+}
+
+impl Post {
+    /// The place in the sequence of an operation that failed this rank's own checks: its id
+    /// is taken all the same (`Session::skip_op`), so that the next operation still meets the
+    /// same one at every rank. The peers fail this one (`ShapeMismatch` when they started it,
+    /// or at their deadline), never with another operation's bytes.
+    pub(crate) fn forfeit(index: Option<u64>) -> Post {
+        Post {
+            kind: Kind::Broadcast { root: 0 },
+            buf: Vec::new(),
+            // Nobody waits for it: the caller got its error already.
+            reply: mpsc::sync_channel(1).0,
+            span: tracing::Span::none(),
+            index,
+            forfeit: true,
+        }
+    }
 }
 
 /// The application's (and the fallback router's) end of the post channel: every send also
@@ -140,6 +161,11 @@ impl PostTx {
         PostTx { tx, engine }
     }
 
+    /// The error hands the command back (a post's reply is then failed by the caller).
+    #[allow(
+        clippy::result_large_err,
+        reason = "the error is the post, handed back"
+    )]
     pub(crate) fn send(&self, c: Command) -> Result<(), std::sync::mpsc::SendError<Command>> {
         let sent = self.tx.send(c);
         self.engine.unpark();
@@ -369,6 +395,11 @@ impl Engine {
                     self.next_op = self.session.skip_op().0 + 1;
                 }
             }
+            if p.forfeit {
+                self.queued.pop_front();
+                self.next_op = self.session.skip_op().0 + 1;
+                continue;
+            }
             if !self.session.can_start() {
                 return;
             }
@@ -430,6 +461,12 @@ impl Engine {
                     });
                 }
                 Err(e) => {
+                    // Refused here (too large for this rank's chunk size, say) and perhaps
+                    // not at the peers: its id is taken all the same, so that the next
+                    // operation meets the same one everywhere (see `Post::forfeit`).
+                    if !matches!(e, StartError::TooManyInflight | StartError::TagInUse { .. }) {
+                        self.next_op = self.session.skip_op().0 + 1;
+                    }
                     self.failed += 1;
                     let _ = p.reply.send(Err(CommError::Start(e)));
                 }

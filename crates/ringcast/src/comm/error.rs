@@ -87,6 +87,9 @@ pub enum CommError {
         /// Ranks of the communicator.
         ranks: u32,
     },
+    /// The element type has no bytes (a zero-sized type): there is nothing to send.
+    #[error("the elements are of a zero-sized type: a collective of them moves no bytes")]
+    ZeroSizedElements,
     /// The core refused to start the operation (too large for the configured chunk size).
     #[error("could not start: {0}")]
     Start(StartError),

@@ -807,6 +807,7 @@ impl Handle {
             reply,
             span,
             index: Some(k),
+            forfeit: false,
         };
         let to_engine = !small && !r.frozen && r.switch_at.is_none_or(|s| k < s);
         if to_engine {
@@ -855,6 +856,22 @@ impl Handle {
             return Err(CommError::Cancelled);
         }
         Ok(req)
+    }
+
+    /// An operation that failed this rank's own checks takes its index all the same (see
+    /// [`Post::forfeit`]): the dispatcher counts it as run elsewhere (a peer's piece of it
+    /// is answered with a mismatch), and the engine, where it would have run, skips its id.
+    pub(crate) fn forfeit(&self) {
+        let mut r = self.route();
+        let k = r.next;
+        r.next += 1;
+        if !r.frozen
+            && r.switch_at.is_none_or(|s| k < s)
+            && let Some(engine) = &r.engine
+        {
+            let _ = engine.send(Command::Post(Post::forfeit(Some(k))));
+        }
+        let _ = self.tx.tx.send(Msg::Elsewhere(k));
     }
 
     /// The transport operations run on from now on.
@@ -1539,6 +1556,10 @@ impl Dispatcher {
                 if k < at && !self.cfg.small(p.buf.len()) {
                     elsewhere.push(k);
                     let engine = r.engine.as_ref();
+                    #[allow(
+                        clippy::result_large_err,
+                        reason = "the error is the post, handed back"
+                    )]
                     let sent = engine.map(|e| e.send(Command::Post(p)));
                     match sent {
                         Some(Ok(())) => {}

@@ -30,9 +30,16 @@
 //! on the path it did not take (a `Ready` at a rank that ran it over TCP, a piece at one that
 //! ran it over multicast) tells every rank, and they fail it at once; where no such message
 //! crosses, a rank fails it at the peer timeout, naming a rank it waited on. An operation that
-//! is empty at one rank (it completes there at once) and not at another fails at once too:
-//! the empty one still says `Ready` over multicast, and an empty Broadcast's root still shows
-//! its shape to its children over TCP.
+//! is empty at one rank (it completes there at once) and not at another fails at once over
+//! multicast (the empty one still says `Ready`) and where an empty Broadcast's root shows its
+//! shape to its children over TCP; an empty buffer at a TCP Broadcast's leaf is not checked.
+//!
+//! A call that this rank refuses before posting anything (a root out of range, counts of
+//! the wrong length, a buffer of the wrong size, zero-sized elements), or that the engine
+//! cannot start (too many chunks for the chunk size), returns its error and still takes its
+//! place in the sequence: the other ranks fail their operation of that place (against this
+//! rank, at once or at the peer timeout) and the next one lines up everywhere, so a rank's
+//! mistake never hands another operation's bytes to anyone.
 //!
 //! ## Buffers and soundness
 //! Non-blocking calls take an owned `Vec<T>` and hand it back from [`Request::wait`], in the
@@ -231,6 +238,48 @@ impl Communicator {
             .map_or(TransportMode::Multicast, fallback::Handle::mode)
     }
 
+    /// Fails an operation that this rank's own checks refused, with `e`. Its place in the
+    /// sequence of collectives is taken all the same (see `Post::forfeit`): the peers fail
+    /// their operation of that place (against this rank), and the next one still meets the
+    /// same operation at every rank, never another's bytes.
+    fn refuse<R>(&self, e: CommError) -> Result<R, CommError> {
+        match &self.fallback {
+            Some(f) => f.forfeit(),
+            None => {
+                let _ = self.send(Command::Post(Post::forfeit(None)));
+            }
+        }
+        Err(e)
+    }
+
+    /// The size of a `T` in bytes; refused (see [`Self::refuse`]) for a zero-sized type.
+    fn elem<T>(&self) -> Result<usize, CommError> {
+        match std::mem::size_of::<T>() {
+            0 => self.refuse(CommError::ZeroSizedElements),
+            n => Ok(n),
+        }
+    }
+
+    /// `counts` times `elem` bytes each, summed; refused with [`CommError::CountsTooLarge`]
+    /// where that overflows.
+    fn total_of(&self, counts: &[usize], elem: usize) -> Result<usize, CommError> {
+        match total_of(counts, elem) {
+            Some(t) => Ok(t),
+            None => self.refuse(CommError::CountsTooLarge),
+        }
+    }
+
+    /// Refuses `counts` unless it has one entry per rank.
+    fn check_counts(&self, counts: &[usize]) -> Result<(), CommError> {
+        if counts.len() != self.size as usize {
+            return self.refuse(CommError::CountsLength {
+                got: counts.len(),
+                ranks: self.size,
+            });
+        }
+        Ok(())
+    }
+
     fn send(&self, c: Command) -> Result<(), CommError> {
         match &self.posts {
             Some(p) => p.send(c).map_err(|_| CommError::Cancelled),
@@ -255,6 +304,7 @@ impl Communicator {
             reply,
             span,
             index: None,
+            forfeit: false,
         }))?;
         Ok(Request::new(rx, typed))
     }
@@ -262,8 +312,9 @@ impl Communicator {
     /// Starts a Broadcast of `buf` from `root`: on return of [`Request::wait`], every rank's
     /// buffer holds the root's. Every rank passes the same length.
     pub fn ibroadcast<T: Pod>(&self, root: u32, buf: Vec<T>) -> Result<Request<T>, CommError> {
+        self.elem::<T>()?;
         if root >= self.size {
-            return Err(CommError::RootOutOfRange {
+            return self.refuse(CommError::RootOutOfRange {
                 root,
                 ranks: self.size,
             });
@@ -303,6 +354,7 @@ impl Communicator {
     /// FSDP shard, a view of the gathered tensor. A length that is not a multiple of the world
     /// size is a [`CommError::BufferSize`].
     pub fn iallgather_in_place<T: Pod>(&self, buf: Vec<T>) -> Result<Request<T>, CommError> {
+        self.elem::<T>()?;
         let counts = self.equal_blocks(buf.len())?;
         self.post_allgatherv(None, buf, &counts)
     }
@@ -311,10 +363,10 @@ impl Communicator {
     fn equal_blocks(&self, len: usize) -> Result<Vec<usize>, CommError> {
         let p = self.size as usize;
         if !len.is_multiple_of(p) {
-            return Err(CommError::BufferSize {
+            return self.refuse(CommError::BufferSize {
                 what: "recv",
                 got: len,
-                required: len.next_multiple_of(p),
+                required: len.checked_next_multiple_of(p).unwrap_or(len - len % p),
             });
         }
         Ok(vec![len / p; p])
@@ -339,32 +391,27 @@ impl Communicator {
         recv: Vec<T>,
         counts: &[usize],
     ) -> Result<Request<T>, CommError> {
-        if counts.len() != self.size as usize {
-            return Err(CommError::CountsLength {
-                got: counts.len(),
-                ranks: self.size,
-            });
-        }
+        let elem = self.elem::<T>()?;
+        self.check_counts(counts)?;
         let me = self.rank as usize;
         if let Some(send) = send
             && send.len() != counts[me]
         {
-            return Err(CommError::BufferSize {
+            return self.refuse(CommError::BufferSize {
                 what: "send",
                 got: send.len(),
                 required: counts[me],
             });
         }
-        let total = total_of(counts, 1)?;
-        total_of(counts, std::mem::size_of::<T>())?;
+        let total = self.total_of(counts, 1)?;
+        self.total_of(counts, elem)?;
         if recv.len() != total {
-            return Err(CommError::BufferSize {
+            return self.refuse(CommError::BufferSize {
                 what: "recv",
                 got: recv.len(),
                 required: total,
             });
         }
-        let elem = std::mem::size_of::<T>();
         let span = tracing::debug_span!(
             "ringcast",
             kind = "allgatherv",
@@ -394,6 +441,7 @@ impl Communicator {
     /// Broadcast of `buf` from `root`, blocking. The root's `buf` is only read; the others'
     /// is written once the operation completed (left as it was when it fails).
     pub fn broadcast<T: Pod>(&self, root: u32, buf: &mut [T]) -> Result<OpStats, CommError> {
+        self.elem::<T>()?;
         let bytes = bytemuck::cast_slice_mut::<T, u8>(buf);
         let mut tmp = self.pool.take(bytes.len());
         let is_root = root == self.rank;
@@ -419,6 +467,7 @@ impl Communicator {
     /// Allgather in place, blocking (`MPI_Allgather` with `MPI_IN_PLACE`): `buf` (the world
     /// size times one block) holds this rank's block at its place and gets every rank's.
     pub fn allgather_in_place<T: Pod>(&self, buf: &mut [T]) -> Result<OpStats, CommError> {
+        self.elem::<T>()?;
         let counts = self.equal_blocks(buf.len())?;
         self.allgatherv_in_place(buf, &counts)
     }
@@ -431,16 +480,11 @@ impl Communicator {
         buf: &mut [T],
         counts: &[usize],
     ) -> Result<OpStats, CommError> {
-        if counts.len() != self.size as usize {
-            return Err(CommError::CountsLength {
-                got: counts.len(),
-                ranks: self.size,
-            });
-        }
-        let elem = std::mem::size_of::<T>();
-        let total = total_of(counts, elem)?;
+        let elem = self.elem::<T>()?;
+        self.check_counts(counts)?;
+        let total = self.total_of(counts, elem)?;
         if std::mem::size_of_val(buf) != total {
-            return Err(CommError::BufferSize {
+            return self.refuse(CommError::BufferSize {
                 what: "recv",
                 got: buf.len(),
                 required: counts.iter().sum(),
@@ -470,13 +514,22 @@ impl Communicator {
         recv: &mut [T],
         counts: &[usize],
     ) -> Result<OpStats, CommError> {
-        let elem = std::mem::size_of::<T>();
+        let elem = self.elem::<T>()?;
+        self.check_counts(counts)?;
+        let total = self.total_of(counts, elem)?;
+        // In elements, as the caller counts them (the post below counts bytes).
+        if send.len() != counts[self.rank as usize] {
+            return self.refuse(CommError::BufferSize {
+                what: "send",
+                got: send.len(),
+                required: counts[self.rank as usize],
+            });
+        }
         let send_bytes: &[u8] = bytemuck::cast_slice(send);
-        let total = total_of(counts, elem)?;
         // No product overflows: their sum did not.
         let byte_counts: Vec<usize> = counts.iter().map(|c| c * elem).collect();
         if std::mem::size_of_val(recv) != total {
-            return Err(CommError::BufferSize {
+            return self.refuse(CommError::BufferSize {
                 what: "recv",
                 got: recv.len(),
                 required: counts.iter().sum(),
@@ -492,15 +545,11 @@ impl Communicator {
     }
 }
 
-/// `counts` times `elem` bytes each, summed; [`CommError::CountsTooLarge`] where that
-/// overflows.
-fn total_of(counts: &[usize], elem: usize) -> Result<usize, CommError> {
-    counts
-        .iter()
-        .try_fold(0usize, |sum, &c| {
-            c.checked_mul(elem).and_then(|b| sum.checked_add(b))
-        })
-        .ok_or(CommError::CountsTooLarge)
+/// `counts` times `elem` bytes each, summed; `None` where that overflows.
+fn total_of(counts: &[usize], elem: usize) -> Option<usize> {
+    counts.iter().try_fold(0usize, |sum, &c| {
+        c.checked_mul(elem).and_then(|b| sum.checked_add(b))
+    })
 }
 
 impl Drop for Communicator {
