@@ -7,8 +7,10 @@
 //! This crate's multicast data path, one piece per module:
 //! * [`addr`]: groups and Q_Key from the job nonce;
 //! * [`socket`]: socket2 setup of the per-lane receive and send sockets;
-//! * [`tx`]: [`LaneSender`], RoCE packets in a staging buffer, one GSO send per batch;
-//! * [`rx`]: [`LaneReceiver`], `recvmmsg` + GRO, checks and drop counters, zero-copy chunks;
+//! * [`tx`]: [`LaneSender`], one GSO send per batch: gathered from the payloads where they lie
+//!   ([`LaneSender::send_in_place`], the engine's way), or laid out in a staging buffer;
+//! * [`rx`]: [`LaneReceiver`], `recvmmsg` + GRO, checks and drop counters, zero-copy chunks,
+//!   and reads that scatter a GRO batch's payloads straight to their place (the engine's way);
 //! * [`pace`]: the token bucket and the single-rate AIMD controller (pure logic);
 //! * [`icrc`]: the RoCEv2 invariant CRC.
 //!
