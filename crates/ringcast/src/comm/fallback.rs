@@ -89,10 +89,13 @@
 //!   a rank that has not posted them: a piece goes to a child only within a window of
 //!   operations of the child's posts ([`tree_ahead`], 8 MiB of them), which the child
 //!   tells when asked (`0xF9` ask, `0xFA` posted); beyond it, the piece and its operation wait
-//!   at the sender.
+//!   at the sender. Bruck's rounds go through the same window.
 //!
-//! Several TCP operations may be in flight at once; pieces of a tree operation (and
-//! clear-to-sends) this rank has not posted yet wait for it. A peer whose connection closes
+//! Several TCP operations may be in flight at once; pieces of a tree operation, rounds (and
+//! clear-to-sends) this rank has not posted yet wait for it, up to 64 MiB from one peer (a
+//! peer in step sends a window, about 8 MiB): what a peer sends beyond is dropped and
+//! counted ([`CommStats::tcp_early_dropped`]), as are failures of more than 4 096 operations
+//! not started here. A peer whose connection closes
 //! (it crashed) fails every TCP operation in flight ([`CommError::PeerLost`]); one that said
 //! goodbye fails those it did not finish; a crash is named before a departure, which it may
 //! have caused, and a rank that leaves over another rank's failure names that rank in its
@@ -318,6 +321,14 @@ fn tree_ahead(len: usize) -> u64 {
 
 /// See [`tree_ahead`].
 const TREE_BYTES: u64 = 8 << 20;
+/// Bytes of operations not started here that a rank keeps from one peer. A peer in step
+/// sends at most a window of them ([`tree_ahead`], for a tree's pieces and Bruck's rounds
+/// alike; chains and rings are rendezvous), about [`TREE_BYTES`]: a peer past this many
+/// breaks the protocol, and what it sends beyond is dropped (and counted).
+const EARLY_PER_PEER: usize = 8 * TREE_BYTES as usize;
+/// Failures of operations not started here that a rank keeps (peers report them only for
+/// operations they run, at most a window ahead); any beyond are dropped.
+const ABORTS_KEEP: usize = 4096;
 /// Bytes a chain or ring rank lets wait in its next hop's connection queue (beyond what the
 /// socket took): it passes pieces on only while the queue is shorter, and sends the rest from
 /// its buffer as the queue drains (the mesh wakes it below [`SEND_LOW_WATER`]). Without it, a
@@ -429,6 +440,9 @@ struct TcpCounters {
     bytes_sent: AtomicU64,
     bytes_received: AtomicU64,
     bytes_landed: AtomicU64,
+    /// Messages of operations not started here dropped: their peer sent more than
+    /// [`EARLY_PER_PEER`] bytes of them, or more than [`ABORTS_KEEP`] failures.
+    early_dropped: AtomicU64,
     completed: AtomicU64,
     failed: AtomicU64,
     cancelled: AtomicU64,
@@ -739,6 +753,7 @@ pub(crate) fn start(
         held: VecDeque::new(),
         active: Vec::new(),
         early: HashMap::new(),
+        early_bytes: vec![0; cfg.size as usize],
         ended: VecDeque::new(),
         aborts: HashMap::new(),
         reports: Reports::new(Rank(cfg.rank), cfg.size),
@@ -887,6 +902,7 @@ impl Handle {
         s.counters.tcp_bytes_sent += g(&c.bytes_sent);
         s.counters.tcp_bytes_received += g(&c.bytes_received);
         s.counters.tcp_bytes_landed += g(&c.bytes_landed);
+        s.tcp_early_dropped += g(&c.early_dropped);
         s.ops_completed += g(&c.completed);
         s.ops_failed += g(&c.failed);
         s.ops_cancelled += g(&c.cancelled);
@@ -1173,6 +1189,8 @@ struct Dispatcher {
     /// between multicast ones, and before the switch point is known here a peer may have
     /// learnt it first.
     early: HashMap<u64, Vec<(u32, Vec<u8>)>>,
+    /// Bytes in `early`, per peer (bounded by [`EARLY_PER_PEER`]).
+    early_bytes: Vec<usize>,
     /// The last [`ENDED_KEEP`] TCP operations that ended here (completed or failed): a piece
     /// of one of them is dropped, not kept as early.
     ended: VecDeque<u64>,
@@ -1400,7 +1418,7 @@ impl Dispatcher {
     /// Remembers that TCP operation `k` ended here (its late pieces are dropped).
     fn ended(&mut self, k: u64) {
         keep_last(&mut self.ended, k);
-        self.early.remove(&k);
+        self.take_early(k);
         self.aborts.remove(&k);
         lock(&self.landings).retain(|&(op, _), _| op != k);
     }
@@ -1602,7 +1620,7 @@ impl Dispatcher {
     fn ran_elsewhere(&mut self, k: u64) {
         keep_last(&mut self.elsewhere, (k, false));
         self.aborts.remove(&k);
-        if let Some(&(from, _)) = self.early.remove(&k).as_deref().and_then(<[_]>::first) {
+        if let Some(&(from, _)) = self.take_early(k).first() {
             self.piece_elsewhere(k, from);
         }
     }
@@ -1780,9 +1798,42 @@ impl Dispatcher {
             }
             // Copied only here: a piece of an operation running here is taken from the
             // mesh's buffer.
-            None => self.early.entry(k).or_default().push((from, msg.to_vec())),
+            None => self.keep_early(k, from, msg),
         }
         self.reap();
+    }
+
+    /// Keeps `msg` from `from` until operation `k` starts here, within [`EARLY_PER_PEER`].
+    fn keep_early(&mut self, k: u64, from: u32, msg: &[u8]) {
+        let Some(held) = self.early_bytes.get_mut(from as usize) else {
+            return;
+        };
+        if *held + msg.len() > EARLY_PER_PEER {
+            let c = &self.shared.counters.early_dropped;
+            if c.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::warn!(
+                    peer = from,
+                    op = k,
+                    held = *held,
+                    "fallback: a peer sent more of operations not started here than it may: \
+                     dropped"
+                );
+            }
+            return;
+        }
+        *held += msg.len();
+        self.early.entry(k).or_default().push((from, msg.to_vec()));
+    }
+
+    /// What peers sent of operation `k` before it started here, no longer counted as held.
+    fn take_early(&mut self, k: u64) -> Vec<(u32, Vec<u8>)> {
+        let taken = self.early.remove(&k).unwrap_or_default();
+        for (from, m) in &taken {
+            if let Some(held) = self.early_bytes.get_mut(*from as usize) {
+                *held = held.saturating_sub(m.len());
+            }
+        }
+        taken
     }
 
     /// Whether operation `k`, neither running here nor among the last ended ones, is over
@@ -1985,19 +2036,19 @@ impl Dispatcher {
     }
 
     /// Sends a piece of operation `i` (`parts`, header and bytes) to `to`; a tree
-    /// Broadcast's waits in [`Self::gated`] while `to` has not posted within [`tree_ahead`]
-    /// operations of it.
+    /// Broadcast's, or a round of Bruck's Allgather, waits in [`Self::gated`] while `to` has
+    /// not posted within [`tree_ahead`] operations of it.
     fn pass(&mut self, i: usize, to: u32, parts: &[&[u8]]) {
         let op = &mut self.active[i];
         let Some(&posted) = self.posted_at.get(to as usize) else {
             return;
         };
         let (k, window) = (op.k, tree_ahead(op.len as usize));
-        let tree = matches!(op.shape, Shape::Tree { .. });
+        let windowed = matches!(op.shape, Shape::Tree { .. } | Shape::Bruck { .. });
         let ahead = k.saturating_sub(posted);
-        if !tree || ahead < window {
+        if !windowed || ahead < window {
             self.mesh.send_control_parts(Rank(to), parts);
-            if tree && ahead >= window / 2 {
+            if windowed && ahead >= window / 2 {
                 // Half the window used: ask now, so that a child in step answers before
                 // this rank reaches the end of it (it would wait a round trip there).
                 self.ask(to, k, window);
@@ -2359,7 +2410,7 @@ impl Dispatcher {
         }
         self.scratch = msg;
         self.send_rounds(i);
-        for (from, m) in self.early.remove(&k).unwrap_or_default() {
+        for (from, m) in self.take_early(k) {
             if !self.take(i, from, &m) {
                 break;
             }
@@ -2370,10 +2421,10 @@ impl Dispatcher {
     /// Bruck: sends operation `i`'s rounds that may go (every earlier one received).
     fn send_rounds(&mut self, i: usize) {
         let (me, size) = (self.cfg.rank, self.cfg.size);
+        let mut out = Vec::new();
         let Dispatcher {
             active,
             scratch,
-            mesh,
             shared,
             ..
         } = self;
@@ -2405,10 +2456,14 @@ impl Dispatcher {
                     .with(|v| scratch.extend_from_slice(&v[at..at + sizes[b] as usize]));
             }
             let n = (scratch.len() - PIECE_HEADER) as u64;
-            mesh.send_control(Rank((me + size - (1 << j)) % size), scratch);
+            out.push(((me + size - (1 << j)) % size, scratch.clone()));
             op.sent += n;
             shared.counters.bytes_sent.fetch_add(n, Ordering::Relaxed);
             *next += 1;
+        }
+        // Through the window of operations a peer may be sent ahead of its posts.
+        for (to, m) in out {
+            self.pass(i, to, &[&m]);
         }
     }
 
@@ -2730,8 +2785,14 @@ impl Dispatcher {
         }
         match self.active.iter().position(|o| o.k == k) {
             Some(i) => self.fail_active(i, e),
-            None => {
+            None if self.aborts.len() < ABORTS_KEEP || self.aborts.contains_key(&k) => {
                 self.aborts.entry(k).or_insert(e);
+            }
+            None => {
+                self.shared
+                    .counters
+                    .early_dropped
+                    .fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -2893,6 +2954,64 @@ mod tests {
         }
     }
 
+    /// A peer that sends pieces of operations not posted here, far more than a window of
+    /// them, and failures of thousands: this rank keeps at most [`EARLY_PER_PEER`] bytes and
+    /// [`ABORTS_KEEP`] failures, drops (and counts) the rest, and once the operations start
+    /// what it kept counts no more.
+    #[test]
+    fn what_a_peer_sends_ahead_is_kept_within_bounds() {
+        let hs = dispatchers_with(2, PIECE, |r| r == 1);
+        let piece = |op: u64| {
+            let mut b = vec![KIND_PIECE, 0, 0, 0];
+            b.extend_from_slice(&0u32.to_be_bytes());
+            b.extend_from_slice(&op.to_be_bytes());
+            b.extend_from_slice(&0u64.to_be_bytes());
+            b.extend_from_slice(&broadcast_shape(Rank(0), 8).to_be_bytes());
+            b.resize(PIECE_HEADER + PIECE, 7);
+            b
+        };
+        let pieces = (EARLY_PER_PEER / PIECE + 8) as u64;
+        if let Some(d) = hs[1].progress.lock().as_mut() {
+            for op in 0..pieces {
+                d.mesh.send_control(Rank(0), &piece(1000 + op));
+            }
+            for op in 0..ABORTS_KEEP as u64 + 100 {
+                d.mesh
+                    .send_control(Rank(0), &abort_message(ABORT_MISMATCH, 1, 1 << 30 | op));
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let dropped = |h: &Handle| h.shared.counters.early_dropped.load(Ordering::Relaxed);
+        // Every piece beyond the bound, and every failure beyond its, is dropped.
+        let want = pieces - (EARLY_PER_PEER / (PIECE_HEADER + PIECE)) as u64 + 100;
+        while dropped(&hs[0]) < want {
+            if let Some(d) = hs[0].progress.lock().as_mut() {
+                d.turn();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {want} dropped",
+                dropped(&hs[0])
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        if let Some(d) = hs[0].progress.lock().as_mut() {
+            assert!(d.early_bytes[1] <= EARLY_PER_PEER, "{}", d.early_bytes[1]);
+            assert_eq!(d.aborts.len(), ABORTS_KEEP);
+            let kept: usize = d.early.values().flatten().map(|(_, m)| m.len()).sum();
+            assert_eq!(kept, d.early_bytes[1]);
+            // An operation that starts takes its early pieces, which count no more.
+            let held = d.early_bytes[1];
+            let one = d
+                .take_early(1000)
+                .iter()
+                .map(|(_, m)| m.len())
+                .sum::<usize>();
+            assert_eq!(d.early_bytes[1], held - one);
+        }
+        assert_eq!(dropped(&hs[0]), want);
+    }
+
     /// A root that posts Broadcast after Broadcast sends a rank that has not posted them
     /// pieces of at most a window of operations (`tree_ahead`); the next ones wait at the
     /// root, their requests with them, until the ranks post, and then every one completes byte
@@ -2933,6 +3052,51 @@ mod tests {
         for reqs in std::iter::once(root).chain(others) {
             for (i, r) in reqs.into_iter().enumerate() {
                 assert_eq!(r.wait().expect("broadcast"), data(i), "operation {i}");
+            }
+        }
+    }
+
+    /// The same for Bruck's Allgather: a rank that posts Allgather after Allgather sends a
+    /// rank that has not posted them rounds of at most a window of operations, and every one
+    /// completes byte for byte once all ranks posted.
+    #[test]
+    fn a_rank_running_ahead_sends_bruck_rounds_of_at_most_a_window() {
+        let p = 4u32;
+        let block = 16 << 10;
+        let len = block * p as usize;
+        let window = tree_ahead(len) as usize;
+        let n = 3 * window;
+        let hs = dispatchers(p, PIECE);
+        let own = |i: usize, r: usize| vec![(i * 5 + r * 3 + 1) as u8; block];
+        let gather = |h: &Handle, i: usize, r: usize| {
+            let mut buf = vec![0u8; len];
+            buf[r * block..][..block].copy_from_slice(&own(i, r));
+            let kind = Kind::Allgather {
+                sizes: vec![block as u64; p as usize],
+            };
+            h.post::<u8>(kind, buf, None, tracing::Span::none())
+                .expect("post")
+        };
+        let first: Vec<_> = (0..n).map(|i| gather(&hs[0], i, 0)).collect();
+        // Rank 0's first round goes to rank 3: a window of operations and no more.
+        let early = |h: &Handle| h.progress.lock().as_ref().map_or(0, |d| d.early.len());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while early(&hs[3]) < window {
+            assert!(
+                Instant::now() < deadline,
+                "a window of rounds never arrived"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(early(&hs[3]), window);
+        let others: Vec<Vec<_>> = (1..p as usize)
+            .map(|r| (0..n).map(|i| gather(&hs[r], i, r)).collect())
+            .collect();
+        for reqs in std::iter::once(first).chain(others) {
+            for (i, r) in reqs.into_iter().enumerate() {
+                let want: Vec<u8> = (0..p as usize).flat_map(|r| own(i, r)).collect();
+                assert!(r.wait().expect("allgather") == want, "operation {i}");
             }
         }
     }

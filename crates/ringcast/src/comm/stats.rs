@@ -97,6 +97,10 @@ pub struct ControlCounters {
     pub bytes_served: u64,
     /// Peers' reads refused (unknown operation, range outside the buffer).
     pub reads_refused: u64,
+    /// Peers' reads that waited for their connection's queue to drain before being answered.
+    pub reads_deferred: u64,
+    /// Read answers or refusals from a rank the read was not asked of, or for no read.
+    pub stray_responses: u64,
     /// Frames that broke the protocol.
     pub malformed: u64,
     /// Peers lost.
@@ -115,6 +119,8 @@ impl ControlCounters {
             reads_served: g(&c.reads_served),
             bytes_served: g(&c.bytes_served),
             reads_refused: g(&c.reads_refused),
+            reads_deferred: g(&c.reads_deferred),
+            stray_responses: g(&c.stray_responses),
             malformed: g(&c.malformed),
             peers_lost: g(&c.peers_lost),
         }
@@ -151,6 +157,9 @@ pub struct CommStats {
     /// Receiver reports this rank's rate controller took (one per receiver and operation
     /// this rank multicast in).
     pub rate_reports: u64,
+    /// Messages of TCP operations not started here that peers sent beyond what they may (more
+    /// than 64 MiB from one peer, or failures of thousands of operations): dropped.
+    pub tcp_early_dropped: u64,
     /// Operations completed.
     pub ops_completed: u64,
     /// Operations failed.
