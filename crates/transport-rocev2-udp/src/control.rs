@@ -623,13 +623,22 @@ impl Link {
     /// A peer's read: answered now, or once the queue holds less than [`SERVE_QUEUE`] bytes
     /// (after the reads asked before it).
     fn ask(&self, a: Asked) {
-        let mut out = self.out();
-        if out.closed {
+        let now = {
+            let out = self.out();
+            if out.closed {
+                return;
+            }
+            out.asked.is_empty() && out.bytes < SERVE_QUEUE
+        };
+        if now {
+            // The copy is made outside the queue's lock: the owner's messages to this peer
+            // do not wait for it. (Only the thread that reads this connection asks, so no
+            // read asked before this one can be waiting meanwhile.)
+            self.send(Frame::Owned(self.serve.reply(a)));
             return;
         }
-        if !out.asked.is_empty() || out.bytes >= SERVE_QUEUE {
-            bump(&self.serve.stats.reads_deferred);
-        }
+        bump(&self.serve.stats.reads_deferred);
+        let mut out = self.out();
         out.asked.push_back(a);
         self.flush(&mut out);
     }
