@@ -42,6 +42,24 @@ pub mod comm;
 #[cfg(feature = "rocev2-udp")]
 pub use comm::{BuildError, CommError, Communicator, Request};
 
+/// Entry points for the fuzz targets under `fuzz/`: the parsers of what peers send before a
+/// communicator exists, on bytes. Not part of the API: they panic on a finding.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// The rendezvous messages: `b` as a hello and as a reply for a job of `world` ranks;
+    /// whether it read as each.
+    pub fn bootstrap_wire(b: &[u8], world: u32) -> (bool, bool) {
+        crate::bootstrap::fuzz_wire(b, world)
+    }
+
+    /// The start-up check's report on the control mesh, decoded and judged; whether it
+    /// decoded.
+    #[cfg(feature = "rocev2-udp")]
+    pub fn startup_report(b: &[u8]) -> bool {
+        crate::comm::fuzz_report(b)
+    }
+}
+
 /// The sans-IO protocol core: sessions, configuration, events (re-export of `ringcast-core`).
 pub use ringcast_core as core;
 

@@ -733,3 +733,36 @@ fn interface_defaults() {
     let text = none.interface().expect_err("no such interface").to_string();
     assert!(text.contains("set RINGCAST_IFNAME"), "{text}");
 }
+
+/// The committed seeds of the `bootstrap` fuzz target are the messages they are named for
+/// (a format change that leaves them stale fails here, not silently in the fuzzer).
+#[test]
+fn the_bootstrap_fuzz_seeds_parse() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/bootstrap");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).expect("seed directory") {
+        let path = entry.expect("entry").path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("")
+            .to_owned();
+        if !name.starts_with("seed-") {
+            continue;
+        }
+        let data = std::fs::read(&path).expect("seed");
+        let (&world, msg) = data.split_first().expect("not empty");
+        let (hello, reply) = ringcast::fuzzing::bootstrap_wire(msg, u32::from(world));
+        let report = ringcast::fuzzing::startup_report(&data);
+        let want = if name.starts_with("seed-hello") {
+            hello
+        } else if name.starts_with("seed-report") {
+            report
+        } else {
+            reply
+        };
+        assert!(want, "{name} does not parse as what it is named for");
+        seen += 1;
+    }
+    assert!(seen >= 5, "{seen} seeds");
+}

@@ -33,6 +33,11 @@ mod rendezvous;
 mod server;
 mod wire;
 
+/// See [`crate::fuzzing::bootstrap_wire`].
+pub(crate) fn fuzz_wire(b: &[u8], world: u32) -> (bool, bool) {
+    wire::fuzz(b, world)
+}
+
 pub use env::{
     DEFAULT_TIMEOUT, DERIVED_PORT_BASE, DERIVED_PORT_SPAN, EnvError, JobEnv, Launcher,
     RendezvousAddr, TORCHRUN_PORT_OFFSET,

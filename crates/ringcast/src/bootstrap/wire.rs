@@ -249,6 +249,34 @@ impl Write for By<'_> {
     }
 }
 
+/// Parses `b` as a hello and as a reply for a job of `world` ranks, as rank 0 and a joining
+/// rank would; whatever parses must encode back to what it was read from (a refusal, read
+/// whatever its version, to what reads the same). Whether it read as a hello, and as a reply.
+/// For the fuzz target.
+pub(super) fn fuzz(b: &[u8], world: u32) -> (bool, bool) {
+    let mut r = b;
+    let hello = Hello::read(&mut r);
+    if let Ok(h) = &hello {
+        let used = b.len() - r.len();
+        assert_eq!(h.encode(), b[..used], "a hello re-encodes to its bytes");
+    }
+    let mut r = b;
+    let reply = Reply::read(&mut r, world);
+    if let Ok(reply) = &reply {
+        let used = b.len() - r.len();
+        let again = reply.encode();
+        if b[4..6] == VERSION.to_be_bytes() {
+            assert_eq!(again, b[..used], "a reply re-encodes to its bytes");
+        }
+        assert_eq!(
+            Reply::read(&mut &again[..], world).ok().as_ref(),
+            Some(reply),
+            "a reply reads back"
+        );
+    }
+    (hello.is_ok(), reply.is_ok())
+}
+
 /// Writes a whole message.
 pub(super) fn send(w: &mut impl Write, message: &[u8]) -> io::Result<()> {
     w.write_all(message)?;

@@ -122,6 +122,11 @@ mod request;
 mod stats;
 mod track;
 
+/// See [`crate::fuzzing::startup_report`].
+pub(crate) fn fuzz_report(b: &[u8]) -> bool {
+    probe::fuzz_report(b)
+}
+
 pub use builder::{CommBuilder, DEFAULT_TCP_THRESHOLD, Fallback};
 pub use error::{BuildError, CommError};
 pub use fallback::{FallbackReason, TransportMode};

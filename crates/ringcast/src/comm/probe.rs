@@ -363,6 +363,27 @@ impl fmt::Display for ProbeFailure {
 
 impl std::error::Error for ProbeFailure {}
 
+/// Decodes `b` as a start-up report: what decodes must encode to what decodes the same, and
+/// be judged without a panic. Whether it decoded. For the fuzz target.
+pub(crate) fn fuzz_report(b: &[u8]) -> bool {
+    let Some(r) = Report::decode(b) else {
+        return false;
+    };
+    assert_eq!(
+        Report::decode(&r.encode()).as_ref(),
+        Some(&r),
+        "a report reads back"
+    );
+    let _ = judge(std::slice::from_ref(&r), Duration::ZERO);
+    // Beside a second rank's report, built from this one.
+    if r.ranks == 2 {
+        let mut other = r.clone();
+        other.rank = 1 - r.rank;
+        let _ = judge(&[r, other], Duration::from_secs(1));
+    }
+    true
+}
+
 /// The verdict on every rank's report (the same on every rank: the same reports in).
 /// `Err` (for [`BuildError::StartupCheck`]) when the ranks disagree on settings that must
 /// match.
