@@ -551,6 +551,32 @@ fn world_size_mismatch_fails_the_offender_and_rank_0() {
     }
 }
 
+/// A rank number beyond the world it agrees on is named as such (not as a world size
+/// mismatch: "says the world has 2 ranks, rank 0 says 2").
+#[test]
+fn a_rank_outside_the_world_is_named() {
+    let (root, joined) = meet(2, &[(5, 2)], Duration::from_secs(20));
+    let e = root.expect_err("out of range");
+    assert!(
+        matches!(
+            e,
+            RendezvousError::RankOutOfRange {
+                rank: 5,
+                ranks: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    for j in joined {
+        let text = j.expect_err("out of range").to_string();
+        assert!(
+            text.contains("rank 5 (from") && text.contains("2-rank job"),
+            "{text}"
+        );
+    }
+}
+
 #[test]
 fn another_jobs_rank_is_refused_and_the_job_goes_on() {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");

@@ -98,6 +98,19 @@ pub enum RendezvousError {
         /// Rank 0's.
         ours: u32,
     },
+    /// A rank joined with a rank number outside the world it agrees on.
+    #[error(
+        "rank {rank} (from {peer}) is not a rank of this {ranks}-rank job: start every rank \
+         with a rank below the world size (RINGCAST_RANK / the launcher's rank variable)"
+    )]
+    RankOutOfRange {
+        /// The rank it claimed.
+        rank: u32,
+        /// Its address.
+        peer: SocketAddr,
+        /// The world size.
+        ranks: u32,
+    },
     /// A joining rank never reached rank 0.
     #[error(
         "could not connect to the rendezvous at {addr} for {} s (last error: {last_error}); is \

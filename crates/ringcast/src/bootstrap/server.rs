@@ -160,7 +160,16 @@ impl<'a> Server<'a> {
             self.reject(why);
             return Ok(false);
         }
-        if hello.world_size != self.cfg.world_size || hello.rank >= self.cfg.world_size {
+        if hello.world_size == self.cfg.world_size && hello.rank >= self.cfg.world_size {
+            let e = RendezvousError::RankOutOfRange {
+                rank: hello.rank,
+                peer,
+                ranks: self.cfg.world_size,
+            };
+            refuse(&mut stream, &e.to_string());
+            return Err(self.fail(e));
+        }
+        if hello.world_size != self.cfg.world_size {
             let e = RendezvousError::WorldSizeMismatch {
                 rank: hello.rank,
                 peer,
