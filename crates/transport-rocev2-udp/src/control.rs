@@ -2037,15 +2037,21 @@ mod tests {
         mesh_io(n, nonce, |_| false)
     }
 
-    /// A mesh whose ranks `r` with `inline(r)` do their own I/O.
-    fn mesh_io(n: usize, nonce: u64, inline: impl Fn(usize) -> bool) -> Vec<TcpControl> {
+    /// `n` listeners on loopback, and their addresses: a mesh's table.
+    fn listeners(n: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {
         let listeners: Vec<TcpListener> = (0..n)
             .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
             .collect();
-        let table: Vec<SocketAddr> = listeners
+        let table = listeners
             .iter()
             .map(|l| l.local_addr().expect("addr"))
             .collect();
+        (listeners, table)
+    }
+
+    /// A mesh whose ranks `r` with `inline(r)` do their own I/O.
+    fn mesh_io(n: usize, nonce: u64, inline: impl Fn(usize) -> bool) -> Vec<TcpControl> {
+        let (listeners, table) = listeners(n);
         let handles: Vec<_> = listeners
             .into_iter()
             .enumerate()
@@ -2075,6 +2081,24 @@ mod tests {
             }
             assert!(Instant::now() < deadline, "no control input");
             thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Rank `at`'s next control input, polling rank `io`'s inline I/O meanwhile (it may be
+    /// the one that answers).
+    fn polled_input(
+        m: &mut [TcpControl],
+        io: usize,
+        at: usize,
+        buf: &mut Vec<u8>,
+        deadline: Instant,
+    ) -> ControlInput {
+        loop {
+            m[io].poll_io(Duration::from_millis(1));
+            if let Some(i) = m[at].poll_control(buf) {
+                return i;
+            }
+            assert!(Instant::now() < deadline, "no input at rank {at}");
         }
     }
 
@@ -3070,13 +3094,7 @@ mod tests {
         }
         assert_eq!(dst.to_vec(), vec![0; 16]);
         // Rank 2 answers: the read completes with its bytes.
-        let got = loop {
-            m[2].poll_io(Duration::from_millis(1));
-            if let Some(i) = m[0].poll_control(&mut buf) {
-                break i;
-            }
-            assert!(Instant::now() < deadline, "rank 2's answer did not arrive");
-        };
+        let got = polled_input(&mut m, 2, 0, &mut buf, deadline);
         assert_eq!(
             got,
             ControlInput::ReadDone {
@@ -3153,13 +3171,7 @@ mod tests {
         }
         assert!(m[1].queue(Rank(0), Frame::Owned(f)));
         m[1].pending.insert(99, req(99, 0, 100, 0, 1 << 60));
-        let got = loop {
-            m[1].poll_io(Duration::from_millis(1));
-            if let Some(i) = m[1].poll_control(&mut buf) {
-                break i;
-            }
-            assert!(Instant::now() < deadline, "no refusal");
-        };
+        let got = polled_input(&mut m, 1, 1, &mut buf, deadline);
         assert_eq!(
             got,
             ControlInput::ReadDone {
@@ -3174,13 +3186,7 @@ mod tests {
     /// within the start-up's bound.
     #[test]
     fn a_trickling_stray_does_not_hold_up_the_start_up() {
-        let listeners: Vec<TcpListener> = (0..2)
-            .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
-            .collect();
-        let table: Vec<SocketAddr> = listeners
-            .iter()
-            .map(|l| l.local_addr().expect("addr"))
-            .collect();
+        let (listeners, table) = listeners(2);
         // 21 bytes at one a second: 21 s, where the start-up has 8.
         let stray_to = table[0];
         let stray = thread::spawn(move || {

@@ -2904,6 +2904,15 @@ mod tests {
         .collect()
     }
 
+    /// A piece of block 0 of operation `op`, from its start, of an 8-byte Broadcast from rank
+    /// 0 (whatever `data`'s length), as a peer would send it.
+    fn forged_piece(op: u64, data: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        piece_header(&mut b, 0, op, 0, broadcast_shape(Rank(0), 8));
+        b.extend_from_slice(data);
+        b
+    }
+
     /// A piece or an abort of an operation that ended here long ago (beyond the window of
     /// ended ones) is dropped, not kept for a start that never comes; those of an operation not
     /// posted yet are kept.
@@ -2923,15 +2932,7 @@ mod tests {
                 assert_eq!(r.wait().expect("broadcast"), vec![i as u8; 8]);
             }
         }
-        let piece = |op: u64| {
-            let mut b = vec![KIND_PIECE, 0, 0, 0];
-            b.extend_from_slice(&0u32.to_be_bytes());
-            b.extend_from_slice(&op.to_be_bytes());
-            b.extend_from_slice(&0u64.to_be_bytes());
-            b.extend_from_slice(&broadcast_shape(Rank(0), 8).to_be_bytes());
-            b.extend_from_slice(&[9; 8]);
-            b
-        };
+        let piece = |op: u64| forged_piece(op, &[9; 8]);
         if let Some(d) = hs[1].progress.lock().as_mut() {
             for op in [0, 1 << 20] {
                 d.mesh.send_control(Rank(0), &piece(op));
@@ -2961,15 +2962,7 @@ mod tests {
     #[test]
     fn what_a_peer_sends_ahead_is_kept_within_bounds() {
         let hs = dispatchers_with(2, PIECE, |r| r == 1);
-        let piece = |op: u64| {
-            let mut b = vec![KIND_PIECE, 0, 0, 0];
-            b.extend_from_slice(&0u32.to_be_bytes());
-            b.extend_from_slice(&op.to_be_bytes());
-            b.extend_from_slice(&0u64.to_be_bytes());
-            b.extend_from_slice(&broadcast_shape(Rank(0), 8).to_be_bytes());
-            b.resize(PIECE_HEADER + PIECE, 7);
-            b
-        };
+        let piece = |op: u64| forged_piece(op, &[7; PIECE]);
         let pieces = (EARLY_PER_PEER / PIECE + 8) as u64;
         if let Some(d) = hs[1].progress.lock().as_mut() {
             for op in 0..pieces {
