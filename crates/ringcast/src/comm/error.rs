@@ -56,7 +56,10 @@ pub enum CommError {
         reported_by: u32,
     },
     /// The communicator was dropped (or its engine stopped) before the operation finished.
-    #[error("cancelled: the communicator was dropped before the operation finished")]
+    #[error(
+        "cancelled: the communicator was dropped, or its engine thread stopped (see the log), \
+         before the operation finished"
+    )]
     Cancelled,
     /// A buffer has the wrong size.
     #[error("{what} holds {got} elements; this operation needs {required}")]
