@@ -813,6 +813,60 @@ fn an_operation_one_rank_cannot_start_does_not_shift_the_others() {
     );
 }
 
+/// An erroneous program over TCP: rank 1 posts a small Allgather with no bytes where the
+/// others post 8 per rank. The others' Bruck rounds reach it (whether it completed already
+/// or not): it tells them, and every rank fails the operation at once (`ShapeMismatch`), not
+/// at the peer timeout (a minute here); the next operation lines up everywhere.
+#[test]
+fn an_allgather_empty_at_one_rank_fails_at_the_others_at_once() {
+    world_with(
+        36,
+        |b| b.peer_timeout(Duration::from_secs(60)),
+        |comm| {
+            let me = comm.rank();
+            let got = if me == 1 {
+                comm.iallgatherv(&[0u8; 0], Vec::new(), &[0; RANKS as usize])
+            } else {
+                comm.iallgather(&[me as u8; 8], vec![0; 8 * RANKS as usize])
+            }
+            .map_err(e)?
+            .wait();
+            match (me, got) {
+                (1, Ok(v)) if v.is_empty() => {}
+                (_, Err(CommError::ShapeMismatch { .. })) => {}
+                (_, other) => return Err(format!("rank {me}: {:?}", other.map(|v| v.len()))),
+            }
+            broadcast_checked(&comm, "after", 37, 2, 4096)?;
+            Ok(())
+        },
+    );
+}
+
+/// The same with a Broadcast: rank 2, inside the tree from rank 0 (its child is rank 3),
+/// posts it empty and completes at once. Rank 0's piece reaches it afterwards: it tells the
+/// ranks, and rank 3, which waits on it, fails at once instead of at the peer timeout.
+#[test]
+fn a_broadcast_empty_inside_the_tree_fails_below_it_at_once() {
+    world_with(
+        38,
+        |b| b.peer_timeout(Duration::from_secs(60)),
+        |comm| {
+            let me = comm.rank();
+            let len = if me == 2 { 0 } else { 1000 };
+            let want = pattern(39, 0, len);
+            let got = ibroadcast_of(&comm, 0, &want)?.wait();
+            match (me, got) {
+                (3, Err(CommError::ShapeMismatch { .. })) => {}
+                (0..=2, Ok(v)) if v == want => {}
+                (0..=2, Err(CommError::ShapeMismatch { .. })) => {}
+                (_, other) => return Err(format!("rank {me}: {:?}", other.map(|v| v.len()))),
+            }
+            broadcast_checked(&comm, "after", 40, 2, 4096)?;
+            Ok(())
+        },
+    );
+}
+
 /// The same with small operations over TCP in flight beside multicast ones: dropping the
 /// communicator cancels both kinds, and the engine and the dispatcher both stop.
 #[test]

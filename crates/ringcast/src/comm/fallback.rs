@@ -755,6 +755,7 @@ pub(crate) fn start(
         early: HashMap::new(),
         early_bytes: vec![0; cfg.size as usize],
         ended: VecDeque::new(),
+        completed: VecDeque::new(),
         aborts: HashMap::new(),
         reports: Reports::new(Rank(cfg.rank), cfg.size),
         elsewhere: VecDeque::new(),
@@ -1194,6 +1195,10 @@ struct Dispatcher {
     /// The last [`ENDED_KEEP`] TCP operations that ended here (completed or failed): a piece
     /// of one of them is dropped, not kept as early.
     ended: VecDeque<u64>,
+    /// Of those, the ones that completed here: their shape fingerprint, and whether the ranks
+    /// were told that a peer sent one of another shape (a rank whose buffer was empty
+    /// completes before its parent's piece arrives, and its children wait on it).
+    completed: VecDeque<(u64, u32, bool)>,
     /// Operations a peer gave up on before they started here, with the error they fail
     /// with.
     aborts: HashMap<u64, CommError>,
@@ -1787,6 +1792,7 @@ impl Dispatcher {
                 self.take(i, from, msg);
             }
             None if self.ended.contains(&k) => {
+                self.late_shape(k, from, msg);
                 tracing::debug!(op = k, "fallback: message of a finished operation ignored");
             }
             None if self.piece_elsewhere(k, from) => {}
@@ -1801,6 +1807,28 @@ impl Dispatcher {
             None => self.keep_early(k, from, msg),
         }
         self.reap();
+    }
+
+    /// A piece (or clear-to-send) of operation `k`, which completed here, from `from`: if
+    /// `from` posted it with another shape, the ranks still running it are told (once), so
+    /// that they fail it at once rather than at the peer timeout.
+    fn late_shape(&mut self, k: u64, from: u32, msg: &[u8]) {
+        let cts = msg.first() == Some(&KIND_CTS);
+        let Some(shape) = u32_at(msg, if cts { 4 } else { 24 }) else {
+            return;
+        };
+        let Some(c) = self.completed.iter_mut().find(|c| c.0 == k) else {
+            return;
+        };
+        if c.1 == shape || std::mem::replace(&mut c.2, true) {
+            return;
+        }
+        tracing::warn!(
+            op = k,
+            peer = from,
+            "a peer posted an operation this rank completed with another kind, root or size"
+        );
+        self.tell_others(&abort_message(ABORT_MISMATCH, from, k));
     }
 
     /// Keeps `msg` from `from` until operation `k` starts here, within [`EARLY_PER_PEER`].
@@ -2539,6 +2567,7 @@ impl Dispatcher {
             }
             let op = self.active.swap_remove(i);
             self.ended(op.k);
+            keep_last(&mut self.completed, (op.k, op.fingerprint, false));
             self.blame.completed(op.k);
             // Every rank took part in it: what was reported before is over.
             self.reports.completed(op.k);

@@ -30,9 +30,10 @@
 //! on the path it did not take (a `Ready` at a rank that ran it over TCP, a piece at one that
 //! ran it over multicast) tells every rank, and they fail it at once; where no such message
 //! crosses, a rank fails it at the peer timeout, naming a rank it waited on. An operation that
-//! is empty at one rank (it completes there at once) and not at another fails at once over
-//! multicast (the empty one still says `Ready`) and where an empty Broadcast's root shows its
-//! shape to its children over TCP; an empty buffer at a TCP Broadcast's leaf is not checked.
+//! is empty at one rank (it completes there at once) and not at another fails at once too:
+//! the empty one still says `Ready` over multicast; over TCP an empty Broadcast's root shows
+//! its shape to its children, and any other rank tells every rank when a piece of another
+//! shape reaches it after it completed (so its children, which wait on it, fail at once).
 //!
 //! A call that this rank refuses before posting anything (a root out of range, counts of
 //! the wrong length, a buffer of the wrong size, zero-sized elements), or that the engine
