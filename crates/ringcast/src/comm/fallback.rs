@@ -836,14 +836,14 @@ impl Handle {
             r.next += 1;
             // Without a wake-up: the dispatcher takes it at its next turn.
             let _ = self.tx.tx.send(Msg::Elsewhere(k));
-            return Ok(Request::new(rx, typed).with_tap(self.tap.clone()));
+            return Ok(Request::new(rx, typed).with_tap(&self.tap));
         }
         r.next += 1;
         let mut req = Request::new(rx, typed);
         // Its waiting thread may lead when it surely runs over TCP (a large post held for
         // a switch agreement may go to the engine, which answers on its channel alone).
         if small || r.switch_at.is_some_and(|s| k >= s) {
-            req = req.driven_by(self.progress.clone());
+            req = req.driven_by(&self.progress);
         }
         // Run it here and now when nobody holds the dispatcher: the root of a tree sends its
         // pieces from this thread, with no wake-up. (`try_lock` under the route's lock: the
@@ -3032,6 +3032,31 @@ mod tests {
             assert_eq!(d.early_bytes[1], held - one);
         }
         assert_eq!(dropped(&hs[0]), want);
+    }
+
+    /// A request holds nothing of its communicator alive: leaked, it keeps no descriptor of
+    /// the mesh (the dispatcher's epoll and eventfd) open once the communicator is gone.
+    #[test]
+    fn a_leaked_request_holds_nothing_of_its_communicator() {
+        let hs = dispatchers(2, PIECE);
+        let before = (
+            Arc::strong_count(&hs[0].progress),
+            Arc::strong_count(&hs[0].tap),
+        );
+        let req = hs[0]
+            .post::<u8>(
+                Kind::Broadcast { root: 0 },
+                vec![1; 100],
+                None,
+                tracing::Span::none(),
+            )
+            .expect("post");
+        std::mem::forget(req);
+        let after = (
+            Arc::strong_count(&hs[0].progress),
+            Arc::strong_count(&hs[0].tap),
+        );
+        assert_eq!(after, before, "(progress, tap) held by a leaked request");
     }
 
     /// A root that posts Broadcast after Broadcast sends a rank that has not posted them

@@ -1,7 +1,7 @@
 //! Non-blocking operations' handles.
 
-use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
@@ -27,7 +27,8 @@ pub(crate) fn end_of(rx: &Receiver<Completion>) -> Option<Completion> {
 /// and the other non-blocking calls. It owns nothing the engine writes to: the engine owns the
 /// buffer until the operation is over and hands it back through [`wait`](Self::wait). Dropping
 /// or leaking (`mem::forget`) a request is therefore harmless: the operation still runs to its
-/// end on every rank, and its buffer is freed by the engine.
+/// end on every rank, and its buffer is freed by the engine. A request holds nothing of its
+/// communicator alive: a leaked one costs its own small allocation, no thread or descriptor.
 #[derive(Debug)]
 #[must_use = "an operation's result comes back through its request"]
 pub struct Request<T: Pod = u8> {
@@ -36,10 +37,12 @@ pub struct Request<T: Pod = u8> {
     got: Option<Box<Completion>>,
     /// The caller's vector, when its bytes travelled as a copy (T aligned above 1).
     typed: Option<Vec<T>>,
-    /// Told the operation's stats (the TCP fallback's loss window), when set.
-    tap: Option<Arc<LossTap>>,
-    /// A TCP operation's dispatcher, which the thread waiting for it drives.
-    driver: Option<Arc<Progress>>,
+    /// Told the operation's stats (the TCP fallback's loss window), when set. Weak, like
+    /// `driver`: a leaked request must not keep the communicator's descriptors open.
+    tap: Option<Weak<LossTap>>,
+    /// A TCP operation's dispatcher, which the thread waiting for it drives (while the
+    /// communicator lives; after, its end is on the channel).
+    driver: Option<Weak<Progress>>,
 }
 
 impl<T: Pod> Request<T> {
@@ -54,15 +57,20 @@ impl<T: Pod> Request<T> {
     }
 
     /// Tells `tap` the stats of the operation when it completes.
-    pub(crate) fn with_tap(mut self, tap: Arc<LossTap>) -> Self {
-        self.tap = Some(tap);
+    pub(crate) fn with_tap(mut self, tap: &Arc<LossTap>) -> Self {
+        self.tap = Some(Arc::downgrade(tap));
         self
     }
 
     /// A TCP operation: waiting for it drives its dispatcher (see the fallback's `Progress`).
-    pub(crate) fn driven_by(mut self, p: Arc<Progress>) -> Self {
-        self.driver = Some(p);
+    pub(crate) fn driven_by(mut self, p: &Arc<Progress>) -> Self {
+        self.driver = Some(Arc::downgrade(p));
         self
+    }
+
+    /// The dispatcher that drives this operation, while its communicator lives.
+    fn driver(&self) -> Option<Arc<Progress>> {
+        self.driver.as_ref().and_then(Weak::upgrade)
     }
 
     /// Takes the operation's end from the channel, if there.
@@ -82,7 +90,7 @@ impl<T: Pod> Request<T> {
         if self.arrived() {
             return true;
         }
-        if let Some(p) = &self.driver {
+        if let Some(p) = self.driver() {
             p.poke();
         }
         self.arrived()
@@ -97,7 +105,7 @@ impl<T: Pod> Request<T> {
     pub fn wait_with_stats(mut self) -> Result<(Vec<T>, OpStats), CommError> {
         let c = match self.got.take() {
             Some(c) => *c,
-            None => match self.driver.as_ref().and_then(|p| p.lead(&self.rx, None)) {
+            None => match self.driver().and_then(|p| p.lead(&self.rx, None)) {
                 Some(c) => c,
                 None => self.rx.recv().unwrap_or(Err(CommError::Cancelled)),
             },
@@ -109,7 +117,7 @@ impl<T: Pod> Request<T> {
     /// in flight.
     pub fn wait_timeout(mut self, timeout: Duration) -> Result<Result<Vec<T>, CommError>, Self> {
         let deadline = Instant::now().checked_add(timeout);
-        let driven = match &self.driver {
+        let driven = match self.driver() {
             Some(p) if self.got.is_none() => p.lead(&self.rx, deadline),
             _ => None,
         };
@@ -131,7 +139,7 @@ impl<T: Pod> Request<T> {
 
     fn finish(&mut self, c: Completion) -> Result<(Vec<T>, OpStats), CommError> {
         let (bytes, stats) = c?;
-        if let Some(tap) = &self.tap {
+        if let Some(tap) = self.tap.as_ref().and_then(Weak::upgrade) {
             tap.observe(&stats);
         }
         let out = match self.typed.take() {
