@@ -867,6 +867,34 @@ fn a_broadcast_empty_inside_the_tree_fails_below_it_at_once() {
     );
 }
 
+/// And with a chain: everything over TCP, rank 1 posts a Broadcast empty where the others
+/// post 300 000 bytes (more than a piece: a chain, rank 1 the root's next hop). Rank 1
+/// completes at once and sends no clear-to-send; the root's shape piece reaches it
+/// afterwards, and it tells the ranks, which fail at once instead of at the peer timeout.
+#[test]
+fn a_broadcast_empty_at_the_roots_next_hop_fails_the_chain_at_once() {
+    world_with(
+        41,
+        |b| {
+            b.tcp_threshold(1 << 30)
+                .peer_timeout(Duration::from_secs(60))
+        },
+        |comm| {
+            let me = comm.rank();
+            let len = if me == 1 { 0 } else { 300_000 };
+            let want = pattern(42, 0, len);
+            let got = ibroadcast_of(&comm, 0, &want)?.wait();
+            match (me, got) {
+                (1, Ok(v)) if v.is_empty() => {}
+                (_, Err(CommError::ShapeMismatch { .. })) => {}
+                (_, other) => return Err(format!("rank {me}: {:?}", other.map(|v| v.len()))),
+            }
+            broadcast_checked(&comm, "after", 43, 2, 4096)?;
+            Ok(())
+        },
+    );
+}
+
 /// The same with small operations over TCP in flight beside multicast ones: dropping the
 /// communicator cancels both kinds, and the engine and the dispatcher both stop.
 #[test]
