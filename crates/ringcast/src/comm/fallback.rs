@@ -123,8 +123,10 @@
 //! program: the ranks disagree on the operation) fails it with [`CommError::ShapeMismatch`]
 //! naming the sender, and tells every rank (`KIND_ABORT` with reason 1), so no rank waits for
 //! pieces that will never come. The root of an empty Broadcast sends its children a piece
-//! of no bytes for that purpose. Which ranks hear of it depends on where pieces flow: a
-//! disagreement that no piece crosses ends at the peer timeout, as a hang does.
+//! of no bytes for that purpose, and a rank that completed an operation (an empty one, at
+//! once) tells every rank when a piece of it of another shape arrives afterwards. Which ranks
+//! hear of it depends on where pieces flow: a disagreement that no piece crosses ends at the
+//! peer timeout, as a hang does.
 //!
 //! ## The switch on loss
 //! Each completed multicast operation's [`OpStats`] feeds a window: chunks fetched (ring
