@@ -99,6 +99,9 @@ impl Display for Report {
             (false, _) => "WRONG DATA",
             (true, true) => "verified, all completed",
             (true, false) if !self.all_finished => "verified, but some ranks HUNG",
+            (true, false) if self.ops.iter().any(|o| o.completed + o.failed == 0) => {
+                "verified, but every rank crashed during an operation: none completed it"
+            }
             (true, false) => "verified, some ranks failed with typed errors",
         };
         writeln!(

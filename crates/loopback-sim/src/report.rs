@@ -313,14 +313,63 @@ pub struct Report {
 }
 
 impl Report {
-    /// Whether the run is a success: verified, nothing hung, and every rank that survived
-    /// completed every operation.
+    /// Whether the run is a success: verified, nothing hung, every rank that survived
+    /// completed every operation, and every operation completed somewhere (an operation
+    /// whose every rank crashed delivered nothing to anyone).
     pub fn all_completed(&self) -> bool {
         self.verified
             && self.all_finished
+            && self.every_op_completed_somewhere()
             && self
                 .ops
                 .iter()
                 .all(|o| o.failed == 0 && o.unfinished == 0 && o.corrupted == 0)
+    }
+
+    /// Whether every operation completed at one rank at least.
+    pub(crate) fn every_op_completed_somewhere(&self) -> bool {
+        self.ops.iter().all(|o| o.completed > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Crash, Sim, SimConfig, TopologySpec, Workload};
+    use std::time::Duration;
+
+    fn crash_at_1us(ranks: &[u32]) -> crate::Report {
+        let w = Workload::new().broadcast(Duration::ZERO, 0, 64 << 10);
+        let mut cfg = SimConfig::new(TopologySpec::Star { hosts: 4 }, w);
+        cfg.faults.crashes = ranks
+            .iter()
+            .map(|&rank| Crash {
+                rank,
+                at: Duration::from_micros(1),
+            })
+            .collect();
+        Sim::new(cfg).expect("valid").run()
+    }
+
+    #[test]
+    fn an_operation_every_rank_crashed_in_is_not_completed() {
+        let r = crash_at_1us(&[0, 1, 2, 3]);
+        assert_eq!((r.ops[0].completed, r.ops[0].crashed), (0, 4), "{r}");
+        assert!(r.verified && r.all_finished, "{r}");
+        // Was reported "verified, all completed" with nothing delivered.
+        assert!(!r.all_completed(), "{r}");
+        assert!(r.to_string().contains("none completed it"), "{r}");
+    }
+
+    #[test]
+    fn survivors_that_completed_still_count() {
+        // A leaf that crashes: the others complete or fail naming it, as before.
+        let r = crash_at_1us(&[3]);
+        assert_eq!(r.ops[0].crashed, 1, "{r}");
+        assert_eq!(
+            r.all_completed(),
+            r.ops[0].failed == 0 && r.ops[0].unfinished == 0,
+            "{r}"
+        );
+        assert!(crash_at_1us(&[]).all_completed());
     }
 }

@@ -211,3 +211,221 @@ fn closed_output_pipe_is_a_quiet_exit() {
         assert!(err.is_empty(), "{err}");
     }
 }
+
+/// Runs a command that must fail with exit status 2 (bad flags) and an error naming `want`;
+/// never a panic or an abort.
+fn refused(args: &[&str], want: &str) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ringcast"))
+        .args(args)
+        .env_remove("RINGCAST_IFNAME")
+        .env_remove("RINGCAST_LANES")
+        .env_remove("RINGCAST_CHUNK_SIZE")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("the binary runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains("error"), "{args:?}: {err}");
+    assert!(err.contains(want), "{args:?}: want `{want}` in: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+}
+
+#[test]
+fn sim_fat_tree_radix_is_bounded_and_checked() {
+    let ft = |radix: &'static str| {
+        ["sim", "bcast", "--ranks", "2", "--size", "4KiB"]
+            .into_iter()
+            .chain(["--topology", "fat-tree", "--radix", radix])
+    };
+    // half * half wrapped in u32: a panic slicing the cores.
+    refused(&ft("2097152").collect::<Vec<_>>(), "--radix 2097152");
+    // radix^3 wrapped in u64: a wrong capacity (in a debug build, a panic).
+    refused(&ft("4294967295").collect::<Vec<_>>(), "at most 1024");
+    // Above the cap: was a million cores for two hosts.
+    refused(&ft("2048").collect::<Vec<_>>(), "at most 1024");
+    refused(
+        &[
+            "sim",
+            "bcast",
+            "--topology",
+            "fat-tree",
+            "--radix",
+            "4",
+            "--ranks",
+            "17",
+        ],
+        "--ranks 17",
+    );
+    // The largest radix builds only the switches its hosts use.
+    let v = ringcast_json(&ft("1024").chain(["--json"]).collect::<Vec<_>>());
+    assert_eq!(v["verified"], true);
+    assert!(
+        v["topology"]
+            .as_str()
+            .is_some_and(|t| t.contains("0 cores")),
+        "{v}"
+    );
+}
+
+#[test]
+fn sim_ranks_are_checked_before_allocating_per_rank() {
+    for cmd in ["bcast", "allgather"] {
+        // Aborted allocating ~100 GB before the core's limit was checked.
+        refused(
+            &["sim", cmd, "--ranks", "4294967295", "--size", "4KiB"],
+            "--ranks 4294967295 is more than 8192",
+        );
+        refused(&["sim", cmd, "--ranks", "65537"], "--ranks 65537");
+        // A legal session count, but some 120 GB of simulated ranks in one process.
+        refused(
+            &["sim", cmd, "--ranks", "65536"],
+            "--ranks 65536 is more than 8192",
+        );
+        // Was "--root 0 is not below --ranks 0".
+        refused(&["sim", cmd, "--ranks", "0"], "--ranks must be at least 1");
+    }
+}
+
+#[test]
+fn sim_fabric_and_lane_flags_are_bounded() {
+    let ls = ["sim", "bcast", "--topology", "leaf-spine"];
+    let with = |more: &[&'static str]| ls.iter().chain(more).copied().collect::<Vec<_>>();
+    refused(&with(&["--spines", "100000000"]), "--spines 100000000");
+    refused(
+        &with(&["--hosts-per-leaf", "100000"]),
+        "--hosts-per-leaf 100000",
+    );
+    // 4096 leaves x 1024 spines: four million cables.
+    refused(
+        &with(&[
+            "--ranks",
+            "4096",
+            "--hosts-per-leaf",
+            "1",
+            "--spines",
+            "1024",
+        ]),
+        "use fewer --spines",
+    );
+    refused(&["sim", "bcast", "--lanes", "65535"], "--lanes 65535");
+    refused(&["sim", "allgather", "--lanes", "257"], "--lanes 257");
+    // 65 concurrent roots: refused up front, not rejected mid-run.
+    let roots = vec!["0"; 65].join(",");
+    refused(
+        &["sim", "bcast", "--ranks", "4", "--root", &roots],
+        "--root",
+    );
+}
+
+#[test]
+fn sim_sizes_are_parsed_exactly() {
+    // 2^53 + 1 became 2^53 through f64.
+    refused(
+        &["sim", "bcast", "--size", "9007199254740993"],
+        "a buffer of 9007199254740993 B",
+    );
+    // Exactly 2^63 passed the old `>` check.
+    refused(
+        &["sim", "bcast", "--size", "9223372036854775808"],
+        "too large",
+    );
+    refused(
+        &["sim", "allgather", "--sizes", "1,8388608TiB"],
+        "too large",
+    );
+    let v = ringcast_json(&["sim", "bcast", "--ranks", "2", "--size", "1.5KiB", "--json"]);
+    assert_eq!(v["ops"][0]["kind"]["len"], 1536);
+}
+
+#[test]
+fn sim_run_in_which_every_rank_crashed_is_a_failure() {
+    let mut args = vec!["sim", "bcast", "--ranks", "4", "--size", "64KiB"];
+    for r in ["0@1us", "1@1us", "2@1us", "3@1us"] {
+        args.extend(["--crash", r]);
+    }
+    let out = ringcast(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Was exit 0 and "verified, all completed" with 0 deliveries.
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(!text.contains("all completed"), "{text}");
+    assert!(text.contains("none completed it"), "{text}");
+}
+
+#[test]
+fn bench_and_demo_refuse_bad_flags_before_spawning() {
+    let bench = |more: &[&'static str]| {
+        ["bench", "bcast", "--sizes", "4KiB", "--local", "2"]
+            .iter()
+            .chain(more)
+            .copied()
+            .collect::<Vec<_>>()
+    };
+    // Overflowed `1 + warmup + iters` (u32), then aborted reserving the timings.
+    refused(&bench(&["--iters", "4294967295"]), "--iters 4294967295");
+    refused(&bench(&["--warmup", "4294967295"]), "--warmup 4294967295");
+    refused(
+        &["bench", "bcast", "--local", "256", "--iters", "10000000"],
+        "--iters 10000000 on 256 ranks",
+    );
+    // Spawned that many rank processes.
+    refused(&["bench", "bcast", "--local", "257"], "--local 257");
+    refused(&["demo", "--quick", "--ranks", "257"], "--ranks 257");
+    // Killed every rank at once.
+    refused(&bench(&["--timeout", "0ns"]), "--timeout");
+    // Silently ignored --sizes.
+    refused(&["demo", "--quick", "--sizes", "1"], "--quick");
+    // Blamed RINGCAST_CHUNK_SIZE.
+    refused(&bench(&["--chunk", "0"]), "--chunk 0");
+    // size x ranks does not fit in a buffer: refused before connecting.
+    refused(
+        &[
+            "bench",
+            "allgather",
+            "--sizes",
+            "4611686018427387904",
+            "--local",
+            "2",
+        ],
+        "--sizes 4611686018427387904: 2 ranks",
+    );
+    refused(
+        &["demo", "--sizes", "9223372036854775807", "--ranks", "2"],
+        "--sizes 9223372036854775807",
+    );
+}
+
+/// A size no process can allocate (2^62 bytes) fails the run with an error naming `--sizes`,
+/// not an abort ("memory allocation of N bytes failed") or a panic ("capacity overflow").
+#[test]
+fn sizes_too_large_for_memory_fail_the_ranks_cleanly() {
+    for args in [
+        &[
+            "bench",
+            "bcast",
+            "--sizes",
+            "4611686018427387904",
+            "--iters",
+            "1",
+            "--warmup",
+            "0",
+            "--local",
+            "2",
+        ][..],
+        &["demo", "--sizes", "4611686018427387904", "--ranks", "1"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ringcast"))
+            .args(args)
+            .args(["--timeout", "60s"])
+            .env_remove("RINGCAST_IFNAME")
+            .env_remove("RINGCAST_LANES")
+            .env_remove("RINGCAST_CHUNK_SIZE")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("the binary runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("use smaller --sizes"), "{args:?}: {err}");
+        assert!(!err.contains("memory allocation"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

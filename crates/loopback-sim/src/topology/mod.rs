@@ -69,13 +69,14 @@ pub enum TopologySpec {
     ///
     /// Hosts fill it in order: host `h` sits on edge switch `h / (k/2)` (numbered across pods),
     /// in pod `h / (k^2/4)`. Only pods and edge switches that hold a host are built; a built
-    /// pod has all k/2 aggregation switches, and all (k/2)^2 cores are built. Edge `e` of a pod
-    /// is cabled to every aggregation switch of its pod; aggregation switch `a` of every pod is
-    /// cabled to cores `a*k/2 .. (a+1)*k/2`. So `radix: 32, hosts: 1024` is 4 full pods of 16
-    /// edges x 16 hosts under 256 cores (the paper's 1024-node model), and a full tree
-    /// (`hosts: k^3/4`) is the textbook one.
+    /// pod has all k/2 aggregation switches, and all (k/2)^2 cores are built when there are
+    /// two pods or more (one pod needs none). Edge `e` of a pod is cabled to every aggregation
+    /// switch of its pod; aggregation switch `a` of every pod is cabled to cores
+    /// `a*k/2 .. (a+1)*k/2`. So `radix: 32, hosts: 1024` is 4 full pods of 16 edges x 16 hosts
+    /// under 256 cores (the paper's 1024-node model), and a full tree (`hosts: k^3/4`) is the
+    /// textbook one.
     FatTree {
-        /// Ports per switch (k), even and at least 2.
+        /// Ports per switch (k), even, at least 2 and at most [`TopologySpec::MAX_RADIX`].
         radix: u32,
         /// Hosts (= ranks), at most k^3/4.
         hosts: u32,
@@ -83,6 +84,15 @@ pub enum TopologySpec {
 }
 
 impl TopologySpec {
+    /// Most hosts a topology may have: the core's rank limit (`Limits::max_ranks`).
+    pub const MAX_HOSTS: u32 = 1 << 16;
+
+    /// Largest fat-tree radix: a radix-1024 tree already seats 2^28 hosts.
+    pub const MAX_RADIX: u32 = 1024;
+
+    /// Most leaf-spine cables (leaves x spines): a fabric is built and routed in memory.
+    pub const MAX_SWITCH_CABLES: u64 = 1 << 20;
+
     /// Number of hosts (ranks).
     pub fn hosts(&self) -> u32 {
         match *self {
@@ -129,13 +139,13 @@ impl fmt::Display for TopologySpec {
                 hosts.div_ceil(hosts_per_leaf.max(1))
             ),
             TopologySpec::FatTree { radix, hosts } => {
-                let half = (radix / 2).max(1);
+                let half = u64::from((radix / 2).max(1));
+                let pods = u64::from(hosts).div_ceil(half * half);
                 write!(
                     f,
-                    "fat-tree (radix {radix}, {hosts} hosts, {} pods, {} edges, {} cores)",
-                    hosts.div_ceil(half * half),
-                    hosts.div_ceil(half),
-                    half * half
+                    "fat-tree (radix {radix}, {hosts} hosts, {pods} pods, {} edges, {} cores)",
+                    u64::from(hosts).div_ceil(half),
+                    if pods > 1 { half * half } else { 0 }
                 )
             }
         }
@@ -180,8 +190,12 @@ pub enum TopologyError {
     NoHosts,
     /// A leaf/spine fabric needs at least one host per leaf and one spine.
     BadShape,
-    /// A fat tree needs an even radix of at least 2, and at most radix^3/4 hosts.
+    /// A fat tree needs an even radix of at least 2 and at most
+    /// [`TopologySpec::MAX_RADIX`], and at most radix^3/4 hosts.
     BadFatTree,
+    /// More than [`TopologySpec::MAX_HOSTS`] hosts, or more than
+    /// [`TopologySpec::MAX_SWITCH_CABLES`] leaf-spine cables.
+    TooLarge,
 }
 
 impl fmt::Display for TopologyError {
@@ -191,8 +205,17 @@ impl fmt::Display for TopologyError {
             TopologyError::BadShape => {
                 f.write_str("leaf-spine needs at least one host per leaf and one spine")
             }
-            TopologyError::BadFatTree => f.write_str(
-                "a fat tree needs an even radix k >= 2 and at most k^3/4 hosts (k = 32: 8192)",
+            TopologyError::BadFatTree => write!(
+                f,
+                "a fat tree needs an even radix k, 2 <= k <= {}, and at most k^3/4 hosts \
+                 (k = 32: 8192)",
+                TopologySpec::MAX_RADIX
+            ),
+            TopologyError::TooLarge => write!(
+                f,
+                "a topology has at most {} hosts and {} leaf-spine cables",
+                TopologySpec::MAX_HOSTS,
+                TopologySpec::MAX_SWITCH_CABLES
             ),
         }
     }

@@ -66,7 +66,7 @@ pub(crate) struct BcastArgs {
     /// Bytes to broadcast (binary suffixes: KiB, MiB, GiB).
     #[arg(long, default_value = "1MiB", value_parser = units::size)]
     pub(crate) size: u64,
-    /// Root rank(s); several roots broadcast concurrently (comma-separated).
+    /// Root rank(s); several roots (at most 64) broadcast concurrently (comma-separated).
     #[arg(long, default_value = "0", value_delimiter = ',')]
     pub(crate) root: Vec<u32>,
     #[command(flatten)]
@@ -90,7 +90,8 @@ pub(crate) struct AllgatherArgs {
 /// Flags every `ringcast sim` command shares: fabric, protocol, faults, output.
 #[derive(Debug, Args)]
 pub(crate) struct SimArgs {
-    /// Number of ranks (hosts); `--topology testbed` is always 188.
+    /// Number of ranks (hosts), at most 8192 (memory grows as its square); `--topology
+    /// testbed` is always 188.
     #[arg(long, default_value_t = 16)]
     pub(crate) ranks: u32,
     /// Chunk (packet payload) size.
@@ -99,13 +100,14 @@ pub(crate) struct SimArgs {
     /// Fabric shape.
     #[arg(long, value_enum, default_value_t = Topology::Star)]
     pub(crate) topology: Topology,
-    /// Hosts per leaf switch (leaf-spine).
+    /// Hosts per leaf switch (leaf-spine), at most 65536.
     #[arg(long, default_value_t = 16)]
     pub(crate) hosts_per_leaf: u32,
-    /// Spine switches (leaf-spine).
+    /// Spine switches (leaf-spine), at most 65536 and 2^20 leaf-spine cables.
     #[arg(long, default_value_t = 4)]
     pub(crate) spines: u32,
-    /// Switch ports k (fat-tree): k/2 hosts per edge switch, k pods, up to k^3/4 hosts.
+    /// Switch ports k (fat-tree, even, at most 1024): k/2 hosts per edge switch, k pods, up to
+    /// k^3/4 hosts.
     #[arg(long, default_value_t = 32)]
     pub(crate) radix: u32,
     /// Link bandwidth: `100Gbps`, `400Gbps`, `12.5GB/s` (a bare number is Gbit/s).
@@ -114,7 +116,7 @@ pub(crate) struct SimArgs {
     /// Latency of every link: `500ns`, `1us`.
     #[arg(long, default_value = "500ns", value_parser = units::duration)]
     pub(crate) latency: Duration,
-    /// Multicast subgroups (lanes).
+    /// Multicast subgroups (lanes), at most 256.
     #[arg(long, default_value_t = 1)]
     pub(crate) lanes: u16,
     /// Allgather broadcast chains M: roots multicasting at once.
@@ -209,7 +211,7 @@ fn parse_rx_slots(s: &str) -> Result<(u32, Duration), String> {
 /// `ringcast demo`.
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
-    /// Local rank processes to spawn.
+    /// Local rank processes to spawn (at most 256).
     #[arg(long, default_value_t = 4)]
     pub(crate) ranks: u32,
     /// Buffer sizes: per Broadcast, and per rank for Allgather (comma-separated).
@@ -217,7 +219,7 @@ pub(crate) struct DemoArgs {
           default_value = "64KiB,1MiB,16MiB")]
     pub(crate) sizes: Vec<u64>,
     /// Small sizes only (4KiB,64KiB): a fast smoke run, as CI does.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "sizes")]
     pub(crate) quick: bool,
     #[command(flatten)]
     pub(crate) net: NetArgs,
@@ -229,18 +231,18 @@ pub(crate) struct BenchArgs {
     /// The collective to time.
     #[arg(value_enum)]
     pub(crate) collective: Collective,
-    /// Spawn this many local rank processes on loopback instead of bootstrapping from the
-    /// launcher's environment (mpirun, srun, torchrun, RINGCAST_*).
+    /// Spawn this many local rank processes (at most 256) on loopback instead of bootstrapping
+    /// from the launcher's environment (mpirun, srun, torchrun, RINGCAST_*).
     #[arg(long)]
     pub(crate) local: Option<u32>,
     /// Sizes in bytes per rank (comma-separated; default 64KiB..64MiB by powers of 4).
     #[arg(long, value_delimiter = ',', value_parser = units::size,
           default_value = "64KiB,256KiB,1MiB,4MiB,16MiB,64MiB")]
     pub(crate) sizes: Vec<u64>,
-    /// Untimed iterations per size, after the verified one.
+    /// Untimed iterations per size, after the verified one (at most 10^7).
     #[arg(long, default_value_t = 2)]
     pub(crate) warmup: u32,
-    /// Timed iterations per size.
+    /// Timed iterations per size (1 to 10^7).
     #[arg(long, default_value_t = 10)]
     pub(crate) iters: u32,
     /// Print one JSON document instead of the table (no progress bar).
@@ -294,7 +296,7 @@ pub(crate) struct NetArgs {
     #[arg(long, value_parser = units::size)]
     pub(crate) tcp_threshold: Option<u64>,
     /// Local runs: kill every rank when none has reported for this long.
-    #[arg(long, default_value = "120s", value_parser = units::duration)]
+    #[arg(long, default_value = "120s", value_parser = units::positive_duration)]
     pub(crate) timeout: Duration,
     /// Internal: this process is one rank spawned by a local run.
     #[arg(long, hide = true)]

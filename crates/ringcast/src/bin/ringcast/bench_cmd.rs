@@ -11,7 +11,7 @@ use crate::CmdError;
 use crate::args::{BenchArgs, Collective};
 use crate::demo_cmd::typed;
 use crate::local::{self, LocalRanks};
-use crate::net::{self, Injected};
+use crate::net::{self, Injected, Step};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ringcast::{CommError, Communicator};
 use serde_json::{Value, json};
@@ -22,11 +22,53 @@ use std::time::Instant;
 /// Counters appended to each rank's timings in the gather.
 const EXTRA: usize = 6;
 
-/// Runs `ringcast bench`: the parent of a local run, one of its ranks, or a launcher's rank.
-pub(crate) fn run(a: &BenchArgs) -> Result<ExitCode, CmdError> {
+/// Most iterations `--iters` and `--warmup` may ask for each (every rank keeps a time per
+/// timed iteration, and every rank gathers every rank's).
+const MAX_ITERS: u32 = 10_000_000;
+
+/// What is wrong with the flags that needs no other rank to tell.
+fn check(a: &BenchArgs) -> Result<(), CmdError> {
     if a.iters == 0 {
         return Err("--iters must be at least 1".into());
     }
+    for (flag, n) in [("--iters", a.iters), ("--warmup", a.warmup)] {
+        if n > MAX_ITERS {
+            return Err(format!("{flag} {n} is more than {MAX_ITERS}").into());
+        }
+    }
+    if let Some(c) = a.net.chunk {
+        net::chunk(c)?;
+    }
+    Ok(())
+}
+
+/// Most bytes of timings a rank gathers (every rank's time of every timed iteration).
+const MAX_TIMINGS: u64 = 1 << 30;
+
+/// What is wrong with the flags on `ranks` ranks: a size that does not fit in a buffer (naming
+/// `--sizes`), or more timings than a rank should gather (naming `--iters`).
+fn check_for(a: &BenchArgs, ranks: u32) -> Result<(), CmdError> {
+    for &size in &a.sizes {
+        net::held_bytes(size, ranks, a.collective != Collective::Bcast)?;
+    }
+    // At most (10^7 + 6) * 8 * 2^32: no overflow.
+    let timings = (u64::from(a.iters) + EXTRA as u64) * 8 * u64::from(ranks);
+    if timings > MAX_TIMINGS {
+        return Err(format!(
+            "--iters {} on {ranks} ranks: every rank would gather {} of timings, more than {}; \
+             use fewer --iters",
+            a.iters,
+            crate::units::human(timings),
+            crate::units::human(MAX_TIMINGS)
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Runs `ringcast bench`: the parent of a local run, one of its ranks, or a launcher's rank.
+pub(crate) fn run(a: &BenchArgs) -> Result<ExitCode, CmdError> {
+    check(a)?;
     if a.net.child {
         return match rank(a, true) {
             Ok(()) => Ok(ExitCode::SUCCESS),
@@ -53,7 +95,8 @@ struct Output {
 
 impl Output {
     fn new(a: &BenchArgs, ranks: u32, launch: &str) -> Result<Self, CmdError> {
-        let ticks = a.sizes.len() as u64 * u64::from(1 + a.warmup + a.iters);
+        // Both at most MAX_ITERS: no overflow.
+        let ticks = a.sizes.len() as u64 * (1 + u64::from(a.warmup) + u64::from(a.iters));
         let target = if a.json || !std::io::stderr().is_terminal() {
             ProgressDrawTarget::hidden()
         } else {
@@ -206,6 +249,8 @@ fn name(c: Collective) -> &'static str {
 }
 
 fn parent(a: &BenchArgs, n: u32) -> Result<ExitCode, CmdError> {
+    local::check_ranks(n, "--local")?;
+    check_for(a, n)?;
     let ranks = LocalRanks::spawn(n)?;
     let launch = "local processes, loopback multicast";
     let mut o = Output::new(a, n, launch)?;
@@ -262,6 +307,7 @@ fn rank(a: &BenchArgs, child: bool) -> Result<(), CmdError> {
             format!("{e}\n(run under mpirun, srun or torchrun, or pass --local N)")
         }
     })?;
+    check_for(a, comm.size())?;
     let launch = "launcher's environment, one rank per process";
     let mut sink = match (comm.rank(), child) {
         (0, true) => Sink::Parent,
@@ -283,24 +329,6 @@ fn rank(a: &BenchArgs, child: bool) -> Result<(), CmdError> {
         o.finish(a, comm.size(), launch)?;
     }
     Ok(())
-}
-
-/// Why one size stopped.
-enum Step {
-    Comm(CommError),
-    Cmd(CmdError),
-}
-
-impl From<CommError> for Step {
-    fn from(e: CommError) -> Self {
-        Step::Comm(e)
-    }
-}
-
-impl From<CmdError> for Step {
-    fn from(e: CmdError) -> Self {
-        Step::Cmd(e)
-    }
 }
 
 /// The buffers of one collective, reused across iterations.
@@ -365,23 +393,26 @@ fn one_size(
     sink: &mut Sink,
 ) -> Result<Option<Value>, Step> {
     let (me, p) = (comm.rank(), comm.size());
+    // Every size was checked against the ranks (`check_for`): the total fits in a buffer.
+    let total = net::held_bytes(size, p, a.collective != Collective::Bcast)?;
     let blocks: Vec<u64> = match a.collective {
         Collective::Bcast => vec![size],
         Collective::Allgather => vec![size; p as usize],
-        Collective::Allgatherv => net::uneven_blocks(p, size),
+        Collective::Allgatherv => {
+            net::uneven_blocks(p, size).ok_or_else(|| format!("--sizes {size}: too large"))?
+        }
     };
     let counts: Vec<usize> = blocks.iter().map(|&b| b as usize).collect();
-    let total: u64 = blocks.iter().sum();
     // The verified run.
     let mut bufs = match a.collective {
         Collective::Bcast => Bufs::Bcast(if me == 0 {
-            net::pattern(salt, 0, size as usize)
+            net::pattern(salt, 0, size)?
         } else {
-            vec![0; size as usize]
+            net::buffer(size, 0)?
         }),
         _ => {
-            let send = net::pattern(salt, me, counts[me as usize]);
-            let mut recv = vec![0; total as usize];
+            let send = net::pattern(salt, me, blocks[me as usize])?;
+            let mut recv = net::buffer(total, 0)?;
             if a.in_place {
                 let at: usize = counts[..me as usize].iter().sum();
                 recv[at..at + send.len()].copy_from_slice(&send);
@@ -395,12 +426,9 @@ fn one_size(
     };
     bufs = bufs.run(comm, a)?;
     let checked = match &bufs {
-        Bufs::Bcast(b) => net::verify("bcast", b, &net::pattern(salt, 0, size as usize), &counts),
+        Bufs::Bcast(b) => net::verify("bcast", b, &net::pattern(salt, 0, size)?, &counts),
         Bufs::Gather { recv, .. } => {
-            let want: Vec<u8> = (0..p)
-                .map(|r| net::pattern(salt, r, counts[r as usize]))
-                .collect::<Vec<_>>()
-                .concat();
+            let want = net::gathered(salt, &blocks)?;
             net::verify(name(a.collective), recv, &want, &counts)
         }
     };
@@ -410,7 +438,19 @@ fn one_size(
         bufs = bufs.run(comm, a)?;
         sink.emit("TICK", "")?;
     }
-    let mut mine = Vec::with_capacity(a.iters as usize + EXTRA);
+    let per = u64::from(a.iters) + EXTRA as u64;
+    let timings = |n: u64| {
+        net::try_filled(n, 0f64).ok_or_else(|| {
+            format!(
+                "cannot allocate the timings of --iters {} on {p} ranks: use fewer --iters",
+                a.iters
+            )
+        })
+    };
+    // Allocated up front, so that a short memory shows before the first timed iteration.
+    let mut all = timings(per * u64::from(p))?;
+    let mut mine = timings(per)?;
+    mine.clear();
     let mut inj = Injected::default();
     for _ in 0..a.iters {
         comm.barrier()?;
@@ -430,7 +470,6 @@ fn one_size(
         inj.fetched as f64 / iters,
         inj.tcp as f64 / iters,
     ]);
-    let mut all = vec![0f64; mine.len() * p as usize];
     comm.allgather(&mine, &mut all)?;
     if me != 0 {
         return Ok(None);

@@ -5,7 +5,7 @@
 use crate::CmdError;
 use crate::args::DemoArgs;
 use crate::local::{self, LocalRanks};
-use crate::net::{self, Injected};
+use crate::net::{self, Injected, Step};
 use crate::units::human;
 use ringcast::{CommError, Communicator};
 use serde_json::{Value, json};
@@ -47,8 +47,12 @@ fn ops(a: &DemoArgs) -> Vec<Op> {
 
 /// Runs `ringcast demo`: the parent, or (with the hidden `--child`) one of its ranks.
 pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode, CmdError> {
-    if a.ranks == 0 {
-        return Err("--ranks must be at least 1".into());
+    local::check_ranks(a.ranks, "--ranks")?;
+    if let Some(c) = a.net.chunk {
+        net::chunk(c)?;
+    }
+    for op in ops(a) {
+        net::held_bytes(op.size, a.ranks, !op.broadcast)?;
     }
     if !a.net.child {
         return parent(a);
@@ -79,8 +83,12 @@ fn child(a: &DemoArgs) -> Result<(), CmdError> {
         };
         // A verified warm-up first: in a single run the first touch of fresh buffers and the
         // pacer's start would weigh more than the transfer.
-        let (_, _, warm) = one(&comm, 2 * k as u64, op).map_err(|e| typed(&what, &e))?;
-        let (secs, inj, check) = one(&comm, 2 * k as u64 + 1, op).map_err(|e| typed(&what, &e))?;
+        let step = |e| match e {
+            Step::Comm(e) => CmdError::Run(typed(&what, &e)),
+            Step::Cmd(e) => e,
+        };
+        let (_, _, warm) = one(&comm, 2 * k as u64, op).map_err(step)?;
+        let (secs, inj, check) = one(&comm, 2 * k as u64 + 1, op).map_err(step)?;
         let check = warm.and(check);
         let body = json!({
             "op": k,
@@ -104,21 +112,23 @@ fn child(a: &DemoArgs) -> Result<(), CmdError> {
 const UNTOUCHED: u8 = 0xA5;
 
 /// Runs one collective after a barrier: its time on this rank, what this rank injected, and
-/// whether its buffer holds what it must.
+/// whether its buffer holds what it must. Buffers are allocated fallibly: a size this rank
+/// cannot hold is an error naming `--sizes`, not an abort.
 fn one(
     comm: &Communicator,
     salt: u64,
     op: Op,
-) -> Result<(f64, Injected, Result<(), String>), CommError> {
+) -> Result<(f64, Injected, Result<(), String>), Step> {
     let (me, p) = (comm.rank(), comm.size());
+    // `run` checked that size x ranks fits in a buffer.
     let n = op.size as usize;
     comm.barrier()?;
     if op.broadcast {
-        let want = net::pattern(salt, op.root, n);
+        let want = net::pattern(salt, op.root, op.size)?;
         let buf = if me == op.root {
-            want.clone()
+            net::pattern(salt, op.root, op.size)?
         } else {
-            vec![UNTOUCHED; n]
+            net::buffer(op.size, UNTOUCHED)?
         };
         let s0 = comm.stats()?;
         let t0 = Instant::now();
@@ -127,19 +137,17 @@ fn one(
         let inj = Injected::between(&s0, &comm.stats()?);
         Ok((secs, inj, net::verify("broadcast", &got, &want, &[n])))
     } else {
-        let blocks: Vec<Vec<u8>> = (0..p).map(|r| net::pattern(salt, r, n)).collect();
-        let recv = vec![UNTOUCHED; n * p as usize];
+        let sizes = vec![op.size; p as usize];
+        let want = net::gathered(salt, &sizes)?;
+        let recv = net::buffer(net::held_bytes(op.size, p, true)?, UNTOUCHED)?;
         let s0 = comm.stats()?;
         let t0 = Instant::now();
-        let got = comm.iallgather(&blocks[me as usize], recv)?.wait()?;
+        let mine = &want[me as usize * n..(me as usize + 1) * n];
+        let got = comm.iallgather(mine, recv)?.wait()?;
         let secs = t0.elapsed().as_secs_f64();
         let inj = Injected::between(&s0, &comm.stats()?);
         let sizes = vec![n; p as usize];
-        Ok((
-            secs,
-            inj,
-            net::verify("allgather", &got, &blocks.concat(), &sizes),
-        ))
+        Ok((secs, inj, net::verify("allgather", &got, &want, &sizes)))
     }
 }
 

@@ -15,6 +15,25 @@ use std::time::{Duration, Instant};
 /// How long the other ranks get to report their own errors after one rank failed.
 const GRACE: Duration = Duration::from_secs(15);
 
+/// Most rank processes a local run spawns: each is a process with several threads, and
+/// thousands of them exhaust the process table long before they teach anything.
+pub(crate) const MAX_LOCAL_RANKS: u32 = 256;
+
+/// `Err` naming `flag` unless `ranks` local rank processes may be spawned.
+pub(crate) fn check_ranks(ranks: u32, flag: &str) -> Result<(), CmdError> {
+    if ranks == 0 {
+        return Err(format!("{flag} must be at least 1").into());
+    }
+    if ranks > MAX_LOCAL_RANKS {
+        return Err(format!(
+            "{flag} {ranks}: a local run spawns at most {MAX_LOCAL_RANKS} rank processes \
+             (run more under a launcher: mpirun, srun, torchrun)"
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// A report line from a child: `@@TAG body`.
 pub(crate) fn report(tag: &str, body: &str) -> Result<(), CmdError> {
     let mut out = std::io::stdout().lock();
@@ -35,9 +54,7 @@ pub(crate) struct LocalRanks {
 impl LocalRanks {
     /// Re-executes this binary with its own arguments plus `--child`, `ranks` times.
     pub(crate) fn spawn(ranks: u32) -> Result<Self, CmdError> {
-        if ranks == 0 {
-            return Err("at least 1 rank is needed".into());
-        }
+        check_ranks(ranks, "the number of local ranks")?;
         let exe = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
         let bootstrap = format!("127.0.0.1:{}", free_port(false)?);
         let udp = free_port(true)?.to_string();

@@ -1,9 +1,11 @@
 //! What `demo` and `bench` ranks share: connecting, test data, verification, a barrier, and
 //! the bytes a rank injected.
 
+use crate::CmdError;
 use crate::args::NetArgs;
-use ringcast::Communicator;
+use crate::units::{MAX_SIZE, human};
 use ringcast::comm::{CommBuilder, CommStats};
+use ringcast::{BuildError, CommError, Communicator};
 use std::net::Ipv4Addr;
 
 /// IPv4 (20) and UDP (8) headers: on the wire with every datagram, not in the UDP payload.
@@ -21,8 +23,7 @@ pub(crate) fn connect(net: &NetArgs, tcp_threshold: Option<u64>) -> Result<Commu
         b = b.lanes(l);
     }
     if let Some(c) = net.chunk {
-        let c = u32::try_from(c).map_err(|_| format!("--chunk {c} is too large"))?;
-        b = b.chunk_size(c);
+        b = b.chunk_size(chunk(c)?);
     }
     if let Some(bw) = net.link_bandwidth {
         b = b.link_bandwidth(bw);
@@ -33,13 +34,96 @@ pub(crate) fn connect(net: &NetArgs, tcp_threshold: Option<u64>) -> Result<Commu
     if let Some(t) = net.tcp_threshold.or(tcp_threshold) {
         b = b.tcp_threshold(t);
     }
-    b.build().map_err(|e| e.to_string())
+    b.build().map_err(|e| match e {
+        // The builder names the variable; the value came from the flag.
+        BuildError::Invalid { setting, why }
+            if net.chunk.is_some() && setting.contains("RINGCAST_CHUNK_SIZE") =>
+        {
+            format!("--chunk: {why}")
+        }
+        e => e.to_string(),
+    })
+}
+
+/// `--chunk` as the builder takes it, or what is wrong with it.
+pub(crate) fn chunk(c: u64) -> Result<u32, String> {
+    u32::try_from(c)
+        .ok()
+        .filter(|c| *c > 0)
+        .ok_or_else(|| format!("--chunk {c} must be between 1 B and 4 GiB"))
+}
+
+/// Why one collective of `demo` or `bench` stopped on a rank.
+pub(crate) enum Step {
+    /// The communicator failed it.
+    Comm(CommError),
+    /// Anything else: a buffer that could not be allocated, a closed output.
+    Cmd(CmdError),
+}
+
+impl From<CommError> for Step {
+    fn from(e: CommError) -> Self {
+        Step::Comm(e)
+    }
+}
+
+impl From<CmdError> for Step {
+    fn from(e: CmdError) -> Self {
+        Step::Cmd(e)
+    }
+}
+
+impl From<String> for Step {
+    fn from(e: String) -> Self {
+        Step::Cmd(CmdError::Msg(e))
+    }
+}
+
+/// `len` copies of `fill`, or `None` where this process cannot allocate them (an infallible
+/// allocation would abort it instead).
+pub(crate) fn try_filled<T: Clone>(len: u64, fill: T) -> Option<Vec<T>> {
+    let n = usize::try_from(len).ok()?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    v.resize(n, fill);
+    Some(v)
+}
+
+/// A buffer of `len` bytes of `fill`, or an error naming `--sizes` where memory is short.
+pub(crate) fn buffer(len: u64, fill: u8) -> Result<Vec<u8>, String> {
+    try_filled(len, fill).ok_or_else(|| {
+        format!(
+            "cannot allocate a buffer of {} ({len} B) on this rank: use smaller --sizes",
+            human(len)
+        )
+    })
+}
+
+/// The bytes one rank holds for an operation on blocks of `size` bytes: one block (a
+/// Broadcast) or one per rank (an Allgather), or an error naming `--sizes` where that does
+/// not fit in a buffer (at most 2^63 - 1 bytes).
+pub(crate) fn held_bytes(size: u64, ranks: u32, gather: bool) -> Result<u64, String> {
+    let per = if gather { u64::from(ranks) } else { 1 };
+    size.checked_mul(per)
+        .filter(|b| *b <= MAX_SIZE)
+        .ok_or_else(|| {
+            format!(
+                "--sizes {size}: {ranks} ranks x {size} B is more than a buffer can hold \
+                 ({MAX_SIZE} B)"
+            )
+        })
 }
 
 /// Rank `rank`'s data for `salt`: every 8-byte word differs, so a chunk placed at the wrong
-/// offset or taken from the wrong rank is caught.
-pub(crate) fn pattern(salt: u64, rank: u32, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
+/// offset or taken from the wrong rank is caught. Allocated fallibly (see [`buffer`]).
+pub(crate) fn pattern(salt: u64, rank: u32, len: u64) -> Result<Vec<u8>, String> {
+    let mut v = buffer(len, 0)?;
+    pattern_into(salt, rank, &mut v);
+    Ok(v)
+}
+
+/// [`pattern`] written into `v`.
+pub(crate) fn pattern_into(salt: u64, rank: u32, v: &mut [u8]) {
     let seed = salt.rotate_left(17) ^ (u64::from(rank) << 40);
     let mut words = v.chunks_exact_mut(8);
     for (i, w) in (&mut words).enumerate() {
@@ -49,7 +133,20 @@ pub(crate) fn pattern(salt: u64, rank: u32, len: usize) -> Vec<u8> {
     let last = splitmix(seed ^ u64::MAX).to_le_bytes();
     let n = tail.len();
     tail.copy_from_slice(&last[..n]);
-    v
+}
+
+/// The patterns of every rank, block after block: what an Allgather(v) of `blocks` gathers.
+pub(crate) fn gathered(salt: u64, blocks: &[u64]) -> Result<Vec<u8>, String> {
+    let total = blocks.iter().try_fold(0u64, |t, b| t.checked_add(*b));
+    let mut v = buffer(total.unwrap_or(u64::MAX), 0)?;
+    let mut at = 0;
+    for (r, &b) in blocks.iter().enumerate() {
+        // Every block fits: their sum does.
+        let b = b as usize;
+        pattern_into(salt, r as u32, &mut v[at..at + b]);
+        at += b;
+    }
+    Ok(v)
 }
 
 fn splitmix(mut z: u64) -> u64 {
@@ -162,15 +259,19 @@ pub(crate) fn binomial_bcast(ranks: u32, root: u32, n: u64) -> Vec<u64> {
 }
 
 /// Allgatherv block sizes with mean `size`: rank r gets about 2(r+1)/(P+1) of it, the last
-/// rank the rounding.
-pub(crate) fn uneven_blocks(ranks: u32, size: u64) -> Vec<u64> {
-    let p = u64::from(ranks);
-    let mut v: Vec<u64> = (0..p).map(|r| 2 * size * (r + 1) / (p + 1)).collect();
+/// rank the rounding. `None` where the P blocks add up to more than 2^64 - 1 bytes.
+pub(crate) fn uneven_blocks(ranks: u32, size: u64) -> Option<Vec<u64>> {
+    let p = u128::from(ranks);
+    let total = u64::try_from(p * u128::from(size)).ok()?;
+    // Below 2 * size (r < p): fits.
+    let mut v: Vec<u64> = (0..p)
+        .map(|r| (2 * u128::from(size) * (r + 1) / (p + 1)) as u64)
+        .collect();
     let sum: u64 = v.iter().sum();
     if let Some(last) = v.last_mut() {
-        *last += p * size - sum;
+        *last += total - sum;
     }
-    v
+    Some(v)
 }
 
 #[cfg(test)]
@@ -193,17 +294,53 @@ mod tests {
 
     #[test]
     fn uneven_blocks_keep_the_mean() {
-        assert_eq!(uneven_blocks(4, 10), [4, 8, 12, 16]);
-        assert_eq!(uneven_blocks(3, 7).iter().sum::<u64>(), 21);
-        assert_eq!(uneven_blocks(1, 5), [5]);
+        assert_eq!(uneven_blocks(4, 10), Some(vec![4, 8, 12, 16]));
+        assert_eq!(uneven_blocks(3, 7).map(|v| v.iter().sum::<u64>()), Some(21));
+        assert_eq!(uneven_blocks(1, 5), Some(vec![5]));
+        // 2 * size * (r + 1) overflowed u64 before the total did.
+        let big = u64::MAX / 4;
+        assert_eq!(
+            uneven_blocks(2, big).map(|v| v.iter().map(|b| u128::from(*b)).sum::<u128>()),
+            Some(2 * u128::from(big))
+        );
+        assert_eq!(uneven_blocks(3, u64::MAX / 2), None);
+    }
+
+    #[test]
+    fn sizes_too_large_for_memory_are_errors_not_aborts() {
+        // Refused without touching memory: no process gets 2^62 bytes.
+        let e = buffer(1 << 62, 0).expect_err("2^62 B");
+        assert!(e.contains("--sizes"), "{e}");
+        assert!(pattern(0, 0, u64::MAX).is_err());
+        assert!(try_filled(u64::MAX / 2, 0f64).is_none());
+        assert_eq!(buffer(3, 7), Ok(vec![7; 3]));
+        assert_eq!(held_bytes(1 << 20, 4, true), Ok(4 << 20));
+        assert_eq!(held_bytes(1 << 62, 4, false), Ok(1 << 62));
+        let e = held_bytes(1 << 62, 2, true).expect_err("2^63 B");
+        assert!(e.contains("--sizes"), "{e}");
+        assert!(held_bytes(u64::MAX, 3, true).is_err());
+        let e = chunk(0).expect_err("zero");
+        assert!(e.contains("--chunk"), "{e}");
+        assert!(chunk(1 << 32).is_err());
+        assert_eq!(chunk(4096), Ok(4096));
+    }
+
+    #[test]
+    fn gathered_is_the_patterns_in_order() {
+        let g = gathered(3, &[5, 0, 9]).expect("small");
+        assert_eq!(g.len(), 14);
+        assert_eq!(&g[..5], &pattern(3, 0, 5).expect("small")[..]);
+        assert_eq!(&g[5..], &pattern(3, 2, 9).expect("small")[..]);
+        assert!(gathered(3, &[u64::MAX, 1]).is_err());
     }
 
     #[test]
     fn patterns_differ_and_verify_names_the_block() {
-        let a = pattern(1, 0, 100);
-        assert_ne!(a, pattern(1, 1, 100));
-        assert_ne!(a, pattern(2, 0, 100));
-        assert_eq!(a, pattern(1, 0, 100));
+        let p = |salt, rank, len| pattern(salt, rank, len).expect("small");
+        let a = p(1, 0, 100);
+        assert_ne!(a, p(1, 1, 100));
+        assert_ne!(a, p(2, 0, 100));
+        assert_eq!(a, p(1, 0, 100));
         let mut b = a.clone();
         b[70] ^= 1;
         let e = verify("x", &b, &a, &[50, 50]).expect_err("differs");

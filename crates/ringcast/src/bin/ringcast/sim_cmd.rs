@@ -4,6 +4,7 @@
 use crate::CmdError;
 use crate::args::{AllgatherArgs, BcastArgs, SimArgs, Topology};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use ringcast::core::Limits;
 use ringcast::sim::{
     Crash, Faults, GilbertElliott, Reorder, RxSlots, Sim, SimConfig, TopologySpec, Workload,
 };
@@ -14,6 +15,13 @@ use std::time::Duration;
 /// Events between progress-bar updates.
 const STEP: u64 = 1 << 18;
 
+/// Most multicast lanes: each is a multicast tree per root and receive state per rank.
+const MAX_LANES: u16 = 256;
+/// Most ranks one simulation holds: every rank's session lives in this process, and each
+/// keeps state per peer, so memory grows as the square of the ranks (about 2 GB at 8 192,
+/// over 8 GB at 16 384, some 120 GB at the core's 65 536).
+const MAX_SIM_RANKS: u32 = 8192;
+
 /// The fabric the flags describe.
 fn topology(a: &SimArgs) -> Result<TopologySpec, String> {
     Ok(match a.topology {
@@ -22,6 +30,25 @@ fn topology(a: &SimArgs) -> Result<TopologySpec, String> {
             if a.hosts_per_leaf == 0 || a.spines == 0 {
                 return Err("--hosts-per-leaf and --spines must be at least 1".into());
             }
+            let most = TopologySpec::MAX_HOSTS;
+            for (flag, n) in [
+                ("--hosts-per-leaf", a.hosts_per_leaf),
+                ("--spines", a.spines),
+            ] {
+                if n > most {
+                    return Err(format!("{flag} {n} is more than {most}"));
+                }
+            }
+            let leaves = a.ranks.div_ceil(a.hosts_per_leaf);
+            let cables = u64::from(leaves) * u64::from(a.spines);
+            if cables > TopologySpec::MAX_SWITCH_CABLES {
+                return Err(format!(
+                    "--spines {} x {leaves} leaves (--ranks / --hosts-per-leaf) is {cables} \
+                     leaf-spine cables, more than {}; use fewer --spines",
+                    a.spines,
+                    TopologySpec::MAX_SWITCH_CABLES
+                ));
+            }
             TopologySpec::LeafSpine {
                 hosts: a.ranks,
                 hosts_per_leaf: a.hosts_per_leaf,
@@ -29,11 +56,19 @@ fn topology(a: &SimArgs) -> Result<TopologySpec, String> {
             }
         }
         Topology::FatTree => {
-            let cap = u64::from(a.radix).pow(3) / 4;
-            if a.radix < 2 || !a.radix.is_multiple_of(2) || u64::from(a.ranks) > cap {
+            let most = TopologySpec::MAX_RADIX;
+            if !(2..=most).contains(&a.radix) || !a.radix.is_multiple_of(2) {
                 return Err(format!(
-                    "--radix {} must be even and at least 2, with --ranks at most radix^3/4 ({cap})",
+                    "--radix {} must be even, at least 2 and at most {most}",
                     a.radix
+                ));
+            }
+            // At most 1024^3 / 4: no overflow.
+            let cap = u64::from(a.radix).pow(3) / 4;
+            if u64::from(a.ranks) > cap {
+                return Err(format!(
+                    "--ranks {} is more than --radix {} seats (radix^3/4 = {cap})",
+                    a.ranks, a.radix
                 ));
             }
             TopologySpec::FatTree {
@@ -53,13 +88,27 @@ pub(crate) fn ranks(a: &SimArgs) -> u32 {
     }
 }
 
-/// The simulation the common flags describe, running `workload`, or what is wrong with them.
-/// `buffer` is the largest operation buffer in bytes.
-fn config(a: &SimArgs, workload: Workload, buffer: u64) -> Result<SimConfig, String> {
+/// The ranks the flags describe, or what is wrong with them: checked before anything is
+/// allocated per rank.
+fn checked_ranks(a: &SimArgs) -> Result<u32, String> {
     let ranks = ranks(a);
+    let most = Limits::default().max_ranks.min(MAX_SIM_RANKS);
     if ranks == 0 {
         return Err("--ranks must be at least 1".into());
     }
+    if ranks > most {
+        return Err(format!(
+            "--ranks {ranks} is more than {most}, the most ranks one simulation holds in \
+             memory (every rank's state grows with the number of ranks)"
+        ));
+    }
+    Ok(ranks)
+}
+
+/// The simulation the common flags describe, running `workload`, or what is wrong with them.
+/// `buffer` is the largest operation buffer in bytes.
+fn config(a: &SimArgs, workload: Workload, buffer: u64) -> Result<SimConfig, String> {
+    let ranks = checked_ranks(a)?;
     let chunk = u32::try_from(a.chunk)
         .ok()
         .filter(|c| *c > 0)
@@ -77,6 +126,9 @@ fn config(a: &SimArgs, workload: Workload, buffer: u64) -> Result<SimConfig, Str
     }
     if a.lanes == 0 || a.window == 0 || a.chains == 0 {
         return Err("--lanes, --window and --chains must be at least 1".into());
+    }
+    if a.lanes > MAX_LANES {
+        return Err(format!("--lanes {} is more than {MAX_LANES}", a.lanes));
     }
     if a.rx_slots.is_some_and(|(_, d)| d.is_zero()) {
         return Err("--rx-slots service time must be positive".into());
@@ -122,7 +174,16 @@ fn config(a: &SimArgs, workload: Workload, buffer: u64) -> Result<SimConfig, Str
 
 /// Runs `ringcast sim bcast`.
 pub(crate) fn bcast(a: &BcastArgs) -> Result<ExitCode, CmdError> {
-    let ranks = ranks(&a.sim);
+    let ranks = checked_ranks(&a.sim)?;
+    // Every root broadcasts at once, and a rank has a bounded number in flight.
+    let most = Limits::default().max_inflight_ops;
+    if a.root.len() > most as usize {
+        return Err(format!(
+            "--root names {} roots; at most {most} broadcasts may run at once",
+            a.root.len()
+        )
+        .into());
+    }
     if let Some(r) = a.root.iter().find(|r| **r >= ranks) {
         return Err(format!("--root {r} is not below --ranks {ranks}").into());
     }
@@ -134,7 +195,7 @@ pub(crate) fn bcast(a: &BcastArgs) -> Result<ExitCode, CmdError> {
 
 /// Runs `ringcast sim allgather`.
 pub(crate) fn allgather(a: &AllgatherArgs) -> Result<ExitCode, CmdError> {
-    let ranks = ranks(&a.sim);
+    let ranks = checked_ranks(&a.sim)?;
     let sizes = match &a.sizes {
         Some(s) if s.len() != ranks as usize => {
             return Err(format!(
