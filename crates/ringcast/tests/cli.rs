@@ -9,6 +9,19 @@ fn ringcast(args: &[&str]) -> std::process::Output {
         .expect("the binary runs")
 }
 
+/// [`ringcast`] with no input and without the settings a caller's environment may carry
+/// (`RINGCAST_IFNAME`, `RINGCAST_LANES`, `RINGCAST_CHUNK_SIZE`).
+fn ringcast_clean(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ringcast"))
+        .args(args)
+        .env_remove("RINGCAST_IFNAME")
+        .env_remove("RINGCAST_LANES")
+        .env_remove("RINGCAST_CHUNK_SIZE")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("the binary runs")
+}
+
 /// Runs a command that must succeed and print a JSON report; returns the report.
 fn ringcast_json(args: &[&str]) -> serde_json::Value {
     let out = ringcast(args);
@@ -215,14 +228,7 @@ fn closed_output_pipe_is_a_quiet_exit() {
 /// Runs a command that must fail with exit status 2 (bad flags) and an error naming `want`;
 /// never a panic or an abort.
 fn refused(args: &[&str], want: &str) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ringcast"))
-        .args(args)
-        .env_remove("RINGCAST_IFNAME")
-        .env_remove("RINGCAST_LANES")
-        .env_remove("RINGCAST_CHUNK_SIZE")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("the binary runs");
+    let out = ringcast_clean(args);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
     assert!(err.contains("error"), "{args:?}: {err}");
@@ -413,15 +419,7 @@ fn sizes_too_large_for_memory_fail_the_ranks_cleanly() {
         ][..],
         &["demo", "--sizes", "4611686018427387904", "--ranks", "1"],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_ringcast"))
-            .args(args)
-            .args(["--timeout", "60s"])
-            .env_remove("RINGCAST_IFNAME")
-            .env_remove("RINGCAST_LANES")
-            .env_remove("RINGCAST_CHUNK_SIZE")
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("the binary runs");
+        let out = ringcast_clean(&[args, &["--timeout", "60s"]].concat());
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains("use smaller --sizes"), "{args:?}: {err}");

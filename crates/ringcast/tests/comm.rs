@@ -847,24 +847,7 @@ fn an_allgather_empty_at_one_rank_fails_at_the_others_at_once() {
 /// ranks, and rank 3, which waits on it, fails at once instead of at the peer timeout.
 #[test]
 fn a_broadcast_empty_inside_the_tree_fails_below_it_at_once() {
-    world_with(
-        38,
-        |b| b.peer_timeout(Duration::from_secs(60)),
-        |comm| {
-            let me = comm.rank();
-            let len = if me == 2 { 0 } else { 1000 };
-            let want = pattern(39, 0, len);
-            let got = ibroadcast_of(&comm, 0, &want)?.wait();
-            match (me, got) {
-                (3, Err(CommError::ShapeMismatch { .. })) => {}
-                (0..=2, Ok(v)) if v == want => {}
-                (0..=2, Err(CommError::ShapeMismatch { .. })) => {}
-                (_, other) => return Err(format!("rank {me}: {:?}", other.map(|v| v.len()))),
-            }
-            broadcast_checked(&comm, "after", 40, 2, 4096)?;
-            Ok(())
-        },
-    );
+    an_empty_broadcast_at_one_rank(38, 64 << 10, 2, 1000, &[3]);
 }
 
 /// And with a chain: everything over TCP, rank 1 posts a Broadcast empty where the others
@@ -873,23 +856,36 @@ fn a_broadcast_empty_inside_the_tree_fails_below_it_at_once() {
 /// afterwards, and it tells the ranks, which fail at once instead of at the peer timeout.
 #[test]
 fn a_broadcast_empty_at_the_roots_next_hop_fails_the_chain_at_once() {
+    an_empty_broadcast_at_one_rank(41, 1 << 30, 1, 300_000, &[0, 2, 3]);
+}
+
+/// Rank `empty` posts a Broadcast from rank 0 empty where the others post `len` bytes (TCP
+/// threshold `threshold`, peer timeout a minute): the ranks in `must_fail` fail it with
+/// `ShapeMismatch`, the others may instead complete it (empty, or with the root's bytes),
+/// and the next Broadcast lines up everywhere.
+fn an_empty_broadcast_at_one_rank(
+    salt: u64,
+    threshold: u64,
+    empty: u32,
+    len: usize,
+    must_fail: &'static [u32],
+) {
     world_with(
-        41,
-        |b| {
-            b.tcp_threshold(1 << 30)
+        salt,
+        move |b| {
+            b.tcp_threshold(threshold)
                 .peer_timeout(Duration::from_secs(60))
         },
-        |comm| {
+        move |comm| {
             let me = comm.rank();
-            let len = if me == 1 { 0 } else { 300_000 };
-            let want = pattern(42, 0, len);
+            let want = pattern(salt, 0, if me == empty { 0 } else { len });
             let got = ibroadcast_of(&comm, 0, &want)?.wait();
-            match (me, got) {
-                (1, Ok(v)) if v.is_empty() => {}
-                (_, Err(CommError::ShapeMismatch { .. })) => {}
-                (_, other) => return Err(format!("rank {me}: {:?}", other.map(|v| v.len()))),
+            match got {
+                Err(CommError::ShapeMismatch { .. }) => {}
+                Ok(v) if v == want && !must_fail.contains(&me) => {}
+                other => return Err(format!("rank {me}: {:?}", other.map(|v| v.len()))),
             }
-            broadcast_checked(&comm, "after", 43, 2, 4096)?;
+            broadcast_checked(&comm, "after", salt + 1, 2, 4096)?;
             Ok(())
         },
     );
