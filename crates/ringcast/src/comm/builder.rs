@@ -305,7 +305,10 @@ impl CommBuilder {
         self
     }
 
-    /// How long to wait for a peer that owes an answer before failing the operation.
+    /// How long to wait for a peer that owes an answer before failing the operation (5 s by
+    /// default). Over multicast this includes a rank that has not posted the operation yet:
+    /// one that posts it more than this after the others is taken for hung, so set it above
+    /// the longest skew the ranks can have between collectives.
     pub fn peer_timeout(mut self, t: Duration) -> Self {
         self.peer_timeout = t;
         self
