@@ -891,6 +891,30 @@ fn an_empty_broadcast_at_one_rank(
     );
 }
 
+/// Ranks 0-2 fail a multicast Allgather that rank 3 posts later than the peer timeout
+/// (blaming it), and leave. Their goodbye names rank 3: its operation, posted afterwards,
+/// fails at once with `PeerLost`, where it ran against the departed peers until its own
+/// deadlines (3.5 peer timeouts) and then blamed rank 0 as unresponsive.
+#[test]
+fn a_late_rank_that_the_others_left_over_fails_at_once() {
+    world_with(
+        47,
+        |b| b.tcp_threshold(0).peer_timeout(Duration::from_secs(1)),
+        |comm| {
+            let me = comm.rank();
+            if me == 3 {
+                thread::sleep(Duration::from_secs(4));
+            }
+            let got = comm.iallgather(&[me as u8; 1 << 18], vec![0; 1 << 20]);
+            match (me, got.map_err(e)?.wait()) {
+                (3, Err(CommError::PeerLost { .. })) => Ok(()),
+                (0..=2, Err(err)) if err.peer() == Some(3) => Ok(()),
+                (_, other) => Err(format!("rank {me}: {:?}", other.map(|v| v.len()))),
+            }
+        },
+    );
+}
+
 /// The same with small operations over TCP in flight beside multicast ones: dropping the
 /// communicator cancels both kinds, and the engine and the dispatcher both stop.
 #[test]

@@ -679,13 +679,17 @@ impl Engine {
     /// `rank`'s control connection closed: every operation it can no longer finish fails now,
     /// through the session, which also tells the other ranks (`Abort` naming it).
     fn peer_lost(&mut self, now: ringcast_core::Instant, rank: u32) {
-        let mark = self.control.inner.departed(Rank(rank));
-        let blamed = self
-            .control
-            .inner
-            .departed_blaming(Rank(rank))
-            .map(|b| b.0)
-            .filter(|&b| b != self.rank());
+        let blamed_here = self.control.inner.departed_blaming(Rank(rank)).map(|b| b.0);
+        // A peer that left over a failure it blamed on this rank did not finish what it
+        // failed, whatever its mark says (an operation failed and waited on is no longer in
+        // flight there): nothing this rank runs with it can finish, so its departure counts
+        // as a crash here, and this rank's operations, posted or to come, fail at once
+        // naming it, not at their deadlines.
+        let mark = match blamed_here {
+            Some(b) if b == self.rank() => None,
+            _ => self.control.inner.departed(Rank(rank)),
+        };
+        let blamed = blamed_here.filter(|&b| b != self.rank());
         let lost = Lost { rank, mark, blamed };
         // A goodbye is the end of a job, or a departure over a failure it names; the
         // operations it dooms say so themselves ("operation failed").
