@@ -33,10 +33,11 @@
 //!   (0: the chunk size, else the raw byte)
 //! * 2 chunk, raw: `imm u32`, `lane u8` (as in 1), `from u8`, `len u16`
 //! * 3 control, raw bytes: `from u8`, `n u8`, then `n` bytes
-//! * 4 control, well-formed: `from u8`, `kind u8` (% 8), `op u8` (index into started ops; 255:
+//! * 4 control, well-formed: `from u8`, `kind u8` (% 10), `op u8` (index into started ops; 255:
 //!   the op after the last one started; 254: the next id plus `arg >> 8`, as far ahead as a
 //!   peer that ran operations elsewhere can be), `arg u32` (FetchAck's hops, Abort's and
-//!   Mismatch's culprit; Ready's shape when odd, the operation's own when even), `runs u8`
+//!   Mismatch's culprit; Ready's shape when odd, the operation's own when even; Here's
+//!   standing, `% 5`, the rank it names `arg >> 3`), `runs u8`
 //!   (% 5), then per run `start u16`, `len u16`
 //! * 5 read done: `which u8` (index into reads handed out and not reported; 255: an id never
 //!   handed out; 254: an id already reported), `ok u8` (odd: success)
@@ -55,7 +56,7 @@ use arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use ringcast_core::port::mailbox::{MailOut, Mailbox, mailbox};
 use ringcast_core::port::{RxMeta, pump};
-use ringcast_core::wire::{ChunkRun, ControlRepr, Imm, RunList};
+use ringcast_core::wire::{ChunkRun, ControlRepr, Imm, RunList, Standing};
 use ringcast_core::{
     Config, DropReason, Event, Instant, Node, OpId, Placement, Rank, ReadError, ReadId,
     allgather_shape, broadcast_shape,
@@ -321,7 +322,7 @@ impl Driver {
             }
             4 => {
                 let from = Rank(u32::from(u.arbitrary::<u8>()?) % (ranks + 1));
-                let kind = u.arbitrary::<u8>()? % 8;
+                let kind = u.arbitrary::<u8>()? % 10;
                 let which = u.arbitrary::<u8>()?;
                 let arg = u.arbitrary::<u32>()?;
                 let op = match which {
@@ -355,7 +356,18 @@ impl Driver {
                     4 => ControlRepr::FetchNack { op },
                     5 => ControlRepr::Fin { op },
                     6 => ControlRepr::Abort { op, culprit: arg },
-                    _ => ControlRepr::Mismatch { op, culprit: arg },
+                    7 => ControlRepr::Mismatch { op, culprit: arg },
+                    8 => ControlRepr::Where { op },
+                    _ => ControlRepr::Here {
+                        op,
+                        standing: match arg % 5 {
+                            0 => Standing::Running,
+                            1 => Standing::Ended,
+                            2 => Standing::EndedApart,
+                            3 => Standing::NotPosted,
+                            _ => Standing::NotPostedAfter(arg >> 3),
+                        },
+                    },
                 };
                 let mut bytes = Vec::new();
                 if repr.emit_vec(&mut bytes).is_ok() {

@@ -185,6 +185,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
             ("small-tcp", small_tcp),
             ("random-mix", random_mix),
             ("run-ahead", run_ahead),
+            ("late", late),
             ("mismatch", mismatch),
             ("loss", loss),
             ("hostile", hostile),
@@ -648,6 +649,29 @@ fn run_ahead(ctx: &Ctx<'_>) -> Result<String, String> {
     ))
 }
 
+/// A rank that posts far past the peer timeout (a checkpoint load before the call) across
+/// the namespaces: with a 2 s peer timeout, the last rank posts an Allgather 8 s after the
+/// others. They ask it where it stands, it answers that it has not posted, and they wait:
+/// every rank completes byte for byte. (Before the barrier asked, the others failed it at
+/// the peer timeout, blaming the late rank as hung.)
+fn late(ctx: &Ctx<'_>) -> Result<String, String> {
+    let mut r = ctx.start(
+        "late",
+        &["hold", "--size", "1048576", "--hold-secs", "8"],
+        &[("RINGCAST_PEER_TIMEOUT", "2".to_owned())],
+    )?;
+    let done = r.wait_all(Duration::from_secs(60));
+    all_checked_hold(&r, ctx.p())?;
+    if !done {
+        return Err("ranks ran past 60 s".to_owned());
+    }
+    Ok(format!(
+        "an Allgather that rank {} posted 8 s late (4 peer timeouts): waited for, byte for \
+         byte on every rank",
+        ctx.p() - 1
+    ))
+}
+
 /// An erroneous program across the namespaces: Broadcasts that the last rank posts with
 /// twice the length, then naming another root. With a one-minute peer timeout, every rank
 /// must fail both with `ShapeMismatch` naming the last rank (reported by the hub, rank 0, and
@@ -903,8 +927,8 @@ fn hostile(ctx: &Ctx<'_>) -> Result<String, String> {
     let mut r = ctx.start(
         "hostile",
         &["hold", "--size", "1048576", "--hold-secs", "5"],
-        // The late rank must stay within the peer timeout while the injector runs.
-        &[("RINGCAST_PEER_TIMEOUT", "15".to_owned())],
+        // The late rank is waited for (it answers where it stands), past any peer timeout.
+        &[],
     )?;
     let hold = r
         .wait_line(0, "HOLD ", Duration::from_secs(60))

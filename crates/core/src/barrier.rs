@@ -19,6 +19,18 @@
 //! `Session::verdict`), and the hub blames the end of a run of silent ranks in ring order
 //! ([`Barrier::silent_to_blame`]): the one a `Fin` waits on.
 //!
+//! A barrier's wait that runs out does not blame at once: a rank that has not posted may be
+//! alive and only late (an application that loads a checkpoint on one rank before a
+//! Broadcast). The waiting rank asks the ranks it waits on where they stand (`Where`; the hub
+//! every silent rank, the others the hub), and their sessions answer (`Here`, see
+//! [`Standing`]) whatever their program does. One that does not answer within half a peer
+//! timeout is hung or cut off, and named as before. One that answers is waited for again, up
+//! to the post timeout from the start (then [`OpError::NotPosted`]), unless its answer ends
+//! the wait: it ended the operation without a barrier (the ranks disagree on it:
+//! [`OpError::ShapeMismatch`]), or it has not posted it and the last operation it ended
+//! failed over a rank (its program may have stopped there: that rank is named, as its
+//! `Abort` would be).
+//!
 //! A rank queues the lanes' `Open` before it says `Ready` (see [`crate::lane`]), so no chunk
 //! can reach a lane before its operation.
 //!
@@ -42,8 +54,9 @@ use crate::config::Rank;
 use crate::event::OpError;
 use crate::op::{Collective, Phase};
 use crate::out::{ControlMsg, Ctx, Outcome, bump};
+use crate::time::Instant;
 use crate::timer::Timer;
-use crate::wire::ControlKind;
+use crate::wire::{ControlKind, Standing};
 use bitvec::prelude::*;
 
 /// The barrier's own state.
@@ -54,8 +67,19 @@ pub(crate) struct Barrier {
     ready: BitVec<u64, Lsb0>,
     ready_count: u32,
     me: Rank,
+    ranks: u32,
     /// This rank's fingerprint of the operation's shape.
     shape: u32,
+    /// The ranks asked where they stand (`Where`) that have not answered; `None`: no
+    /// question out.
+    asked: Option<BitVec<u64, Lsb0>>,
+    /// Until when the barrier waits for ranks that answer but have not posted (set at the
+    /// start: the post timeout from then).
+    post_by: Instant,
+    /// The ranks whose last answer said that they have not posted the operation.
+    late: BitVec<u64, Lsb0>,
+    /// Every rank asked answered at least once.
+    answered: bool,
 }
 
 impl Barrier {
@@ -70,6 +94,11 @@ impl Barrier {
             },
             ready_count: 0,
             me,
+            ranks,
+            asked: None,
+            post_by: Instant::ZERO,
+            late: BitVec::new(),
+            answered: false,
         }
     }
 
@@ -115,6 +144,31 @@ impl Barrier {
         (self.ready.len() as u32).saturating_sub(self.ready_count + 1)
     }
 
+    /// The ranks this barrier waits on: the hub every silent rank, the others the hub.
+    fn waited(&self) -> impl Iterator<Item = Rank> + '_ {
+        self.ring().filter(|&r| self.waits_on(r))
+    }
+
+    /// The other ranks in ring order from this one.
+    fn ring(&self) -> impl Iterator<Item = Rank> + use<> {
+        let (me, p) = (self.me.0, self.ranks);
+        (1..p).map(move |i| Rank((me + i) % p))
+    }
+
+    /// The rank to name when the post timeout passed: the first rank waited on whose last
+    /// answer said it had not posted, in ring order from this one.
+    fn late_to_blame(&self) -> Option<Rank> {
+        self.waited()
+            .find(|r| self.late.get(r.index()).is_some_and(|b| *b))
+    }
+
+    /// The first rank asked where it stands that did not answer, in ring order from this one
+    /// (with two hung, either is right).
+    fn unanswered(&self) -> Option<Rank> {
+        let asked = self.asked.as_ref()?;
+        self.ring().find(|r| asked[r.index()])
+    }
+
     /// Hub: whom to blame for the missing `Ready`s.
     ///
     /// A rank that has not said `Ready` may still be in the previous operation, done with its
@@ -123,18 +177,19 @@ impl Barrier {
     /// said `Ready` either. So the blame goes along the ring, from the hub, to the first silent
     /// rank whose successor said `Ready` (or is the hub): the end of a run of silent ranks.
     pub(crate) fn silent_to_blame(&self) -> Option<Rank> {
-        let p = self.ready.len() as u32;
+        if !self.is_hub() {
+            return None;
+        }
+        let p = self.ranks;
         let said = |r: u32| r == self.me.0 || self.ready[r as usize];
-        (1..p)
-            .map(|i| (self.me.0 + i) % p)
-            .find(|&r| !said(r) && said((r + 1) % p))
-            .map(Rank)
+        self.ring().find(|r| !said(r.0) && said((r.0 + 1) % p))
     }
 }
 
 impl Collective {
     /// First step after the operation was created.
     pub(crate) fn on_start(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
+        self.barrier.post_by = cx.now + cx.config.post_timeout;
         self.open_lanes(cx);
         self.say_ready(cx);
         if self.barrier.is_hub() {
@@ -216,6 +271,121 @@ impl Collective {
                 abort: true,
             },
         )
+    }
+
+    /// The barrier's own timer: the hub's wait for `Ready`s (`Timer::Ready`), or another
+    /// rank's for `Go` (`Timer::Go`), ran out. If a question is out, a rank that did not
+    /// answer it is to blame; otherwise the ranks waited on are asked where they stand, and
+    /// have half a peer timeout to answer. Past the post timeout, the operation fails naming
+    /// a rank whose last answer said it had not posted; a rank other than the hub whose hub
+    /// runs the operation waits for the hub's verdict (the hub's own post timeout bounds it).
+    pub(crate) fn on_barrier_timeout(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
+        let timer = self.barrier_timer();
+        if let Some(peer) = self.barrier.unanswered() {
+            return Some(Outcome::Failed {
+                error: OpError::PeerUnresponsive { peer },
+                abort: true,
+            });
+        }
+        self.barrier.asked = None;
+        if cx.now >= self.barrier.post_by {
+            if let Some(peer) = self.barrier.late_to_blame() {
+                return Some(Outcome::Failed {
+                    error: OpError::NotPosted { peer },
+                    abort: true,
+                });
+            }
+            // Every rank waited on has posted (or not answered yet: it is asked). Elsewhere
+            // than at the hub, the hub runs the operation, waiting on another rank: its
+            // verdict comes first (its own post timeout bounds it). At the hub, a rank that
+            // posted and still owes its `Ready` is stuck: named as before.
+            if self.barrier.is_hub() && self.barrier.answered {
+                let peer = self.barrier.silent_to_blame().unwrap_or(self.succ);
+                return Some(Outcome::Failed {
+                    error: OpError::PeerUnresponsive { peer },
+                    abort: true,
+                });
+            }
+        }
+        let mut asked = bitvec![u64, Lsb0; 0; cx.config.ranks as usize];
+        for r in self.barrier.waited() {
+            asked.set(r.index(), true);
+            cx.send(r, ControlMsg::simple(ControlKind::Where, self.id.0));
+        }
+        if asked.not_any() {
+            // Nobody to wait on (every `Ready` came between the timer and now): the barrier
+            // completes as they are handled.
+            return None;
+        }
+        self.barrier.asked = Some(asked);
+        self.timers.set(timer, cx.now + cx.config.peer_timeout / 2);
+        None
+    }
+
+    /// The barrier's timer at this rank.
+    fn barrier_timer(&self) -> Timer {
+        if self.barrier.is_hub() {
+            Timer::Ready
+        } else {
+            Timer::Go
+        }
+    }
+
+    /// `from` answered this rank's `Where`: it stands so on the operation. Alive, it is waited
+    /// for again, a peer timeout from now once every rank asked answered (never past the
+    /// post timeout), unless the answer ends the wait (see the module docs).
+    pub(crate) fn on_here(
+        &mut self,
+        cx: &mut Ctx<'_>,
+        from: Rank,
+        standing: Standing,
+    ) -> Option<Outcome> {
+        let asked = match &mut self.barrier.asked {
+            Some(a) if self.phase == Phase::Barrier && a.get(from.index()).is_some_and(|b| *b) => a,
+            _ => {
+                bump(&mut cx.stats.control_unexpected);
+                return None;
+            }
+        };
+        asked.set(from.index(), false);
+        let late = &mut self.barrier.late;
+        if late.is_empty() {
+            late.resize(cx.config.ranks as usize, false);
+        }
+        let not_posted = matches!(standing, Standing::NotPosted | Standing::NotPostedAfter(_));
+        late.set(from.index(), not_posted);
+        let me = self.me;
+        match standing {
+            Standing::EndedApart => {
+                return Some(Outcome::Failed {
+                    error: OpError::ShapeMismatch {
+                        peer: from,
+                        reported_by: me,
+                    },
+                    abort: true,
+                });
+            }
+            Standing::NotPostedAfter(c) if c < cx.config.ranks && c != me.0 && c != from.0 => {
+                return Some(Outcome::Failed {
+                    error: OpError::PeerFailed {
+                        peer: Rank(c),
+                        reported_by: from,
+                    },
+                    abort: true,
+                });
+            }
+            _ => {}
+        }
+        if asked.not_any() {
+            self.barrier.asked = None;
+            self.barrier.answered = true;
+            let mut at = cx.now + cx.config.peer_timeout;
+            if self.barrier.late_to_blame().is_some() {
+                at = at.min(self.barrier.post_by);
+            }
+            self.timers.set(self.barrier_timer(), at);
+        }
+        None
     }
 
     /// Everyone is ready.

@@ -4,8 +4,9 @@ use crate::wire::ImmLayout;
 use core::fmt;
 use core::time::Duration;
 
-/// The longest `peer_timeout`, `cutoff_alpha` or `cutoff_extension` a [`Config`] takes (a
-/// week): sums and multiples of them then never overflow a `Duration` or an [`Instant`].
+/// The longest `peer_timeout`, `post_timeout`, `cutoff_alpha` or `cutoff_extension` a
+/// [`Config`] takes (a week): sums and multiples of them then never overflow a `Duration` or
+/// an [`Instant`].
 ///
 /// [`Instant`]: crate::Instant
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -73,6 +74,12 @@ pub struct Config {
     pub cutoff_alpha: Duration,
     /// How long to wait for a peer that owes an answer before failing the operation.
     pub peer_timeout: Duration,
+    /// How long an operation's barrier waits for ranks that are alive (they answer when
+    /// asked, within the peer timeout) but have not posted the operation yet: an
+    /// application that loads a checkpoint on one rank before a Broadcast. Past it, the
+    /// operation fails with [`OpError::NotPosted`](crate::OpError::NotPosted). At least
+    /// `peer_timeout`.
+    pub post_timeout: Duration,
     /// `Some(d)`: when the cutoff fires while the lanes are still receiving (more chunks
     /// written than at the last look), the fast path goes on for `d` more instead of ending.
     /// For transports whose real rate is below `link_bandwidth` (kernel UDP on busy cores):
@@ -90,7 +97,7 @@ pub struct Config {
 impl Config {
     /// A configuration for `rank` of `ranks` with defaults for everything else:
     /// 4 KiB chunks, one lane, four Allgather chains, 100 Gbit/s links, 20 us alpha, 1 s peer
-    /// timeout.
+    /// timeout, 10 min post timeout (torch's default for NCCL's collectives).
     pub fn new(rank: u32, ranks: u32) -> Self {
         Config {
             rank: Rank(rank),
@@ -101,6 +108,7 @@ impl Config {
             link_bandwidth: 100_000_000_000 / 8,
             cutoff_alpha: Duration::from_micros(20),
             peer_timeout: Duration::from_secs(1),
+            post_timeout: Duration::from_secs(600),
             cutoff_extension: None,
             send_window: 64,
             chains: 4,
@@ -128,6 +136,9 @@ impl Config {
         }
         if self.peer_timeout.is_zero() || self.peer_timeout > MAX_TIMEOUT {
             return Err(ConfigError::PeerTimeout);
+        }
+        if self.post_timeout < self.peer_timeout || self.post_timeout > MAX_TIMEOUT {
+            return Err(ConfigError::PostTimeout);
         }
         if self
             .cutoff_extension
@@ -179,6 +190,8 @@ pub enum ConfigError {
     Bandwidth,
     /// `peer_timeout` is zero or longer than [`MAX_TIMEOUT`].
     PeerTimeout,
+    /// `post_timeout` is shorter than `peer_timeout` or longer than [`MAX_TIMEOUT`].
+    PostTimeout,
     /// `send_window` is zero.
     SendWindow,
     /// `cutoff_extension` is `Some(0)` or longer than [`MAX_TIMEOUT`].
@@ -204,6 +217,9 @@ impl fmt::Display for ConfigError {
             ConfigError::Lanes => "lanes must be positive",
             ConfigError::Bandwidth => "link_bandwidth must be positive",
             ConfigError::PeerTimeout => "peer_timeout must be positive and at most a week",
+            ConfigError::PostTimeout => {
+                "post_timeout must be at least peer_timeout and at most a week"
+            }
             ConfigError::SendWindow => "send_window must be positive",
             ConfigError::CutoffExtension => {
                 "cutoff_extension must be positive and at most a week when set"
@@ -239,11 +255,31 @@ mod tests {
             f(&mut c);
             c.validate()
         };
-        assert_eq!(with(&|c| c.peer_timeout = MAX_TIMEOUT), Ok(()));
+        assert_eq!(
+            with(&|c| {
+                c.peer_timeout = MAX_TIMEOUT;
+                c.post_timeout = MAX_TIMEOUT;
+            }),
+            Ok(())
+        );
+        // A post timeout below the peer timeout is refused.
+        assert_eq!(
+            with(&|c| c.peer_timeout = MAX_TIMEOUT),
+            Err(ConfigError::PostTimeout)
+        );
         assert_eq!(with(&|c| c.cutoff_alpha = MAX_TIMEOUT), Ok(()));
         assert_eq!(
             with(&|c| c.peer_timeout = Duration::MAX),
             Err(ConfigError::PeerTimeout)
+        );
+        assert_eq!(with(&|c| c.post_timeout = MAX_TIMEOUT), Ok(()));
+        assert_eq!(
+            with(&|c| c.post_timeout = MAX_TIMEOUT + Duration::from_nanos(1)),
+            Err(ConfigError::PostTimeout)
+        );
+        assert_eq!(
+            with(&|c| c.post_timeout = c.peer_timeout - Duration::from_nanos(1)),
+            Err(ConfigError::PostTimeout)
         );
         assert_eq!(
             with(&|c| c.cutoff_alpha = MAX_TIMEOUT + Duration::from_nanos(1)),

@@ -107,7 +107,8 @@ pub enum OpError {
         /// The rank that did not answer.
         peer: Rank,
     },
-    /// Another rank found `peer` unresponsive and aborted the operation.
+    /// Another rank gave up on `peer` (unresponsive, or alive and not posting within the post
+    /// timeout) and aborted the operation.
     PeerFailed {
         /// The rank that did not answer.
         peer: Rank,
@@ -133,6 +134,13 @@ pub enum OpError {
         /// The rank that compared (the barrier's hub, or a rank that received its `Ready`).
         reported_by: Rank,
     },
+    /// `peer` is alive (it answers) but did not post the operation within the post timeout
+    /// ([`Config::post_timeout`](crate::Config::post_timeout)): its program is stuck, or
+    /// never calls the operation.
+    NotPosted {
+        /// The rank that did not post.
+        peer: Rank,
+    },
 }
 
 impl OpError {
@@ -143,7 +151,8 @@ impl OpError {
             | OpError::PeerFailed { peer, .. }
             | OpError::ReadFailed { peer }
             | OpError::PeerLost { peer }
-            | OpError::ShapeMismatch { peer, .. } => peer,
+            | OpError::ShapeMismatch { peer, .. }
+            | OpError::NotPosted { peer } => peer,
         }
     }
 }
@@ -153,7 +162,7 @@ impl fmt::Display for OpError {
         match self {
             OpError::PeerUnresponsive { peer } => write!(f, "{peer} stopped answering"),
             OpError::PeerFailed { peer, reported_by } => {
-                write!(f, "{peer} stopped answering (reported by {reported_by})")
+                write!(f, "{reported_by} gave up on {peer}")
             }
             OpError::ReadFailed { peer } => write!(f, "read from {peer} failed"),
             OpError::PeerLost { peer } => {
@@ -164,6 +173,9 @@ impl fmt::Display for OpError {
                 "{peer} posted this operation with another kind, root or size than \
                  {reported_by} did"
             ),
+            OpError::NotPosted { peer } => {
+                write!(f, "{peer} is alive but did not post this operation in time")
+            }
         }
     }
 }

@@ -231,12 +231,10 @@ impl Collective {
             self.timers.set(Timer::Ready, now + self.barrier_slack);
             return None;
         }
+        if self.timers.expired(Timer::Ready, now) || self.timers.expired(Timer::Go, now) {
+            return self.on_barrier_timeout(cx);
+        }
         let blame = [
-            (
-                Timer::Ready,
-                self.barrier.silent_to_blame().unwrap_or(self.succ),
-            ),
-            (Timer::Go, self.barrier.hub()),
             (Timer::Fetch, self.pred),
             (Timer::Reads, self.ring.reads_peer(self.pred)),
             (Timer::Fin, self.ring.fin_owed(self.succ)),

@@ -5,7 +5,7 @@ use crate::config::{Config, Rank};
 use crate::event::{OpError, ReadId, Stats, Transmit};
 use crate::lane::LaneCommand;
 use crate::time::Instant;
-use crate::wire::{ChunkRun, ControlKind, ControlRepr, RunList};
+use crate::wire::{ChunkRun, ControlKind, ControlRepr, RunList, Standing};
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
@@ -54,6 +54,27 @@ impl ControlMsg {
                 op,
                 culprit: self.arg,
             },
+            ControlKind::Where => ControlRepr::Where { op },
+            // `Self::here` stores only values that decode.
+            ControlKind::Here => ControlRepr::Here {
+                op,
+                standing: Standing::from_u32(self.arg).unwrap_or(Standing::NotPosted),
+            },
+        }
+    }
+
+    /// `Here` for operation `op`: this rank stands so on it. A rank that the wire cannot
+    /// carry (beyond any real communicator's size) is left out: plain `NotPosted`.
+    pub(crate) fn here(op: u64, standing: Standing) -> Self {
+        let arg = standing
+            .to_u32()
+            .or_else(|| Standing::NotPosted.to_u32())
+            .unwrap_or_default();
+        ControlMsg {
+            kind: ControlKind::Here,
+            op,
+            arg,
+            runs: Vec::new(),
         }
     }
 }

@@ -7,7 +7,7 @@ use crate::op::{Collective, transfer_time};
 use crate::out::{ControlMsg, Ctx, Outcome, Outgoing, bump};
 use crate::reports::Reports;
 use crate::time::Instant;
-use crate::wire::{ControlKind, ControlRepr};
+use crate::wire::{ControlKind, ControlRepr, Standing};
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use bitvec::prelude::*;
@@ -95,6 +95,10 @@ pub struct Session {
     /// (at most [`ENDED_KEEP`]): a rank may still wait in one of them on its successor's
     /// `Fin` (see [`Self::barrier_slack`]).
     ended: VecDeque<(Instant, core::time::Duration)>,
+    /// The last operation this rank posted failed, naming this rank, and nothing was posted
+    /// since: its program may have stopped over that failure. Told to ranks that ask where
+    /// this one stands on a later operation ([`Standing::NotPostedAfter`]).
+    stopped_over: Option<Rank>,
 }
 
 /// How many ended operations [`Session::barrier_slack`] looks at.
@@ -130,6 +134,7 @@ impl Session {
             timeout: Cell::new(None),
             reports: Reports::new(config.rank, config.ranks),
             ended: VecDeque::new(),
+            stopped_over: None,
             config,
         })
     }
@@ -206,6 +211,7 @@ impl Session {
     pub fn skip_op(&mut self) -> OpId {
         let id = OpId(self.next_seq);
         self.next_seq += 1;
+        self.stopped_over = None;
         self.ended_here(id.0, None);
         id
     }
@@ -273,6 +279,7 @@ impl Session {
         let mut cx = cx!(self, now);
         let mut op = make(&cx, id)?;
         self.next_seq += 1;
+        self.stopped_over = None;
         if self.config.ranks == 1 {
             self.early.retain(|e| e.seq != id.0);
             self.events.push_back(Event::Completed { op: id });
@@ -381,6 +388,15 @@ impl Session {
             return None;
         };
         let seq = msg.op();
+        if let ControlRepr::Where { op } = msg {
+            if from == self.config.rank {
+                bump(&mut self.stats.control_unexpected);
+                return None;
+            }
+            let msg = ControlMsg::here(op, self.standing(op));
+            self.out.push_back(Outgoing::Control { to: from, msg });
+            return None;
+        }
         let report = match msg {
             ControlRepr::Abort { culprit, .. } if culprit < self.config.ranks => {
                 Some(Rank(culprit)).filter(|&c| self.reported(from, seq, c))
@@ -403,6 +419,8 @@ impl Session {
             ControlRepr::Lacking { .. } => op.on_fetch_nack(&mut cx, from, true),
             ControlRepr::Fin { .. } => op.on_fin(&mut cx, from),
             ControlRepr::Activate { .. } => op.on_activate(&mut cx, from),
+            ControlRepr::Here { standing, .. } => op.on_here(&mut cx, from, standing),
+            ControlRepr::Where { .. } => None, // answered above
             ControlRepr::Abort { .. } | ControlRepr::Mismatch { .. } => {
                 match failure(from, &msg, self.config.ranks) {
                     Some(error) => Some(Outcome::Failed {
@@ -420,6 +438,24 @@ impl Session {
             self.finish(i, o, now);
         }
         report
+    }
+
+    /// Where this rank stands on operation `seq`, for a rank that asked (`Where`).
+    fn standing(&self, seq: u64) -> Standing {
+        if self.ops.iter().any(|o| o.id.0 == seq) {
+            Standing::Running
+        } else if seq < self.next_seq {
+            if self.recent.iter().any(|r| r.seq == seq) {
+                Standing::EndedApart
+            } else {
+                Standing::Ended
+            }
+        } else {
+            match self.stopped_over {
+                Some(c) => Standing::NotPostedAfter(c.0),
+                None => Standing::NotPosted,
+            }
+        }
     }
 
     /// `reporter` failed an operation over `culprit`: the operations still in their barrier
@@ -707,6 +743,12 @@ impl Session {
             self.reports.completed(op.id.0);
         }
         let failed = matches!(outcome, Outcome::Failed { .. });
+        if let Outcome::Failed { error, .. } = outcome
+            && op.id.0 + 1 == self.next_seq
+            && error.peer() != self.config.rank
+        {
+            self.stopped_over = Some(error.peer());
+        }
         op.close_lanes(&mut cx!(self, Instant::ZERO), failed);
         match outcome {
             Outcome::Completed => self.events.push_back(Event::Completed { op: op.id }),

@@ -302,6 +302,9 @@ struct Seq {
     loss: f64,
     gap_ns: u64,
     seed: u64,
+    /// A rank that posts every operation this many ns after the others would (up to eight
+    /// peer timeouts): alive and late, never to blame.
+    slow: Option<(u32, u64)>,
 }
 
 fn seq() -> impl Strategy<Value = Seq> {
@@ -319,17 +322,21 @@ fn seq() -> impl Strategy<Value = Seq> {
             prop_oneof![Just(0.0), 0.0..0.05f64],
             0u64..20_000,
             any::<u64>(),
+            proptest::option::weighted(0.4, (0..ranks, 0u64..8_000_000)),
         )
-            .prop_map(move |(ops, victim, at, crash, loss, gap_ns, seed)| Seq {
-                ranks,
-                ops,
-                victim,
-                at,
-                crash,
-                loss,
-                gap_ns,
-                seed,
-            })
+            .prop_map(
+                move |(ops, victim, at, crash, loss, gap_ns, seed, slow)| Seq {
+                    ranks,
+                    ops,
+                    victim,
+                    at,
+                    crash,
+                    loss,
+                    gap_ns,
+                    seed,
+                    slow,
+                },
+            )
     })
 }
 
@@ -344,6 +351,7 @@ fn run_seq(c: &Seq) -> Result<(), TestCaseError> {
     } else {
         net.faults.control_cut.push((c.victim, c.at));
     }
+    net.slow = c.slow;
     net.sequence(c.ops.clone(), 50, c.gap_ns);
     net.run(5_000_000);
     prop_assert!(net.errors.is_empty(), "{:?}", net.errors);

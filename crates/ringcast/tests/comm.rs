@@ -891,19 +891,23 @@ fn an_empty_broadcast_at_one_rank(
     );
 }
 
-/// Ranks 0-2 fail a multicast Allgather that rank 3 posts later than the peer timeout
-/// (blaming it), and leave. Their goodbye names rank 3: its operation, posted afterwards,
+/// Ranks 0-2 fail a multicast Allgather that rank 3 posts later than the post timeout
+/// (naming it), and leave. Their goodbye names rank 3: its operation, posted afterwards,
 /// fails at once with `PeerLost`, where it ran against the departed peers until its own
 /// deadlines (3.5 peer timeouts) and then blamed rank 0 as unresponsive.
 #[test]
 fn a_late_rank_that_the_others_left_over_fails_at_once() {
     world_with(
         47,
-        |b| b.tcp_threshold(0).peer_timeout(Duration::from_secs(1)),
+        |b| {
+            b.tcp_threshold(0)
+                .peer_timeout(Duration::from_secs(1))
+                .post_timeout(Duration::from_secs(2))
+        },
         |comm| {
             let me = comm.rank();
             if me == 3 {
-                thread::sleep(Duration::from_secs(4));
+                thread::sleep(Duration::from_secs(5));
             }
             let got = comm.iallgather(&[me as u8; 1 << 18], vec![0; 1 << 20]);
             match (me, got.map_err(e)?.wait()) {
@@ -913,6 +917,92 @@ fn a_late_rank_that_the_others_left_over_fails_at_once() {
             }
         },
     );
+}
+
+/// A rank that posts six peer timeouts after the others (an application that loads a
+/// checkpoint on one rank first) is alive, not hung: its peers ask it where it stands and
+/// wait, over multicast and over TCP alike, and every operation completes with the right
+/// bytes. Rank 0 is the Broadcast's root and the barrier's hub; rank 2 a leaf.
+#[test]
+fn a_rank_that_posts_late_is_waited_for() {
+    for (salt, threshold, late) in [(61, 0, 0), (62, 0, 2), (63, 64 << 10, 0), (64, 64 << 10, 2)] {
+        world_with(
+            salt,
+            move |b| {
+                b.tcp_threshold(threshold)
+                    .peer_timeout(Duration::from_millis(500))
+            },
+            move |comm| {
+                let me = comm.rank();
+                let len = if threshold == 0 { 1 << 20 } else { 4096 };
+                if me == late {
+                    thread::sleep(Duration::from_secs(3));
+                }
+                let want = pattern(salt, 0, len);
+                let mut got = if me == 0 { want.clone() } else { vec![0; len] };
+                comm.broadcast(0, &mut got).map_err(e)?;
+                if got != want {
+                    return Err(format!("rank {me}: wrong Broadcast bytes"));
+                }
+                // And an Allgather after it, the late rank late again.
+                if me == late {
+                    thread::sleep(Duration::from_secs(3));
+                }
+                let mine = pattern(salt, me, len / 4);
+                let mut all = vec![0; len];
+                comm.allgather(&mine, &mut all).map_err(e)?;
+                for r in 0..RANKS {
+                    let at = r as usize * len / 4;
+                    if all[at..at + len / 4] != pattern(salt, r, len / 4)[..] {
+                        return Err(format!("rank {me}: wrong block {r}"));
+                    }
+                }
+                Ok(())
+            },
+        );
+    }
+}
+
+/// A rank that answers but never posts (its program is stuck before the call) fails an
+/// Allgather everywhere at the post timeout, naming it: over multicast and over TCP. (A TCP
+/// Broadcast completes at the ranks that do not need the missing one, as MPI's may.)
+#[test]
+fn a_rank_that_never_posts_fails_the_operation_at_the_post_timeout() {
+    for (salt, threshold) in [(65, 0), (66, 64 << 10)] {
+        let release = Arc::new(Barrier::new(RANKS as usize));
+        world_with(
+            salt,
+            move |b| {
+                b.tcp_threshold(threshold)
+                    .peer_timeout(Duration::from_secs(1))
+                    .post_timeout(Duration::from_secs(3))
+            },
+            move |comm| {
+                let me = comm.rank();
+                let out = if me == 1 {
+                    Ok(())
+                } else {
+                    let t = Instant::now();
+                    match comm.allgather(&[me as u8; 1024], &mut [0u8; 4096]) {
+                        Err(CommError::NotPosted { peer: 1 })
+                        | Err(CommError::PeerFailed { peer: 1, .. }) => {
+                            // The engine's clock reads the start a little before `t`: a
+                            // lower bound with room, far above the 1.5 s of a hung rank's.
+                            if t.elapsed() < Duration::from_millis(2500) {
+                                Err(format!("rank {me}: failed after {:?}", t.elapsed()))
+                            } else {
+                                Ok(())
+                            }
+                        }
+                        other => Err(format!("rank {me}: {other:?}")),
+                    }
+                };
+                // Rank 1 stays (answering) until the others have their verdict.
+                release.wait();
+                out
+            },
+        );
+    }
 }
 
 /// The same with small operations over TCP in flight beside multicast ones: dropping the

@@ -7,8 +7,9 @@
 //!  +------+--------+----------+----------+----------------+------------------------+
 //! ```
 //! All integers are big-endian. `arg` is the recovery hop count for `FetchAck`, the culprit rank
-//! for `Abort` and `Mismatch`, the operation's shape fingerprint for `Ready`, and zero
-//! otherwise. Runs are sorted, non-empty, disjoint and non-adjacent.
+//! for `Abort` and `Mismatch`, the operation's shape fingerprint for `Ready`, the sender's
+//! [`Standing`] for `Here`, and zero otherwise. Runs are sorted, non-empty, disjoint and
+//! non-adjacent.
 //!
 //! `Lacking` (kind 9) is a `FetchNack` with knowledge: the sender's fast path is over, so it
 //! knows it misses some of the runs asked for. A `FetchNack` only says "not yet". The
@@ -62,6 +63,11 @@ pub enum ControlKind {
     /// The operation failed: `arg` names a rank that posted it with another kind, root or
     /// sizes than the sender did (an erroneous program). Sent to every other rank.
     Mismatch = 10,
+    /// A rank whose barrier waited too long on the receiver asks where it stands on the
+    /// operation (the receiver answers `Here`, whatever it is doing).
+    Where = 11,
+    /// Answer to `Where`: `arg` is the sender's [`Standing`] on the operation.
+    Here = 12,
 }
 
 impl ControlKind {
@@ -77,6 +83,8 @@ impl ControlKind {
             8 => ControlKind::Activate,
             9 => ControlKind::Lacking,
             10 => ControlKind::Mismatch,
+            11 => ControlKind::Where,
+            12 => ControlKind::Here,
             _ => return None,
         })
     }
@@ -88,8 +96,68 @@ impl ControlKind {
     fn has_arg(self) -> bool {
         matches!(
             self,
-            ControlKind::Ready | ControlKind::FetchAck | ControlKind::Abort | ControlKind::Mismatch
+            ControlKind::Ready
+                | ControlKind::FetchAck
+                | ControlKind::Abort
+                | ControlKind::Mismatch
+                | ControlKind::Here
         )
+    }
+}
+
+/// Where a rank stands on an operation another rank asked about (`Where`): the argument of
+/// its `Here`.
+///
+/// A rank that has not posted an operation yet is alive, only late (an application that
+/// loads a checkpoint before a Broadcast): the barrier keeps waiting for it, up to the
+/// post timeout. One that does not answer is hung or cut off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Standing {
+    /// It has posted the operation and not ended it.
+    Running,
+    /// It ended the operation after its barrier (completed or failed it).
+    Ended,
+    /// It ended the operation without a barrier: it ran it over another path, or it was empty
+    /// there. The ranks disagree on the operation.
+    EndedApart,
+    /// It has not posted the operation yet, and the last operation it ended did not fail.
+    NotPosted,
+    /// It has not posted the operation yet, and the last operation it ended failed naming
+    /// this rank: its program may have stopped over that failure.
+    NotPostedAfter(u32),
+}
+
+impl Standing {
+    /// The wire values of the states other than [`Standing::NotPostedAfter`], whose value is
+    /// the rank it names (below these).
+    const RUNNING: u32 = u32::MAX;
+    const ENDED: u32 = u32::MAX - 1;
+    const ENDED_APART: u32 = u32::MAX - 2;
+    const NOT_POSTED: u32 = u32::MAX - 3;
+    /// Values from here up are reserved: a rank is below.
+    const RESERVED: u32 = u32::MAX - 15;
+
+    pub(crate) fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            Self::RUNNING => Standing::Running,
+            Self::ENDED => Standing::Ended,
+            Self::ENDED_APART => Standing::EndedApart,
+            Self::NOT_POSTED => Standing::NotPosted,
+            r if r < Self::RESERVED => Standing::NotPostedAfter(r),
+            _ => return None,
+        })
+    }
+
+    /// The wire value, or `None` for a rank in the reserved range.
+    pub(crate) fn to_u32(self) -> Option<u32> {
+        match self {
+            Standing::Running => Some(Self::RUNNING),
+            Standing::Ended => Some(Self::ENDED),
+            Standing::EndedApart => Some(Self::ENDED_APART),
+            Standing::NotPosted => Some(Self::NOT_POSTED),
+            Standing::NotPostedAfter(r) => (r < Self::RESERVED).then_some(r),
+        }
     }
 }
 
@@ -316,6 +384,18 @@ pub enum ControlRepr<'a> {
         /// The rank whose shape differs from the sender's.
         culprit: u32,
     },
+    /// See [`ControlKind::Where`].
+    Where {
+        /// Operation sequence number.
+        op: u64,
+    },
+    /// See [`ControlKind::Here`].
+    Here {
+        /// Operation sequence number.
+        op: u64,
+        /// Where the sender stands on it.
+        standing: Standing,
+    },
 }
 
 impl<'a> ControlRepr<'a> {
@@ -348,6 +428,11 @@ impl<'a> ControlRepr<'a> {
             ControlKind::Activate => ControlRepr::Activate { op },
             ControlKind::Lacking => ControlRepr::Lacking { op },
             ControlKind::Mismatch => ControlRepr::Mismatch { op, culprit: arg },
+            ControlKind::Where => ControlRepr::Where { op },
+            ControlKind::Here => ControlRepr::Here {
+                op,
+                standing: Standing::from_u32(arg).ok_or(Error)?,
+            },
         })
     }
 
@@ -368,7 +453,9 @@ impl<'a> ControlRepr<'a> {
             | ControlRepr::Activate { op }
             | ControlRepr::Lacking { op }
             | ControlRepr::Abort { op, .. }
-            | ControlRepr::Mismatch { op, .. } => op,
+            | ControlRepr::Mismatch { op, .. }
+            | ControlRepr::Where { op }
+            | ControlRepr::Here { op, .. } => op,
         }
     }
 
@@ -385,6 +472,8 @@ impl<'a> ControlRepr<'a> {
             ControlRepr::Activate { .. } => ControlKind::Activate,
             ControlRepr::Lacking { .. } => ControlKind::Lacking,
             ControlRepr::Mismatch { .. } => ControlKind::Mismatch,
+            ControlRepr::Where { .. } => ControlKind::Where,
+            ControlRepr::Here { .. } => ControlKind::Here,
         }
     }
 
@@ -404,7 +493,8 @@ impl<'a> ControlRepr<'a> {
     /// length; bytes after it are left alone.
     ///
     /// Fails with [`EmitError::NotCanonical`] if the run list is empty where runs are required,
-    /// has more than `u16::MAX` runs, or is not sorted, disjoint and non-adjacent; otherwise
+    /// has more than `u16::MAX` runs, or is not sorted, disjoint and non-adjacent, or a
+    /// [`Standing::NotPostedAfter`] names a rank in the reserved range; otherwise
     /// with [`EmitError::BufferTooSmall`] if `buf` is shorter than the message.
     pub fn emit(&self, buf: &mut [u8]) -> core::result::Result<usize, EmitError> {
         // Canonical form first: a bigger buffer would not help.
@@ -416,14 +506,17 @@ impl<'a> ControlRepr<'a> {
         {
             return Err(EmitError::NotCanonical);
         }
-        let len = self.buffer_len();
-        let buf = emit_buf(buf, len)?;
         let arg = match *self {
             ControlRepr::FetchAck { hops, .. } => hops,
             ControlRepr::Abort { culprit, .. } | ControlRepr::Mismatch { culprit, .. } => culprit,
             ControlRepr::Ready { shape, .. } => shape,
+            ControlRepr::Here { standing, .. } => {
+                standing.to_u32().ok_or(EmitError::NotCanonical)?
+            }
             _ => 0,
         };
+        let len = self.buffer_len();
+        let buf = emit_buf(buf, len)?;
         ControlPacket::new_unchecked(&mut *buf).header_mut(self.kind(), count, arg, self.op());
         if let Some(r) = runs {
             for (dst, run) in buf[field::RUNS..]
@@ -513,6 +606,37 @@ mod tests {
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0x0d, // op 781
     ];
 
+    const WHERE: [u8; 16] = [
+        0x0b, 0x01, 0x00, 0x00, // kind Where, version 1, no runs
+        0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x02, 0x03, // op 66051
+    ];
+    const HERE_RUNNING: [u8; 16] = [
+        0x0c, 0x01, 0x00, 0x00, // kind Here, version 1, no runs
+        0xff, 0xff, 0xff, 0xff, // running
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x07, // op 7
+    ];
+    const HERE_ENDED: [u8; 16] = [
+        0x0c, 0x01, 0x00, 0x00, //
+        0xff, 0xff, 0xff, 0xfe, // ended
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x08,
+    ];
+    const HERE_APART: [u8; 16] = [
+        0x0c, 0x01, 0x00, 0x00, //
+        0xff, 0xff, 0xff, 0xfd, // ended apart
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x09,
+    ];
+    const HERE_NOT_POSTED: [u8; 16] = [
+        0x0c, 0x01, 0x00, 0x00, //
+        0xff, 0xff, 0xff, 0xfc, // not posted
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0a,
+    ];
+    const HERE_AFTER: [u8; 16] = [
+        0x0c, 0x01, 0x00, 0x00, //
+        0x00, 0x00, 0x01, 0x2c, // not posted, after a failure naming rank 300
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0b,
+    ];
+
     const FETCH_RUNS: [ChunkRun; 2] = [
         ChunkRun { start: 1, len: 2 },
         ChunkRun {
@@ -526,7 +650,7 @@ mod tests {
     }];
 
     /// Every kind once, with the bytes it must have.
-    fn vectors() -> [(&'static [u8], ControlRepr<'static>); 10] {
+    fn vectors() -> [(&'static [u8], ControlRepr<'static>); 16] {
         [
             (
                 &READY,
@@ -569,6 +693,42 @@ mod tests {
                     culprit: 517,
                 },
             ),
+            (&WHERE, ControlRepr::Where { op: 66051 }),
+            (
+                &HERE_RUNNING,
+                ControlRepr::Here {
+                    op: 7,
+                    standing: Standing::Running,
+                },
+            ),
+            (
+                &HERE_ENDED,
+                ControlRepr::Here {
+                    op: 8,
+                    standing: Standing::Ended,
+                },
+            ),
+            (
+                &HERE_APART,
+                ControlRepr::Here {
+                    op: 9,
+                    standing: Standing::EndedApart,
+                },
+            ),
+            (
+                &HERE_NOT_POSTED,
+                ControlRepr::Here {
+                    op: 10,
+                    standing: Standing::NotPosted,
+                },
+            ),
+            (
+                &HERE_AFTER,
+                ControlRepr::Here {
+                    op: 11,
+                    standing: Standing::NotPostedAfter(300),
+                },
+            ),
         ]
     }
 
@@ -604,10 +764,11 @@ mod tests {
 
     #[test]
     fn every_kind_is_covered() {
-        let kinds: Vec<u8> = vectors().iter().map(|(_, r)| r.kind() as u8).collect();
-        assert_eq!(kinds, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let mut kinds: Vec<u8> = vectors().iter().map(|(_, r)| r.kind() as u8).collect();
+        kinds.dedup();
+        assert_eq!(kinds, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
         for k in 0..=u8::MAX {
-            assert_eq!(ControlKind::from_u8(k).is_some(), (1..=10).contains(&k));
+            assert_eq!(ControlKind::from_u8(k).is_some(), (1..=12).contains(&k));
         }
     }
 
@@ -634,13 +795,23 @@ mod tests {
         0x06, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
     ];
-    /// Kind 0 and kind 11 do not exist.
+    /// Kind 0 and kind 13 do not exist.
     const BAD_KIND_0: [u8; 16] = [
         0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
     ];
-    const BAD_KIND_11: [u8; 16] = [
-        0x0b, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
+    const BAD_KIND_13: [u8; 16] = [
+        0x0d, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
+    ];
+    /// Where with an argument.
+    const ARG_ON_WHERE: [u8; 16] = [
+        0x0b, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, //
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
+    ];
+    /// Here with a standing in the reserved range.
+    const HERE_RESERVED: [u8; 16] = [
+        0x0c, 0x01, 0x00, 0x00, 0xff, 0xff, 0xff, 0xf0, //
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05,
     ];
     /// Lacking with an argument.
@@ -743,12 +914,14 @@ mod tests {
 
     #[test]
     fn rejects_fixed_negative_vectors() {
-        let cases: [(&str, &[u8]); 19] = [
+        let cases: [(&str, &[u8]); 21] = [
             ("arg on Lacking", &ARG_ON_LACKING),
             ("runs on Lacking", &RUNS_ON_LACKING),
             ("bad version", &BAD_VERSION),
             ("kind 0", &BAD_KIND_0),
-            ("kind 11", &BAD_KIND_11),
+            ("kind 13", &BAD_KIND_13),
+            ("arg on Where", &ARG_ON_WHERE),
+            ("reserved standing", &HERE_RESERVED),
             ("arg on Fin", &ARG_ON_FIN),
             ("arg on Fetch", &ARG_ON_FETCH),
             ("runs on Go", &RUNS_ON_GO),
@@ -779,6 +952,27 @@ mod tests {
             long.push(0);
             assert_eq!(ControlRepr::parse_bytes(&long), Err(Error));
         }
+    }
+
+    #[test]
+    fn refuses_to_emit_a_standing_in_the_reserved_range() {
+        for r in [u32::MAX - 15, u32::MAX - 4, u32::MAX] {
+            let repr = ControlRepr::Here {
+                op: 1,
+                standing: Standing::NotPostedAfter(r),
+            };
+            let mut v = Vec::new();
+            assert_eq!(repr.emit_vec(&mut v), Err(EmitError::NotCanonical), "{r}");
+            assert!(v.is_empty());
+        }
+        // Every other value of the reserved range is refused on parsing too.
+        for v in u32::MAX - 15..=u32::MAX - 4 {
+            assert_eq!(Standing::from_u32(v), None, "{v:#x}");
+        }
+        assert_eq!(
+            Standing::from_u32(u32::MAX - 16),
+            Some(Standing::NotPostedAfter(u32::MAX - 16))
+        );
     }
 
     #[test]

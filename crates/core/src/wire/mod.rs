@@ -15,7 +15,7 @@ mod roce;
 mod run;
 
 pub use control::{
-    ControlKind, ControlPacket, ControlRepr, HEADER_LEN as CONTROL_HEADER_LEN, RunList,
+    ControlKind, ControlPacket, ControlRepr, HEADER_LEN as CONTROL_HEADER_LEN, RunList, Standing,
     VERSION as CONTROL_VERSION,
 };
 pub use imm::{Imm, ImmLayout};

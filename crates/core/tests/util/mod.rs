@@ -30,8 +30,15 @@ pub fn token(op: u64, root: u32, chunk: u32) -> u64 {
 /// What every rank starts.
 #[derive(Debug, Clone)]
 pub enum Start {
-    Broadcast { root: u32, len: u64 },
-    Allgather { sizes: Vec<u64> },
+    Broadcast {
+        root: u32,
+        len: u64,
+    },
+    Allgather {
+        sizes: Vec<u64>,
+    },
+    /// The operation runs over another path here (`skip_op`): nothing to check.
+    Skip,
 }
 
 impl Start {
@@ -42,6 +49,7 @@ impl Start {
                 .map(|r| if r == *root { *len } else { 0 })
                 .collect(),
             Start::Allgather { sizes } => sizes.clone(),
+            Start::Skip => vec![0; ranks as usize],
         }
     }
 }
@@ -158,6 +166,8 @@ pub struct Net {
     pub bufs: Vec<BTreeMap<u64, Buf>>,
     pub ops: BTreeMap<u64, Start>,
     pub outcomes: Vec<BTreeMap<u64, Outcome>>,
+    /// Per rank, when each operation failed there (virtual ns).
+    pub failed_at: Vec<BTreeMap<u64, u64>>,
     pub trace: Option<String>,
     pub chunk_size: u32,
     pub errors: Vec<String>,
@@ -166,6 +176,9 @@ pub struct Net {
     /// the next starts `gap` ns after the previous completed there (none after a failure).
     sequence: Vec<Start>,
     gap_ns: u64,
+    /// `(rank, ns)`: that rank posts each operation of the sequence this much later than
+    /// the others would (an application slow between its calls).
+    pub slow: Option<(u32, u64)>,
     next_in_sequence: Vec<usize>,
 }
 
@@ -197,12 +210,14 @@ impl Net {
             bufs: vec![BTreeMap::new(); ranks as usize],
             ops: BTreeMap::new(),
             outcomes: vec![BTreeMap::new(); ranks as usize],
+            failed_at: vec![BTreeMap::new(); ranks as usize],
             trace: None,
             chunk_size,
             errors: Vec::new(),
             nic_free_at: vec![0; ranks as usize],
             sequence: Vec::new(),
             gap_ns: 0,
+            slow: None,
             next_in_sequence: vec![0; ranks as usize],
         }
     }
@@ -212,11 +227,20 @@ impl Net {
     /// rank's program.
     pub fn sequence(&mut self, ops: Vec<Start>, skew_ns: u64, gap_ns: u64) {
         if let Some(first) = ops.first() {
-            self.start_at(0, skew_ns, first.clone());
+            for r in 0..self.ranks() {
+                let at = skew_ns * u64::from(r) + self.slow_by(r);
+                let what = first.clone();
+                self.push(at, Ev::Start { rank: r, what });
+            }
             self.next_in_sequence.fill(1);
         }
         self.sequence = ops;
         self.gap_ns = gap_ns;
+    }
+
+    /// How much later than the others rank `r` posts each operation of the sequence.
+    fn slow_by(&self, r: u32) -> u64 {
+        self.slow.filter(|s| s.0 == r).map_or(0, |s| s.1)
     }
 
     pub fn ranks(&self) -> u32 {
@@ -335,6 +359,11 @@ impl Net {
                 let id = match &what {
                     Start::Broadcast { root, len } => s.start_broadcast(now, Rank(*root), *len),
                     Start::Allgather { sizes } => s.start_allgather(now, sizes),
+                    Start::Skip => {
+                        let id = s.skip_op();
+                        self.log(|| format!("r{rank} skip {id}"));
+                        return;
+                    }
                 }
                 .expect("start");
                 let sizes = what.sizes(self.ranks());
@@ -549,7 +578,8 @@ impl Net {
                 let next = self.next_in_sequence[r as usize];
                 if let Some(what) = self.sequence.get(next).cloned() {
                     self.next_in_sequence[r as usize] += 1;
-                    self.push(self.now + self.gap_ns, Ev::Start { rank: r, what });
+                    let at = self.now + self.gap_ns + self.slow_by(r);
+                    self.push(at, Ev::Start { rank: r, what });
                 }
                 // Check the buffer now, then poison it: nobody may read it any more.
                 let sizes = self.ops[&op.0].sizes(ranks);
@@ -563,6 +593,7 @@ impl Net {
             }
             Event::Failed { op, error } => {
                 self.outcomes[r as usize].insert(op.0, Outcome::Failed(error));
+                self.failed_at[r as usize].insert(op.0, self.now);
             }
             other => panic!("unknown event {other:?}"),
         }

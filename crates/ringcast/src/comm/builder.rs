@@ -105,6 +105,7 @@ pub struct CommBuilder {
     udp_port: u16,
     prefix: McastPrefix,
     peer_timeout: Duration,
+    post_timeout: Duration,
     link_bandwidth: u64,
     cutoff_alpha: Duration,
     connect_timeout: Duration,
@@ -128,6 +129,7 @@ impl Default for CommBuilder {
             udp_port: ROCEV2_PORT,
             prefix: McastPrefix::ADMIN_SCOPED,
             peer_timeout: Duration::from_secs(5),
+            post_timeout: Duration::from_secs(600),
             link_bandwidth: 10_000_000_000 / 8,
             cutoff_alpha: Duration::from_millis(5),
             connect_timeout: Duration::from_secs(30),
@@ -160,8 +162,8 @@ where
 
 impl CommBuilder {
     /// A builder with defaults: 1 lane, UDP port 4791, groups in 239.0.0.0/8, 5 s peer timeout,
-    /// 10 Gbit/s links with 5 ms cutoff slack, chunks as large as the interface MTU allows
-    /// (at most 4 KiB).
+    /// 10 min post timeout, 10 Gbit/s links with 5 ms cutoff slack, chunks as large as the
+    /// interface MTU allows (at most 4 KiB).
     pub fn new() -> Self {
         Self::default()
     }
@@ -170,6 +172,7 @@ impl CommBuilder {
     /// `RINGCAST_RANK`/`RINGCAST_WORLD_SIZE`/`RINGCAST_BOOTSTRAP`, torchrun, Open MPI,
     /// MPICH/Hydra, Slurm; `RINGCAST_IFNAME`), plus optional `RINGCAST_PORT` (UDP port),
     /// `RINGCAST_LANES`, `RINGCAST_CHUNK_SIZE` (bytes), `RINGCAST_PEER_TIMEOUT` (seconds),
+    /// `RINGCAST_POST_TIMEOUT` (seconds),
     /// `RINGCAST_FALLBACK` (`tcp` or `off`), `RINGCAST_PROBE_WINDOW` (seconds of the start-up
     /// check, 0 turns it off), `RINGCAST_FALLBACK_LOSS` (fraction, e.g. `0.1`) and
     /// `RINGCAST_VERIFY_ICRC` (`1` checks every datagram's ICRC, see
@@ -189,6 +192,12 @@ impl CommBuilder {
         if let Some(t) = parse_var::<f64>("RINGCAST_PEER_TIMEOUT")? {
             b.peer_timeout = Duration::try_from_secs_f64(t).map_err(|e| BuildError::Invalid {
                 setting: format!("RINGCAST_PEER_TIMEOUT={t}"),
+                why: e.to_string(),
+            })?;
+        }
+        if let Some(t) = parse_var::<f64>("RINGCAST_POST_TIMEOUT")? {
+            b.post_timeout = Duration::try_from_secs_f64(t).map_err(|e| BuildError::Invalid {
+                setting: format!("RINGCAST_POST_TIMEOUT={t}"),
                 why: e.to_string(),
             })?;
         }
@@ -306,11 +315,22 @@ impl CommBuilder {
     }
 
     /// How long to wait for a peer that owes an answer before failing the operation (5 s by
-    /// default). Over multicast this includes a rank that has not posted the operation yet:
-    /// one that posts it more than this after the others is taken for hung, so set it above
-    /// the longest skew the ranks can have between collectives.
+    /// default; like `RINGCAST_PEER_TIMEOUT`): a rank that stops answering (hung, cut off)
+    /// is named within a few of these. A rank that answers but has not posted the operation
+    /// yet is late, not hung: see [`post_timeout`](Self::post_timeout).
     pub fn peer_timeout(mut self, t: Duration) -> Self {
         self.peer_timeout = t;
+        self
+    }
+
+    /// How long an operation waits for ranks that are alive but have not posted it yet (10
+    /// minutes by default, torch's default for NCCL's collectives; like
+    /// `RINGCAST_POST_TIMEOUT`, in seconds). One rank loading a checkpoint before a
+    /// Broadcast is waited for; past this, the operation fails with
+    /// [`CommError::NotPosted`](super::CommError::NotPosted) naming the rank. At least the
+    /// peer timeout.
+    pub fn post_timeout(mut self, t: Duration) -> Self {
+        self.post_timeout = t;
         self
     }
 
@@ -394,6 +414,7 @@ impl CommBuilder {
         // Every wait is bounded, so that its deadline can be computed (a week at most).
         for (d, setting) in [
             (self.peer_timeout, "peer timeout (RINGCAST_PEER_TIMEOUT)"),
+            (self.post_timeout, "post timeout (RINGCAST_POST_TIMEOUT)"),
             (self.connect_timeout, "CommBuilder::connect_timeout"),
             (self.probe_window, "start-up check (RINGCAST_PROBE_WINDOW)"),
             (self.cutoff_alpha, "CommBuilder::cutoff_alpha"),
@@ -404,6 +425,15 @@ impl CommBuilder {
                     why: format!("{d:?} is longer than the {MAX_TIMEOUT:?} any wait may take"),
                 });
             }
+        }
+        if self.post_timeout < self.peer_timeout {
+            return Err(BuildError::Invalid {
+                setting: "post timeout (RINGCAST_POST_TIMEOUT)".into(),
+                why: format!(
+                    "{:?} is shorter than the peer timeout ({:?}, RINGCAST_PEER_TIMEOUT)",
+                    self.post_timeout, self.peer_timeout
+                ),
+            });
         }
         if let Some(c) = self.chunk_size
             && c < MIN_CHUNK
@@ -552,6 +582,7 @@ impl CommBuilder {
         cfg.lanes = self.lanes;
         cfg.chunk_size = chunk;
         cfg.peer_timeout = self.peer_timeout;
+        cfg.post_timeout = self.post_timeout;
         cfg.link_bandwidth = self.link_bandwidth;
         cfg.cutoff_alpha = self.cutoff_alpha;
         // Kernel UDP on shared cores runs below any configured link rate: end the fast path
@@ -600,6 +631,7 @@ impl CommBuilder {
                 1001
             },
             peer_timeout: self.peer_timeout,
+            post_timeout: self.post_timeout,
             piece: fallback::PIECE,
             tcp_threshold: self.tcp_threshold,
         };

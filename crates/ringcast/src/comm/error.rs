@@ -17,8 +17,9 @@ pub enum CommError {
         /// The rank that did not answer.
         peer: u32,
     },
-    /// Another rank found `peer` unresponsive and aborted the operation.
-    #[error("rank {peer} stopped answering (reported by rank {reported_by})")]
+    /// Another rank gave up on `peer` (it stopped answering, or did not post the operation
+    /// within the post timeout) and aborted the operation.
+    #[error("rank {reported_by} gave up on rank {peer}: it stopped answering or did not post")]
     PeerFailed {
         /// The rank that did not answer.
         peer: u32,
@@ -54,6 +55,17 @@ pub enum CommError {
         peer: u32,
         /// The rank that compared.
         reported_by: u32,
+    },
+    /// Rank `peer` is alive (it answers) but did not post this operation within the post
+    /// timeout ([`CommBuilder::post_timeout`](super::CommBuilder::post_timeout),
+    /// `RINGCAST_POST_TIMEOUT`): its program is stuck before the call, or never makes it.
+    #[error(
+        "rank {peer} is alive but did not post this operation within the post timeout \
+         (RINGCAST_POST_TIMEOUT)"
+    )]
+    NotPosted {
+        /// The rank that did not post.
+        peer: u32,
     },
     /// The communicator was dropped (or its engine stopped) before the operation finished.
     #[error(
@@ -109,7 +121,8 @@ impl CommError {
             | CommError::PeerFailed { peer, .. }
             | CommError::ReadFailed { peer }
             | CommError::PeerLost { peer }
-            | CommError::ShapeMismatch { peer, .. } => Some(peer),
+            | CommError::ShapeMismatch { peer, .. }
+            | CommError::NotPosted { peer } => Some(peer),
             _ => None,
         }
     }
@@ -128,6 +141,7 @@ impl From<OpError> for CommError {
                 peer: peer.0,
                 reported_by: reported_by.0,
             },
+            OpError::NotPosted { peer } => CommError::NotPosted { peer: peer.0 },
             // `PeerUnresponsive`, and any later variant, blame `peer()`.
             other => CommError::PeerUnresponsive {
                 peer: other.peer().0,

@@ -210,8 +210,8 @@ const KIND_POSTED: u8 = 0xFA;
 /// `0xFB, 0, 0, 0, 0, 0, 0, 0, op u64`: the sender's operation `op` waited on this rank past
 /// its timeout; answered at once with `KIND_HERE` (see [`Dispatcher::check_timeouts`]).
 const KIND_WHERE: u8 = 0xFB;
-/// `0xFC, 0, 0, 0, 0, 0, 0, 0, op u64`: the answer to `KIND_WHERE` about `op`: the sender is
-/// alive and its dispatcher runs.
+/// `0xFC, late u8, 0, 0, 0, 0, 0, 0, op u64`: the answer to `KIND_WHERE` about `op`: the
+/// sender is alive and its dispatcher runs; `late` 1: it has not posted `op` yet.
 const KIND_HERE: u8 = 0xFC;
 /// `0xFD, 0, 0, 0, block u32, op u64, offset u64, shape u32, len u64`: never sent; the mesh's
 /// note that a piece of these fields from the note's sender landed in the operation's buffer
@@ -400,6 +400,8 @@ pub(crate) struct FallbackConfig {
     /// Loss fraction (per thousand) above which multicast is abandoned; above 1000 never.
     pub(crate) threshold_permille: u32,
     pub(crate) peer_timeout: Duration,
+    /// How long an operation waits for a peer that answers but has not posted it.
+    pub(crate) post_timeout: Duration,
     pub(crate) piece: usize,
     /// Operations of at most this many bytes (the whole buffer: a Broadcast's, or every
     /// block of an Allgather) run over TCP even while multicast runs; 0 sends none.
@@ -1093,6 +1095,20 @@ struct Probe {
     peer: u32,
     at: Instant,
     answered: Option<Instant>,
+    /// The answer said the peer has not posted the operation yet.
+    late: bool,
+}
+
+/// How an operation whose wait on a peer ran out goes on ([`Dispatcher::probing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Probing {
+    /// It waits (a question is out, or the peer answered).
+    Wait,
+    /// The peer did not answer in time, or is stuck past every wait: name it, or the rank
+    /// it reported ([`Dispatcher::verdict`]).
+    Blame,
+    /// The peer is alive but did not post the operation within the post timeout.
+    NotPosted,
 }
 
 impl Probe {
@@ -1685,7 +1701,8 @@ impl Dispatcher {
             }
             Some(KIND_WHERE) => {
                 if let Some(k) = u64_at(b, 8) {
-                    let mut m = vec![KIND_HERE, 0, 0, 0, 0, 0, 0, 0];
+                    let late = u8::from(k >= self.route().next);
+                    let mut m = vec![KIND_HERE, late, 0, 0, 0, 0, 0, 0];
                     m.extend_from_slice(&k.to_be_bytes());
                     self.mesh.send_control(Rank(from), &m);
                 }
@@ -1697,9 +1714,10 @@ impl Dispatcher {
                     .iter_mut()
                     .find(|o| Some(o.k) == k)
                     .and_then(|o| o.probe.as_mut())
-                    .filter(|p| p.peer == from)
+                    .filter(|p| p.peer == from && p.answered.is_none())
                 {
-                    p.answered.get_or_insert_with(Instant::now);
+                    p.answered = Some(Instant::now());
+                    p.late = b.get(1) == Some(&1);
                 }
             }
             Some(KIND_POSTED) => {
@@ -2689,7 +2707,8 @@ impl Dispatcher {
     /// asks it where it is ([`Self::probing`]): a hung or cut-off peer does not answer
     /// within half a peer timeout and is named; one that answers is alive, and the
     /// operation waits for the report of the rank it is stuck on (then names that rank,
-    /// [`Self::verdict`]), or for the longest wait if none comes.
+    /// [`Self::verdict`]), or, if the peer has not posted the operation yet, for the peer,
+    /// up to the post timeout.
     fn check_timeouts(&mut self) {
         let mut i = 0;
         while i < self.active.len() {
@@ -2705,12 +2724,16 @@ impl Dispatcher {
                 i += 1;
                 continue;
             }
-            if self.probing(i, peer) {
-                i += 1;
-                continue;
+            match self.probing(i, peer) {
+                Probing::Wait => i += 1,
+                Probing::NotPosted => {
+                    self.give_up(i, ABORT_TIMEOUT, peer, CommError::NotPosted { peer })
+                }
+                Probing::Blame => {
+                    let (culprit, e) = self.verdict(peer);
+                    self.give_up(i, ABORT_TIMEOUT, culprit, e);
+                }
             }
-            let (culprit, e) = self.verdict(peer);
-            self.give_up(i, ABORT_TIMEOUT, culprit, e);
         }
     }
 
@@ -2720,28 +2743,46 @@ impl Dispatcher {
     /// this operation or an earlier one), so the operation waits for that report as long as
     /// the longest wait and half a peer timeout more. A peer whose wait changed, or that
     /// made progress since, is asked again.
-    fn probing(&mut self, i: usize, peer: u32) -> bool {
-        let half = self.cfg.peer_timeout / 2;
+    ///
+    /// A peer that answers that it has not posted the operation yet (late: an application
+    /// that loads a checkpoint on one rank before a Broadcast) is waited for, and asked again
+    /// every peer timeout, up to the post timeout from this rank's start of the operation
+    /// ([`Probing::NotPosted`]); unless it reported a failure since the last operation that
+    /// completed here (its program may have stopped over it: [`Probing::Blame`] names the rank
+    /// it reported). A peer that has posted and is stuck is asked again after the longest
+    /// wait, and blamed only once the post timeout and the longest wait have passed: it may
+    /// wait on a late rank itself, whose verdict comes first.
+    fn probing(&mut self, i: usize, peer: u32) -> Probing {
+        let pt = self.cfg.peer_timeout;
+        let half = pt / 2;
         let longest = self.cfg.timeout(self.cfg.size - 1) + half;
+        let post = self.cfg.post_timeout;
+        let reported = self.reports.by(Rank(peer)).is_some();
         let op = &mut self.active[i];
-        match op.probe {
-            Some(p) if p.stands(peer, op.last) => match p.answered {
-                None => p.at.elapsed() <= half,
-                Some(at) => at.elapsed() <= longest,
-            },
-            _ => {
-                let at = Instant::now();
-                op.probe = Some(Probe {
-                    peer,
-                    at,
-                    answered: None,
-                });
-                let mut m = vec![KIND_WHERE, 0, 0, 0, 0, 0, 0, 0];
-                m.extend_from_slice(&op.k.to_be_bytes());
-                self.mesh.send_control(Rank(peer), &m);
-                true
+        let waited = op.started.elapsed();
+        if let Some(p) = op.probe.filter(|p| p.stands(peer, op.last)) {
+            match p.answered {
+                None if p.at.elapsed() <= half => return Probing::Wait,
+                None => return Probing::Blame,
+                Some(_) if p.late && reported => return Probing::Blame,
+                Some(_) if p.late && waited > post => return Probing::NotPosted,
+                Some(at) if p.late && at.elapsed() <= pt => return Probing::Wait,
+                Some(at) if !p.late && at.elapsed() <= longest => return Probing::Wait,
+                Some(_) if !p.late && waited > post + longest => return Probing::Blame,
+                // Alive when last asked: ask again.
+                Some(_) => {}
             }
         }
+        op.probe = Some(Probe {
+            peer,
+            at: Instant::now(),
+            answered: None,
+            late: false,
+        });
+        let mut m = vec![KIND_WHERE, 0, 0, 0, 0, 0, 0, 0];
+        m.extend_from_slice(&op.k.to_be_bytes());
+        self.mesh.send_control(Rank(peer), &m);
+        Probing::Wait
     }
 
     /// The rank operation `i` waits on, and how many hops that wait is from the data's
@@ -2898,6 +2939,7 @@ mod tests {
             size,
             threshold_permille: 1001,
             peer_timeout: Duration::from_secs(3),
+            post_timeout: Duration::from_secs(3) * 4,
             piece: PIECE,
             tcp_threshold: 0,
         }
@@ -3150,8 +3192,8 @@ mod tests {
         }
     }
 
-    /// A child that never posts: the root's Broadcast past the window fails at the peer
-    /// timeout naming it; it does not hang.
+    /// A child that never posts (alive: it answers): the root's Broadcast past the window
+    /// fails at the post timeout naming it; it does not hang.
     #[test]
     fn a_root_waiting_for_a_child_that_never_posts_names_it() {
         let len = PIECE;
@@ -3167,7 +3209,7 @@ mod tests {
             .collect();
         let mut results: Vec<_> = reqs.into_iter().map(Request::wait).collect();
         let last = results.pop().expect("the last").map(|b| b.len());
-        assert_eq!(last, Err(CommError::PeerUnresponsive { peer: 1 }));
+        assert_eq!(last, Err(CommError::NotPosted { peer: 1 }));
         for (i, r) in results.into_iter().enumerate() {
             assert_eq!(r.expect("within the window"), vec![i as u8; len]);
         }
@@ -3639,6 +3681,7 @@ mod tests {
         let zero = m.pop().expect("rank 0");
         let c = FallbackConfig {
             peer_timeout: Duration::from_millis(200),
+            post_timeout: Duration::from_millis(200) * 4,
             ..cfg(0, 2)
         };
         let zero = start(c, zero, None, TransportMode::Multicast).expect("start rank 0");
@@ -3679,6 +3722,7 @@ mod tests {
             let mut zero = m.pop().expect("rank 0");
             let c = FallbackConfig {
                 peer_timeout: Duration::from_millis(200),
+                post_timeout: Duration::from_millis(200) * 4,
                 ..cfg(1, 2)
             };
             let one = start(c, one, None, TransportMode::Multicast).expect("start rank 1");
@@ -3952,6 +3996,7 @@ mod tests {
             .map(|(mesh, me)| {
                 let c = FallbackConfig {
                     peer_timeout: Duration::from_secs(1),
+                    post_timeout: Duration::from_secs(1) * 4,
                     ..cfg(me, 4)
                 };
                 (me, start(c, mesh, None, FROM_START).expect("start"))

@@ -28,8 +28,10 @@
 //! already, with the bytes they posted for). Ranks that disagree on a length across
 //! [`CommBuilder::tcp_threshold`] run the operation on different paths: a rank that hears of it
 //! on the path it did not take (a `Ready` at a rank that ran it over TCP, a piece at one that
-//! ran it over multicast) tells every rank, and they fail it at once; where no such message
-//! crosses, a rank fails it at the peer timeout, naming a rank it waited on. An operation that
+//! ran it over multicast) tells every rank, and they fail it at once; over multicast, a rank
+//! that ran it over TCP says so when the barrier asks where it stands, and the others fail it
+//! then; where nothing crosses, a rank fails it at the peer timeout, naming a rank it waited
+//! on. An operation that
 //! is empty at one rank (it completes there at once) and not at another fails at once too:
 //! the empty one still says `Ready` over multicast; over TCP an empty Broadcast's root shows
 //! its shape to its children, and any other rank tells every rank when a piece of another
@@ -73,6 +75,12 @@
 //! * A peer that stops answering fails every operation waiting on it after the peer timeout
 //!   ([`CommError::PeerUnresponsive`], or [`CommError::PeerFailed`] when another rank noticed
 //!   first), naming it.
+//! * A peer that has not posted the operation yet is late, not hung: a rank whose wait runs
+//!   out asks it where it stands, and its engine answers whatever its program does. It is
+//!   waited for up to the post timeout ([`CommBuilder::post_timeout`], 10 minutes by
+//!   default), then named ([`CommError::NotPosted`]). One whose last operation failed and that
+//!   has posted nothing since may have stopped over that failure: the rank that failure named
+//!   is named at once.
 //! * A peer whose control connection closes (the process died) fails every operation in
 //!   flight at once with [`CommError::PeerLost`] naming it; so does every later post: a
 //!   communicator that lost a rank cannot run collectives any more. When one failure makes

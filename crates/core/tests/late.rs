@@ -1,0 +1,228 @@
+//! Ranks that post an operation late: alive, only slow (an application that loads a
+//! checkpoint on one rank before a Broadcast). The barrier asks the ranks it waits on where
+//! they stand (`Where` / `Here`) instead of blaming them at the peer timeout, waits for the
+//! late ones up to the post timeout, and still names a rank that does not answer (hung or
+//! cut off) within a few peer timeouts.
+
+mod util;
+
+use ringcast_core::{OpError, Rank};
+use std::time::Duration;
+use util::{Net, Outcome, Start};
+
+const LEN: u64 = 64 << 10;
+/// The network's peer timeout (1 ms) in its nanoseconds.
+const PT: u64 = 1_000_000;
+/// The post timeout these tests set: 40 peer timeouts.
+const POST: u64 = 40 * PT;
+
+fn net(ranks: u32) -> Net {
+    net_with(ranks, POST)
+}
+
+fn net_with(ranks: u32, post: u64) -> Net {
+    let mut net = Net::new(ranks, |c| c.post_timeout = Duration::from_nanos(post));
+    net.trace = Some(String::new());
+    net
+}
+
+fn trace(net: &Net) -> &str {
+    net.trace.as_deref().unwrap_or_default()
+}
+
+/// Every rank starts `what` at time 0, except `late`, which starts it `delay` ns later;
+/// then an operation every rank agrees on, after that.
+fn run_late(ranks: u32, what: Start, late: u32, delay: u64) -> Net {
+    let mut net = net(ranks);
+    for r in 0..ranks {
+        let at = if r == late { delay } else { 0 };
+        net.start_rank(at, r, what.clone());
+    }
+    net.broadcast_at(delay + 5 * PT, 0, ranks - 1, LEN);
+    net.run(2_000_000);
+    net
+}
+
+#[test]
+fn a_root_that_posts_many_peer_timeouts_late_is_waited_for() {
+    // Rank 0 is the root and the barrier's hub; rank 2 a leaf. Each 10 and 30 peer timeouts
+    // late: far past every barrier timer, within the post timeout.
+    for (late, delay) in [(0, 10 * PT), (0, 30 * PT), (2, 10 * PT), (2, 30 * PT)] {
+        let net = run_late(4, Start::Broadcast { root: 0, len: LEN }, late, delay);
+        let t = trace(&net);
+        assert!(net.errors.is_empty(), "{:?}\n{t}", net.errors);
+        for r in 0..4 {
+            for op in 0..2 {
+                let o = net.outcome(r, op);
+                assert!(
+                    matches!(o, Outcome::Completed(_)),
+                    "late r{late} by {delay} ns: r{r} op {op}: {o:?}\n{t}"
+                );
+            }
+        }
+        // The others asked, and the late rank answered while it had not posted.
+        assert!(t.contains("Where { op: 0 }"), "{t}");
+        assert!(t.contains("standing: NotPosted }"), "{t}");
+    }
+}
+
+#[test]
+fn a_late_rank_in_an_allgather_is_waited_for() {
+    let what = Start::Allgather {
+        sizes: vec![LEN, 0, LEN / 2, LEN + 5, 3 * LEN],
+    };
+    for late in [0, 3] {
+        let net = run_late(5, what.clone(), late, 25 * PT);
+        net.assert_all_completed();
+    }
+}
+
+#[test]
+fn an_alive_rank_that_never_posts_fails_the_operation_at_the_post_timeout() {
+    // A post timeout of two peer timeouts is when the leaves' first wait for `Go` runs out:
+    // they have asked nothing yet, and must not name the hub, which runs the operation.
+    for (missing, post) in [(0, POST), (2, POST), (2, 2 * PT), (0, 2 * PT)] {
+        let mut net = net_with(4, post);
+        for r in (0..4).filter(|&r| r != missing) {
+            net.start_rank(0, r, Start::Broadcast { root: 0, len: LEN });
+        }
+        net.run(2_000_000);
+        let t = trace(&net);
+        assert!(net.errors.is_empty(), "{:?}\n{t}", net.errors);
+        for r in (0..4).filter(|&r| r != missing) {
+            match net.outcome(r, 0) {
+                Outcome::Failed(OpError::NotPosted { peer }) => {
+                    assert_eq!(peer, Rank(missing), "r{r}\n{t}")
+                }
+                Outcome::Failed(OpError::PeerFailed { peer, .. }) => {
+                    assert_eq!(peer, Rank(missing), "r{r}\n{t}")
+                }
+                other => panic!("r{r}: {other:?}\n{t}"),
+            }
+            // Not before the post timeout, and soon after it.
+            let at = net.failed_at[r as usize][&0];
+            assert!((post..post + 4 * PT).contains(&at), "r{r} at {at}\n{t}");
+        }
+        assert_eq!(net.outcome(missing, 0), Outcome::Pending);
+    }
+}
+
+#[test]
+fn a_hung_rank_is_named_within_a_few_peer_timeouts_not_the_post_timeout() {
+    // Rank 2's control is cut from the start (an nft drop): it answers nothing.
+    for root in [0, 2, 3] {
+        let mut net = net(4);
+        net.faults.control_cut.push((2, 0));
+        net.broadcast_at(0, 0, root, LEN);
+        net.run(2_000_000);
+        let t = trace(&net);
+        for r in (0..4).filter(|&r| r != 2) {
+            let o = net.outcome(r, 0);
+            let Outcome::Failed(e) = o else {
+                panic!("root {root}: r{r}: {o:?}\n{t}")
+            };
+            assert_eq!(e.peer(), Rank(2), "root {root}: r{r}: {e:?}\n{t}");
+            let at = net.failed_at[r as usize][&0];
+            assert!(at < 5 * PT, "root {root}: r{r} at {at}\n{t}");
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_ran_the_operation_elsewhere_is_caught_by_its_answer() {
+    // Rank 2 (a leaf: no `Ready` reaches it) takes operation 0 as one that runs over
+    // another path (`skip_op`; ringcast sends short ones over TCP), the others run it here.
+    // Nothing tells it of their barrier; before the barrier's questions, the hub waited out
+    // the peer timeout and blamed it as hung. Now its answer says it ended the operation
+    // without a barrier: the ranks disagree on it.
+    let mut net = net(4);
+    net.start_rank(0, 2, Start::Skip);
+    for r in [0, 1, 3] {
+        net.start_rank(1_000, r, Start::Broadcast { root: 0, len: LEN });
+    }
+    net.broadcast_at(10 * PT, 0, 1, LEN);
+    net.run(2_000_000);
+    let t = trace(&net);
+    assert!(net.errors.is_empty(), "{:?}\n{t}", net.errors);
+    assert!(t.contains("standing: EndedApart"), "{t}");
+    for r in [0, 1, 3] {
+        match net.outcome(r, 0) {
+            Outcome::Failed(OpError::ShapeMismatch { peer, .. }) => {
+                assert_eq!(peer, Rank(2), "r{r}\n{t}")
+            }
+            other => panic!("r{r}: {other:?}\n{t}"),
+        }
+        let at = net.failed_at[r as usize][&0];
+        assert!(at < 5 * PT, "r{r} at {at}\n{t}");
+    }
+    for r in 0..4 {
+        assert!(
+            matches!(net.outcome(r, 1), Outcome::Completed(_)),
+            "r{r}\n{t}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_whose_program_stopped_over_a_failure_names_that_failure() {
+    // Op 0: rank 3 crashes during it; everyone else fails it naming rank 3. Rank 1's program
+    // stops there; ranks 0 and 2 post op 1, whose barrier waits on rank 1 (alive, never
+    // posting): its answer names rank 3, so they fail op 1 over rank 3 at once, not at the
+    // post timeout nor by blaming rank 1.
+    let mut net = net(4);
+    net.faults.crash.push((3, 0));
+    net.broadcast_at(0, 0, 0, LEN);
+    net.run(2_000_000);
+    for r in 0..3 {
+        let o = net.outcome(r, 0);
+        assert!(
+            matches!(o, Outcome::Failed(e) if e.peer() == Rank(3)),
+            "r{r}: {o:?}\n{}",
+            trace(&net)
+        );
+    }
+    let then = net.now;
+    for r in [0, 2] {
+        net.start_rank(then + 1_000, r, Start::Broadcast { root: 0, len: LEN });
+    }
+    net.run(2_000_000);
+    let t = trace(&net);
+    for r in [0, 2] {
+        match net.outcome(r, 1) {
+            Outcome::Failed(e) => assert_eq!(e.peer(), Rank(3), "r{r}: {e:?}\n{t}"),
+            other => panic!("r{r}: {other:?}\n{t}"),
+        }
+        let at = net.failed_at[r as usize][&1] - then;
+        assert!(at < 5 * PT, "r{r} after {at}\n{t}");
+    }
+}
+
+#[test]
+fn a_question_from_this_rank_itself_is_not_answered() {
+    // The transport never delivers a rank's own messages to it; one that claims to be from
+    // this rank is noise (found by the `session` fuzz target: the answer went to itself).
+    use ringcast_core::wire::ControlRepr;
+    use ringcast_core::{Config, Instant, Node};
+    let mut n = Node::new(Config::new(1, 3)).unwrap();
+    let mut v = Vec::new();
+    ControlRepr::Where { op: 0 }.emit_vec(&mut v).unwrap();
+    let now = Instant::from_nanos(1);
+    n.handle_control(now, Rank(1), &v);
+    let mut buf = Vec::new();
+    assert_eq!(n.poll_transmit(&mut buf), None);
+    assert_eq!(n.stats().control_unexpected, 1);
+    // From another rank, it is answered: not posted yet.
+    n.handle_control(now, Rank(2), &v);
+    let t = n.poll_transmit(&mut buf);
+    let Some(ringcast_core::Transmit::Control { to, len }) = t else {
+        panic!("{t:?}")
+    };
+    assert_eq!(to, Rank(2));
+    assert_eq!(
+        ControlRepr::parse_bytes(&buf[..len]),
+        Ok(ControlRepr::Here {
+            op: 0,
+            standing: ringcast_core::wire::Standing::NotPosted
+        })
+    );
+}
