@@ -1057,12 +1057,12 @@ fn all_checked_hold(r: &Ranks, p: usize) -> Result<Vec<String>, String> {
 }
 
 /// Peer timeout the ranks run with (RINGCAST_PEER_TIMEOUT), and the deadline within which
-/// survivors must fail: four peer timeouts, since a rank waiting for the barrier's `Go` right
+/// survivors must fail: five peer timeouts, since a rank waiting for the barrier's `Go` right
 /// after another operation waits 3.5 of them (its hub may still be stuck in that operation
 /// on the hung rank, and the hub's verdict, naming it, must come first; see the core's
-/// barrier).
+/// barrier), then asks the hub where it stands and gives it half a peer timeout to answer.
 const PEER_TIMEOUT: Duration = Duration::from_secs(3);
-const FAIL_DEADLINE: Duration = Duration::from_secs(12);
+const FAIL_DEADLINE: Duration = Duration::from_secs(15);
 
 /// Starts `loop` ranks and waits until all run.
 fn looping(ctx: &Ctx<'_>, tag: &str, size: u64, env: &[(&str, String)]) -> Result<Ranks, String> {

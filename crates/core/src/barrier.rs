@@ -313,9 +313,10 @@ impl Collective {
             cx.send(r, ControlMsg::simple(ControlKind::Where, self.id.0));
         }
         if asked.not_any() {
-            // Nobody to wait on (every `Ready` came between the timer and now): the barrier
-            // completes as they are handled.
-            return None;
+            // Nobody to wait on: every `Ready` is in (the hub then went on at the last one;
+            // this only keeps the timer from staying due).
+            self.timers.stop(timer);
+            return self.maybe_go(cx);
         }
         self.barrier.asked = Some(asked);
         self.timers.set(timer, cx.now + cx.config.peer_timeout / 2);

@@ -231,8 +231,12 @@ impl Collective {
             self.timers.set(Timer::Ready, now + self.barrier_slack);
             return None;
         }
-        if self.timers.expired(Timer::Ready, now) || self.timers.expired(Timer::Go, now) {
-            return self.on_barrier_timeout(cx);
+        // The barrier's wait (re-armed unless the operation fails); other timers may be due
+        // too (a fetch from a peer already in the data phase arms the keepalive).
+        if (self.timers.expired(Timer::Ready, now) || self.timers.expired(Timer::Go, now))
+            && let Some(o) = self.on_barrier_timeout(cx)
+        {
+            return Some(o);
         }
         let blame = [
             (Timer::Fetch, self.pred),

@@ -1645,3 +1645,35 @@ fn ranks_that_disagree_on_a_tcp_operation_fail_it_at_once_and_go_on() {
         },
     );
 }
+
+/// Across the threshold with no message crossing: rank 3 posts 4 KiB (over TCP, a leaf of
+/// the tree waiting on its parent) where the others post 1 MiB (over multicast, rank 3's
+/// engine skipping its id). The barrier's question finds rank 3's engine past the
+/// operation without it (ranks 0-2 fail it as a `ShapeMismatch` naming rank 3), and rank 3's
+/// question finds its parent running it over multicast (a `ShapeMismatch` naming the
+/// parent), each within a few peer timeouts: none waits for the post timeout, as for a late
+/// rank, nor names a live rank as hung. The next operation runs everywhere.
+#[test]
+fn ranks_that_ran_an_operation_on_different_paths_find_out_when_they_ask() {
+    let all = Arc::new(Barrier::new(RANKS as usize));
+    world_with(
+        67,
+        |b| {
+            b.tcp_threshold(64 << 10)
+                .peer_timeout(Duration::from_secs(1))
+        },
+        move |comm| {
+            let me = comm.rank();
+            let len = if me == 3 { 4096 } else { 1 << 20 };
+            let got = comm.ibroadcast(0, vec![0u8; len]).map_err(e)?.wait();
+            match (me, got) {
+                (0..=2, Err(CommError::ShapeMismatch { peer: 3, .. })) => {}
+                (3, Err(CommError::ShapeMismatch { peer, .. })) if peer != 3 => {}
+                (_, other) => return Err(format!("rank {me}: {:?}", other.map(|v| v.len()))),
+            }
+            broadcast_checked(&comm, "after", 98, 2, 1 << 20)?;
+            all.wait();
+            Ok(())
+        },
+    );
+}

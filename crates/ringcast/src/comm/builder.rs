@@ -1,7 +1,8 @@
 //! [`CommBuilder`]: everything explicit, or read from the launcher's environment.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
-use std::sync::mpsc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::Duration;
 
@@ -708,12 +709,13 @@ impl CommBuilder {
             control: TrackedControl::new(control),
         };
         let (posts, prx) = mpsc::sync_channel(POST_QUEUE);
-        let engine = Engine::new(node, ports, prx);
+        let numbered = Arc::new(AtomicU64::new(0));
+        let engine = Engine::new(node, ports, prx, numbered.clone());
         let thread = thread::Builder::new()
             .name(format!("ringcast-r{rank}"))
             .spawn(move || engine.run())
             .map_err(BuildError::Spawn)?;
-        let posts = PostTx::new(posts, thread.thread().clone());
+        let posts = PostTx::new(posts, thread.thread().clone(), numbered);
         let fallback = match fb_mesh {
             Some(mesh) => Some(
                 fallback::start(fcfg, mesh, Some(posts.clone()), TransportMode::Multicast)

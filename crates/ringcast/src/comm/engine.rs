@@ -64,6 +64,8 @@
 //! share of it. `RINGCAST_PACING=off` disables it; `RINGCAST_PIN=1` pins the threads.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::thread;
 use std::time::{Duration, Instant as StdInstant};
@@ -154,11 +156,29 @@ impl Post {
 pub(crate) struct PostTx {
     tx: SyncSender<Command>,
     engine: thread::Thread,
+    /// How many operations the router has numbered (see [`Self::numbered`]).
+    numbered: Arc<AtomicU64>,
 }
 
 impl PostTx {
-    pub(crate) fn new(tx: SyncSender<Command>, engine: thread::Thread) -> Self {
-        PostTx { tx, engine }
+    pub(crate) fn new(
+        tx: SyncSender<Command>,
+        engine: thread::Thread,
+        numbered: Arc<AtomicU64>,
+    ) -> Self {
+        PostTx {
+            tx,
+            engine,
+            numbered,
+        }
+    }
+
+    /// The router numbered every operation below `next`, and sent the engine those of them
+    /// that it runs before this call. Without a wake-up: the engine takes the ids of the
+    /// others (they run over TCP) at its next turn ([`Engine::skip_numbered`]), so that a
+    /// peer that asks where this rank stands on one hears that it ran elsewhere.
+    pub(crate) fn numbered(&self, next: u64) {
+        self.numbered.store(next, Ordering::Release);
     }
 
     /// The error hands the command back (a post's reply is then failed by the caller).
@@ -224,6 +244,8 @@ pub(crate) struct Engine {
     blame: Blame,
     /// The id the session gives the next operation it starts.
     next_op: u64,
+    /// How many operations the router has numbered ([`PostTx::numbered`]).
+    numbered: Arc<AtomicU64>,
     /// Tags of operations that ended lately, which the next one with that tag waits out.
     quarantine: TagQuarantine,
     clock: Clock,
@@ -236,7 +258,12 @@ pub(crate) struct Engine {
 impl Engine {
     /// The engine of `node`'s rank over `ports`. The node only brings its configuration: the
     /// engine splits the rank into a session and lane halves of its own, one per thread.
-    pub(crate) fn new(node: Node, ports: EnginePorts, posts: Receiver<Command>) -> Self {
+    pub(crate) fn new(
+        node: Node,
+        ports: EnginePorts,
+        posts: Receiver<Command>,
+        numbered: Arc<AtomicU64>,
+    ) -> Self {
         let config = node.config().clone();
         let session = Session::new(config.clone()).expect("the node's configuration is valid");
         let registry = ports.control.inner.registry().clone();
@@ -278,6 +305,7 @@ impl Engine {
             lost: Vec::new(),
             blame: Blame::default(),
             next_op: 0,
+            numbered,
             quarantine: TagQuarantine::new(config.peer_timeout),
             clock: Clock(StdInstant::now()),
             buf: Vec::new(),
@@ -303,6 +331,8 @@ impl Engine {
         // frame (the transport's I/O thread). Parking is bounded by the session's next timer.
         self.control.inner.wake_on_arrival(thread::current());
         loop {
+            // Read before the posts: every one the router sent below it is in the channel.
+            let numbered = self.numbered.load(Ordering::Acquire);
             let mut closed = false;
             loop {
                 match self.posts.try_recv() {
@@ -318,6 +348,7 @@ impl Engine {
                 break;
             }
             self.start_queued();
+            self.skip_numbered(numbered);
             if !self.turn() {
                 thread::park_timeout(self.sleep());
             }
@@ -382,6 +413,20 @@ impl Engine {
             Command::Stats(reply) => {
                 let _ = reply.send(self.stats());
             }
+        }
+    }
+
+    /// With no post queued, the operations numbered below `numbered` that the engine has not
+    /// started ran elsewhere (over TCP): their ids are taken now rather than when the next
+    /// post comes (as [`Self::start_queued`] does), so that a peer's barrier that asks where
+    /// this rank stands on one hears that it ran elsewhere (the ranks disagree on it, and fail
+    /// it at once) instead of that it has not posted (a late rank, waited for).
+    fn skip_numbered(&mut self, numbered: u64) {
+        if !self.queued.is_empty() {
+            return;
+        }
+        while self.next_op < numbered {
+            self.next_op = self.session.skip_op().0 + 1;
         }
     }
 

@@ -210,9 +210,15 @@ const KIND_POSTED: u8 = 0xFA;
 /// `0xFB, 0, 0, 0, 0, 0, 0, 0, op u64`: the sender's operation `op` waited on this rank past
 /// its timeout; answered at once with `KIND_HERE` (see [`Dispatcher::check_timeouts`]).
 const KIND_WHERE: u8 = 0xFB;
-/// `0xFC, late u8, 0, 0, 0, 0, 0, 0, op u64`: the answer to `KIND_WHERE` about `op`: the
-/// sender is alive and its dispatcher runs; `late` 1: it has not posted `op` yet.
+/// `0xFC, standing u8, 0, 0, 0, 0, 0, 0, op u64`: the answer to `KIND_WHERE` about `op`: the
+/// sender is alive and its dispatcher runs; `standing` [`HERE_LATE`]: it has not posted `op`
+/// yet, [`HERE_ELSEWHERE`]: it ran `op` over multicast, 0: it runs it (or ended it) here.
 const KIND_HERE: u8 = 0xFC;
+/// `KIND_HERE`'s standing: the sender has not posted the operation yet.
+const HERE_LATE: u8 = 1;
+/// `KIND_HERE`'s standing: the sender ran the operation over multicast (the ranks disagree
+/// on its length across the threshold).
+const HERE_ELSEWHERE: u8 = 2;
 /// `0xFD, 0, 0, 0, block u32, op u64, offset u64, shape u32, len u64`: never sent; the mesh's
 /// note that a piece of these fields from the note's sender landed in the operation's buffer
 /// ([`PieceLander`]). Taken only for bytes the lander placed (see [`Dispatcher::landed`]).
@@ -838,11 +844,17 @@ impl Handle {
                 .send(Command::Post(post))
                 .map_err(|_| CommError::Cancelled)?;
             r.next += 1;
+            if let Some(e) = &r.engine {
+                e.numbered(r.next);
+            }
             // Without a wake-up: the dispatcher takes it at its next turn.
             let _ = self.tx.tx.send(Msg::Elsewhere(k));
             return Ok(Request::new(rx, typed).with_tap(&self.tap));
         }
         r.next += 1;
+        if let Some(e) = &r.engine {
+            e.numbered(r.next);
+        }
         let mut req = Request::new(rx, typed);
         // Its waiting thread may lead when it surely runs over TCP (a large post held for
         // a switch agreement may go to the engine, which answers on its channel alone).
@@ -873,6 +885,9 @@ impl Handle {
         }
         if self.tx.send(Msg::Post(k, post)).is_err() {
             r.next -= 1;
+            if let Some(e) = &r.engine {
+                e.numbered(r.next);
+            }
             return Err(CommError::Cancelled);
         }
         Ok(req)
@@ -890,6 +905,9 @@ impl Handle {
             && let Some(engine) = &r.engine
         {
             let _ = engine.send(Command::Post(Post::forfeit(Some(k))));
+        }
+        if let Some(e) = &r.engine {
+            e.numbered(r.next);
         }
         let _ = self.tx.tx.send(Msg::Elsewhere(k));
     }
@@ -1095,8 +1113,8 @@ struct Probe {
     peer: u32,
     at: Instant,
     answered: Option<Instant>,
-    /// The answer said the peer has not posted the operation yet.
-    late: bool,
+    /// What the answer said (`KIND_HERE`'s standing).
+    standing: u8,
 }
 
 /// How an operation whose wait on a peer ran out goes on ([`Dispatcher::probing`]).
@@ -1109,6 +1127,8 @@ enum Probing {
     Blame,
     /// The peer is alive but did not post the operation within the post timeout.
     NotPosted,
+    /// The peer ran the operation over multicast: the ranks disagree on it.
+    Elsewhere,
 }
 
 impl Probe {
@@ -1701,8 +1721,14 @@ impl Dispatcher {
             }
             Some(KIND_WHERE) => {
                 if let Some(k) = u64_at(b, 8) {
-                    let late = u8::from(k >= self.route().next);
-                    let mut m = vec![KIND_HERE, late, 0, 0, 0, 0, 0, 0];
+                    let standing = if k >= self.route().next {
+                        HERE_LATE
+                    } else if self.elsewhere.iter().any(|&(x, _)| x == k) {
+                        HERE_ELSEWHERE
+                    } else {
+                        0
+                    };
+                    let mut m = vec![KIND_HERE, standing, 0, 0, 0, 0, 0, 0];
                     m.extend_from_slice(&k.to_be_bytes());
                     self.mesh.send_control(Rank(from), &m);
                 }
@@ -1717,7 +1743,7 @@ impl Dispatcher {
                     .filter(|p| p.peer == from && p.answered.is_none())
                 {
                     p.answered = Some(Instant::now());
-                    p.late = b.get(1) == Some(&1);
+                    p.standing = b.get(1).copied().unwrap_or_default();
                 }
             }
             Some(KIND_POSTED) => {
@@ -2729,6 +2755,13 @@ impl Dispatcher {
                 Probing::NotPosted => {
                     self.give_up(i, ABORT_TIMEOUT, peer, CommError::NotPosted { peer })
                 }
+                Probing::Elsewhere => {
+                    let e = CommError::ShapeMismatch {
+                        peer,
+                        reported_by: self.cfg.rank,
+                    };
+                    self.give_up(i, ABORT_MISMATCH, peer, e);
+                }
                 Probing::Blame => {
                     let (culprit, e) = self.verdict(peer);
                     self.give_up(i, ABORT_TIMEOUT, culprit, e);
@@ -2737,21 +2770,23 @@ impl Dispatcher {
         }
     }
 
-    /// Whether operation `i`, whose wait on `peer` ran out, still holds off blaming it: it
-    /// asks `peer` where it is first (`KIND_WHERE`), and waits half a peer timeout for the
-    /// answer; a peer that answers is alive (stuck on another rank, which it will name, in
-    /// this operation or an earlier one), so the operation waits for that report as long as
-    /// the longest wait and half a peer timeout more. A peer whose wait changed, or that
-    /// made progress since, is asked again.
+    /// How operation `i`, whose wait on `peer` ran out, goes on: it asks `peer` where it is
+    /// first (`KIND_WHERE`), and waits half a peer timeout for the answer (none: blamed). A
+    /// peer whose wait changed, or that made progress since, is asked again.
     ///
-    /// A peer that answers that it has not posted the operation yet (late: an application
-    /// that loads a checkpoint on one rank before a Broadcast) is waited for, and asked again
-    /// every peer timeout, up to the post timeout from this rank's start of the operation
-    /// ([`Probing::NotPosted`]); unless it reported a failure since the last operation that
-    /// completed here (its program may have stopped over it: [`Probing::Blame`] names the rank
-    /// it reported). A peer that has posted and is stuck is asked again after the longest
-    /// wait, and blamed only once the post timeout and the longest wait have passed: it may
-    /// wait on a late rank itself, whose verdict comes first.
+    /// A peer that answers is alive, and its answer says how:
+    /// * it ran the operation over multicast: the ranks disagree on it
+    ///   ([`Probing::Elsewhere`]);
+    /// * it has not posted the operation yet (late: an application that loads a checkpoint
+    ///   on one rank before a Broadcast): waited for, and asked again every peer timeout, up
+    ///   to the post timeout from this rank's start of the operation
+    ///   ([`Probing::NotPosted`]); unless it reported a failure since the last operation
+    ///   that completed here (its program may have stopped over it: [`Probing::Blame`] names
+    ///   the rank it reported);
+    /// * it posted the operation and is stuck on another rank, which it will name, in this
+    ///   operation or an earlier one: waited for, asked again after the longest wait and
+    ///   half a peer timeout more, and blamed only once the post timeout and that wait have
+    ///   passed (it may wait on a late rank itself, whose verdict comes first).
     fn probing(&mut self, i: usize, peer: u32) -> Probing {
         let pt = self.cfg.peer_timeout;
         let half = pt / 2;
@@ -2761,14 +2796,16 @@ impl Dispatcher {
         let op = &mut self.active[i];
         let waited = op.started.elapsed();
         if let Some(p) = op.probe.filter(|p| p.stands(peer, op.last)) {
+            let late = p.standing == HERE_LATE;
             match p.answered {
                 None if p.at.elapsed() <= half => return Probing::Wait,
                 None => return Probing::Blame,
-                Some(_) if p.late && reported => return Probing::Blame,
-                Some(_) if p.late && waited > post => return Probing::NotPosted,
-                Some(at) if p.late && at.elapsed() <= pt => return Probing::Wait,
-                Some(at) if !p.late && at.elapsed() <= longest => return Probing::Wait,
-                Some(_) if !p.late && waited > post + longest => return Probing::Blame,
+                Some(_) if p.standing == HERE_ELSEWHERE => return Probing::Elsewhere,
+                Some(_) if late && reported => return Probing::Blame,
+                Some(_) if late && waited > post => return Probing::NotPosted,
+                Some(at) if late && at.elapsed() <= pt => return Probing::Wait,
+                Some(at) if !late && at.elapsed() <= longest => return Probing::Wait,
+                Some(_) if !late && waited > post + longest => return Probing::Blame,
                 // Alive when last asked: ask again.
                 Some(_) => {}
             }
@@ -2777,7 +2814,7 @@ impl Dispatcher {
             peer,
             at: Instant::now(),
             answered: None,
-            late: false,
+            standing: 0,
         });
         let mut m = vec![KIND_WHERE, 0, 0, 0, 0, 0, 0, 0];
         m.extend_from_slice(&op.k.to_be_bytes());
@@ -2810,9 +2847,11 @@ impl Dispatcher {
         while i < self.active.len() {
             let peer = self.wait_of(i).0;
             let op = &self.active[i];
-            let stuck = op
-                .probe
-                .is_some_and(|p| p.stands(peer, op.last) && p.answered.is_some());
+            // A late peer is not stuck on anyone (one that reported a failure itself is
+            // named at the next look, see `probing`).
+            let stuck = op.probe.is_some_and(|p| {
+                p.stands(peer, op.last) && p.answered.is_some() && p.standing != HERE_LATE
+            });
             let (c, e) = if peer == culprit {
                 let e = CommError::PeerFailed {
                     peer: culprit,
