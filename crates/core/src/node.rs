@@ -107,6 +107,11 @@ impl Node {
         self.session.skip_op()
     }
 
+    /// See [`Session::abandon_op`].
+    pub fn abandon_op(&mut self, culprit: Rank) -> OpId {
+        self.session.abandon_op(culprit)
+    }
+
     /// See [`Session::start_allgather`].
     pub fn start_allgather(&mut self, now: Instant, sizes: &[u64]) -> Result<OpId, StartError> {
         let r = self.session.start_allgather(now, sizes);

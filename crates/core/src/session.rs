@@ -216,6 +216,18 @@ impl Session {
         id
     }
 
+    /// Takes the next operation id for an operation this rank fails without starting it (a
+    /// peer it needs is gone; the failure names `culprit`). Nothing runs; a rank that asks
+    /// where this one stands on it hears that it ended ([`Standing::Ended`]: the ranks do not
+    /// disagree on it, as with [`Self::skip_op`]), and messages for it are stale.
+    pub fn abandon_op(&mut self, culprit: Rank) -> OpId {
+        let id = OpId(self.next_seq);
+        self.next_seq += 1;
+        self.stopped_over = (culprit != self.config.rank).then_some(culprit);
+        self.early.retain(|e| e.seq != id.0);
+        id
+    }
+
     /// Operation `seq` ended here without a barrier: skipped (`shape` `None`) or empty. Its
     /// `Ready`s that came early are compared now, later ones on arrival ([`Self::late_ready`]).
     fn ended_here(&mut self, seq: u64, shape: Option<u32>) {

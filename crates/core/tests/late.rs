@@ -226,3 +226,32 @@ fn a_question_from_this_rank_itself_is_not_answered() {
         })
     );
 }
+
+#[test]
+fn an_abandoned_operation_is_answered_as_ended_and_a_skipped_one_as_apart() {
+    // `abandon_op`: failed here before it started (a peer it needs is gone); `skip_op`: ran
+    // over another path. Asked where it stands, the rank says so: only the second is a
+    // disagreement on the operation.
+    use ringcast_core::wire::{ControlRepr, Standing};
+    use ringcast_core::{Config, Instant, Node, Transmit};
+    let mut n = Node::new(Config::new(1, 3)).unwrap();
+    assert_eq!(n.abandon_op(Rank(2)).0, 0);
+    assert_eq!(n.skip_op().0, 1);
+    let now = Instant::from_nanos(1);
+    let mut buf = Vec::new();
+    for (op, want) in [
+        (0, Standing::Ended),
+        (1, Standing::EndedApart),
+        (2, Standing::NotPosted),
+    ] {
+        let mut v = Vec::new();
+        ControlRepr::Where { op }.emit_vec(&mut v).unwrap();
+        n.handle_control(now, Rank(0), &v);
+        let Some(Transmit::Control { to, len }) = n.poll_transmit(&mut buf) else {
+            panic!("no answer about {op}")
+        };
+        assert_eq!(to, Rank(0));
+        let got = ControlRepr::parse_bytes(&buf[..len]).unwrap();
+        assert_eq!(got, ControlRepr::Here { op, standing: want });
+    }
+}

@@ -1677,3 +1677,34 @@ fn ranks_that_ran_an_operation_on_different_paths_find_out_when_they_ask() {
         },
     );
 }
+
+/// Over TCP, ranks that disagree on the root where no piece crosses: rank 0 takes rank 1 for
+/// the root of a small Broadcast (a tree) where the others take rank 0. Rank 0 waits on its
+/// parent in rank 1's tree, the others on rank 0 or below it; nobody sends anything. The
+/// ranks whose wait runs out ask the peer they wait on where it stands, and its answer
+/// carries its fingerprint of the operation: it differs, and every rank fails it as a
+/// `ShapeMismatch` within a few peer timeouts (not as a hang, nor at the post timeout as if
+/// a rank were late). The next operation runs everywhere.
+#[test]
+fn ranks_that_disagree_on_the_root_over_tcp_find_out_when_they_ask() {
+    let all = Arc::new(Barrier::new(RANKS as usize));
+    world_with(
+        68,
+        |b| b.peer_timeout(Duration::from_secs(1)),
+        move |comm| {
+            let me = comm.rank();
+            let root = if me == 0 { 1 } else { 0 };
+            let got = comm
+                .ibroadcast(root, vec![me as u8; 4096])
+                .map_err(e)?
+                .wait();
+            match got {
+                Err(CommError::ShapeMismatch { .. }) => {}
+                other => return Err(format!("rank {me}: {:?}", other.map(|v| v.len()))),
+            }
+            broadcast_checked(&comm, "after", 99, 1, 4096)?;
+            all.wait();
+            Ok(())
+        },
+    );
+}

@@ -402,14 +402,8 @@ impl Engine {
 
     fn command(&mut self, c: Command) {
         match c {
-            Command::Post(p) => {
-                if let Some(l) = self.lost.iter().find(|l| l.dooms(self.next_op)) {
-                    let rank = l.rank;
-                    self.doom(p, rank);
-                } else {
-                    self.queued.push_back(p);
-                }
-            }
+            // Doomed or not, in order (see `start_queued`).
+            Command::Post(p) => self.queued.push_back(p),
             Command::Stats(reply) => {
                 let _ = reply.send(self.stats());
             }
@@ -443,6 +437,17 @@ impl Engine {
             if p.forfeit {
                 self.queued.pop_front();
                 self.next_op = self.session.skip_op().0 + 1;
+                continue;
+            }
+            // A peer it needs is gone: it fails here, and takes its id as a failed operation
+            // (a peer that asks where this rank stands on it hears that it ended, not that it
+            // ran elsewhere).
+            if let Some(l) = self.lost.iter().find(|l| l.dooms(self.next_op)) {
+                let (rank, culprit) = (l.rank, l.blamed.unwrap_or(l.rank));
+                if let Some(p) = self.queued.pop_front() {
+                    self.doom(p, rank);
+                    self.next_op = self.session.abandon_op(Rank(culprit)).0 + 1;
+                }
                 continue;
             }
             if !self.session.can_start() {

@@ -115,7 +115,10 @@
 //! that answers (`KIND_HERE`) is alive, and the rank waits for the report of the rank it is
 //! stuck on (see `Dispatcher::check_timeouts`); a rank names the rank its peer reported
 //! (`KIND_ABORT` of any operation), and a report or a goodbye naming the rank an operation
-//! waits on fails it at once.
+//! waits on fails it at once. The answer also says whether the peer has posted the
+//! operation: one that has not is late, not hung, and is waited for up to the post timeout
+//! ([`CommError::NotPosted`]); one that ran it over multicast, or runs it with another
+//! fingerprint, disagrees on it ([`CommError::ShapeMismatch`], where no piece crossed).
 //!
 //! A piece (and a clear-to-send) carries its sender's fingerprint of the operation's kind,
 //! root and sizes ([`ringcast_core::broadcast_shape`], the one the multicast barrier
@@ -125,8 +128,9 @@
 //! pieces that will never come. The root of an empty Broadcast sends its children a piece
 //! of no bytes for that purpose, and a rank that completed an operation (an empty one, at
 //! once) tells every rank when a piece of it of another shape arrives afterwards. Which ranks
-//! hear of it depends on where pieces flow: a disagreement that no piece crosses ends at the
-//! peer timeout, as a hang does.
+//! hear of it depends on where pieces flow: a disagreement that no piece crosses ends when a
+//! waiting rank asks its peer where it stands (its answer carries its fingerprint), a peer
+//! timeout or so after the post.
 //!
 //! ## The switch on loss
 //! Each completed multicast operation's [`OpStats`] feeds a window: chunks fetched (ring
@@ -210,15 +214,19 @@ const KIND_POSTED: u8 = 0xFA;
 /// `0xFB, 0, 0, 0, 0, 0, 0, 0, op u64`: the sender's operation `op` waited on this rank past
 /// its timeout; answered at once with `KIND_HERE` (see [`Dispatcher::check_timeouts`]).
 const KIND_WHERE: u8 = 0xFB;
-/// `0xFC, standing u8, 0, 0, 0, 0, 0, 0, op u64`: the answer to `KIND_WHERE` about `op`: the
+/// `0xFC, standing u8, 0, 0, shape u32, op u64`: the answer to `KIND_WHERE` about `op`: the
 /// sender is alive and its dispatcher runs; `standing` [`HERE_LATE`]: it has not posted `op`
-/// yet, [`HERE_ELSEWHERE`]: it ran `op` over multicast, 0: it runs it (or ended it) here.
+/// yet, [`HERE_ELSEWHERE`]: it ran `op` over multicast, [`HERE_SHAPE`]: it runs it (or
+/// completed it) here, with fingerprint `shape`, 0: it posted it (`shape` 0).
 const KIND_HERE: u8 = 0xFC;
 /// `KIND_HERE`'s standing: the sender has not posted the operation yet.
 const HERE_LATE: u8 = 1;
 /// `KIND_HERE`'s standing: the sender ran the operation over multicast (the ranks disagree
 /// on its length across the threshold).
 const HERE_ELSEWHERE: u8 = 2;
+/// `KIND_HERE`'s standing: the sender runs the operation (or completed it) with the shape
+/// fingerprint the answer carries.
+const HERE_SHAPE: u8 = 3;
 /// `0xFD, 0, 0, 0, block u32, op u64, offset u64, shape u32, len u64`: never sent; the mesh's
 /// note that a piece of these fields from the note's sender landed in the operation's buffer
 /// ([`PieceLander`]). Taken only for bytes the lander placed (see [`Dispatcher::landed`]).
@@ -1113,8 +1121,10 @@ struct Probe {
     peer: u32,
     at: Instant,
     answered: Option<Instant>,
-    /// What the answer said (`KIND_HERE`'s standing).
+    /// What the answer said (`KIND_HERE`'s standing) ...
     standing: u8,
+    /// ... and the peer's fingerprint of the operation's shape, with [`HERE_SHAPE`].
+    shape: u32,
 }
 
 /// How an operation whose wait on a peer ran out goes on ([`Dispatcher::probing`]).
@@ -1127,8 +1137,9 @@ enum Probing {
     Blame,
     /// The peer is alive but did not post the operation within the post timeout.
     NotPosted,
-    /// The peer ran the operation over multicast: the ranks disagree on it.
-    Elsewhere,
+    /// The peer ran the operation over multicast, or runs it with another shape: the ranks
+    /// disagree on it.
+    Disagrees,
 }
 
 impl Probe {
@@ -1721,14 +1732,20 @@ impl Dispatcher {
             }
             Some(KIND_WHERE) => {
                 if let Some(k) = u64_at(b, 8) {
+                    let shape = (self.active.iter().find(|o| o.k == k))
+                        .map(|o| o.fingerprint)
+                        .or_else(|| self.completed.iter().find(|c| c.0 == k).map(|c| c.1));
                     let standing = if k >= self.route().next {
                         HERE_LATE
                     } else if self.elsewhere.iter().any(|&(x, _)| x == k) {
                         HERE_ELSEWHERE
+                    } else if shape.is_some() {
+                        HERE_SHAPE
                     } else {
                         0
                     };
-                    let mut m = vec![KIND_HERE, standing, 0, 0, 0, 0, 0, 0];
+                    let mut m = vec![KIND_HERE, standing, 0, 0];
+                    m.extend_from_slice(&shape.unwrap_or_default().to_be_bytes());
                     m.extend_from_slice(&k.to_be_bytes());
                     self.mesh.send_control(Rank(from), &m);
                 }
@@ -1744,6 +1761,7 @@ impl Dispatcher {
                 {
                     p.answered = Some(Instant::now());
                     p.standing = b.get(1).copied().unwrap_or_default();
+                    p.shape = u32_at(b, 4).unwrap_or_default();
                 }
             }
             Some(KIND_POSTED) => {
@@ -2755,7 +2773,7 @@ impl Dispatcher {
                 Probing::NotPosted => {
                     self.give_up(i, ABORT_TIMEOUT, peer, CommError::NotPosted { peer })
                 }
-                Probing::Elsewhere => {
+                Probing::Disagrees => {
                     let e = CommError::ShapeMismatch {
                         peer,
                         reported_by: self.cfg.rank,
@@ -2775,8 +2793,8 @@ impl Dispatcher {
     /// peer whose wait changed, or that made progress since, is asked again.
     ///
     /// A peer that answers is alive, and its answer says how:
-    /// * it ran the operation over multicast: the ranks disagree on it
-    ///   ([`Probing::Elsewhere`]);
+    /// * it ran the operation over multicast, or runs it with another kind, root or size:
+    ///   the ranks disagree on it ([`Probing::Disagrees`]);
     /// * it has not posted the operation yet (late: an application that loads a checkpoint
     ///   on one rank before a Broadcast): waited for, and asked again every peer timeout, up
     ///   to the post timeout from this rank's start of the operation
@@ -2797,10 +2815,12 @@ impl Dispatcher {
         let waited = op.started.elapsed();
         if let Some(p) = op.probe.filter(|p| p.stands(peer, op.last)) {
             let late = p.standing == HERE_LATE;
+            let differs = p.standing == HERE_ELSEWHERE
+                || (p.standing == HERE_SHAPE && p.shape != op.fingerprint);
             match p.answered {
                 None if p.at.elapsed() <= half => return Probing::Wait,
                 None => return Probing::Blame,
-                Some(_) if p.standing == HERE_ELSEWHERE => return Probing::Elsewhere,
+                Some(_) if differs => return Probing::Disagrees,
                 Some(_) if late && reported => return Probing::Blame,
                 Some(_) if late && waited > post => return Probing::NotPosted,
                 Some(at) if late && at.elapsed() <= pt => return Probing::Wait,
@@ -2815,6 +2835,7 @@ impl Dispatcher {
             at: Instant::now(),
             answered: None,
             standing: 0,
+            shape: 0,
         });
         let mut m = vec![KIND_WHERE, 0, 0, 0, 0, 0, 0, 0];
         m.extend_from_slice(&op.k.to_be_bytes());

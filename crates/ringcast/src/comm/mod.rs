@@ -25,13 +25,14 @@
 //! operation with [`CommError::ShapeMismatch`] naming a rank that differs; the next operation
 //! runs as usual. Over TCP the pieces carry it, and the rank that receives one of another
 //! shape fails the operation and tells every rank (ranks upstream of it may have completed
-//! already, with the bytes they posted for). Ranks that disagree on a length across
-//! [`CommBuilder::tcp_threshold`] run the operation on different paths: a rank that hears of it
-//! on the path it did not take (a `Ready` at a rank that ran it over TCP, a piece at one that
-//! ran it over multicast) tells every rank, and they fail it at once; over multicast, a rank
-//! that ran it over TCP says so when the barrier asks where it stands, and the others fail it
-//! then; where nothing crosses, a rank fails it at the peer timeout, naming a rank it waited
-//! on. An operation that
+//! already, with the bytes they posted for); where no piece crosses the disagreement, a rank
+//! whose wait runs out asks its peer where it stands, and the answer carries the peer's
+//! fingerprint. Ranks that disagree on a length across [`CommBuilder::tcp_threshold`] run the
+//! operation on different paths: a rank that hears of it on the path it did not take (a
+//! `Ready` at a rank that ran it over TCP, a piece at one that ran it over multicast) tells
+//! every rank, and they fail it at once; where nothing crosses, a rank whose wait runs out
+//! asks the rank it waits on where it stands, hears that it ran the operation on the other
+//! path, and fails it then (about a peer timeout after the post). An operation that
 //! is empty at one rank (it completes there at once) and not at another fails at once too:
 //! the empty one still says `Ready` over multicast; over TCP an empty Broadcast's root shows
 //! its shape to its children, and any other rank tells every rank when a piece of another
