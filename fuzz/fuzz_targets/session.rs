@@ -37,7 +37,7 @@
 //!   the op after the last one started; 254: the next id plus `arg >> 8`, as far ahead as a
 //!   peer that ran operations elsewhere can be), `arg u32` (FetchAck's hops, Abort's and
 //!   Mismatch's culprit; Ready's shape when odd, the operation's own when even; Here's
-//!   standing, `% 5`, the rank it names `arg >> 3`), `runs u8`
+//!   standing, `% 6`, the rank it names `arg >> 3`), `runs u8`
 //!   (% 5), then per run `start u16`, `len u16`
 //! * 5 read done: `which u8` (index into reads handed out and not reported; 255: an id never
 //!   handed out; 254: an id already reported), `ok u8` (odd: success)
@@ -360,11 +360,12 @@ impl Driver {
                     8 => ControlRepr::Where { op },
                     _ => ControlRepr::Here {
                         op,
-                        standing: match arg % 5 {
+                        standing: match arg % 6 {
                             0 => Standing::Running,
                             1 => Standing::Ended,
                             2 => Standing::EndedApart,
                             3 => Standing::NotPosted,
+                            4 => Standing::EndedAfter(arg >> 3),
                             _ => Standing::NotPostedAfter(arg >> 3),
                         },
                     },

@@ -24,12 +24,17 @@
 //! Broadcast). The waiting rank asks the ranks it waits on where they stand (`Where`; the hub
 //! every silent rank, the others the hub), and their sessions answer (`Here`, see
 //! [`Standing`]) whatever their program does. One that does not answer within half a peer
-//! timeout is hung or cut off, and named as before. One that answers is waited for again, up
-//! to the post timeout from the start (then [`OpError::NotPosted`]), unless its answer ends
-//! the wait: it ended the operation without a barrier (the ranks disagree on it:
-//! [`OpError::ShapeMismatch`]), or it has not posted it and the last operation it ended
-//! failed over a rank (its program may have stopped there: that rank is named, as its
-//! `Abort` would be).
+//! timeout is hung or cut off, and named as before. One that has not posted is waited for
+//! again, up to the post timeout from the start (then [`OpError::NotPosted`], told to every
+//! rank, the late one included, which fails the operation as it posts it). The answer ends
+//! the wait when it says that the rank ended the operation: without a barrier (the ranks
+//! disagree on it: [`OpError::ShapeMismatch`]), or after one, failed over a rank (named, as
+//! its `Abort` would) or not (this rank was left out: it is the one given up on). It ends it
+//! too when the rank has not posted the operation and the last one it posted failed over
+//! a rank (its program may have stopped there: that rank is named), unless that rank said
+//! `Ready` here, or the failure was a disagreement (the programs go on). A rank other than
+//! the hub whose hub runs the operation waits for the hub's verdict, past the post timeout,
+//! up to twice it (the hub's own post timeout runs from a start no later).
 //!
 //! A rank queues the lanes' `Open` before it says `Ready` (see [`crate::lane`]), so no chunk
 //! can reach a lane before its operation.
@@ -124,6 +129,11 @@ impl Barrier {
             self.ready_count += 1;
         }
         fresh
+    }
+
+    /// Hub: whether `r` said `Ready`.
+    fn said_ready(&self, r: Rank) -> bool {
+        self.ready.get(r.index()).is_some_and(|b| *b)
     }
 
     /// Whether the barrier waits on `r`: the hub on its `Ready`, the others on the hub's `Go`.
@@ -277,8 +287,9 @@ impl Collective {
     /// rank's for `Go` (`Timer::Go`), ran out. If a question is out, a rank that did not
     /// answer it is to blame; otherwise the ranks waited on are asked where they stand, and
     /// have half a peer timeout to answer. Past the post timeout, the operation fails naming
-    /// a rank whose last answer said it had not posted; a rank other than the hub whose hub
-    /// runs the operation waits for the hub's verdict (the hub's own post timeout bounds it).
+    /// a rank whose last answer said it had not posted; at the hub, one that posted and owes
+    /// its `Ready` is named as unresponsive; a rank other than the hub whose hub runs the
+    /// operation waits for the hub's verdict, up to twice the post timeout.
     pub(crate) fn on_barrier_timeout(&mut self, cx: &mut Ctx<'_>) -> Option<Outcome> {
         let timer = self.barrier_timer();
         if let Some(peer) = self.barrier.unanswered() {
@@ -297,9 +308,11 @@ impl Collective {
             }
             // Every rank waited on has posted (or not answered yet: it is asked). Elsewhere
             // than at the hub, the hub runs the operation, waiting on another rank: its
-            // verdict comes first (its own post timeout bounds it). At the hub, a rank that
+            // verdict comes first (its own post timeout, from a start no later than now,
+            // bounds it; past one more, it is named all the same). At the hub, a rank that
             // posted and still owes its `Ready` is stuck: named as before.
-            if self.barrier.is_hub() && self.barrier.answered {
+            let hub_overdue = cx.now >= self.barrier.post_by + cx.config.post_timeout;
+            if (self.barrier.is_hub() && self.barrier.answered) || hub_overdue {
                 let peer = self.barrier.silent_to_blame().unwrap_or(self.succ);
                 return Some(Outcome::Failed {
                     error: OpError::PeerUnresponsive { peer },
@@ -341,14 +354,16 @@ impl Collective {
         from: Rank,
         standing: Standing,
     ) -> Option<Outcome> {
-        let asked = match &mut self.barrier.asked {
-            Some(a) if self.phase == Phase::Barrier && a.get(from.index()).is_some_and(|b| *b) => a,
+        let all_answered = match &mut self.barrier.asked {
+            Some(a) if self.phase == Phase::Barrier && a.get(from.index()).is_some_and(|b| *b) => {
+                a.set(from.index(), false);
+                a.not_any()
+            }
             _ => {
                 bump(&mut cx.stats.control_unexpected);
                 return None;
             }
         };
-        asked.set(from.index(), false);
         let late = &mut self.barrier.late;
         if late.is_empty() {
             late.resize(cx.config.ranks as usize, false);
@@ -356,7 +371,30 @@ impl Collective {
         let not_posted = matches!(standing, Standing::NotPosted | Standing::NotPostedAfter(_));
         late.set(from.index(), not_posted);
         let me = self.me;
+        let ranks = cx.config.ranks;
         match standing {
+            // It failed the operation (or abandoned it) naming `c`, this rank included: it
+            // will never say `Ready` or `Go`.
+            Standing::EndedAfter(c) if c < ranks => {
+                return Some(Outcome::Failed {
+                    error: OpError::PeerFailed {
+                        peer: Rank(c),
+                        reported_by: from,
+                    },
+                    abort: true,
+                });
+            }
+            // It ended the operation without this rank (completed: this rank's `Ready` or
+            // the hub's `Go` went missing): nothing more will come.
+            Standing::Ended | Standing::EndedAfter(_) => {
+                return Some(Outcome::Failed {
+                    error: OpError::PeerFailed {
+                        peer: me,
+                        reported_by: from,
+                    },
+                    abort: self.barrier.is_hub(),
+                });
+            }
             Standing::EndedApart => {
                 return Some(Outcome::Failed {
                     error: OpError::ShapeMismatch {
@@ -366,7 +404,11 @@ impl Collective {
                     abort: true,
                 });
             }
-            Standing::NotPostedAfter(c) if c < cx.config.ranks && c != me.0 && c != from.0 => {
+            // Unless `c` has said `Ready` here: it posted this operation, so it is alive and
+            // its program went on.
+            Standing::NotPostedAfter(c)
+                if c < ranks && c != me.0 && c != from.0 && !self.barrier.said_ready(Rank(c)) =>
+            {
                 return Some(Outcome::Failed {
                     error: OpError::PeerFailed {
                         peer: Rank(c),
@@ -377,7 +419,7 @@ impl Collective {
             }
             _ => {}
         }
-        if asked.not_any() {
+        if all_answered {
             self.barrier.asked = None;
             self.barrier.answered = true;
             let mut at = cx.now + cx.config.peer_timeout;

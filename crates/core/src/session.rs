@@ -95,11 +95,19 @@ pub struct Session {
     /// (at most [`ENDED_KEEP`]): a rank may still wait in one of them on its successor's
     /// `Fin` (see [`Self::barrier_slack`]).
     ended: VecDeque<(Instant, core::time::Duration)>,
-    /// The last operation this rank posted failed, naming this rank, and nothing was posted
-    /// since: its program may have stopped over that failure. Told to ranks that ask where
-    /// this one stands on a later operation ([`Standing::NotPostedAfter`]).
+    /// The last operation this rank posted failed, naming the rank held here, and nothing
+    /// was posted since: its program may have stopped over that failure (a disagreement on
+    /// an operation does not count: the program goes on). Told to ranks that ask where this
+    /// one stands on a later operation ([`Standing::NotPostedAfter`]).
     stopped_over: Option<Rank>,
+    /// The last [`FAILED_KEEP`] operations that failed here, each with the rank its failure
+    /// named: told to a rank that asks about one while still in its barrier
+    /// ([`Standing::EndedAfter`]).
+    failures: VecDeque<(u64, Rank)>,
 }
+
+/// How many failed operations [`Session::standing`] remembers.
+const FAILED_KEEP: usize = 64;
 
 /// How many ended operations [`Session::barrier_slack`] looks at.
 const ENDED_KEEP: usize = 8;
@@ -135,6 +143,7 @@ impl Session {
             reports: Reports::new(config.rank, config.ranks),
             ended: VecDeque::new(),
             stopped_over: None,
+            failures: VecDeque::new(),
             config,
         })
     }
@@ -217,15 +226,39 @@ impl Session {
     }
 
     /// Takes the next operation id for an operation this rank fails without starting it (a
-    /// peer it needs is gone; the failure names `culprit`). Nothing runs; a rank that asks
-    /// where this one stands on it hears that it ended ([`Standing::Ended`]: the ranks do not
-    /// disagree on it, as with [`Self::skip_op`]), and messages for it are stale.
+    /// peer it needs is gone; the failure names `culprit`). Nothing runs; every other rank
+    /// but the culprit is told (`Abort`), as of a failed operation, and a rank that asks where
+    /// this one stands on it hears the same ([`Standing::EndedAfter`]: the ranks do not
+    /// disagree on it, as with [`Self::skip_op`]). Messages for it are stale.
     pub fn abandon_op(&mut self, culprit: Rank) -> OpId {
         let id = OpId(self.next_seq);
         self.next_seq += 1;
-        self.stopped_over = (culprit != self.config.rank).then_some(culprit);
+        let me = self.config.rank;
+        self.stopped_over = (culprit != me).then_some(culprit);
         self.early.retain(|e| e.seq != id.0);
+        self.failed_here(id.0, culprit);
+        if culprit.0 < self.config.ranks {
+            for r in (0..self.config.ranks).map(Rank) {
+                if r != me && r != culprit {
+                    let msg = ControlMsg {
+                        kind: ControlKind::Abort,
+                        op: id.0,
+                        arg: culprit.0,
+                        runs: Vec::new(),
+                    };
+                    self.out.push_back(Outgoing::Control { to: r, msg });
+                }
+            }
+        }
         id
+    }
+
+    /// Operation `seq` failed here naming `culprit` (see [`Self::standing`]).
+    fn failed_here(&mut self, seq: u64, culprit: Rank) {
+        if self.failures.len() == FAILED_KEEP {
+            self.failures.pop_front();
+        }
+        self.failures.push_back((seq, culprit));
     }
 
     /// Operation `seq` ended here without a barrier: skipped (`shape` `None`) or empty. Its
@@ -459,6 +492,8 @@ impl Session {
         } else if seq < self.next_seq {
             if self.recent.iter().any(|r| r.seq == seq) {
                 Standing::EndedApart
+            } else if let Some(&(_, c)) = self.failures.iter().find(|f| f.0 == seq) {
+                Standing::EndedAfter(c.0)
             } else {
                 Standing::Ended
             }
@@ -755,11 +790,14 @@ impl Session {
             self.reports.completed(op.id.0);
         }
         let failed = matches!(outcome, Outcome::Failed { .. });
-        if let Outcome::Failed { error, .. } = outcome
-            && op.id.0 + 1 == self.next_seq
-            && error.peer() != self.config.rank
-        {
-            self.stopped_over = Some(error.peer());
+        if let Outcome::Failed { error, .. } = outcome {
+            self.failed_here(op.id.0, error.peer());
+            if op.id.0 + 1 == self.next_seq
+                && error.peer() != self.config.rank
+                && !matches!(error, OpError::ShapeMismatch { .. })
+            {
+                self.stopped_over = Some(error.peer());
+            }
         }
         op.close_lanes(&mut cx!(self, Instant::ZERO), failed);
         match outcome {
@@ -767,10 +805,12 @@ impl Session {
             Outcome::Failed { error, abort } => {
                 if abort {
                     let culprit = error.peer();
-                    // A rank that stopped answering is not told; one whose shape differs is
-                    // alive and fails the operation too.
+                    // A rank that stopped answering is not told; one whose shape differs, or
+                    // that did not post in time, is alive and fails the operation too (at
+                    // once when it posts it).
                     let (kind, tell_culprit) = match error {
                         OpError::ShapeMismatch { .. } => (ControlKind::Mismatch, true),
+                        OpError::NotPosted { .. } => (ControlKind::Abort, true),
                         _ => (ControlKind::Abort, false),
                     };
                     for r in (0..self.config.ranks).map(Rank) {

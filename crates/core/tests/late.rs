@@ -228,7 +228,7 @@ fn a_question_from_this_rank_itself_is_not_answered() {
 }
 
 #[test]
-fn an_abandoned_operation_is_answered_as_ended_and_a_skipped_one_as_apart() {
+fn an_abandoned_operation_is_answered_as_failed_and_a_skipped_one_as_apart() {
     // `abandon_op`: failed here before it started (a peer it needs is gone); `skip_op`: ran
     // over another path. Asked where it stands, the rank says so: only the second is a
     // disagreement on the operation.
@@ -239,8 +239,18 @@ fn an_abandoned_operation_is_answered_as_ended_and_a_skipped_one_as_apart() {
     assert_eq!(n.skip_op().0, 1);
     let now = Instant::from_nanos(1);
     let mut buf = Vec::new();
+    // The abandoned one was told to rank 0 as a failure naming rank 2.
+    let Some(Transmit::Control { to, len }) = n.poll_transmit(&mut buf) else {
+        panic!("no Abort")
+    };
+    assert_eq!(to, Rank(0));
+    assert_eq!(
+        ControlRepr::parse_bytes(&buf[..len]),
+        Ok(ControlRepr::Abort { op: 0, culprit: 2 })
+    );
+    assert_eq!(n.poll_transmit(&mut buf), None);
     for (op, want) in [
-        (0, Standing::Ended),
+        (0, Standing::EndedAfter(2)),
         (1, Standing::EndedApart),
         (2, Standing::NotPosted),
     ] {
@@ -253,5 +263,148 @@ fn an_abandoned_operation_is_answered_as_ended_and_a_skipped_one_as_apart() {
         assert_eq!(to, Rank(0));
         let got = ControlRepr::parse_bytes(&buf[..len]).unwrap();
         assert_eq!(got, ControlRepr::Here { op, standing: want });
+    }
+}
+
+/// A leaf posts 10 peer timeouts late, past a post timeout of 4: the others fail the
+/// operation naming it, and tell it (it is alive); its own operation fails at once when it
+/// posts it, naming itself as the rank the hub gave up on. (Untold, it asked the hub, heard
+/// that the hub had ended the operation, and asked again forever.)
+#[test]
+fn a_rank_that_posts_after_the_post_timeout_fails_at_once() {
+    for late in [2, 0] {
+        let mut net = net_with(4, 4 * PT);
+        for r in (0..4).filter(|&r| r != late) {
+            net.start_rank(0, r, Start::Broadcast { root: 0, len: LEN });
+        }
+        net.start_rank(10 * PT, late, Start::Broadcast { root: 0, len: LEN });
+        net.run(200_000);
+        let t = trace(&net);
+        assert!(net.errors.is_empty(), "{:?}\n{t}", net.errors);
+        for r in 0..4 {
+            let o = net.outcome(r, 0);
+            assert!(
+                matches!(o, Outcome::Failed(e) if e.peer() == Rank(late)),
+                "late r{late}: r{r}: {o:?}\n{t}"
+            );
+        }
+        let at = net.failed_at[late as usize][&0];
+        assert_eq!(at, 10 * PT, "late r{late}: failed at {at}\n{t}");
+    }
+}
+
+/// Op 0 fails everywhere as a disagreement (rank 3 posts another length): the programs go
+/// on. Op 1 is right everywhere, and rank 2 posts it 10 peer timeouts late: it is waited
+/// for, and op 1 completes. (Rank 2's answer once named rank 3, its last failure's
+/// culprit, and the hub failed op 1 over rank 3, which had posted it.)
+#[test]
+fn a_late_rank_after_a_disagreement_is_waited_for() {
+    let mut net = net(4);
+    for r in 0..4 {
+        let len = if r == 3 { 2 * LEN } else { LEN };
+        net.start_rank(0, r, Start::Broadcast { root: 0, len });
+    }
+    for r in [0, 1, 3] {
+        net.start_rank(5 * PT, r, Start::Broadcast { root: 0, len: LEN });
+    }
+    net.start_rank(15 * PT, 2, Start::Broadcast { root: 0, len: LEN });
+    net.run(2_000_000);
+    let t = trace(&net);
+    for r in 0..4 {
+        let o = net.outcome(r, 0);
+        assert!(
+            matches!(o, Outcome::Failed(OpError::ShapeMismatch { .. })),
+            "op 0 r{r}: {o:?}\n{t}"
+        );
+        let o = net.outcome(r, 1);
+        assert!(matches!(o, Outcome::Completed(_)), "op 1 r{r}: {o:?}\n{t}");
+    }
+}
+
+/// Rank 2 fails operation 0 before starting it (a peer it needs is gone: `abandon_op`, as
+/// the engine does for a post doomed by a lost peer); the others run it. Rank 2 tells them,
+/// as of any failure: they fail it at once naming the lost rank, not at the post timeout
+/// naming rank 2 (which answered every question).
+#[test]
+fn a_rank_that_abandoned_the_operation_tells_the_others() {
+    let mut net = net(4);
+    net.start_rank(0, 2, Start::Abandon(3));
+    for r in [0, 1, 3] {
+        net.start_rank(1_000, r, Start::Broadcast { root: 0, len: LEN });
+    }
+    net.run(2_000_000);
+    let t = trace(&net);
+    for r in [0, 1] {
+        match net.outcome(r, 0) {
+            Outcome::Failed(OpError::PeerFailed { peer, reported_by }) => {
+                assert_eq!((peer, reported_by), (Rank(3), Rank(2)), "r{r}\n{t}")
+            }
+            other => panic!("r{r}: {other:?}\n{t}"),
+        }
+        let at = net.failed_at[r as usize][&0];
+        assert!(at < PT, "r{r} at {at}\n{t}");
+    }
+    // Rank 3 (alive here; in the engine, the lost one) is not told: it asks the hub, which
+    // answers that it failed the operation naming rank 3.
+    let o = net.outcome(3, 0);
+    assert!(
+        matches!(o, Outcome::Failed(e) if e.peer() == Rank(3)),
+        "r3: {o:?}\n{t}"
+    );
+    assert!(t.contains("standing: EndedAfter(3)"), "{t}");
+}
+
+/// A rank in the barrier that asks the hub and hears that the hub ended the operation stops
+/// waiting: over the rank the hub's failure named, or over itself when the hub ended it
+/// without it (the hub gave up on it and did not tell it).
+#[test]
+fn an_answer_that_the_operation_ended_ends_the_wait() {
+    use ringcast_core::wire::{ControlRepr, Standing};
+    use ringcast_core::{Config, Event, Instant, Node};
+    for (standing, want) in [
+        (
+            Standing::EndedAfter(2),
+            OpError::PeerFailed {
+                peer: Rank(2),
+                reported_by: Rank(0),
+            },
+        ),
+        (
+            Standing::Ended,
+            OpError::PeerFailed {
+                peer: Rank(1),
+                reported_by: Rank(0),
+            },
+        ),
+    ] {
+        let mut c = Config::new(1, 3);
+        c.peer_timeout = Duration::from_millis(1);
+        let mut n = Node::new(c).unwrap();
+        let op = n.start_broadcast(Instant::ZERO, Rank(0), LEN).unwrap();
+        let mut buf = Vec::new();
+        while n.poll_transmit(&mut buf).is_some() {}
+        // The wait for `Go` runs out: the hub is asked.
+        let t = n.poll_timeout().expect("the wait for Go");
+        n.handle_timeout(t);
+        let mut asked = false;
+        while let Some(x) = n.poll_transmit(&mut buf) {
+            if let ringcast_core::Transmit::Control { to, len } = x {
+                asked |= to == Rank(0)
+                    && ControlRepr::parse_bytes(&buf[..len]) == Ok(ControlRepr::Where { op: op.0 });
+            }
+        }
+        assert!(asked);
+        let mut v = Vec::new();
+        ControlRepr::Here { op: op.0, standing }
+            .emit_vec(&mut v)
+            .unwrap();
+        n.handle_control(t, Rank(0), &v);
+        let mut got = None;
+        while let Some(e) = n.poll_event() {
+            if let Event::Failed { error, .. } = e {
+                got = Some(error);
+            }
+        }
+        assert_eq!(got, Some(want), "{standing:?}");
     }
 }

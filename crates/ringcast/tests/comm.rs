@@ -1708,3 +1708,38 @@ fn ranks_that_disagree_on_the_root_over_tcp_find_out_when_they_ask() {
         },
     );
 }
+
+/// A rank that posts past the post timeout, over multicast: the others fail the operation
+/// naming it and tell it (it answers: it is alive), so its own operation fails as it posts
+/// it, naming it as the rank given up on. Untold, a leaf asked the hub, heard that the hub had
+/// ended the operation, and asked again until its peers left; a late root went on to multicast
+/// to ranks that had dropped the operation, and named a live one as unresponsive. For a leaf
+/// (rank 2) and for the root and hub (rank 0); the others stay until the late rank is done.
+#[test]
+fn a_rank_that_posts_past_the_post_timeout_fails_naming_itself() {
+    for (salt, late) in [(69, 2u32), (70, 0)] {
+        let done = Arc::new(Barrier::new(RANKS as usize));
+        world_with(
+            salt,
+            |b| {
+                b.tcp_threshold(0)
+                    .peer_timeout(Duration::from_secs(1))
+                    .post_timeout(Duration::from_secs(2))
+            },
+            move |comm| {
+                let me = comm.rank();
+                if me == late {
+                    thread::sleep(Duration::from_secs(4));
+                }
+                let mut buf = vec![me as u8; 1 << 20];
+                let got = comm.broadcast(0, &mut buf);
+                done.wait();
+                match got {
+                    Err(CommError::PeerFailed { peer, .. }) if me == late && peer == late => Ok(()),
+                    Err(err) if me != late && err.peer() == Some(late) => Ok(()),
+                    other => Err(format!("rank {me} (late: {late}): {other:?}")),
+                }
+            },
+        );
+    }
+}

@@ -111,32 +111,43 @@ impl ControlKind {
 /// A rank that has not posted an operation yet is alive, only late (an application that
 /// loads a checkpoint before a Broadcast): the barrier keeps waiting for it, up to the
 /// post timeout. One that does not answer is hung or cut off.
+///
+/// On the wire: the values from `0xFFFF_FFF0` up are the states without a rank (four of
+/// them used, the rest reserved); below, bit 31 set is [`Standing::EndedAfter`] and clear
+/// [`Standing::NotPostedAfter`], with the rank in the other 31 bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Standing {
     /// It has posted the operation and not ended it.
     Running,
-    /// It ended the operation after its barrier (completed or failed it).
+    /// It ended the operation after its barrier and did not fail it (or no longer knows).
     Ended,
+    /// It failed the operation, naming this rank, or failed it before starting it (a peer it
+    /// needs is gone). A rank still in the operation's barrier is not waited for: the
+    /// answer ends its wait.
+    EndedAfter(u32),
     /// It ended the operation without a barrier: it ran it over another path, or it was empty
     /// there. The ranks disagree on the operation.
     EndedApart,
-    /// It has not posted the operation yet, and the last operation it ended did not fail.
+    /// It has not posted the operation yet, and the last operation it posted did not fail.
     NotPosted,
-    /// It has not posted the operation yet, and the last operation it ended failed naming
+    /// It has not posted the operation yet, and the last operation it posted failed, naming
     /// this rank: its program may have stopped over that failure.
     NotPostedAfter(u32),
 }
 
 impl Standing {
-    /// The wire values of the states other than [`Standing::NotPostedAfter`], whose value is
-    /// the rank it names (below these).
+    /// The wire values of the states without a rank.
     const RUNNING: u32 = u32::MAX;
     const ENDED: u32 = u32::MAX - 1;
     const ENDED_APART: u32 = u32::MAX - 2;
     const NOT_POSTED: u32 = u32::MAX - 3;
-    /// Values from here up are reserved: a rank is below.
+    /// Values from here up are states without a rank; a state with one is below.
     const RESERVED: u32 = u32::MAX - 15;
+    /// Set in [`Standing::EndedAfter`]'s value.
+    const ENDED_BIT: u32 = 1 << 31;
+    /// The largest rank the wire carries: 31 bits, below the reserved range.
+    pub const MAX_RANK: u32 = (1 << 31) - 1;
 
     pub(crate) fn from_u32(v: u32) -> Option<Self> {
         Some(match v {
@@ -144,19 +155,26 @@ impl Standing {
             Self::ENDED => Standing::Ended,
             Self::ENDED_APART => Standing::EndedApart,
             Self::NOT_POSTED => Standing::NotPosted,
-            r if r < Self::RESERVED => Standing::NotPostedAfter(r),
-            _ => return None,
+            v if v >= Self::RESERVED => return None,
+            v if v & Self::ENDED_BIT != 0 => Standing::EndedAfter(v & !Self::ENDED_BIT),
+            r => Standing::NotPostedAfter(r),
         })
     }
 
-    /// The wire value, or `None` for a rank in the reserved range.
+    /// The wire value, or `None` for a rank above [`Self::MAX_RANK`] or whose value falls in
+    /// the reserved range.
     pub(crate) fn to_u32(self) -> Option<u32> {
+        let ranked = |r: u32, bit: u32| {
+            let v = r | bit;
+            (r <= Self::MAX_RANK && v < Self::RESERVED).then_some(v)
+        };
         match self {
             Standing::Running => Some(Self::RUNNING),
             Standing::Ended => Some(Self::ENDED),
             Standing::EndedApart => Some(Self::ENDED_APART),
             Standing::NotPosted => Some(Self::NOT_POSTED),
-            Standing::NotPostedAfter(r) => (r < Self::RESERVED).then_some(r),
+            Standing::EndedAfter(r) => ranked(r, Self::ENDED_BIT),
+            Standing::NotPostedAfter(r) => ranked(r, 0),
         }
     }
 }
@@ -494,7 +512,7 @@ impl<'a> ControlRepr<'a> {
     ///
     /// Fails with [`EmitError::NotCanonical`] if the run list is empty where runs are required,
     /// has more than `u16::MAX` runs, or is not sorted, disjoint and non-adjacent, or a
-    /// [`Standing::NotPostedAfter`] names a rank in the reserved range; otherwise
+    /// [`Standing`] names a rank the wire cannot carry; otherwise
     /// with [`EmitError::BufferTooSmall`] if `buf` is shorter than the message.
     pub fn emit(&self, buf: &mut [u8]) -> core::result::Result<usize, EmitError> {
         // Canonical form first: a bigger buffer would not help.
@@ -631,6 +649,11 @@ mod tests {
         0xff, 0xff, 0xff, 0xfc, // not posted
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0a,
     ];
+    const HERE_ENDED_AFTER: [u8; 16] = [
+        0x0c, 0x01, 0x00, 0x00, //
+        0x80, 0x00, 0x00, 0x2a, // failed it naming rank 42
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0c,
+    ];
     const HERE_AFTER: [u8; 16] = [
         0x0c, 0x01, 0x00, 0x00, //
         0x00, 0x00, 0x01, 0x2c, // not posted, after a failure naming rank 300
@@ -650,7 +673,7 @@ mod tests {
     }];
 
     /// Every kind once, with the bytes it must have.
-    fn vectors() -> [(&'static [u8], ControlRepr<'static>); 16] {
+    fn vectors() -> [(&'static [u8], ControlRepr<'static>); 17] {
         [
             (
                 &READY,
@@ -727,6 +750,13 @@ mod tests {
                 ControlRepr::Here {
                     op: 11,
                     standing: Standing::NotPostedAfter(300),
+                },
+            ),
+            (
+                &HERE_ENDED_AFTER,
+                ControlRepr::Here {
+                    op: 12,
+                    standing: Standing::EndedAfter(42),
                 },
             ),
         ]
@@ -955,24 +985,35 @@ mod tests {
     }
 
     #[test]
-    fn refuses_to_emit_a_standing_in_the_reserved_range() {
-        for r in [u32::MAX - 15, u32::MAX - 4, u32::MAX] {
-            let repr = ControlRepr::Here {
-                op: 1,
-                standing: Standing::NotPostedAfter(r),
-            };
+    fn refuses_to_emit_a_standing_the_wire_cannot_carry() {
+        for standing in [
+            Standing::NotPostedAfter(1 << 31),
+            Standing::NotPostedAfter(u32::MAX),
+            Standing::EndedAfter(1 << 31),
+            Standing::EndedAfter(Standing::MAX_RANK),
+        ] {
+            let repr = ControlRepr::Here { op: 1, standing };
             let mut v = Vec::new();
-            assert_eq!(repr.emit_vec(&mut v), Err(EmitError::NotCanonical), "{r}");
+            assert_eq!(
+                repr.emit_vec(&mut v),
+                Err(EmitError::NotCanonical),
+                "{standing:?}"
+            );
             assert!(v.is_empty());
         }
-        // Every other value of the reserved range is refused on parsing too.
+        // The reserved values are refused on parsing.
         for v in u32::MAX - 15..=u32::MAX - 4 {
             assert_eq!(Standing::from_u32(v), None, "{v:#x}");
         }
-        assert_eq!(
-            Standing::from_u32(u32::MAX - 16),
-            Some(Standing::NotPostedAfter(u32::MAX - 16))
-        );
+        // The largest ranks that fit, both ways.
+        for (standing, v) in [
+            (Standing::NotPostedAfter(Standing::MAX_RANK), 0x7fff_ffff),
+            (Standing::EndedAfter((1 << 31) - 17), 0xffff_ffef),
+            (Standing::EndedAfter(0), 0x8000_0000),
+        ] {
+            assert_eq!(standing.to_u32(), Some(v), "{standing:?}");
+            assert_eq!(Standing::from_u32(v), Some(standing), "{v:#x}");
+        }
     }
 
     #[test]

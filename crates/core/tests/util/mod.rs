@@ -39,6 +39,9 @@ pub enum Start {
     },
     /// The operation runs over another path here (`skip_op`): nothing to check.
     Skip,
+    /// The operation fails here before it starts, naming this rank: a peer it needs is gone
+    /// (`abandon_op`).
+    Abandon(u32),
 }
 
 impl Start {
@@ -49,7 +52,7 @@ impl Start {
                 .map(|r| if r == *root { *len } else { 0 })
                 .collect(),
             Start::Allgather { sizes } => sizes.clone(),
-            Start::Skip => vec![0; ranks as usize],
+            Start::Skip | Start::Abandon(_) => vec![0; ranks as usize],
         }
     }
 }
@@ -362,6 +365,13 @@ impl Net {
                     Start::Skip => {
                         let id = s.skip_op();
                         self.log(|| format!("r{rank} skip {id}"));
+                        self.drain(rank);
+                        return;
+                    }
+                    Start::Abandon(c) => {
+                        let id = s.abandon_op(Rank(*c));
+                        self.log(|| format!("r{rank} abandon {id}"));
+                        self.drain(rank);
                         return;
                     }
                 }

@@ -433,6 +433,17 @@ impl Engine {
                 while self.next_op < k {
                     self.next_op = self.session.skip_op().0 + 1;
                 }
+                // Its id was taken already (the router numbered it too soon: a bug). Run
+                // under the next id, it would meet another operation at the peers and could
+                // complete with that one's bytes: it fails instead.
+                if k < self.next_op {
+                    tracing::error!(op = k, next = self.next_op, "a post came after its id");
+                    if let Some(p) = self.queued.pop_front() {
+                        self.failed += 1;
+                        let _ = p.reply.send(Err(CommError::Cancelled));
+                    }
+                    continue;
+                }
             }
             if p.forfeit {
                 self.queued.pop_front();

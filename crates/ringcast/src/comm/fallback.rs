@@ -441,7 +441,7 @@ impl FallbackConfig {
 /// when it freezes and switches.
 #[derive(Debug)]
 struct Route {
-    /// Index of the next post.
+    /// Index of the next post: every one below it is numbered ([`Route::publish`]).
     next: u64,
     /// Posts are held by the dispatcher (a switch is being agreed).
     frozen: bool,
@@ -450,6 +450,21 @@ struct Route {
     mode: TransportMode,
     /// The engine's post channel (`None` when TCP runs from the start).
     engine: Option<PostTx>,
+}
+
+impl Route {
+    /// Tells the engine that every post below `next` that runs over multicast is in its
+    /// channel, so that it takes the ids of the others (they run over TCP) at once
+    /// ([`PostTx::numbered`]). Not while frozen: a large post held for the switch agreement
+    /// may still go to the engine (`Dispatcher::switch` tells it then). Called under the
+    /// route's lock, after the post's send.
+    fn publish(&self) {
+        if !self.frozen
+            && let Some(e) = &self.engine
+        {
+            e.numbered(self.next);
+        }
+    }
 }
 
 /// Counters of the TCP side.
@@ -852,17 +867,12 @@ impl Handle {
                 .send(Command::Post(post))
                 .map_err(|_| CommError::Cancelled)?;
             r.next += 1;
-            if let Some(e) = &r.engine {
-                e.numbered(r.next);
-            }
+            r.publish();
             // Without a wake-up: the dispatcher takes it at its next turn.
             let _ = self.tx.tx.send(Msg::Elsewhere(k));
             return Ok(Request::new(rx, typed).with_tap(&self.tap));
         }
         r.next += 1;
-        if let Some(e) = &r.engine {
-            e.numbered(r.next);
-        }
         let mut req = Request::new(rx, typed);
         // Its waiting thread may lead when it surely runs over TCP (a large post held for
         // a switch agreement may go to the engine, which answers on its channel alone).
@@ -880,6 +890,7 @@ impl Handle {
         if let Some(mut g) = direct
             && let Some(d) = g.as_mut()
         {
+            r.publish();
             drop(r);
             // Posts that took the channel before this one (the dispatcher was busy) first.
             d.inbox();
@@ -893,11 +904,9 @@ impl Handle {
         }
         if self.tx.send(Msg::Post(k, post)).is_err() {
             r.next -= 1;
-            if let Some(e) = &r.engine {
-                e.numbered(r.next);
-            }
             return Err(CommError::Cancelled);
         }
+        r.publish();
         Ok(req)
     }
 
@@ -914,9 +923,7 @@ impl Handle {
         {
             let _ = engine.send(Command::Post(Post::forfeit(Some(k))));
         }
-        if let Some(e) = &r.engine {
-            e.numbered(r.next);
-        }
+        r.publish();
         let _ = self.tx.tx.send(Msg::Elsewhere(k));
     }
 
@@ -1646,6 +1653,8 @@ impl Dispatcher {
             }
             r.frozen = false;
             r.switch_at = Some(at);
+            // The held posts that run over multicast are in the engine's channel now.
+            r.publish();
             self.frozen_at = None;
             r.mode = TransportMode::Tcp {
                 from_op: at,

@@ -79,9 +79,11 @@
 //! * A peer that has not posted the operation yet is late, not hung: a rank whose wait runs
 //!   out asks it where it stands, and its engine answers whatever its program does. It is
 //!   waited for up to the post timeout ([`CommBuilder::post_timeout`], 10 minutes by
-//!   default), then named ([`CommError::NotPosted`]). One whose last operation failed and that
-//!   has posted nothing since may have stopped over that failure: the rank that failure named
-//!   is named at once.
+//!   default), then named ([`CommError::NotPosted`]); when it posts the operation later, it
+//!   fails there at once ([`CommError::PeerFailed`] naming itself). One whose last operation
+//!   failed (other than as a [`CommError::ShapeMismatch`]) and that has posted nothing since
+//!   may have stopped over that failure: the rank that failure named is named at once. A
+//!   program stuck before its call, its engine alive, is named only at the post timeout.
 //! * A peer whose control connection closes (the process died) fails every operation in
 //!   flight at once with [`CommError::PeerLost`] naming it; so does every later post: a
 //!   communicator that lost a rank cannot run collectives any more. When one failure makes
