@@ -56,17 +56,6 @@ impl Reports {
         }
     }
 
-    /// The rank `peer` reported, if it reported a failure since the last operation that
-    /// completed here.
-    #[must_use]
-    pub fn by(&self, peer: Rank) -> Option<Rank> {
-        self.last
-            .get(peer.index())
-            .copied()
-            .flatten()
-            .map(|(_, c)| c)
-    }
-
     /// Whom a wait that ran out on `peer` names, as `(culprit, reported_by)`: the rank
     /// `peer` reported, else the rank of the earliest report (by operation, then rank);
     /// `None` when nothing was reported, and `peer` is to blame.

@@ -862,7 +862,11 @@ fn a_broadcast_empty_at_the_roots_next_hop_fails_the_chain_at_once() {
 /// Rank `empty` posts a Broadcast from rank 0 empty where the others post `len` bytes (TCP
 /// threshold `threshold`, peer timeout a minute): the ranks in `must_fail` fail it with
 /// `ShapeMismatch`, the others may instead complete it (empty, or with the root's bytes),
-/// and the next Broadcast lines up everywhere.
+/// and the next Broadcast lines up everywhere. Every rank stays until all are done: the
+/// empty rank tells the others when a piece of the operation reaches it, which on a loaded
+/// machine can be after it finished both operations (it left then, with the piece unread,
+/// and the rank below it waited for it until the peer timeout: 1 run in 30 with two busy
+/// loops beside it).
 fn an_empty_broadcast_at_one_rank(
     salt: u64,
     threshold: u64,
@@ -870,6 +874,7 @@ fn an_empty_broadcast_at_one_rank(
     len: usize,
     must_fail: &'static [u32],
 ) {
+    let all = Arc::new(Barrier::new(RANKS as usize));
     world_with(
         salt,
         move |b| {
@@ -886,6 +891,7 @@ fn an_empty_broadcast_at_one_rank(
                 other => return Err(format!("rank {me}: {:?}", other.map(|v| v.len()))),
             }
             broadcast_checked(&comm, "after", salt + 1, 2, 4096)?;
+            all.wait();
             Ok(())
         },
     );
@@ -1742,4 +1748,94 @@ fn a_rank_that_posts_past_the_post_timeout_fails_naming_itself() {
             },
         );
     }
+}
+
+/// Over TCP, an old failure report does not make a late rank's peers blame the rank it named
+/// (a TCP report outlives the multicast operations completed since). Op 0 (a small
+/// Broadcast from rank 0, over TCP): rank 2 posts it past the post timeout, so rank 3 (its
+/// child) gives up with `NotPosted{2}` and reports it. Two large Broadcasts then complete over
+/// multicast everywhere, rank 2 included. Op 3 (a small Allgather, over TCP): rank 3 is late
+/// by three peer timeouts, within the post timeout: it is waited for, and the Allgather
+/// completes everywhere (it failed at once naming rank 2, found by an audit).
+#[test]
+fn a_stale_tcp_report_does_not_blame_a_rank_that_went_on() {
+    let sync = Arc::new(Barrier::new(RANKS as usize));
+    world_with(
+        91,
+        |b| {
+            b.tcp_threshold(64 << 10)
+                .peer_timeout(Duration::from_millis(500))
+                .post_timeout(Duration::from_secs(2))
+        },
+        move |comm| {
+            let me = comm.rank();
+            if me == 2 {
+                thread::sleep(Duration::from_secs(3));
+            }
+            let mut small = vec![me as u8; 4096];
+            let first = comm.broadcast(0, &mut small);
+            sync.wait();
+            let first_ok = matches!(
+                (me, &first),
+                (0 | 1, Ok(_))
+                    | (3, Err(CommError::NotPosted { peer: 2 }))
+                    | (2, Err(CommError::PeerFailed { peer: 2, .. }))
+            );
+            if !first_ok {
+                return Err(format!("rank {me}: op 0 {first:?}"));
+            }
+            for _ in 0..2 {
+                let mut big = vec![me as u8; 1 << 20];
+                comm.broadcast(1, &mut big).map_err(e)?;
+                if big.iter().any(|&b| b != 1) {
+                    return Err(format!("rank {me}: wrong multicast bytes"));
+                }
+            }
+            sync.wait();
+            if me == 3 {
+                thread::sleep(Duration::from_millis(1500));
+            }
+            let mut all = vec![0u8; 4096];
+            let got = comm.allgather(&[me as u8; 1024], &mut all);
+            sync.wait();
+            got.map(|_| ()).map_err(|err| {
+                format!("rank {me}: op 3 (rank 3 late, within the post timeout): {err:?}")
+            })
+        },
+    );
+}
+
+/// Late ranks over TCP: a small Allgather (Bruck, 4 ranks) that rank 3 never posts, and that
+/// ranks 1 and 2 (the two waiting on rank 3 directly: rounds 1 and 0) post 3 s late, within
+/// the 4 s post timeout. Rank 0 waits on rank 2 (round 1): late, then running. It once blamed
+/// it at its own start plus the post timeout and the longest wait, before the post timeouts
+/// of ranks 1 and 2 (from their later starts) named rank 3; now it counts from when it saw
+/// rank 2 posted. Every rank names rank 3 (found by an audit).
+#[test]
+fn a_rank_that_posted_late_is_not_blamed_for_a_rank_that_never_posts() {
+    let release = Arc::new(Barrier::new(RANKS as usize));
+    world_with(
+        92,
+        |b| {
+            b.tcp_threshold(64 << 10)
+                .peer_timeout(Duration::from_millis(500))
+                .post_timeout(Duration::from_secs(4))
+        },
+        move |comm| {
+            let me = comm.rank();
+            let out = if me == 3 {
+                Ok(())
+            } else {
+                if me == 1 || me == 2 {
+                    thread::sleep(Duration::from_secs(3));
+                }
+                match comm.allgather(&[me as u8; 1024], &mut [0u8; 4096]) {
+                    Err(err) if err.peer() == Some(3) => Ok(()),
+                    other => Err(format!("rank {me}: {other:?}")),
+                }
+            };
+            release.wait();
+            out
+        },
+    );
 }

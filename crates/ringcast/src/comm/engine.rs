@@ -765,8 +765,11 @@ impl Engine {
         self.blame.heard(blamed);
         self.session
             .handle_peer_lost(now, Rank(rank), OpId(mark.unwrap_or(0)), blamed.map(Rank));
-        for p in std::mem::take(&mut self.queued) {
-            self.doom(p, rank);
+        // The posts queued here fail in `start_queued`, in order, each taking its id as a
+        // failed operation (`Session::abandon_op`): failed here without their ids, the ids
+        // after them were skipped as operations run elsewhere and answered as such.
+        if !self.queued.is_empty() {
+            self.start_queued();
         }
     }
 

@@ -216,8 +216,9 @@ const KIND_POSTED: u8 = 0xFA;
 const KIND_WHERE: u8 = 0xFB;
 /// `0xFC, standing u8, 0, 0, shape u32, op u64`: the answer to `KIND_WHERE` about `op`: the
 /// sender is alive and its dispatcher runs; `standing` [`HERE_LATE`]: it has not posted `op`
-/// yet, [`HERE_ELSEWHERE`]: it ran `op` over multicast, [`HERE_SHAPE`]: it runs it (or
-/// completed it) here, with fingerprint `shape`, 0: it posted it (`shape` 0).
+/// yet ([`HERE_LATE_AFTER`]: and `shape` is the rank its last post's failure named),
+/// [`HERE_ELSEWHERE`]: it ran `op` over multicast, [`HERE_SHAPE`]: it runs it (or completed
+/// it) here, with fingerprint `shape`, 0: it posted it (`shape` 0).
 const KIND_HERE: u8 = 0xFC;
 /// `KIND_HERE`'s standing: the sender has not posted the operation yet.
 const HERE_LATE: u8 = 1;
@@ -227,6 +228,10 @@ const HERE_ELSEWHERE: u8 = 2;
 /// `KIND_HERE`'s standing: the sender runs the operation (or completed it) with the shape
 /// fingerprint the answer carries.
 const HERE_SHAPE: u8 = 3;
+/// `KIND_HERE`'s standing: the sender has not posted the operation yet, the last operation
+/// it posted failed (over TCP) naming the rank in the answer's `shape` field, and it has
+/// posted nothing since: its program may have stopped over that failure.
+const HERE_LATE_AFTER: u8 = 4;
 /// `0xFD, 0, 0, 0, block u32, op u64, offset u64, shape u32, len u64`: never sent; the mesh's
 /// note that a piece of these fields from the note's sender landed in the operation's buffer
 /// ([`PieceLander`]). Taken only for bytes the lander placed (see [`Dispatcher::landed`]).
@@ -793,6 +798,7 @@ pub(crate) fn start(
         reports: Reports::new(Rank(cfg.rank), cfg.size),
         elsewhere: VecDeque::new(),
         next_tcp: switch_at.unwrap_or(0),
+        last_failed: None,
         lost: Vec::new(),
         blame: Blame::default(),
         loss_asked: false,
@@ -1120,6 +1126,10 @@ struct TcpOp {
     /// The peer this operation's wait ran out on, asked where it is (`KIND_WHERE`): when,
     /// and when it answered (see [`Dispatcher::check_timeouts`]).
     probe: Option<Probe>,
+    /// A peer asked answered that it had not posted the operation ...
+    late_seen: bool,
+    /// ... and, since, that it had: when (its own post timeout runs from no later).
+    posted_seen: Option<Instant>,
 }
 
 /// A `KIND_WHERE` sent to `peer` at `at`, answered at `answered`.
@@ -1147,6 +1157,9 @@ enum Probing {
     /// The peer ran the operation over multicast, or runs it with another shape: the ranks
     /// disagree on it.
     Disagrees,
+    /// The peer has not posted the operation, and its last post failed over this rank: it
+    /// may have stopped over that failure.
+    StoppedOver(u32),
 }
 
 impl Probe {
@@ -1269,6 +1282,9 @@ struct Dispatcher {
     elsewhere: VecDeque<(u64, bool)>,
     /// One past the last TCP operation started here (for the goodbye's mark).
     next_tcp: u64,
+    /// The latest TCP operation that failed here over a rank, and the rank (see
+    /// [`Self::note_failed`]).
+    last_failed: Option<(u64, u32)>,
     /// The peers lost, in the order their connections closed, each with the first TCP
     /// operation it did not finish when it left cleanly (`None`: it crashed) and the rank it
     /// left over, if its goodbye named one.
@@ -1447,14 +1463,14 @@ impl Dispatcher {
         if let Some(e) = &self.broken {
             let e = e.clone();
             self.ended(k);
-            self.blame.failed(k, e.peer());
+            self.note_failed(k, &e);
             self.fail(p.reply, e);
             return;
         }
         if let Some(e) = self.dooms(k) {
             // Ended before it started: pieces peers sent for it are dropped, not kept.
             self.ended(k);
-            self.blame.failed(k, e.peer());
+            self.note_failed(k, &e);
             self.fail(p.reply, e);
             return;
         }
@@ -1744,33 +1760,42 @@ impl Dispatcher {
                     let shape = (self.active.iter().find(|o| o.k == k))
                         .map(|o| o.fingerprint)
                         .or_else(|| self.completed.iter().find(|c| c.0 == k).map(|c| c.1));
-                    let standing = if k >= self.route().next {
-                        HERE_LATE
+                    let next = self.route().next;
+                    let (standing, arg) = if k >= next {
+                        // The last post failed over a rank, and nothing was posted since: its
+                        // program may have stopped over that failure.
+                        match self.last_failed {
+                            Some((f, c)) if f + 1 == next => (HERE_LATE_AFTER, c),
+                            _ => (HERE_LATE, 0),
+                        }
                     } else if self.elsewhere.iter().any(|&(x, _)| x == k) {
-                        HERE_ELSEWHERE
-                    } else if shape.is_some() {
-                        HERE_SHAPE
+                        (HERE_ELSEWHERE, 0)
+                    } else if let Some(shape) = shape {
+                        (HERE_SHAPE, shape)
                     } else {
-                        0
+                        (0, 0)
                     };
                     let mut m = vec![KIND_HERE, standing, 0, 0];
-                    m.extend_from_slice(&shape.unwrap_or_default().to_be_bytes());
+                    m.extend_from_slice(&arg.to_be_bytes());
                     m.extend_from_slice(&k.to_be_bytes());
                     self.mesh.send_control(Rank(from), &m);
                 }
             }
             Some(KIND_HERE) => {
                 let k = u64_at(b, 8);
-                if let Some(p) = self
-                    .active
-                    .iter_mut()
-                    .find(|o| Some(o.k) == k)
-                    .and_then(|o| o.probe.as_mut())
-                    .filter(|p| p.peer == from && p.answered.is_none())
+                if let Some(o) = self.active.iter_mut().find(|o| Some(o.k) == k)
+                    && let Some(p) =
+                        (o.probe.as_mut()).filter(|p| p.peer == from && p.answered.is_none())
                 {
                     p.answered = Some(Instant::now());
                     p.standing = b.get(1).copied().unwrap_or_default();
                     p.shape = u32_at(b, 4).unwrap_or_default();
+                    if matches!(p.standing, HERE_LATE | HERE_LATE_AFTER) {
+                        o.late_seen = true;
+                        o.posted_seen = None;
+                    } else if o.late_seen && o.posted_seen.is_none() {
+                        o.posted_seen = Some(Instant::now());
+                    }
                 }
             }
             Some(KIND_POSTED) => {
@@ -2327,7 +2352,7 @@ impl Dispatcher {
         if let Some(e) = self.aborts.remove(&k) {
             // A peer already gave up on it.
             self.ended(k);
-            self.blame.failed(k, e.peer());
+            self.note_failed(k, &e);
             self.fail(p.reply, e);
             return;
         }
@@ -2425,6 +2450,8 @@ impl Dispatcher {
             },
             gated: 0,
             probe: None,
+            late_seen: false,
+            posted_seen: None,
         };
         op.span
             .in_scope(|| tracing::debug!(op = k, len, "started over TCP"));
@@ -2782,6 +2809,13 @@ impl Dispatcher {
                 Probing::NotPosted => {
                     self.give_up(i, ABORT_TIMEOUT, peer, CommError::NotPosted { peer })
                 }
+                Probing::StoppedOver(c) => {
+                    let e = CommError::PeerFailed {
+                        peer: c,
+                        reported_by: peer,
+                    };
+                    self.give_up(i, ABORT_TIMEOUT, c, e);
+                }
                 Probing::Disagrees => {
                     let e = CommError::ShapeMismatch {
                         peer,
@@ -2807,34 +2841,45 @@ impl Dispatcher {
     /// * it has not posted the operation yet (late: an application that loads a checkpoint
     ///   on one rank before a Broadcast): waited for, and asked again every peer timeout, up
     ///   to the post timeout from this rank's start of the operation
-    ///   ([`Probing::NotPosted`]); unless it reported a failure since the last operation
-    ///   that completed here (its program may have stopped over it: [`Probing::Blame`] names
-    ///   the rank it reported);
+    ///   ([`Probing::NotPosted`]); unless its last post was a TCP operation that failed
+    ///   naming a rank, and it posted nothing since (its program may have stopped over it:
+    ///   [`Probing::StoppedOver`] names that rank). A last post over multicast is not known
+    ///   to the peer's dispatcher: it is waited for.)
     /// * it posted the operation and is stuck on another rank, which it will name, in this
     ///   operation or an earlier one: waited for, asked again after the longest wait and
     ///   half a peer timeout more, and blamed only once the post timeout and that wait have
-    ///   passed (it may wait on a late rank itself, whose verdict comes first).
+    ///   passed, from this rank's start and from when the peer was first seen posted after
+    ///   answering late (it may wait on a late rank itself, whose verdict comes first).
     fn probing(&mut self, i: usize, peer: u32) -> Probing {
         let pt = self.cfg.peer_timeout;
         let half = pt / 2;
         let longest = self.cfg.timeout(self.cfg.size - 1) + half;
         let post = self.cfg.post_timeout;
-        let reported = self.reports.by(Rank(peer)).is_some();
         let op = &mut self.active[i];
         let waited = op.started.elapsed();
+        // A peer seen late, then posted, runs its own post timeout from no later than then.
+        let since_posted = op.posted_seen.map_or(waited, |t| t.elapsed());
         if let Some(p) = op.probe.filter(|p| p.stands(peer, op.last)) {
-            let late = p.standing == HERE_LATE;
+            let late = matches!(p.standing, HERE_LATE | HERE_LATE_AFTER);
+            let (me, size) = (self.cfg.rank, self.cfg.size);
+            let stopped = (p.standing == HERE_LATE_AFTER)
+                .then_some(p.shape)
+                .filter(|&c| c < size && c != me && c != peer);
             let differs = p.standing == HERE_ELSEWHERE
                 || (p.standing == HERE_SHAPE && p.shape != op.fingerprint);
             match p.answered {
                 None if p.at.elapsed() <= half => return Probing::Wait,
                 None => return Probing::Blame,
                 Some(_) if differs => return Probing::Disagrees,
-                Some(_) if late && reported => return Probing::Blame,
+                Some(_) if stopped.is_some() => {
+                    return Probing::StoppedOver(stopped.unwrap_or(peer));
+                }
                 Some(_) if late && waited > post => return Probing::NotPosted,
                 Some(at) if late && at.elapsed() <= pt => return Probing::Wait,
                 Some(at) if !late && at.elapsed() <= longest => return Probing::Wait,
-                Some(_) if !late && waited > post + longest => return Probing::Blame,
+                Some(_) if !late && waited.min(since_posted) > post + longest => {
+                    return Probing::Blame;
+                }
                 // Alive when last asked: ask again.
                 Some(_) => {}
             }
@@ -2905,14 +2950,27 @@ impl Dispatcher {
         self.fail_active(i, e);
     }
 
+    /// TCP operation `k` failed here with `e`: for the goodbye's blame, and for peers that
+    /// ask where this rank stands on a later operation it has not posted
+    /// ([`HERE_LATE_AFTER`]). A disagreement is no rank's failure (the programs go on).
+    fn note_failed(&mut self, k: u64, e: &CommError) {
+        if matches!(e, CommError::ShapeMismatch { .. }) {
+            return;
+        }
+        self.blame.failed(k, e.peer());
+        if let Some(c) = e.peer()
+            && self.last_failed.is_none_or(|(f, _)| k >= f)
+        {
+            self.last_failed = Some((k, c));
+        }
+    }
+
     /// Ends operation `i` here with `e`.
     fn fail_active(&mut self, i: usize, e: CommError) {
         let op = self.active.swap_remove(i);
         self.gated.retain(|g| g.k != op.k);
         self.ended(op.k);
-        if !matches!(e, CommError::ShapeMismatch { .. }) {
-            self.blame.failed(op.k, e.peer());
-        }
+        self.note_failed(op.k, &e);
         op.span
             .in_scope(|| tracing::warn!(op = op.k, error = %e, "TCP operation failed"));
         self.fail(op.reply, e);
