@@ -6,7 +6,8 @@
 
 mod util;
 
-use ringcast_core::{OpError, Rank};
+use ringcast_core::wire::{ControlRepr, Standing};
+use ringcast_core::{Config, Event, Instant, Node, OpError, Rank, Transmit};
 use std::time::Duration;
 use util::{Net, Outcome, Start};
 
@@ -28,6 +29,31 @@ fn net_with(ranks: u32, post: u64) -> Net {
 
 fn trace(net: &Net) -> &str {
     net.trace.as_deref().unwrap_or_default()
+}
+
+/// The bytes of control message `m`.
+fn bytes(m: ControlRepr<'_>) -> Vec<u8> {
+    let mut v = Vec::new();
+    m.emit_vec(&mut v).expect("canonical");
+    v
+}
+
+/// The control messages `n` sends now, each to whom and as `Debug` text.
+fn sent(n: &mut Node) -> Vec<(Rank, String)> {
+    let mut buf = Vec::new();
+    let mut out = Vec::new();
+    while let Some(t) = n.poll_transmit(&mut buf) {
+        if let Transmit::Control { to, len } = t {
+            let m = ControlRepr::parse_bytes(&buf[..len]).expect("canonical");
+            out.push((to, format!("{m:?}")));
+        }
+    }
+    out
+}
+
+/// `Here` about `op` with `standing`, as `sent` shows it.
+fn here(op: u64, standing: Standing) -> String {
+    format!("{:?}", ControlRepr::Here { op, standing })
 }
 
 /// Every rank starts `what` at time 0, except `late`, which starts it `delay` ns later;
@@ -201,30 +227,15 @@ fn a_rank_whose_program_stopped_over_a_failure_names_that_failure() {
 fn a_question_from_this_rank_itself_is_not_answered() {
     // The transport never delivers a rank's own messages to it; one that claims to be from
     // this rank is noise (found by the `session` fuzz target: the answer went to itself).
-    use ringcast_core::wire::ControlRepr;
-    use ringcast_core::{Config, Instant, Node};
     let mut n = Node::new(Config::new(1, 3)).unwrap();
-    let mut v = Vec::new();
-    ControlRepr::Where { op: 0 }.emit_vec(&mut v).unwrap();
+    let q = bytes(ControlRepr::Where { op: 0 });
     let now = Instant::from_nanos(1);
-    n.handle_control(now, Rank(1), &v);
-    let mut buf = Vec::new();
-    assert_eq!(n.poll_transmit(&mut buf), None);
+    n.handle_control(now, Rank(1), &q);
+    assert_eq!(sent(&mut n), []);
     assert_eq!(n.stats().control_unexpected, 1);
     // From another rank, it is answered: not posted yet.
-    n.handle_control(now, Rank(2), &v);
-    let t = n.poll_transmit(&mut buf);
-    let Some(ringcast_core::Transmit::Control { to, len }) = t else {
-        panic!("{t:?}")
-    };
-    assert_eq!(to, Rank(2));
-    assert_eq!(
-        ControlRepr::parse_bytes(&buf[..len]),
-        Ok(ControlRepr::Here {
-            op: 0,
-            standing: ringcast_core::wire::Standing::NotPosted
-        })
-    );
+    n.handle_control(now, Rank(2), &q);
+    assert_eq!(sent(&mut n), [(Rank(2), here(0, Standing::NotPosted))]);
 }
 
 #[test]
@@ -232,37 +243,23 @@ fn an_abandoned_operation_is_answered_as_failed_and_a_skipped_one_as_apart() {
     // `abandon_op`: failed here before it started (a peer it needs is gone); `skip_op`: ran
     // over another path. Asked where it stands, the rank says so: only the second is a
     // disagreement on the operation.
-    use ringcast_core::wire::{ControlRepr, Standing};
-    use ringcast_core::{Config, Instant, Node, Transmit};
     let mut n = Node::new(Config::new(1, 3)).unwrap();
     assert_eq!(n.abandon_op(Rank(2)).0, 0);
     assert_eq!(n.skip_op().0, 1);
-    let now = Instant::from_nanos(1);
-    let mut buf = Vec::new();
     // The abandoned one was told to rank 0 as a failure naming rank 2.
-    let Some(Transmit::Control { to, len }) = n.poll_transmit(&mut buf) else {
-        panic!("no Abort")
-    };
-    assert_eq!(to, Rank(0));
-    assert_eq!(
-        ControlRepr::parse_bytes(&buf[..len]),
-        Ok(ControlRepr::Abort { op: 0, culprit: 2 })
-    );
-    assert_eq!(n.poll_transmit(&mut buf), None);
+    let abort = format!("{:?}", ControlRepr::Abort { op: 0, culprit: 2 });
+    assert_eq!(sent(&mut n), [(Rank(0), abort)]);
     for (op, want) in [
         (0, Standing::EndedAfter(2)),
         (1, Standing::EndedApart),
         (2, Standing::NotPosted),
     ] {
-        let mut v = Vec::new();
-        ControlRepr::Where { op }.emit_vec(&mut v).unwrap();
-        n.handle_control(now, Rank(0), &v);
-        let Some(Transmit::Control { to, len }) = n.poll_transmit(&mut buf) else {
-            panic!("no answer about {op}")
-        };
-        assert_eq!(to, Rank(0));
-        let got = ControlRepr::parse_bytes(&buf[..len]).unwrap();
-        assert_eq!(got, ControlRepr::Here { op, standing: want });
+        n.handle_control(
+            Instant::from_nanos(1),
+            Rank(0),
+            &bytes(ControlRepr::Where { op }),
+        );
+        assert_eq!(sent(&mut n), [(Rank(0), here(op, want))]);
     }
 }
 
@@ -359,8 +356,6 @@ fn a_rank_that_abandoned_the_operation_tells_the_others() {
 /// without it (the hub gave up on it and did not tell it).
 #[test]
 fn an_answer_that_the_operation_ended_ends_the_wait() {
-    use ringcast_core::wire::{ControlRepr, Standing};
-    use ringcast_core::{Config, Event, Instant, Node};
     for (standing, want) in [
         (
             Standing::EndedAfter(2),
@@ -381,24 +376,14 @@ fn an_answer_that_the_operation_ended_ends_the_wait() {
         c.peer_timeout = Duration::from_millis(1);
         let mut n = Node::new(c).unwrap();
         let op = n.start_broadcast(Instant::ZERO, Rank(0), LEN).unwrap();
-        let mut buf = Vec::new();
-        while n.poll_transmit(&mut buf).is_some() {}
+        let ready = sent(&mut n);
+        assert_eq!(ready.len(), 1, "{ready:?}");
         // The wait for `Go` runs out: the hub is asked.
         let t = n.poll_timeout().expect("the wait for Go");
         n.handle_timeout(t);
-        let mut asked = false;
-        while let Some(x) = n.poll_transmit(&mut buf) {
-            if let ringcast_core::Transmit::Control { to, len } = x {
-                asked |= to == Rank(0)
-                    && ControlRepr::parse_bytes(&buf[..len]) == Ok(ControlRepr::Where { op: op.0 });
-            }
-        }
-        assert!(asked);
-        let mut v = Vec::new();
-        ControlRepr::Here { op: op.0, standing }
-            .emit_vec(&mut v)
-            .unwrap();
-        n.handle_control(t, Rank(0), &v);
+        let q = format!("{:?}", ControlRepr::Where { op: op.0 });
+        assert_eq!(sent(&mut n), [(Rank(0), q)]);
+        n.handle_control(t, Rank(0), &bytes(ControlRepr::Here { op: op.0, standing }));
         let mut got = None;
         while let Some(e) = n.poll_event() {
             if let Event::Failed { error, .. } = e {
