@@ -226,30 +226,18 @@ impl Session {
     }
 
     /// Takes the next operation id for an operation this rank fails without starting it (a
-    /// peer it needs is gone; the failure names `culprit`). Nothing runs; every other rank
-    /// but the culprit is told (`Abort`), as of a failed operation, and a rank that asks where
-    /// this one stands on it hears the same ([`Standing::EndedAfter`]: the ranks do not
-    /// disagree on it, as with [`Self::skip_op`]). Messages for it are stale.
+    /// peer it needs is gone; the failure names `culprit`). Nothing runs and nothing is
+    /// sent: a rank waiting in its barrier asks where this one stands, and hears that it
+    /// failed it naming `culprit` ([`Standing::EndedAfter`]: the ranks do not disagree on it,
+    /// as with [`Self::skip_op`]). (Told at once instead, a rank that had not heard of the
+    /// loss yet would fail its next operation over this rank's report, not over the loss
+    /// itself.) Messages for it are stale.
     pub fn abandon_op(&mut self, culprit: Rank) -> OpId {
         let id = OpId(self.next_seq);
         self.next_seq += 1;
-        let me = self.config.rank;
-        self.stopped_over = (culprit != me).then_some(culprit);
+        self.stopped_over = (culprit != self.config.rank).then_some(culprit);
         self.early.retain(|e| e.seq != id.0);
         self.failed_here(id.0, culprit);
-        if culprit.0 < self.config.ranks {
-            for r in (0..self.config.ranks).map(Rank) {
-                if r != me && r != culprit {
-                    let msg = ControlMsg {
-                        kind: ControlKind::Abort,
-                        op: id.0,
-                        arg: culprit.0,
-                        runs: Vec::new(),
-                    };
-                    self.out.push_back(Outgoing::Control { to: r, msg });
-                }
-            }
-        }
         id
     }
 

@@ -1839,3 +1839,36 @@ fn a_rank_that_posted_late_is_not_blamed_for_a_rank_that_never_posts() {
         },
     );
 }
+
+/// Over TCP, a rank that disagrees on an operation and leaves before any piece shows it: rank
+/// 2 posts a small Broadcast empty (it completes at once) and drops its communicator; the
+/// root posts a second later. Rank 3, below rank 2 in the tree, waits for a piece that rank 2
+/// will never send: once rank 2's goodbye (which says it finished the operation) is read, it
+/// fails at once naming rank 2, and does not wait out its (one-minute) peer timeout.
+#[test]
+fn a_wait_on_a_rank_that_left_fails_at_once() {
+    world_with(
+        71,
+        |b| {
+            b.tcp_threshold(64 << 10)
+                .peer_timeout(Duration::from_secs(60))
+        },
+        |comm| {
+            let me = comm.rank();
+            match me {
+                2 => thread::sleep(Duration::from_millis(200)),
+                0 => thread::sleep(Duration::from_secs(1)),
+                _ => {}
+            }
+            let len = if me == 2 { 0 } else { 1000 };
+            let got = comm.ibroadcast(0, vec![me as u8; len]).map_err(e)?.wait();
+            match (me, got) {
+                (2, Ok(v)) if v.is_empty() => Ok(()),
+                (3, Err(err)) if err.peer() == Some(2) => Ok(()),
+                (0 | 1, Ok(v)) if v == vec![0u8; 1000] => Ok(()),
+                (0 | 1, Err(err)) if err.peer() == Some(2) => Ok(()),
+                (_, other) => Err(format!("rank {me}: {:?}", other.map(|v| v.len()))),
+            }
+        },
+    );
+}

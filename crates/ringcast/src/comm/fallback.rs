@@ -1391,6 +1391,7 @@ impl Dispatcher {
     fn turn(&mut self) -> bool {
         let mut moved = self.poll_mesh();
         self.check_lost();
+        self.fail_stranded();
         self.check_timeouts();
         self.check_freeze();
         moved |= self.inbox();
@@ -2750,6 +2751,32 @@ impl Dispatcher {
             let e = self.dooms(u64::MAX).unwrap_or_else(|| self.lost[0].error());
             self.blame.failed(self.next_tcp, e.peer());
             self.fail_held(&e);
+        }
+    }
+
+    /// Operations still waiting on a rank that is gone fail now, naming it, and tell the
+    /// others (as a wait that ran out would, but without waiting it out). A crash or an
+    /// unfinished operation dooms them already ([`Self::dooms`]); this is for the ones a rank
+    /// that left said it had finished. It sent all it had of them before its goodbye, and
+    /// this rank read that first (one connection, in order): what is still awaited from it
+    /// never comes (the ranks disagreed on the operation, and it left before a piece that
+    /// would have shown it reached it).
+    fn fail_stranded(&mut self) {
+        if self.lost.is_empty() {
+            return;
+        }
+        let mut i = 0;
+        while i < self.active.len() {
+            let op = &self.active[i];
+            let waits = op.waiting() || op.awaiting_cts;
+            let peer = self.wait_of(i).0;
+            match self.lost.iter().find(|l| l.rank == peer) {
+                Some(l) if waits => {
+                    let e = l.error();
+                    self.give_up(i, ABORT_TIMEOUT, peer, e);
+                }
+                _ => i += 1,
+            }
         }
     }
 
