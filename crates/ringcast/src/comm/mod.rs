@@ -90,7 +90,9 @@
 //!   communicator that lost a rank cannot run collectives any more. When one failure makes
 //!   other ranks leave too, later posts keep naming the rank the first failure blamed.
 //! * A peer that drops its communicator says goodbye first: operations it finished complete
-//!   normally elsewhere, the others fail with [`CommError::PeerLost`].
+//!   normally elsewhere, the others fail with [`CommError::PeerLost`]. (Over TCP, one that
+//!   still waits on it after its goodbye, when the ranks disagreed on it, fails at once
+//!   naming it.)
 //! * Ranks that post an operation with another kind, root or size fail it with
 //!   [`CommError::ShapeMismatch`] (see Ordering): no rank crashed or hung, and the
 //!   next operation runs as usual.
