@@ -243,23 +243,18 @@ impl Session {
 
     /// Operation `seq` failed here naming `culprit` (see [`Self::standing`]).
     fn failed_here(&mut self, seq: u64, culprit: Rank) {
-        if self.failures.len() == FAILED_KEEP {
-            self.failures.pop_front();
-        }
-        self.failures.push_back((seq, culprit));
+        keep_last(&mut self.failures, FAILED_KEEP, (seq, culprit));
     }
 
     /// Operation `seq` ended here without a barrier: skipped (`shape` `None`) or empty. Its
     /// `Ready`s that came early are compared now, later ones on arrival ([`Self::late_ready`]).
     fn ended_here(&mut self, seq: u64, shape: Option<u32>) {
-        if self.recent.len() == RECENT_KEEP {
-            self.recent.pop_front();
-        }
-        self.recent.push_back(Recent {
+        let r = Recent {
             seq,
             shape,
             told: false,
-        });
+        };
+        keep_last(&mut self.recent, RECENT_KEEP, r);
         let early = self.early.iter().position(|e| e.seq == seq);
         if let Some(e) = early.map(|i| self.early.swap_remove(i)) {
             for (from, shape) in e.ready {
@@ -768,11 +763,8 @@ impl Session {
 
     fn finish(&mut self, i: usize, outcome: Outcome, now: Instant) {
         let mut op = self.ops.remove(i);
-        if self.ended.len() == ENDED_KEEP {
-            self.ended.pop_front();
-        }
-        self.ended
-            .push_back((now, transfer_time(&self.config, op.layout.bytes())));
+        let link = transfer_time(&self.config, op.layout.bytes());
+        keep_last(&mut self.ended, ENDED_KEEP, (now, link));
         if matches!(outcome, Outcome::Completed) {
             // Every rank took part in it: what was reported before is over.
             self.reports.completed(op.id.0);
@@ -817,6 +809,14 @@ impl Session {
             }
         }
     }
+}
+
+/// Appends `x` to `q`, dropping the oldest entry when `q` already holds `cap`.
+fn keep_last<T>(q: &mut VecDeque<T>, cap: usize, x: T) {
+    if q.len() == cap {
+        q.pop_front();
+    }
+    q.push_back(x);
 }
 
 /// What an `Abort` or a `Mismatch` from `from` tells: the error to fail its operation with

@@ -416,10 +416,15 @@ impl Engine {
     /// this rank stands on one hears that it ran elsewhere (the ranks disagree on it, and fail
     /// it at once) instead of that it has not posted (a late rank, waited for).
     fn skip_numbered(&mut self, numbered: u64) {
-        if !self.queued.is_empty() {
-            return;
+        if self.queued.is_empty() {
+            self.skip_to(numbered);
         }
-        while self.next_op < numbered {
+    }
+
+    /// Takes the ids below `k` that the session has not given out, as operations run
+    /// elsewhere (over TCP).
+    fn skip_to(&mut self, k: u64) {
+        while self.next_op < k {
             self.next_op = self.session.skip_op().0 + 1;
         }
     }
@@ -427,12 +432,10 @@ impl Engine {
     /// Starts posted operations, in order, while the core has room (and the next one's tag is
     /// free: see [`Session::can_start`](ringcast_core::Session::can_start)).
     fn start_queued(&mut self) {
-        while let Some(p) = self.queued.front() {
+        while let Some((index, forfeit)) = self.queued.front().map(|p| (p.index, p.forfeit)) {
             // The operations before it that ran elsewhere take their ids first.
-            if let Some(k) = p.index {
-                while self.next_op < k {
-                    self.next_op = self.session.skip_op().0 + 1;
-                }
+            if let Some(k) = index {
+                self.skip_to(k);
                 // Its id was taken already (the router numbered it too soon: a bug). Run
                 // under the next id, it would meet another operation at the peers and could
                 // complete with that one's bytes: it fails instead.
@@ -445,7 +448,7 @@ impl Engine {
                     continue;
                 }
             }
-            if p.forfeit {
+            if forfeit {
                 self.queued.pop_front();
                 self.next_op = self.session.skip_op().0 + 1;
                 continue;

@@ -2894,13 +2894,13 @@ impl Dispatcher {
                 .filter(|&c| c < size && c != me && c != peer);
             let differs = p.standing == HERE_ELSEWHERE
                 || (p.standing == HERE_SHAPE && p.shape != op.fingerprint);
+            if let (Some(_), Some(c)) = (p.answered, stopped) {
+                return Probing::StoppedOver(c);
+            }
             match p.answered {
                 None if p.at.elapsed() <= half => return Probing::Wait,
                 None => return Probing::Blame,
                 Some(_) if differs => return Probing::Disagrees,
-                Some(_) if stopped.is_some() => {
-                    return Probing::StoppedOver(stopped.unwrap_or(peer));
-                }
                 Some(_) if late && waited > post => return Probing::NotPosted,
                 Some(at) if late && at.elapsed() <= pt => return Probing::Wait,
                 Some(at) if !late && at.elapsed() <= longest => return Probing::Wait,
