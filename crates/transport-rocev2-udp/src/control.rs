@@ -1240,9 +1240,20 @@ impl TcpControl {
 
     /// The next peer lost since the last call (also noticed by [`ControlPort::poll_control`];
     /// this only drains what already arrived, without blocking).
+    ///
+    /// A peer is named only once [`ControlPort::poll_control`] has handed out every message
+    /// it sent: draining here may queue its last messages, and an owner told of the loss
+    /// first would take what they carry for never sent (a peer that left after sending all
+    /// of an operation would be blamed for the part still queued here).
     pub fn take_lost(&mut self) -> Option<PeerLost> {
         self.drain_inbound();
-        self.new_lost.pop_front()
+        let ready = &self.ready;
+        let i = self.new_lost.iter().position(|l| {
+            !ready
+                .iter()
+                .any(|r| matches!(r, ControlInput::Message { from, .. } if *from == l.0))
+        })?;
+        self.new_lost.remove(i)
     }
 
     /// The mark `peer` sent with its goodbye ([`TcpControl::close`]), if it left cleanly.
@@ -2952,6 +2963,37 @@ mod tests {
             assert_eq!(c.departed(Rank(0)), None);
             assert_eq!(c.departed_blaming(Rank(2)), None);
         }
+    }
+
+    /// A peer's last messages and its loss reach the owner's queue together when the loss
+    /// is looked for between two polls: the loss is told only after the messages are handed
+    /// out, so that what they carry is never taken for missing.
+    #[test]
+    fn a_loss_is_told_after_the_messages_sent_before_it() {
+        let mut m = mesh(2, 84);
+        let mut leaving = m.pop().expect("rank 1");
+        let mut staying = m.pop().expect("rank 0");
+        leaving.send_control(Rank(0), b"the last piece");
+        leaving.close(3, Duration::from_secs(2));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // Looked for before anything was polled: the drain queues the message and the loss.
+        while staying.lost_peers().is_empty() {
+            assert_eq!(staying.take_lost(), None, "told before the message");
+            assert!(Instant::now() < deadline, "loss not seen");
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(staying.take_lost(), None, "told before the message");
+        let mut buf = Vec::new();
+        assert_eq!(
+            staying.poll_control(&mut buf),
+            Some(ControlInput::Message {
+                from: Rank(1),
+                len: 14
+            })
+        );
+        assert_eq!(&buf[..14], b"the last piece");
+        assert_eq!(staying.take_lost(), Some(PeerLost(Rank(1))));
+        assert_eq!(staying.departed(Rank(1)), Some(3));
     }
 
     /// A goodbye that names the rank it leaves over: every peer learns the mark and the name.
