@@ -1507,6 +1507,10 @@ impl TcpControl {
             _ => false,
         };
         if !sent && (to.0 as usize) < self.peers.len() && to != self.rank {
+            // The I/O thread shut the connection after handing over all it read from it:
+            // that comes first (a read the peer answered before it left completes), then
+            // the loss, which the drain may have told already.
+            self.drain_inbound();
             self.mark_lost(to);
         }
         sent
@@ -2994,6 +2998,45 @@ mod tests {
         assert_eq!(&buf[..14], b"the last piece");
         assert_eq!(staying.take_lost(), Some(PeerLost(Rank(1))));
         assert_eq!(staying.departed(Rank(1)), Some(3));
+    }
+
+    /// A send that finds the connection shut down by the I/O thread marks the peer lost, but
+    /// only after what the I/O thread read from it: a read it answered before leaving
+    /// completes, it does not fail for the loss.
+    #[test]
+    fn a_read_answered_before_the_peer_left_completes_when_a_send_finds_it_gone() {
+        let mut m = mesh(2, 86);
+        let leaving = m.pop().expect("rank 1");
+        let mut staying = m.pop().expect("rank 0");
+        let src: Vec<u8> = (0..64u8).collect();
+        leaving
+            .registry()
+            .register(OpId(3), OpBuffer::from_vec(src.clone()));
+        let dst = OpBuffer::zeroed(64);
+        staying.registry().register(OpId(3), dst.clone());
+        staying.read(&req(1, 1, 3, 8, 16));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while leaving.stats().reads_served.load(Ordering::Relaxed) == 0 {
+            assert!(Instant::now() < deadline, "the read was not served");
+            thread::sleep(Duration::from_millis(1));
+        }
+        leaving.close(4, Duration::from_secs(2));
+        // Nothing polled: sends go out until one finds the connection shut down.
+        while staying.lost_peers().is_empty() {
+            staying.send_control(Rank(1), b"still there?");
+            assert!(Instant::now() < deadline, "loss not seen");
+            thread::sleep(Duration::from_millis(1));
+        }
+        let mut buf = Vec::new();
+        assert_eq!(
+            staying.poll_control(&mut buf),
+            Some(ControlInput::ReadDone {
+                id: ReadId(1),
+                result: Ok(())
+            })
+        );
+        assert_eq!(dst.to_vec()[8..24], src[8..24]);
+        assert_eq!(staying.take_lost(), Some(PeerLost(Rank(1))));
     }
 
     /// A goodbye that names the rank it leaves over: every peer learns the mark and the name.
