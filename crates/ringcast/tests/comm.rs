@@ -1161,6 +1161,13 @@ fn child_role() {
     let Ok(role) = std::env::var(CHILD_ENV) else {
         return;
     };
+    // Under `RUST_LOG`, a child prints the library's events to its stderr (the harness's).
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let code = match child(&role) {
         Ok(()) => 0,
         Err(msg) => {
