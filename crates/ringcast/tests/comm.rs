@@ -68,6 +68,9 @@ fn world_with<R: Send + 'static>(
                     .udp_port(port)
                     .lanes(2)
                     .peer_timeout(Duration::from_secs(10))
+                    // Ends once every rank is heard: the default 2 s only bounds a failure,
+                    // and a rank starved that long on a loaded machine failed the check.
+                    .startup_check(Duration::from_secs(6))
                     .link_bandwidth(100_000_000)
                     .cutoff_alpha(Duration::from_millis(20));
                 let comm = tweak(b)
@@ -969,6 +972,45 @@ fn a_rank_that_posts_late_is_waited_for() {
     }
 }
 
+/// Rank 2 never posts a small Allgather (over TCP): the others fail it naming rank 2, and
+/// rank 1 leaves over that failure. A large Broadcast posted next (over multicast) fails
+/// naming rank 2, as every post after a failure names its culprit: the engine and the TCP
+/// path share whom this rank blames, and rank 1's goodbye on the engine's mesh names it too
+/// (each side kept its own: the Broadcast named rank 1, which left). Found by an audit.
+#[test]
+fn a_multicast_post_after_a_tcp_failure_names_its_culprit() {
+    world_with(
+        91,
+        |b| {
+            b.tcp_threshold(64 << 10)
+                .peer_timeout(Duration::from_secs(1))
+                .post_timeout(Duration::from_secs(2))
+        },
+        |comm| {
+            let me = comm.rank();
+            if me == 2 {
+                thread::sleep(Duration::from_secs(10));
+                return Ok(());
+            }
+            let mut all = vec![0u8; 32];
+            match comm.allgather(&[me as u8; 8], &mut all) {
+                Err(e) if e.peer() == Some(2) => {}
+                other => return Err(format!("rank {me}: the Allgather: {other:?}")),
+            }
+            if me == 1 {
+                return Ok(());
+            }
+            // Rank 1 is gone by then.
+            thread::sleep(Duration::from_millis(1500));
+            let mut buf = vec![me as u8; 1 << 20];
+            match comm.broadcast(0, &mut buf) {
+                Err(e) if e.peer() == Some(2) => Ok(()),
+                other => Err(format!("rank {me}: the Broadcast: {other:?}")),
+            }
+        },
+    );
+}
+
 /// A rank that answers but never posts (its program is stuck before the call) fails an
 /// Allgather everywhere at the post timeout, naming it: over multicast and over TCP. (A TCP
 /// Broadcast completes at the ranks that do not need the missing one, as MPI's may.)
@@ -1337,6 +1379,7 @@ fn spawn_children(role: &str, peer_timeout_s: u32) -> (Children, mpsc::Receiver<
                 },
             )
             .env("RINGCAST_PEER_TIMEOUT", peer_timeout_s.to_string())
+            .env("RINGCAST_PROBE_WINDOW", "6")
             .env("RINGCAST_BOOTSTRAP_TIMEOUT", "30")
             .env_remove("RINGCAST_IFNAME")
             .stdout(Stdio::piped())

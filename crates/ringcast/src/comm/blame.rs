@@ -6,6 +6,7 @@
 //! nothing), fails its next operation naming the culprit, not the rank that left.
 
 use super::error::CommError;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// A lost rank, with the goodbye mark it sent (the first operation it did not finish) when it
 /// left cleanly, and the rank it left over (whose failure it was in), if it named one.
@@ -35,9 +36,16 @@ impl Lost {
     }
 }
 
-/// The first culprit and whether this rank is still failing over it.
+/// Whom this rank's failures blame: one record for the multicast engine and the TCP path,
+/// which number their operations in one sequence. Each side's goodbye and doomed posts name
+/// the first culprit whichever side failed over it (each kept its own, and a rank that failed
+/// a TCP operation over a rank left naming nobody on the engine's mesh, whose peers then
+/// named the rank that left). Clones share it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Blame(Arc<Mutex<Record>>);
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Blame {
+struct Record {
     /// The rank the first failure blamed: what every later post's failure names. Losses
     /// arrive over one connection each, so when a rank's failure makes another leave too,
     /// this rank may hear of the second first; the first verdict is the one to keep.
@@ -46,41 +54,63 @@ pub(crate) struct Blame {
     /// not read off the live operations: a failed one is released once its reads drain, most
     /// often before the application drops the communicator.
     failing: Option<u64>,
+    /// The latest operation that failed naming a rank, and that rank: a peer that asks about
+    /// a later operation this rank has not posted hears it (its program may have stopped
+    /// over that failure).
+    last: Option<(u64, u32)>,
 }
 
 impl Blame {
+    fn with<R>(&self, f: impl FnOnce(&mut Record) -> R) -> R {
+        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
     /// Operation `op` failed naming `peer` (a shape mismatch is not a failure of a rank:
     /// it is not reported here).
-    pub(crate) fn failed(&mut self, op: u64, peer: Option<u32>) {
-        self.culprit = self.culprit.or(peer);
-        self.failing = self.failing.max(Some(op));
+    pub(crate) fn failed(&self, op: u64, peer: Option<u32>) {
+        self.with(|r| {
+            r.culprit = r.culprit.or(peer);
+            r.failing = r.failing.max(Some(op));
+            if let Some(c) = peer
+                && r.last.is_none_or(|(f, _)| op >= f)
+            {
+                r.last = Some((op, c));
+            }
+        })
     }
 
     /// Operation `op` completed: one that started after the last failure means this rank
     /// goes on without it.
-    pub(crate) fn completed(&mut self, op: u64) {
-        if self.failing.is_some_and(|f| op > f) {
-            self.failing = None;
-        }
+    pub(crate) fn completed(&self, op: u64) {
+        self.with(|r| {
+            if r.failing.is_some_and(|f| op > f) {
+                r.failing = None;
+            }
+        })
     }
 
     /// A post that would have become operation `next_op` fails because `rank` was lost; what
     /// it names: the culprit, or `rank` when none is known yet (which it becomes).
-    pub(crate) fn doomed(&mut self, next_op: u64, rank: u32) -> u32 {
-        let peer = *self.culprit.get_or_insert(rank);
-        self.failing = self.failing.max(Some(next_op));
+    pub(crate) fn doomed(&self, next_op: u64, rank: u32) -> u32 {
+        let peer = self.with(|r| *r.culprit.get_or_insert(rank));
+        self.failed(next_op, Some(peer));
         peer
     }
 
     /// A lost rank's goodbye named `blamed`: the rank whose failure it left over, which this
     /// rank may not have heard of yet (it travels over another connection).
-    pub(crate) fn heard(&mut self, blamed: Option<u32>) {
-        self.culprit = self.culprit.or(blamed);
+    pub(crate) fn heard(&self, blamed: Option<u32>) {
+        self.with(|r| r.culprit = r.culprit.or(blamed))
     }
 
     /// What this rank's goodbye names: the culprit, while it is leaving over a failure.
     pub(crate) fn goodbye(&self) -> Option<u32> {
-        self.failing.and(self.culprit)
+        self.with(|r| r.failing.and(r.culprit))
+    }
+
+    /// The latest operation that failed naming a rank, and that rank.
+    pub(crate) fn last_failed(&self) -> Option<(u64, u32)> {
+        self.with(|r| r.last)
     }
 }
 
@@ -114,7 +144,7 @@ mod tests {
 
     #[test]
     fn a_clean_departure_names_nobody() {
-        let mut b = Blame::default();
+        let b = Blame::default();
         b.completed(0);
         b.heard(None);
         assert_eq!(b.goodbye(), None);
@@ -124,7 +154,7 @@ mod tests {
 
     #[test]
     fn a_failure_is_named_in_the_goodbye_until_a_later_operation_completes() {
-        let mut b = Blame::default();
+        let b = Blame::default();
         b.completed(3);
         b.failed(5, Some(2));
         // Operations started before it may still complete: the rank is still failing.
@@ -143,18 +173,35 @@ mod tests {
 
     #[test]
     fn a_post_a_lost_rank_dooms_names_the_culprit_it_heard_of() {
-        let mut b = Blame::default();
+        let b = Blame::default();
         b.heard(Some(2));
         assert_eq!(b.goodbye(), None, "hearing of a failure is not failing");
         assert_eq!(b.doomed(4, 3), 2);
         assert_eq!(b.goodbye(), Some(2));
 
-        let mut b = Blame::default();
+        let b = Blame::default();
         assert_eq!(b.doomed(0, 3), 3);
         assert_eq!(b.goodbye(), Some(3));
         // A failure without a rank to name leaves nobody to blame.
-        let mut b = Blame::default();
+        let b = Blame::default();
         b.failed(1, None);
         assert_eq!(b.goodbye(), None);
+    }
+
+    #[test]
+    fn clones_share_one_record_and_the_last_failure_is_kept() {
+        let engine = Blame::default();
+        let tcp = engine.clone();
+        tcp.failed(3, Some(2));
+        // The engine's goodbye names the TCP path's culprit.
+        assert_eq!(engine.goodbye(), Some(2));
+        assert_eq!(engine.last_failed(), Some((3, 2)));
+        engine.failed(5, Some(1));
+        assert_eq!(tcp.last_failed(), Some((5, 1)));
+        // An earlier operation failing late does not hide the latest.
+        tcp.failed(4, Some(3));
+        assert_eq!(tcp.last_failed(), Some((5, 1)));
+        assert_eq!(tcp.doomed(6, 0), 2, "the first culprit");
+        assert_eq!(engine.last_failed(), Some((6, 2)));
     }
 }

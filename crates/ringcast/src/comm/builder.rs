@@ -14,6 +14,7 @@ use ringcast_transport_rocev2_udp::{
 };
 
 use super::Communicator;
+use super::blame::Blame;
 use super::engine::{Engine, PostTx};
 use super::error::BuildError;
 use super::fallback::{self, FallbackConfig, FallbackReason, TransportMode};
@@ -710,12 +711,13 @@ impl CommBuilder {
         };
         let (posts, prx) = mpsc::sync_channel(POST_QUEUE);
         let numbered = Arc::new(AtomicU64::new(0));
-        let engine = Engine::new(node, ports, prx, numbered.clone());
+        let blame = Blame::default();
+        let engine = Engine::new(node, ports, prx, numbered.clone(), blame.clone());
         let thread = thread::Builder::new()
             .name(format!("ringcast-r{rank}"))
             .spawn(move || engine.run())
             .map_err(BuildError::Spawn)?;
-        let posts = PostTx::new(posts, thread.thread().clone(), numbered);
+        let posts = PostTx::new(posts, thread.thread().clone(), numbered, blame);
         let fallback = match fb_mesh {
             Some(mesh) => Some(
                 fallback::start(fcfg, mesh, Some(posts.clone()), TransportMode::Multicast)

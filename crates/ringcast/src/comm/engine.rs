@@ -158,6 +158,8 @@ pub(crate) struct PostTx {
     engine: thread::Thread,
     /// How many operations the router has numbered (see [`Self::numbered`]).
     numbered: Arc<AtomicU64>,
+    /// The engine's record of whom this rank's failures blame, which the TCP path shares.
+    blame: Blame,
 }
 
 impl PostTx {
@@ -165,12 +167,19 @@ impl PostTx {
         tx: SyncSender<Command>,
         engine: thread::Thread,
         numbered: Arc<AtomicU64>,
+        blame: Blame,
     ) -> Self {
         PostTx {
             tx,
             engine,
             numbered,
+            blame,
         }
+    }
+
+    /// Whom this rank's failures blame: one record with the engine's.
+    pub(crate) fn blame(&self) -> &Blame {
+        &self.blame
     }
 
     /// The router numbered every operation below `next`, and sent the engine those of them
@@ -263,6 +272,7 @@ impl Engine {
         ports: EnginePorts,
         posts: Receiver<Command>,
         numbered: Arc<AtomicU64>,
+        blame: Blame,
     ) -> Self {
         let config = node.config().clone();
         let session = Session::new(config.clone()).expect("the node's configuration is valid");
@@ -303,7 +313,7 @@ impl Engine {
             queued: VecDeque::new(),
             live: Vec::new(),
             lost: Vec::new(),
-            blame: Blame::default(),
+            blame,
             next_op: 0,
             numbered,
             quarantine: TagQuarantine::new(config.peer_timeout),

@@ -756,6 +756,10 @@ pub(crate) fn start(
         TransportMode::Tcp { from_op, .. } => Some(from_op),
         TransportMode::Multicast => None,
     };
+    let blame = engine
+        .as_ref()
+        .map(|e| e.blame().clone())
+        .unwrap_or_default();
     let shared = Arc::new(Shared {
         route: Mutex::new(Route {
             next: 0,
@@ -798,9 +802,8 @@ pub(crate) fn start(
         reports: Reports::new(Rank(cfg.rank), cfg.size),
         elsewhere: VecDeque::new(),
         next_tcp: switch_at.unwrap_or(0),
-        last_failed: None,
         lost: Vec::new(),
-        blame: Blame::default(),
+        blame,
         loss_asked: false,
         agreement: None,
         frozen_at: None,
@@ -1282,14 +1285,12 @@ struct Dispatcher {
     elsewhere: VecDeque<(u64, bool)>,
     /// One past the last TCP operation started here (for the goodbye's mark).
     next_tcp: u64,
-    /// The latest TCP operation that failed here over a rank, and the rank (see
-    /// [`Self::note_failed`]).
-    last_failed: Option<(u64, u32)>,
     /// The peers lost, in the order their connections closed, each with the first TCP
     /// operation it did not finish when it left cleanly (`None`: it crashed) and the rank it
     /// left over, if its goodbye named one.
     lost: Vec<Lost>,
-    /// Whom this rank's failures blame, and its goodbye.
+    /// Whom this rank's failures blame, and its goodbye: one record with the engine's,
+    /// when there is one (they number operations in one sequence).
     blame: Blame,
     loss_asked: bool,
     agreement: Option<Agreement>,
@@ -1765,7 +1766,7 @@ impl Dispatcher {
                     let (standing, arg) = if k >= next {
                         // The last post failed over a rank, and nothing was posted since: its
                         // program may have stopped over that failure.
-                        match self.last_failed {
+                        match self.blame.last_failed() {
                             Some((f, c)) if f + 1 == next => (HERE_LATE_AFTER, c),
                             _ => (HERE_LATE, 0),
                         }
@@ -2987,11 +2988,6 @@ impl Dispatcher {
             return;
         }
         self.blame.failed(k, e.peer());
-        if let Some(c) = e.peer()
-            && self.last_failed.is_none_or(|(f, _)| k >= f)
-        {
-            self.last_failed = Some((k, c));
-        }
     }
 
     /// Ends operation `i` here with `e`.
