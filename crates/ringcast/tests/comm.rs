@@ -979,6 +979,8 @@ fn a_rank_that_posts_late_is_waited_for() {
 /// (each side kept its own: the Broadcast named rank 1, which left). Found by an audit.
 #[test]
 fn a_multicast_post_after_a_tcp_failure_names_its_culprit() {
+    // Rank 2 stays until ranks 0 and 3 are done (its departure would doom the Broadcast).
+    let done = Arc::new(Barrier::new(3));
     world_with(
         91,
         |b| {
@@ -986,10 +988,10 @@ fn a_multicast_post_after_a_tcp_failure_names_its_culprit() {
                 .peer_timeout(Duration::from_secs(1))
                 .post_timeout(Duration::from_secs(2))
         },
-        |comm| {
+        move |comm| {
             let me = comm.rank();
             if me == 2 {
-                thread::sleep(Duration::from_secs(10));
+                done.wait();
                 return Ok(());
             }
             let mut all = vec![0u8; 32];
@@ -1003,9 +1005,53 @@ fn a_multicast_post_after_a_tcp_failure_names_its_culprit() {
             // Rank 1 is gone by then.
             thread::sleep(Duration::from_millis(1500));
             let mut buf = vec![me as u8; 1 << 20];
-            match comm.broadcast(0, &mut buf) {
+            let got = comm.broadcast(0, &mut buf);
+            done.wait();
+            match got {
                 Err(e) if e.peer() == Some(2) => Ok(()),
                 other => Err(format!("rank {me}: the Broadcast: {other:?}")),
+            }
+        },
+    );
+}
+
+/// Rank 2 never posts a large Broadcast (over multicast): every rank fails it naming rank 2,
+/// and rank 1's program stops there (it posts nothing more, its communicator alive). The
+/// small Allgather the others post next (over TCP) waits on rank 1, asks it where it stands,
+/// hears that its last operation failed over rank 2, and fails naming rank 2 at once, not
+/// rank 1 at the post timeout (the TCP path knew only of its own failures).
+#[test]
+fn a_tcp_wait_on_a_rank_stopped_by_a_multicast_failure_names_that_failure() {
+    // Ranks 1 and 2 stay until ranks 0 and 3 are done.
+    let done = Arc::new(Barrier::new(RANKS as usize));
+    world_with(
+        92,
+        |b| {
+            b.tcp_threshold(64 << 10)
+                .peer_timeout(Duration::from_secs(1))
+                .post_timeout(Duration::from_secs(4))
+        },
+        move |comm| {
+            let me = comm.rank();
+            if me == 2 {
+                done.wait();
+                return Ok(());
+            }
+            let mut buf = vec![me as u8; 1 << 20];
+            match comm.broadcast(0, &mut buf) {
+                Err(e) if e.peer() == Some(2) => {}
+                other => return Err(format!("rank {me}: the Broadcast: {other:?}")),
+            }
+            if me == 1 {
+                done.wait();
+                return Ok(());
+            }
+            let mut all = vec![0u8; 32];
+            let got = comm.allgather(&[me as u8; 8], &mut all);
+            done.wait();
+            match got {
+                Err(e) if e.peer() == Some(2) => Ok(()),
+                other => Err(format!("rank {me}: the Allgather: {other:?}")),
             }
         },
     );
