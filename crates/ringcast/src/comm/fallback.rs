@@ -2864,10 +2864,10 @@ impl Dispatcher {
     /// * it has not posted the operation yet (late: an application that loads a checkpoint
     ///   on one rank before a Broadcast): waited for, and asked again every peer timeout, up
     ///   to the post timeout from this rank's start of the operation
-    ///   ([`Probing::NotPosted`]); unless its last post was a TCP operation that failed
-    ///   naming a rank, and it posted nothing since (its program may have stopped over it:
-    ///   [`Probing::StoppedOver`] names that rank). A last post over multicast is not known
-    ///   to the peer's dispatcher: it is waited for.)
+    ///   ([`Probing::NotPosted`]); unless its last post failed naming a rank, over TCP or
+    ///   multicast (the engine and the dispatcher share whom they blame), and it posted
+    ///   nothing since (its program may have stopped over it: [`Probing::StoppedOver`] names
+    ///   that rank).
     /// * it posted the operation and is stuck on another rank, which it will name, in this
     ///   operation or an earlier one: waited for, asked again after the longest wait and
     ///   half a peer timeout more, and blamed only once the post timeout and that wait have
