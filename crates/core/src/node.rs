@@ -112,6 +112,11 @@ impl Node {
         self.session.abandon_op(culprit)
     }
 
+    /// See [`Session::failed_elsewhere`].
+    pub fn failed_elsewhere(&mut self, seq: OpId, culprit: Rank) {
+        self.session.failed_elsewhere(seq, culprit)
+    }
+
     /// See [`Session::start_allgather`].
     pub fn start_allgather(&mut self, now: Instant, sizes: &[u64]) -> Result<OpId, StartError> {
         let r = self.session.start_allgather(now, sizes);

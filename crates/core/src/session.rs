@@ -225,6 +225,21 @@ impl Session {
         id
     }
 
+    /// Operation `seq`, which ran over another path ([`Self::skip_op`]), failed there naming
+    /// `culprit`: if nothing was posted since, a rank that asks where this one stands on a
+    /// later operation hears that its program may have stopped over that failure
+    /// ([`Standing::NotPostedAfter`]), as after a failure here. Ignored for an operation
+    /// that did not run elsewhere, one posted since, or a culprit that is this rank.
+    pub fn failed_elsewhere(&mut self, seq: OpId, culprit: Rank) {
+        let skipped = self
+            .recent
+            .iter()
+            .any(|r| r.seq == seq.0 && r.shape.is_none());
+        if skipped && seq.0 + 1 == self.next_seq && culprit != self.config.rank {
+            self.stopped_over = Some(culprit);
+        }
+    }
+
     /// Takes the next operation id for an operation this rank fails without starting it (a
     /// peer it needs is gone; the failure names `culprit`). Nothing runs and nothing is
     /// sent: a rank waiting in its barrier asks where this one stands, and hears that it

@@ -262,6 +262,43 @@ fn an_abandoned_operation_is_answered_as_failed_and_a_skipped_one_as_apart() {
     }
 }
 
+#[test]
+fn a_failure_over_another_path_is_told_until_the_next_post() {
+    // Operation 1 ran over another path (ringcast's TCP one) and failed there naming rank 2:
+    // asked about operation 2, not posted, the rank says its program may have stopped over
+    // rank 2, as after a failure of its own. Not for an operation that ran here, a culprit
+    // that is this rank, or once it posted again.
+    let mut n = Node::new(Config::new(1, 3)).unwrap();
+    let ask = |n: &mut Node, op: u64| {
+        n.handle_control(
+            Instant::from_nanos(1),
+            Rank(0),
+            &bytes(ControlRepr::Where { op }),
+        );
+        sent(n)
+    };
+    assert_eq!(n.abandon_op(Rank(0)).0, 0);
+    n.failed_elsewhere(ringcast_core::OpId(0), Rank(2));
+    assert_eq!(
+        ask(&mut n, 1),
+        [(Rank(0), here(1, Standing::NotPostedAfter(0)))]
+    );
+    assert_eq!(n.skip_op().0, 1);
+    assert_eq!(ask(&mut n, 2), [(Rank(0), here(2, Standing::NotPosted))]);
+    n.failed_elsewhere(ringcast_core::OpId(1), Rank(1));
+    assert_eq!(ask(&mut n, 2), [(Rank(0), here(2, Standing::NotPosted))]);
+    n.failed_elsewhere(ringcast_core::OpId(1), Rank(2));
+    assert_eq!(
+        ask(&mut n, 2),
+        [(Rank(0), here(2, Standing::NotPostedAfter(2)))]
+    );
+    // Operation 1 itself still ran elsewhere.
+    assert_eq!(ask(&mut n, 1), [(Rank(0), here(1, Standing::EndedApart))]);
+    assert_eq!(n.skip_op().0, 2);
+    n.failed_elsewhere(ringcast_core::OpId(1), Rank(2));
+    assert_eq!(ask(&mut n, 3), [(Rank(0), here(3, Standing::NotPosted))]);
+}
+
 /// A leaf posts 10 peer timeouts late, past a post timeout of 4: the others fail the
 /// operation naming it, and tell it (it is alive); its own operation fails at once when it
 /// posts it, naming itself as the rank the hub gave up on. (Untold, it asked the hub, heard

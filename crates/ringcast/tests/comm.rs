@@ -1057,6 +1057,47 @@ fn a_tcp_wait_on_a_rank_stopped_by_a_multicast_failure_names_that_failure() {
     );
 }
 
+/// The mirror: rank 2 never posts a small Allgather (over TCP), every rank fails it naming
+/// rank 2, and rank 1's program stops there. The large Broadcast the others post next (over
+/// multicast) asks rank 1 where it stands, hears that its last operation failed over rank
+/// 2, and fails naming rank 2 at once, not rank 1 at the post timeout (the engine knew only
+/// of its own failures).
+#[test]
+fn a_multicast_wait_on_a_rank_stopped_by_a_tcp_failure_names_that_failure() {
+    let done = Arc::new(Barrier::new(RANKS as usize));
+    world_with(
+        93,
+        |b| {
+            b.tcp_threshold(64 << 10)
+                .peer_timeout(Duration::from_secs(1))
+                .post_timeout(Duration::from_secs(4))
+        },
+        move |comm| {
+            let me = comm.rank();
+            if me == 2 {
+                done.wait();
+                return Ok(());
+            }
+            let mut all = vec![0u8; 32];
+            match comm.allgather(&[me as u8; 8], &mut all) {
+                Err(e) if e.peer() == Some(2) => {}
+                other => return Err(format!("rank {me}: the Allgather: {other:?}")),
+            }
+            if me == 1 {
+                done.wait();
+                return Ok(());
+            }
+            let mut buf = vec![me as u8; 1 << 20];
+            let got = comm.broadcast(0, &mut buf);
+            done.wait();
+            match got {
+                Err(e) if e.peer() == Some(2) => Ok(()),
+                other => Err(format!("rank {me}: the Broadcast: {other:?}")),
+            }
+        },
+    );
+}
+
 /// A rank that answers but never posts (its program is stuck before the call) fails an
 /// Allgather everywhere at the post timeout, naming it: over multicast and over TCP. (A TCP
 /// Broadcast completes at the ranks that do not need the missing one, as MPI's may.)

@@ -249,8 +249,10 @@ pub(crate) struct Engine {
     queued: VecDeque<Post>,
     live: Vec<Live>,
     lost: Vec<Lost>,
-    /// Whom this rank's failures blame, and its goodbye.
+    /// Whom this rank's failures blame, and its goodbye: one record with the TCP path's.
     blame: Blame,
+    /// The last TCP failure handed to the session ([`Self::heard_tcp_failure`]).
+    heard_failed: Option<u64>,
     /// The id the session gives the next operation it starts.
     next_op: u64,
     /// How many operations the router has numbered ([`PostTx::numbered`]).
@@ -314,6 +316,7 @@ impl Engine {
             live: Vec::new(),
             lost: Vec::new(),
             blame,
+            heard_failed: None,
             next_op: 0,
             numbered,
             quarantine: TagQuarantine::new(config.peer_timeout),
@@ -359,6 +362,7 @@ impl Engine {
             }
             self.start_queued();
             self.skip_numbered(numbered);
+            self.heard_tcp_failure();
             if !self.turn() {
                 thread::park_timeout(self.sleep());
             }
@@ -428,6 +432,20 @@ impl Engine {
     fn skip_numbered(&mut self, numbered: u64) {
         if self.queued.is_empty() {
             self.skip_to(numbered);
+        }
+    }
+
+    /// The TCP path's latest failure, once the session took its id as run elsewhere: a peer
+    /// that asks where this rank stands on a later operation hears that its program may
+    /// have stopped over it ([`Session::failed_elsewhere`](ringcast_core::Session::failed_elsewhere);
+    /// the session ignores one of its own operations, or one posted since).
+    fn heard_tcp_failure(&mut self) {
+        if let Some((f, c)) = self.blame.last_failed()
+            && f < self.next_op
+            && self.heard_failed != Some(f)
+        {
+            self.heard_failed = Some(f);
+            self.session.failed_elsewhere(OpId(f), Rank(c));
         }
     }
 
