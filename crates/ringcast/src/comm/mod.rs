@@ -82,9 +82,9 @@
 //!   default), then named ([`CommError::NotPosted`]); when it posts the operation later, it
 //!   fails there at once ([`CommError::PeerFailed`] naming itself). One whose last operation
 //!   failed (other than as a [`CommError::ShapeMismatch`]) and that has posted nothing since
-//!   may have stopped over that failure: the rank that failure named is named at once (over
-//!   TCP, when that operation ran over TCP too; otherwise it is waited for). A
-//!   program stuck before its call, its engine alive, is named only at the post timeout.
+//!   may have stopped over that failure: the rank that failure named is named at once,
+//!   whichever path (multicast or TCP) each operation ran on. A program stuck before its
+//!   call, its engine alive, is named only at the post timeout.
 //! * A peer whose control connection closes (the process died) fails every operation in
 //!   flight at once with [`CommError::PeerLost`] naming it; so does every later post: a
 //!   communicator that lost a rank cannot run collectives any more. When one failure makes
