@@ -1098,6 +1098,60 @@ fn a_multicast_wait_on_a_rank_stopped_by_a_tcp_failure_names_that_failure() {
     );
 }
 
+/// Rank 2 posts a small Broadcast past the post timeout (rank 3 fails it naming rank 2),
+/// then every rank completes a large one and goes on; rank 1 leaves. A Broadcast posted
+/// after that fails naming rank 1, which left: not rank 2, alive and well, which a rank
+/// that went on no longer blames (it did, over TCP and, before the engine and the TCP path
+/// shared their record, over multicast alone too). Found by a review.
+#[test]
+fn a_loss_after_a_rank_went_on_from_a_failure_names_the_rank_lost() {
+    for (salt, threshold) in [(157, 64 << 10), (158, 0)] {
+        let sync = Arc::new(Barrier::new(RANKS as usize));
+        let rest = Arc::new(Barrier::new(RANKS as usize - 1));
+        world_with(
+            salt,
+            move |b| {
+                b.tcp_threshold(threshold)
+                    .peer_timeout(Duration::from_millis(500))
+                    .post_timeout(Duration::from_secs(2))
+            },
+            move |comm| {
+                let me = comm.rank();
+                if me == 2 {
+                    thread::sleep(Duration::from_secs(3));
+                }
+                let mut small = vec![me as u8; 4096];
+                let first = comm.broadcast(0, &mut small);
+                sync.wait();
+                // Over TCP the ranks that do not need rank 2 complete it.
+                let first_ok = match (me, &first) {
+                    (_, Err(e)) => e.peer() == Some(2),
+                    (0 | 1, Ok(_)) => threshold > 0,
+                    _ => false,
+                };
+                if !first_ok {
+                    return Err(format!("rank {me}: the first Broadcast: {first:?}"));
+                }
+                let mut big = vec![me as u8; 1 << 20];
+                comm.broadcast(1, &mut big).map_err(e)?;
+                sync.wait();
+                if me == 1 {
+                    return Ok(());
+                }
+                // Rank 1's goodbye is heard by then.
+                thread::sleep(Duration::from_secs(1));
+                let mut big = vec![me as u8; 1 << 20];
+                let got = comm.broadcast(0, &mut big);
+                rest.wait();
+                match got {
+                    Err(CommError::PeerLost { peer: 1 }) => Ok(()),
+                    other => Err(format!("rank {me}: after rank 1 left: {other:?}")),
+                }
+            },
+        );
+    }
+}
+
 /// A rank that answers but never posts (its program is stuck before the call) fails an
 /// Allgather everywhere at the post timeout, naming it: over multicast and over TCP. (A TCP
 /// Broadcast completes at the ranks that do not need the missing one, as MPI's may.)

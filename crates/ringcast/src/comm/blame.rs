@@ -41,14 +41,19 @@ impl Lost {
 /// the first culprit whichever side failed over it (each kept its own, and a rank that failed
 /// a TCP operation over a rank left naming nobody on the engine's mesh, whose peers then
 /// named the rank that left). Clones share it.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct Blame(Arc<Mutex<Record>>);
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Record {
-    /// The rank the first failure blamed: what every later post's failure names. Losses
-    /// arrive over one connection each, so when a rank's failure makes another leave too,
-    /// this rank may hear of the second first; the first verdict is the one to keep.
+    /// This rank: never its own culprit (a rank that posted past the post timeout fails
+    /// naming itself, which tells its peers nothing about whom to blame).
+    me: u32,
+    /// The rank the first failure blamed: what every later post's failure names, until an
+    /// operation after it completes (this rank went on: a later loss is a failure of its
+    /// own). Losses arrive over one connection each, so when a rank's failure makes
+    /// another leave too, this rank may hear of the second first; the first verdict is the
+    /// one to keep.
     culprit: Option<u32>,
     /// The latest operation that failed over a rank, until a later one completes. Kept here,
     /// not read off the live operations: a failed one is released once its reads drain, most
@@ -61,6 +66,16 @@ struct Record {
 }
 
 impl Blame {
+    /// The record of rank `me`.
+    pub(crate) fn new(me: u32) -> Self {
+        Blame(Arc::new(Mutex::new(Record {
+            me,
+            culprit: None,
+            failing: None,
+            last: None,
+        })))
+    }
+
     fn with<R>(&self, f: impl FnOnce(&mut Record) -> R) -> R {
         f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
@@ -69,6 +84,7 @@ impl Blame {
     /// it is not reported here).
     pub(crate) fn failed(&self, op: u64, peer: Option<u32>) {
         self.with(|r| {
+            let peer = peer.filter(|&p| p != r.me);
             r.culprit = r.culprit.or(peer);
             r.failing = r.failing.max(Some(op));
             if let Some(c) = peer
@@ -80,11 +96,12 @@ impl Blame {
     }
 
     /// Operation `op` completed: one that started after the last failure means this rank
-    /// goes on without it.
+    /// goes on without it, and blames nobody for what comes next.
     pub(crate) fn completed(&self, op: u64) {
         self.with(|r| {
             if r.failing.is_some_and(|f| op > f) {
                 r.failing = None;
+                r.culprit = None;
             }
         })
     }
@@ -144,7 +161,7 @@ mod tests {
 
     #[test]
     fn a_clean_departure_names_nobody() {
-        let b = Blame::default();
+        let b = Blame::new(0);
         b.completed(0);
         b.heard(None);
         assert_eq!(b.goodbye(), None);
@@ -154,7 +171,7 @@ mod tests {
 
     #[test]
     fn a_failure_is_named_in_the_goodbye_until_a_later_operation_completes() {
-        let b = Blame::default();
+        let b = Blame::new(0);
         b.completed(3);
         b.failed(5, Some(2));
         // Operations started before it may still complete: the rank is still failing.
@@ -167,30 +184,42 @@ mod tests {
         assert_eq!(b.goodbye(), Some(2));
         b.completed(7);
         assert_eq!(b.goodbye(), None);
-        // The culprit stays what later posts name.
-        assert_eq!(b.doomed(8, 3), 2);
+        // Gone on: a later loss is named for itself (it named rank 2, alive and well, which
+        // had only been late once), and is the one a goodbye names from then on.
+        assert_eq!(b.doomed(8, 3), 3);
+        assert_eq!(b.goodbye(), Some(3));
+    }
+
+    #[test]
+    fn a_rank_is_never_its_own_culprit() {
+        // Rank 2 posted past the post timeout: its operation fails naming itself.
+        let b = Blame::new(2);
+        b.failed(0, Some(2));
+        assert_eq!(b.goodbye(), None);
+        assert_eq!(b.last_failed(), None);
+        assert_eq!(b.doomed(1, 1), 1);
     }
 
     #[test]
     fn a_post_a_lost_rank_dooms_names_the_culprit_it_heard_of() {
-        let b = Blame::default();
+        let b = Blame::new(0);
         b.heard(Some(2));
         assert_eq!(b.goodbye(), None, "hearing of a failure is not failing");
         assert_eq!(b.doomed(4, 3), 2);
         assert_eq!(b.goodbye(), Some(2));
 
-        let b = Blame::default();
+        let b = Blame::new(0);
         assert_eq!(b.doomed(0, 3), 3);
         assert_eq!(b.goodbye(), Some(3));
         // A failure without a rank to name leaves nobody to blame.
-        let b = Blame::default();
+        let b = Blame::new(0);
         b.failed(1, None);
         assert_eq!(b.goodbye(), None);
     }
 
     #[test]
     fn clones_share_one_record_and_the_last_failure_is_kept() {
-        let engine = Blame::default();
+        let engine = Blame::new(0);
         let tcp = engine.clone();
         tcp.failed(3, Some(2));
         // The engine's goodbye names the TCP path's culprit.
@@ -201,7 +230,7 @@ mod tests {
         // An earlier operation failing late does not hide the latest.
         tcp.failed(4, Some(3));
         assert_eq!(tcp.last_failed(), Some((5, 1)));
-        assert_eq!(tcp.doomed(6, 0), 2, "the first culprit");
+        assert_eq!(tcp.doomed(6, 3), 2, "the first culprit");
         assert_eq!(engine.last_failed(), Some((6, 2)));
     }
 }

@@ -711,7 +711,7 @@ impl CommBuilder {
         };
         let (posts, prx) = mpsc::sync_channel(POST_QUEUE);
         let numbered = Arc::new(AtomicU64::new(0));
-        let blame = Blame::default();
+        let blame = Blame::new(rank);
         let engine = Engine::new(node, ports, prx, numbered.clone(), blame.clone());
         let thread = thread::Builder::new()
             .name(format!("ringcast-r{rank}"))

@@ -438,11 +438,13 @@ impl Engine {
     /// The TCP path's latest failure, once the session took its id as run elsewhere: a peer
     /// that asks where this rank stands on a later operation hears that its program may
     /// have stopped over it ([`Session::failed_elsewhere`](ringcast_core::Session::failed_elsewhere);
-    /// the session ignores one of its own operations, or one posted since).
+    /// the session ignores one of its own operations, or one started since). Not while a
+    /// post waits here to start: the program went on.
     fn heard_tcp_failure(&mut self) {
         if let Some((f, c)) = self.blame.last_failed()
             && f < self.next_op
             && self.heard_failed != Some(f)
+            && self.queued.is_empty()
         {
             self.heard_failed = Some(f);
             self.session.failed_elsewhere(OpId(f), Rank(c));

@@ -758,8 +758,7 @@ pub(crate) fn start(
     };
     let blame = engine
         .as_ref()
-        .map(|e| e.blame().clone())
-        .unwrap_or_default();
+        .map_or_else(|| Blame::new(cfg.rank), |e| e.blame().clone());
     let shared = Arc::new(Shared {
         route: Mutex::new(Route {
             next: 0,
@@ -1570,7 +1569,8 @@ impl Dispatcher {
 
     /// Fails every post held for the switch with `e`.
     fn fail_held(&mut self, e: &CommError) {
-        for (_, p) in std::mem::take(&mut self.held) {
+        for (k, p) in std::mem::take(&mut self.held) {
+            self.note_failed(k, e);
             self.fail(p.reply, e.clone());
         }
     }
@@ -2750,7 +2750,6 @@ impl Dispatcher {
             self.agreement = None;
             self.frozen_at = None;
             let e = self.dooms(u64::MAX).unwrap_or_else(|| self.lost[0].error());
-            self.blame.failed(self.next_tcp, e.peer());
             self.fail_held(&e);
         }
     }
