@@ -112,6 +112,11 @@ impl Node {
         self.session.abandon_op(culprit)
     }
 
+    /// See [`Session::set_queued`].
+    pub fn set_queued(&mut self, queued: bool) {
+        self.session.set_queued(queued)
+    }
+
     /// See [`Session::failed_elsewhere`].
     pub fn failed_elsewhere(&mut self, seq: OpId, culprit: Rank) {
         self.session.failed_elsewhere(seq, culprit)

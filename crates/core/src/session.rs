@@ -100,6 +100,9 @@ pub struct Session {
     /// an operation does not count: the program goes on). Told to ranks that ask where this
     /// one stands on a later operation ([`Standing::NotPostedAfter`]).
     stopped_over: Option<Rank>,
+    /// The application posted operations this session has not started yet (they wait for
+    /// room, see [`Self::set_queued`]): its program did not stop, whatever failed last.
+    queued: bool,
     /// The last [`FAILED_KEEP`] operations that failed here, each with the rank its failure
     /// named: told to a rank that asks about one while still in its barrier
     /// ([`Standing::EndedAfter`]).
@@ -143,6 +146,7 @@ impl Session {
             reports: Reports::new(config.rank, config.ranks),
             ended: VecDeque::new(),
             stopped_over: None,
+            queued: false,
             failures: VecDeque::new(),
             config,
         })
@@ -238,6 +242,15 @@ impl Session {
         if skipped && seq.0 + 1 == self.next_seq && culprit != self.config.rank {
             self.stopped_over = Some(culprit);
         }
+    }
+
+    /// Whether the application posted operations that wait to start here (the caller holds
+    /// them while [`Self::can_start`] says no). While it has, a rank that asks where this
+    /// one stands on the next operation hears that it has not posted it
+    /// ([`Standing::NotPosted`]: waited for), never that its program may have stopped over
+    /// its last failure.
+    pub fn set_queued(&mut self, queued: bool) {
+        self.queued = queued;
     }
 
     /// Takes the next operation id for an operation this rank fails without starting it (a
@@ -497,8 +510,8 @@ impl Session {
             }
         } else {
             match self.stopped_over {
-                Some(c) => Standing::NotPostedAfter(c.0),
-                None => Standing::NotPosted,
+                Some(c) if !self.queued => Standing::NotPostedAfter(c.0),
+                _ => Standing::NotPosted,
             }
         }
     }

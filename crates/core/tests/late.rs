@@ -299,6 +299,34 @@ fn a_failure_over_another_path_is_told_until_the_next_post() {
     assert_eq!(ask(&mut n, 3), [(Rank(0), here(3, Standing::NotPosted))]);
 }
 
+#[test]
+fn a_rank_with_a_post_waiting_to_start_did_not_stop_over_its_failure() {
+    // The last operation failed naming rank 0; the next one is posted but waits for room
+    // (held by the caller while `can_start` says no): asked about it, the rank says it has
+    // not posted it (waited for), not that its program may have stopped over rank 0.
+    let mut n = Node::new(Config::new(1, 3)).unwrap();
+    let ask = |n: &mut Node| {
+        n.handle_control(
+            Instant::from_nanos(1),
+            Rank(2),
+            &bytes(ControlRepr::Where { op: 1 }),
+        );
+        sent(n)
+    };
+    assert_eq!(n.abandon_op(Rank(0)).0, 0);
+    assert_eq!(
+        ask(&mut n),
+        [(Rank(2), here(1, Standing::NotPostedAfter(0)))]
+    );
+    n.set_queued(true);
+    assert_eq!(ask(&mut n), [(Rank(2), here(1, Standing::NotPosted))]);
+    n.set_queued(false);
+    assert_eq!(
+        ask(&mut n),
+        [(Rank(2), here(1, Standing::NotPostedAfter(0)))]
+    );
+}
+
 /// A leaf posts 10 peer timeouts late, past a post timeout of 4: the others fail the
 /// operation naming it, and tell it (it is alive); its own operation fails at once when it
 /// posts it, naming itself as the rank the hub gave up on. (Untold, it asked the hub, heard

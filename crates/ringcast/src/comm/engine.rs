@@ -363,6 +363,8 @@ impl Engine {
             self.start_queued();
             self.skip_numbered(numbered);
             self.heard_tcp_failure();
+            // Posts waiting for room: a peer that asks hears that this rank's program went on.
+            self.session.set_queued(!self.queued.is_empty());
             if !self.turn() {
                 thread::park_timeout(self.sleep());
             }
