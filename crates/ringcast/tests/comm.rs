@@ -1015,17 +1015,33 @@ fn a_multicast_post_after_a_tcp_failure_names_its_culprit() {
     );
 }
 
-/// Rank 2 never posts a large Broadcast (over multicast): every rank fails it naming rank 2,
-/// and rank 1's program stops there (it posts nothing more, its communicator alive). The
-/// small Allgather the others post next (over TCP) waits on rank 1, asks it where it stands,
-/// hears that its last operation failed over rank 2, and fails naming rank 2 at once, not
-/// rank 1 at the post timeout (the TCP path knew only of its own failures).
-#[test]
-fn a_tcp_wait_on_a_rank_stopped_by_a_multicast_failure_names_that_failure() {
+/// Over TCP (the default threshold): a 32-byte Allgather, this rank's 8 bytes.
+fn small_allgather(comm: &Communicator) -> Result<(), CommError> {
+    let me = comm.rank() as u8;
+    comm.allgather(&[me; 8], &mut [0u8; 32]).map(drop)
+}
+
+/// Over multicast: a 1 MiB Broadcast from rank 0.
+fn large_broadcast(comm: &Communicator) -> Result<(), CommError> {
+    comm.broadcast(0, &mut vec![comm.rank() as u8; 1 << 20])
+        .map(drop)
+}
+
+/// Rank 2 never posts `first`: every rank fails it naming rank 2, and rank 1's program stops
+/// there (it posts nothing more, its communicator alive). `second`, which ranks 0 and 3 post
+/// next, waits on rank 1, asks it where it stands, hears that its last operation failed over
+/// rank 2, and fails naming rank 2 at once, not rank 1 at the post timeout, whichever path
+/// each runs on (each path knew only of its own failures: the TCP path's answer, and the
+/// engine's session, said rank 1 had not posted).
+fn a_rank_stopped_over_a_failure_names_it(
+    salt: u64,
+    first: fn(&Communicator) -> Result<(), CommError>,
+    second: fn(&Communicator) -> Result<(), CommError>,
+) {
     // Ranks 1 and 2 stay until ranks 0 and 3 are done.
     let done = Arc::new(Barrier::new(RANKS as usize));
     world_with(
-        92,
+        salt,
         |b| {
             b.tcp_threshold(64 << 10)
                 .peer_timeout(Duration::from_secs(1))
@@ -1037,119 +1053,32 @@ fn a_tcp_wait_on_a_rank_stopped_by_a_multicast_failure_names_that_failure() {
                 done.wait();
                 return Ok(());
             }
-            let mut buf = vec![me as u8; 1 << 20];
-            match comm.broadcast(0, &mut buf) {
+            match first(&comm) {
                 Err(e) if e.peer() == Some(2) => {}
-                other => return Err(format!("rank {me}: the Broadcast: {other:?}")),
+                other => return Err(format!("rank {me}: the first operation: {other:?}")),
             }
             if me == 1 {
                 done.wait();
                 return Ok(());
             }
-            let mut all = vec![0u8; 32];
-            let got = comm.allgather(&[me as u8; 8], &mut all);
+            let got = second(&comm);
             done.wait();
             match got {
                 Err(e) if e.peer() == Some(2) => Ok(()),
-                other => Err(format!("rank {me}: the Allgather: {other:?}")),
+                other => Err(format!("rank {me}: the second operation: {other:?}")),
             }
         },
     );
 }
 
-/// The mirror: rank 2 never posts a small Allgather (over TCP), every rank fails it naming
-/// rank 2, and rank 1's program stops there. The large Broadcast the others post next (over
-/// multicast) asks rank 1 where it stands, hears that its last operation failed over rank
-/// 2, and fails naming rank 2 at once, not rank 1 at the post timeout (the engine knew only
-/// of its own failures).
+#[test]
+fn a_tcp_wait_on_a_rank_stopped_by_a_multicast_failure_names_that_failure() {
+    a_rank_stopped_over_a_failure_names_it(92, large_broadcast, small_allgather);
+}
+
 #[test]
 fn a_multicast_wait_on_a_rank_stopped_by_a_tcp_failure_names_that_failure() {
-    let done = Arc::new(Barrier::new(RANKS as usize));
-    world_with(
-        93,
-        |b| {
-            b.tcp_threshold(64 << 10)
-                .peer_timeout(Duration::from_secs(1))
-                .post_timeout(Duration::from_secs(4))
-        },
-        move |comm| {
-            let me = comm.rank();
-            if me == 2 {
-                done.wait();
-                return Ok(());
-            }
-            let mut all = vec![0u8; 32];
-            match comm.allgather(&[me as u8; 8], &mut all) {
-                Err(e) if e.peer() == Some(2) => {}
-                other => return Err(format!("rank {me}: the Allgather: {other:?}")),
-            }
-            if me == 1 {
-                done.wait();
-                return Ok(());
-            }
-            let mut buf = vec![me as u8; 1 << 20];
-            let got = comm.broadcast(0, &mut buf);
-            done.wait();
-            match got {
-                Err(e) if e.peer() == Some(2) => Ok(()),
-                other => Err(format!("rank {me}: the Broadcast: {other:?}")),
-            }
-        },
-    );
-}
-
-/// Rank 2 posts a small Broadcast past the post timeout (rank 3 fails it naming rank 2),
-/// then every rank completes a large one and goes on; rank 1 leaves. A Broadcast posted
-/// after that fails naming rank 1, which left: not rank 2, alive and well, which a rank
-/// that went on no longer blames (it did, over TCP and, before the engine and the TCP path
-/// shared their record, over multicast alone too). Found by a review.
-#[test]
-fn a_loss_after_a_rank_went_on_from_a_failure_names_the_rank_lost() {
-    for (salt, threshold) in [(157, 64 << 10), (158, 0)] {
-        let sync = Arc::new(Barrier::new(RANKS as usize));
-        let rest = Arc::new(Barrier::new(RANKS as usize - 1));
-        world_with(
-            salt,
-            move |b| {
-                b.tcp_threshold(threshold)
-                    .peer_timeout(Duration::from_millis(500))
-                    .post_timeout(Duration::from_secs(2))
-            },
-            move |comm| {
-                let me = comm.rank();
-                if me == 2 {
-                    thread::sleep(Duration::from_secs(3));
-                }
-                let mut small = vec![me as u8; 4096];
-                let first = comm.broadcast(0, &mut small);
-                sync.wait();
-                // Over TCP the ranks that do not need rank 2 complete it.
-                let first_ok = match (me, &first) {
-                    (_, Err(e)) => e.peer() == Some(2),
-                    (0 | 1, Ok(_)) => threshold > 0,
-                    _ => false,
-                };
-                if !first_ok {
-                    return Err(format!("rank {me}: the first Broadcast: {first:?}"));
-                }
-                let mut big = vec![me as u8; 1 << 20];
-                comm.broadcast(1, &mut big).map_err(e)?;
-                sync.wait();
-                if me == 1 {
-                    return Ok(());
-                }
-                // Rank 1's goodbye is heard by then.
-                thread::sleep(Duration::from_secs(1));
-                let mut big = vec![me as u8; 1 << 20];
-                let got = comm.broadcast(0, &mut big);
-                rest.wait();
-                match got {
-                    Err(CommError::PeerLost { peer: 1 }) => Ok(()),
-                    other => Err(format!("rank {me}: after rank 1 left: {other:?}")),
-                }
-            },
-        );
-    }
+    a_rank_stopped_over_a_failure_names_it(93, small_allgather, large_broadcast);
 }
 
 /// A rank that answers but never posts (its program is stuck before the call) fails an

@@ -2996,6 +2996,19 @@ mod tests {
         assert_eq!(staying.departed(Rank(1)), Some(3));
     }
 
+    /// Sends to `to` until a send finds its connection shut (the peer reset it, or the I/O
+    /// side ended it), by `deadline`.
+    fn send_until_shut(m: &mut TcpControl, to: Rank, deadline: Instant) {
+        while m.stats().messages_to_lost_peer.load(Ordering::Relaxed) == 0 {
+            m.send_control(to, b"still there?");
+            assert!(
+                Instant::now() < deadline,
+                "no send found the connection shut"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// A peer that answered a read and left: a send that finds the connection shut does not
     /// fail the read for the loss, the answer completes it, and the loss is told after.
     #[test]
@@ -3016,21 +3029,8 @@ mod tests {
             thread::sleep(Duration::from_millis(1));
         }
         leaving.close(4, Duration::from_secs(2));
-        // Nothing polled: sends go out until one finds the connection shut (the peer reset
-        // it, or the I/O thread ended it).
-        while staying
-            .stats()
-            .messages_to_lost_peer
-            .load(Ordering::Relaxed)
-            == 0
-        {
-            staying.send_control(Rank(1), b"still there?");
-            assert!(
-                Instant::now() < deadline,
-                "no send found the connection shut"
-            );
-            thread::sleep(Duration::from_millis(1));
-        }
+        // Nothing polled: sends go out until one finds the connection shut.
+        send_until_shut(&mut staying, Rank(1), deadline);
         let mut buf = Vec::new();
         assert_eq!(
             wait(&mut staying, &mut buf),
@@ -3075,19 +3075,7 @@ mod tests {
         leaving.send_control(Rank(0), b"the last word");
         leaving.close(7, Duration::from_secs(2));
         let deadline = Instant::now() + Duration::from_secs(10);
-        while staying
-            .stats()
-            .messages_to_lost_peer
-            .load(Ordering::Relaxed)
-            == 0
-        {
-            staying.send_control(Rank(1), b"still there?");
-            assert!(
-                Instant::now() < deadline,
-                "no send found the connection shut"
-            );
-            thread::sleep(Duration::from_millis(1));
-        }
+        send_until_shut(&mut staying, Rank(1), deadline);
         let told = staying.take_lost();
         release_tx.send(()).expect("release");
         holder.join().expect("holder");
