@@ -51,6 +51,13 @@ fn sent(n: &mut Node) -> Vec<(Rank, String)> {
     out
 }
 
+/// What `n` answers rank 0, which asks where it stands on `op`, as `sent` shows it.
+fn asked(n: &mut Node, op: u64) -> Vec<(Rank, String)> {
+    let q = bytes(ControlRepr::Where { op });
+    n.handle_control(Instant::from_nanos(1), Rank(0), &q);
+    sent(n)
+}
+
 /// `Here` about `op` with `standing`, as `sent` shows it.
 fn here(op: u64, standing: Standing) -> String {
     format!("{:?}", ControlRepr::Here { op, standing })
@@ -253,12 +260,7 @@ fn an_abandoned_operation_is_answered_as_failed_and_a_skipped_one_as_apart() {
         (1, Standing::EndedApart),
         (2, Standing::NotPosted),
     ] {
-        n.handle_control(
-            Instant::from_nanos(1),
-            Rank(0),
-            &bytes(ControlRepr::Where { op }),
-        );
-        assert_eq!(sent(&mut n), [(Rank(0), here(op, want))]);
+        assert_eq!(asked(&mut n, op), [(Rank(0), here(op, want))]);
     }
 }
 
@@ -269,34 +271,26 @@ fn a_failure_over_another_path_is_told_until_the_next_post() {
     // rank 2, as after a failure of its own. Not for an operation that ran here, a culprit
     // that is this rank, or once it posted again.
     let mut n = Node::new(Config::new(1, 3)).unwrap();
-    let ask = |n: &mut Node, op: u64| {
-        n.handle_control(
-            Instant::from_nanos(1),
-            Rank(0),
-            &bytes(ControlRepr::Where { op }),
-        );
-        sent(n)
-    };
     assert_eq!(n.abandon_op(Rank(0)).0, 0);
     n.failed_elsewhere(ringcast_core::OpId(0), Rank(2));
     assert_eq!(
-        ask(&mut n, 1),
+        asked(&mut n, 1),
         [(Rank(0), here(1, Standing::NotPostedAfter(0)))]
     );
     assert_eq!(n.skip_op().0, 1);
-    assert_eq!(ask(&mut n, 2), [(Rank(0), here(2, Standing::NotPosted))]);
+    assert_eq!(asked(&mut n, 2), [(Rank(0), here(2, Standing::NotPosted))]);
     n.failed_elsewhere(ringcast_core::OpId(1), Rank(1));
-    assert_eq!(ask(&mut n, 2), [(Rank(0), here(2, Standing::NotPosted))]);
+    assert_eq!(asked(&mut n, 2), [(Rank(0), here(2, Standing::NotPosted))]);
     n.failed_elsewhere(ringcast_core::OpId(1), Rank(2));
     assert_eq!(
-        ask(&mut n, 2),
+        asked(&mut n, 2),
         [(Rank(0), here(2, Standing::NotPostedAfter(2)))]
     );
     // Operation 1 itself still ran elsewhere.
-    assert_eq!(ask(&mut n, 1), [(Rank(0), here(1, Standing::EndedApart))]);
+    assert_eq!(asked(&mut n, 1), [(Rank(0), here(1, Standing::EndedApart))]);
     assert_eq!(n.skip_op().0, 2);
     n.failed_elsewhere(ringcast_core::OpId(1), Rank(2));
-    assert_eq!(ask(&mut n, 3), [(Rank(0), here(3, Standing::NotPosted))]);
+    assert_eq!(asked(&mut n, 3), [(Rank(0), here(3, Standing::NotPosted))]);
 }
 
 #[test]
@@ -305,25 +299,17 @@ fn a_rank_with_a_post_waiting_to_start_did_not_stop_over_its_failure() {
     // (held by the caller while `can_start` says no): asked about it, the rank says it has
     // not posted it (waited for), not that its program may have stopped over rank 0.
     let mut n = Node::new(Config::new(1, 3)).unwrap();
-    let ask = |n: &mut Node| {
-        n.handle_control(
-            Instant::from_nanos(1),
-            Rank(2),
-            &bytes(ControlRepr::Where { op: 1 }),
-        );
-        sent(n)
-    };
     assert_eq!(n.abandon_op(Rank(0)).0, 0);
     assert_eq!(
-        ask(&mut n),
-        [(Rank(2), here(1, Standing::NotPostedAfter(0)))]
+        asked(&mut n, 1),
+        [(Rank(0), here(1, Standing::NotPostedAfter(0)))]
     );
     n.set_queued(true);
-    assert_eq!(ask(&mut n), [(Rank(2), here(1, Standing::NotPosted))]);
+    assert_eq!(asked(&mut n, 1), [(Rank(0), here(1, Standing::NotPosted))]);
     n.set_queued(false);
     assert_eq!(
-        ask(&mut n),
-        [(Rank(2), here(1, Standing::NotPostedAfter(0)))]
+        asked(&mut n, 1),
+        [(Rank(0), here(1, Standing::NotPostedAfter(0)))]
     );
 }
 
