@@ -903,7 +903,9 @@ fn an_empty_broadcast_at_one_rank(
 /// Ranks 0-2 fail a multicast Allgather that rank 3 posts later than the post timeout
 /// (naming it), and leave. Their goodbye names rank 3: its operation, posted afterwards,
 /// fails at once with `PeerLost`, where it ran against the departed peers until its own
-/// deadlines (3.5 peer timeouts) and then blamed rank 0 as unresponsive.
+/// deadlines (3.5 peer timeouts) and then blamed rank 0 as unresponsive. (Or, when its
+/// engine takes the post before the departures, as the hub told it: `PeerFailed` naming
+/// itself. Seen once in ten loaded runs of the whole suite.)
 #[test]
 fn a_late_rank_that_the_others_left_over_fails_at_once() {
     world_with(
@@ -920,7 +922,9 @@ fn a_late_rank_that_the_others_left_over_fails_at_once() {
             }
             let got = comm.iallgather(&[me as u8; 1 << 18], vec![0; 1 << 20]);
             match (me, got.map_err(e)?.wait()) {
-                (3, Err(CommError::PeerLost { .. })) => Ok(()),
+                (3, Err(CommError::PeerLost { .. } | CommError::PeerFailed { peer: 3, .. })) => {
+                    Ok(())
+                }
                 (0..=2, Err(err)) if err.peer() == Some(3) => Ok(()),
                 (_, other) => Err(format!("rank {me}: {:?}", other.map(|v| v.len()))),
             }
