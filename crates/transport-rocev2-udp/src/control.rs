@@ -10,10 +10,13 @@
 //! never re-established.
 //!
 //! ## Frames
-//! Every frame is `[u32 length, big-endian][u8 kind][body]`, `length` covering kind and body
-//! and bounded by [`ControlConfig::max_frame`] (a longer one is a protocol error, read no
-//! further). Kinds: hello, control message (its bytes), read request `{id, op, offset, len}`,
-//! read response `{id, bytes}`, read refusal `{id}`, goodbye `{mark}` or `{mark, blamed}`.
+//! Every frame is `[u32 length, big-endian][u8 kind][body]`, `length` covering kind and body.
+//! Kinds: hello, control message (its bytes), read request `{id, op, offset, len}`, read
+//! response `{id, bytes}`, read refusal `{id}`, goodbye `{mark}` or `{mark, blamed}`. Each kind
+//! has its own bound on `length`: a message's is [`ControlConfig::max_message`], a read
+//! response's [`ControlConfig::max_read`], the others' their fixed sizes, and the hello is
+//! only taken at start-up. A longer frame is a protocol error as soon as its length and kind
+//! are in, before any of its body is read or buffered.
 //! Every field is checked; a malformed frame closes the connection. Nothing on network data is unwrapped.
 //!
 //! ## Threads
@@ -285,9 +288,10 @@ pub struct ControlConfig {
     pub nonce: u64,
     /// Longest read served or asked for, in bytes.
     pub max_read: u64,
-    /// Longest frame accepted (kind and body), in bytes; must hold a read response of
-    /// `max_read` bytes.
-    pub max_frame: usize,
+    /// Longest control message accepted or sent, in bytes. A longer one from a peer ends
+    /// its connection as malformed; a longer one to send is dropped and counted
+    /// ([`ControlStats::messages_too_long`]).
+    pub max_message: usize,
     /// Bound on the whole start-up (connects, accepts, hellos).
     pub connect_timeout: Duration,
     /// No I/O thread: the owner's own calls do the I/O ([`TcpControl::poll_io`] waits on
@@ -299,16 +303,45 @@ pub struct ControlConfig {
 }
 
 impl ControlConfig {
-    /// 8 MiB reads, 10 s start-up.
+    /// 8 MiB reads, 8 MiB messages, 10 s start-up.
     pub fn new(nonce: u64) -> Self {
-        let max_read = 8 << 20;
         ControlConfig {
             nonce,
-            max_read,
-            max_frame: max_read as usize + 64,
+            max_read: 8 << 20,
+            max_message: 8 << 20,
             connect_timeout: Duration::from_secs(10),
             inline_io: false,
         }
+    }
+
+    /// The longest frame of `kind` (kind and body) a peer may send after the hellos; 0 for a
+    /// kind it may not send at all.
+    fn frame_limit(&self, kind: u8) -> usize {
+        match kind {
+            KIND_MESSAGE => self.max_message.saturating_add(1),
+            KIND_READ_REQ => READ_REQ_LEN,
+            KIND_READ_RESP => usize::try_from(self.max_read)
+                .unwrap_or(usize::MAX)
+                .saturating_add(1 + 8),
+            KIND_READ_REFUSED => 1 + 8,
+            KIND_BYE => 1 + 8 + 4,
+            _ => 0,
+        }
+    }
+
+    /// The longest frame of any kind ([`Self::frame_limit`]).
+    fn longest_frame(&self) -> usize {
+        [
+            KIND_MESSAGE,
+            KIND_READ_REQ,
+            KIND_READ_RESP,
+            KIND_READ_REFUSED,
+            KIND_BYE,
+        ]
+        .into_iter()
+        .map(|k| self.frame_limit(k))
+        .max()
+        .unwrap_or(0)
     }
 }
 
@@ -376,6 +409,9 @@ pub struct ControlStats {
     pub reads_deferred: AtomicU64,
     /// Frames that broke the protocol (each closes its connection).
     pub malformed: AtomicU64,
+    /// Messages not sent because they were longer than [`ControlConfig::max_message`] (the
+    /// peer would take them for a protocol error).
+    pub messages_too_long: AtomicU64,
     /// Responses naming no pending read, or one asked of another peer.
     pub stray_responses: AtomicU64,
     /// Peers lost.
@@ -1158,17 +1194,17 @@ impl TcpControl {
         tracing::debug!(rank = self.rank.0, "control mesh: I/O now inline");
     }
 
-    /// Sets the longest frame accepted and the longest read served from now on
-    /// ([`ControlConfig::max_frame`], [`ControlConfig::max_read`]), on an inline mesh (a mesh
-    /// whose owner now uses it for something else than it was connected for: the engine's,
-    /// handed to the TCP fallback, takes pieces and serves no reads). False, and nothing
-    /// changed, with an I/O thread.
-    pub fn set_limits(&mut self, max_frame: usize, max_read: u64) -> bool {
+    /// Sets the longest message accepted and sent and the longest read served from now on
+    /// ([`ControlConfig::max_message`], [`ControlConfig::max_read`]), on an inline mesh (a
+    /// mesh whose owner now uses it for something else than it was connected for: the
+    /// engine's, handed to the TCP fallback, takes pieces and serves no reads). False, and
+    /// nothing changed, with an I/O thread.
+    pub fn set_limits(&mut self, max_message: usize, max_read: u64) -> bool {
         let IoMode::Inline(io, _) = &mut self.io else {
             return false;
         };
         for cfg in [&mut self.cfg, &mut io.cfg] {
-            cfg.max_frame = max_frame;
+            cfg.max_message = max_message;
             cfg.max_read = max_read;
         }
         self.max_read.store(max_read, Ordering::Relaxed);
@@ -1449,6 +1485,9 @@ impl TcpControl {
             return;
         }
         let len: usize = parts.iter().map(|p| p.len()).sum();
+        if self.too_long(to, len) {
+            return;
+        }
         if to == self.rank {
             self.handle(Inbound::Message(to, parts.concat()));
             return;
@@ -1474,6 +1513,9 @@ impl TcpControl {
         at: usize,
         len: usize,
     ) {
+        if self.too_long(to, head.len().saturating_add(len)) {
+            return;
+        }
         if to == self.rank {
             let mut m = head.to_vec();
             buf.with(|v| m.extend_from_slice(&v[at..at + len]));
@@ -1512,6 +1554,24 @@ impl TcpControl {
         }
     }
 
+    /// Whether a message of `len` bytes is longer than the mesh carries: if so it is counted
+    /// ([`ControlStats::messages_too_long`]) and not sent (the peer would take it for a
+    /// protocol error and end the connection).
+    fn too_long(&self, to: Rank, len: usize) -> bool {
+        if len <= self.cfg.max_message {
+            return false;
+        }
+        bump(&self.stats.messages_too_long);
+        tracing::warn!(
+            rank = self.rank.0,
+            peer = to.0,
+            len,
+            max = self.cfg.max_message,
+            "control: message too long to send, dropped"
+        );
+        true
+    }
+
     /// Counts a message sent, or one for a lost peer.
     fn count_message(&self, sent: bool) {
         bump(if sent {
@@ -1524,6 +1584,9 @@ impl TcpControl {
 
 impl ControlPort for TcpControl {
     fn send_control(&mut self, to: Rank, bytes: &[u8]) {
+        if self.too_long(to, bytes.len()) {
+            return;
+        }
         if to == self.rank {
             self.handle(Inbound::Message(to, bytes.to_vec()));
             return;
@@ -1839,7 +1902,13 @@ impl Io {
             let mut bad = false;
             while let Some(len) = u32_at(&p.buf[p.start..p.end], 0) {
                 let len = len as usize;
-                if len == 0 || len > cfg.max_frame {
+                // Judged by its length and, once it is in, its kind: nothing of a frame too
+                // long for its kind is waited for.
+                let kind = p.buf[p.start..p.end].get(4);
+                if len == 0
+                    || len > cfg.longest_frame()
+                    || kind.is_some_and(|&k| len > cfg.frame_limit(k))
+                {
                     bad = true;
                     break;
                 }
@@ -3199,6 +3268,128 @@ mod tests {
             thread::sleep(Duration::from_millis(1));
         }
         assert_eq!(c.stats().malformed.load(Ordering::Relaxed), 1);
+    }
+
+    /// Rank 0 of a two-rank mesh connected with `cfg`, and a connection to it on which the
+    /// test plays rank 1 by hand (the hellos exchanged).
+    fn mesh_with_hand_peer(cfg: ControlConfig) -> (TcpControl, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let l2 = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let table = vec![l.local_addr().expect("a"), l2.local_addr().expect("a")];
+        let addr0 = table[0];
+        let t = thread::spawn(move || {
+            TcpControl::connect(0, &table, l, Registry::default(), cfg).expect("connect")
+        });
+        drop(l2);
+        let mut s = TcpStream::connect(addr0).expect("connect");
+        s.write_all(&hello(cfg.nonce, 1)).expect("hello");
+        let mut buf = Vec::new();
+        assert!(read_frame(&mut s, 64, &mut buf).expect("reply"));
+        (t.join().expect("join"), s)
+    }
+
+    /// A frame longer than its kind allows ends the connection as soon as its length and kind
+    /// are in: nothing of its body is waited for (each frame here is within what another kind
+    /// may carry, and none of its body is ever sent). A message as long as the mesh allows
+    /// gets through.
+    #[test]
+    fn a_frame_too_long_for_its_kind_ends_the_connection_from_its_header() {
+        let cfg = ControlConfig {
+            max_message: 1000,
+            max_read: 4096,
+            ..ControlConfig::new(31)
+        };
+        let heads: [(usize, u8); 6] = [
+            (1002, KIND_MESSAGE),
+            (READ_REQ_LEN + 1, KIND_READ_REQ),
+            (4096 + 10, KIND_READ_RESP),
+            (100, KIND_READ_REFUSED),
+            (14, KIND_BYE),
+            (HELLO_LEN, KIND_HELLO),
+        ];
+        for (len, kind) in heads {
+            let (mut c, mut s) = mesh_with_hand_peer(cfg);
+            let mut head = (len as u32).to_be_bytes().to_vec();
+            head.push(kind);
+            s.write_all(&head).expect("write");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while c.take_lost().is_none() {
+                assert!(
+                    Instant::now() < deadline,
+                    "a frame of {len} bytes of kind {kind} was waited for"
+                );
+                thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(
+                c.stats().malformed.load(Ordering::Relaxed),
+                1,
+                "kind {kind}"
+            );
+        }
+        // The longest message allowed.
+        let (mut c, mut s) = mesh_with_hand_peer(cfg);
+        let mut f = frame(KIND_MESSAGE, 1000);
+        f.extend_from_slice(&[9; 1000]);
+        s.write_all(&f).expect("write");
+        let mut buf = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let got = loop {
+            if let Some(i) = c.poll_control(&mut buf) {
+                break i;
+            }
+            assert!(Instant::now() < deadline, "the message did not arrive");
+            thread::sleep(Duration::from_millis(1));
+        };
+        assert!(
+            matches!(
+                got,
+                ControlInput::Message {
+                    from: Rank(1),
+                    len: 1000
+                }
+            ),
+            "{got:?}"
+        );
+        assert_eq!(buf, [9; 1000]);
+        assert!(c.take_lost().is_none());
+    }
+
+    /// A message longer than the mesh carries is not sent, by any of the three ways to send
+    /// one, and is counted; the connection stays up and carries the next one.
+    #[test]
+    fn a_message_longer_than_the_mesh_carries_is_counted_not_sent() {
+        let mut m = mesh(2, 33);
+        let mut one = m.pop().expect("rank 1");
+        let mut zero = m.pop().expect("rank 0");
+        let max = zero.cfg.max_message;
+        let long = vec![5u8; max + 1];
+        zero.send_control(Rank(1), &long);
+        zero.send_control_parts(Rank(1), &[&long[..10], &long[10..]]);
+        let b = OpBuffer::zeroed(max);
+        zero.send_control_shared(Rank(1), &[1, 2], &b, 0, max - 1);
+        assert_eq!(zero.stats().messages_too_long.load(Ordering::Relaxed), 3);
+        assert_eq!(zero.stats().messages_sent.load(Ordering::Relaxed), 0);
+        zero.send_control(Rank(1), &[6; 16]);
+        let mut buf = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let got = loop {
+            if let Some(i) = one.poll_control(&mut buf) {
+                break i;
+            }
+            assert!(Instant::now() < deadline, "the message did not arrive");
+            thread::sleep(Duration::from_millis(1));
+        };
+        assert!(
+            matches!(
+                got,
+                ControlInput::Message {
+                    from: Rank(0),
+                    len: 16
+                }
+            ),
+            "{got:?}"
+        );
+        assert!(one.take_lost().is_none() && zero.take_lost().is_none());
     }
 
     /// A read answered (or refused) by a rank it was not asked of is not taken: the bytes

@@ -34,6 +34,9 @@ mod field {
 pub const VERSION: u8 = 1;
 /// Bytes of the fixed header.
 pub const HEADER_LEN: usize = field::RUNS;
+/// Bytes of the longest message: the header and `u16::MAX` runs. A transport may refuse a
+/// longer one from its length alone.
+pub const MAX_LEN: usize = HEADER_LEN + u16::MAX as usize * field::RUN_LEN;
 
 /// The kind of a control message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -1056,6 +1059,15 @@ mod tests {
         };
         let mut buf = alloc::vec![0u8; repr.buffer_len()];
         assert_eq!(repr.emit(&mut buf), Err(EmitError::NotCanonical));
+        // As many as it can announce: the longest message there is.
+        let repr = ControlRepr::Fetch {
+            op: 1,
+            runs: RunList::Slice(&many[..usize::from(u16::MAX)]),
+        };
+        let mut v = Vec::new();
+        assert_eq!(repr.emit_vec(&mut v), Ok(()));
+        assert_eq!(v.len(), MAX_LEN);
+        assert_eq!(ControlRepr::parse_bytes(&v), Ok(repr));
     }
 
     #[test]

@@ -15,8 +15,8 @@ mod roce;
 mod run;
 
 pub use control::{
-    ControlKind, ControlPacket, ControlRepr, HEADER_LEN as CONTROL_HEADER_LEN, RunList, Standing,
-    VERSION as CONTROL_VERSION,
+    ControlKind, ControlPacket, ControlRepr, HEADER_LEN as CONTROL_HEADER_LEN,
+    MAX_LEN as CONTROL_MAX_LEN, RunList, Standing, VERSION as CONTROL_VERSION,
 };
 pub use imm::{Imm, ImmLayout};
 pub use roce::{

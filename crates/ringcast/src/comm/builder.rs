@@ -7,6 +7,7 @@ use std::thread;
 use std::time::Duration;
 
 use ringcast_core::port::Port;
+use ringcast_core::wire::CONTROL_MAX_LEN;
 use ringcast_core::{Config, MAX_TIMEOUT, Node};
 use ringcast_transport_rocev2_udp::addr::{AddrConfig, JobAddrs, McastPrefix, ROCEV2_PORT};
 use ringcast_transport_rocev2_udp::{
@@ -550,9 +551,11 @@ impl CommBuilder {
             None => Vec::new(),
         };
         let mut cc = ControlConfig::new(nonce);
-        // A recovery read may cover a whole block: allow large ones.
+        // A recovery read may cover a whole block: allow large ones. Messages are the core's,
+        // the start-up check's reports and the rate reports.
         cc.max_read = 1 << 30;
-        cc.max_frame = cc.max_read as usize + 64;
+        cc.max_message =
+            CONTROL_MAX_LEN.max(probe::Report::max_len(self.lanes.into(), size as usize));
         cc.connect_timeout = self.connect_timeout;
         let tcp = TcpControl::connect(rank, &control, listener, Registry::default(), cc)?;
         let pc = UdpPortConfig {
@@ -652,7 +655,7 @@ impl CommBuilder {
             // its operations read the connections themselves, as on the second mesh, whose
             // limits it takes too (pieces; no recovery reads).
             control.make_inline();
-            control.set_limits(FALLBACK_MAX_FRAME, 0);
+            control.set_limits(FALLBACK_MAX_MESSAGE, 0);
             let mode = TransportMode::Tcp {
                 from_op: 0,
                 reason: FallbackReason::StartupCheck,
@@ -688,7 +691,7 @@ impl CommBuilder {
                     .collect::<Result<Vec<_>, _>>()?;
                 let mut fc = ControlConfig::new(nonce ^ FALLBACK_NONCE);
                 fc.max_read = 0;
-                fc.max_frame = FALLBACK_MAX_FRAME;
+                fc.max_message = FALLBACK_MAX_MESSAGE;
                 fc.connect_timeout = self.connect_timeout;
                 // Only the dispatcher waits on it, and it serves no reads: the dispatcher
                 // reads it itself (no I/O thread to wake it for every piece).
@@ -770,8 +773,8 @@ fn ensure_files(ranks: u32, meshes: u32, lanes: u16) -> Result<(), BuildError> {
 /// How long a rank whose build fails lets its last control frames flush.
 const PROBE_LINGER: Duration = Duration::from_secs(1);
 
-/// The longest frame on the TCP fallback's mesh: a piece and its header.
-const FALLBACK_MAX_FRAME: usize = fallback::PIECE + 64;
+/// The longest message on the TCP fallback's mesh: a piece and its header.
+const FALLBACK_MAX_MESSAGE: usize = fallback::PIECE + 64;
 
 /// Tells the fallback mesh's hellos from the control mesh's.
 const FALLBACK_NONCE: u64 = 0x6661_6c6c_6261_636b; // "fallback"

@@ -125,6 +125,12 @@ pub(crate) struct Report {
 }
 
 impl Report {
+    /// Bytes of the longest report of a job of `ranks` ranks on `lanes` lanes (its extra
+    /// bytes as long as their 16-bit length allows).
+    pub(crate) fn max_len(lanes: usize, ranks: usize) -> usize {
+        32 + 4 * lanes + lanes.saturating_mul(ranks).div_ceil(8) + 2 + usize::from(u16::MAX)
+    }
+
     fn lanes(&self) -> usize {
         self.groups.len()
     }
@@ -767,7 +773,7 @@ mod tests {
         r.groups.push(Ipv4Addr::new(239, 9, 9, 9));
         r.heard.extend([true, false, true, true]);
         let b = r.encode();
-        assert_eq!(Report::decode(&b), Some(r));
+        assert_eq!(Report::decode(&b), Some(r.clone()));
         for cut in 0..b.len() {
             assert_eq!(Report::decode(&b[..cut]), None, "{cut}");
         }
@@ -777,6 +783,10 @@ mod tests {
         let mut v2 = b;
         v2[1] = 1;
         assert_eq!(Report::decode(&v2), None);
+        // The longest report of its job is as long as `max_len` says.
+        r.extra = vec![7; usize::from(u16::MAX)];
+        assert_eq!(r.encode().len(), Report::max_len(2, 4));
+        assert_eq!(Report::decode(&r.encode()), Some(r));
     }
 
     #[test]
