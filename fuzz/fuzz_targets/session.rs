@@ -24,7 +24,7 @@
 //! `chunk_size u16` (1 + x % 8192), `max_inflight u8` (1 + x % 8), `send_window u8` (1 + x % 64),
 //! `peer_timeout_us u8` (1 + x), `alpha_us u8`.
 //!
-//! Then steps until the input ends, each `kind u8` (% 11) and its fields. Chunk steps (1, 2)
+//! Then steps until the input ends, each `kind u8` (% 14) and its fields. Chunk steps (1, 2)
 //! only queue the chunk on its lane's receive port; every other step ends with a pump
 //! (budget: every queued chunk), and a last pump runs when the input ends.
 //! * 0 start broadcast: `root u8` (% (ranks + 1): may be out of range), `len u16` (bytes)
@@ -50,6 +50,11 @@
 //! * 9 pump: `budget u8` (chunks per lane; queued ones beyond it wait for the next pump)
 //! * 10 skip: `n u16` ids taken by operations that run elsewhere (`skip_op`): later starts
 //!   may find their tag still in flight (`TagInUse`), messages may come for skipped ids
+//! * 11 posts waiting to start (`set_queued`): `on u8` (odd: some wait)
+//! * 12 failed elsewhere (`failed_elsewhere`): `back u16` (the id `back` before the last one
+//!   taken; it may name one never taken, started here, or not skipped), `culprit u8`
+//!   (% (ranks + 1): may be this rank or out of range)
+//! * 13 abandon (`abandon_op`): `culprit u8` (as in 12); the next id is taken
 #![no_main]
 
 use arbitrary::{Result, Unstructured};
@@ -263,7 +268,7 @@ impl Driver {
     fn step(&mut self, u: &mut Unstructured<'_>) -> Result<()> {
         let c = self.node.config().clone();
         let ranks = c.ranks;
-        match u.arbitrary::<u8>()? % 11 {
+        match u.arbitrary::<u8>()? % 14 {
             0 => {
                 let root = Rank(u32::from(u.arbitrary::<u8>()?) % (ranks + 1));
                 let len = u64::from(u.arbitrary::<u16>()?);
@@ -432,6 +437,22 @@ impl Driver {
                 let budget = usize::from(u.arbitrary::<u8>()?);
                 self.pump(budget);
                 return Ok(());
+            }
+            11 => self.node.set_queued(u.arbitrary::<u8>()? % 2 == 1),
+            12 => {
+                let back = u64::from(u.arbitrary::<u16>()?);
+                let culprit = Rank(u32::from(u.arbitrary::<u8>()?) % (ranks + 1));
+                let seq = OpId(self.next_id.wrapping_sub(1).wrapping_sub(back));
+                self.node.failed_elsewhere(seq, culprit);
+            }
+            13 => {
+                let culprit = Rank(u32::from(u.arbitrary::<u8>()?) % (ranks + 1));
+                assert_eq!(
+                    self.node.abandon_op(culprit).0,
+                    self.next_id,
+                    "ids go in order"
+                );
+                self.next_id += 1;
             }
             _ => {
                 for _ in 0..u.arbitrary::<u16>()? {

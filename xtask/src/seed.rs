@@ -182,6 +182,23 @@ impl Script {
         self.0.extend_from_slice(&n.to_le_bytes());
         self
     }
+    /// Says whether posts wait to start.
+    fn queued(mut self, on: bool) -> Self {
+        self.0.extend_from_slice(&[11, u8::from(on)]);
+        self
+    }
+    /// The operation `back` ids before the last one taken failed elsewhere over `culprit`.
+    fn failed_elsewhere(mut self, back: u16, culprit: u8) -> Self {
+        self.0.push(12);
+        self.0.extend_from_slice(&back.to_le_bytes());
+        self.0.push(culprit);
+        self
+    }
+    /// Fails the next operation without starting it, over `culprit`.
+    fn abandon(mut self, culprit: u8) -> Self {
+        self.0.extend_from_slice(&[13, culprit]);
+        self
+    }
 }
 
 fn session_seeds() -> Vec<(String, Vec<u8>)> {
@@ -290,8 +307,25 @@ fn session_seeds() -> Vec<(String, Vec<u8>)> {
         .start(0, 1024)
         .send_done(0, 1);
 
+    // Rank 1 of 3: an operation run elsewhere fails over rank 2, and rank 0 asks where this
+    // rank stands on the next one (Where, kind 8, for the next id): stopped over rank 2; then
+    // a post waits to start (asked again: not posted), an operation is abandoned over rank 2
+    // and the one after it asked about, and the next Broadcast runs.
+    let late = Script::new(3, 1, 1, 1024)
+        .skip(1)
+        .failed_elsewhere(0, 2)
+        .control_arg(0, 8, 254, 0, &[])
+        .queued(true)
+        .control_arg(0, 8, 254, 0, &[])
+        .queued(false)
+        .abandon(2)
+        .control_arg(0, 8, 254, 0, &[])
+        .start(0, 2048)
+        .control(0, 1, 0, &[]);
+
     [
         ("leaf", leaf),
+        ("late", late),
         ("skipped-ids", skipped),
         ("allgather", allgather),
         ("lossy-leaf", lossy),
