@@ -227,8 +227,11 @@ impl RateController {
             return None;
         };
         let r = &mut self.receivers[i];
-        let lost = report.fetched_chunks.saturating_sub(r.last.fetched_chunks)
-            + report.socket_drops.saturating_sub(r.last.socket_drops);
+        // Counters come from the wire: their deltas may sum past u64 (saturate, never wrap).
+        let lost = report
+            .fetched_chunks
+            .saturating_sub(r.last.fetched_chunks)
+            .saturating_add(report.socket_drops.saturating_sub(r.last.socket_drops));
         let got = report
             .received_chunks
             .saturating_sub(r.last.received_chunks);
@@ -466,5 +469,22 @@ mod tests {
             c.on_report(at_us(100_000), report(1, 3_000 + i, 21, 0));
         }
         assert_eq!(c.rate(), 2_000, "ceiling");
+    }
+
+    /// Counters are cumulative u64s from the wire: two deltas whose sum passes u64 are still
+    /// a loss (a wrapped sum of 1 in 1001 chunks would pass as clean, and debug builds panic).
+    #[test]
+    fn loss_deltas_summing_past_u64_still_cut() {
+        let mut c = RateController::new(
+            RateConfig {
+                tolerance_ppm: 1_000,
+                ..cfg()
+            },
+            [1],
+        );
+        assert_eq!(
+            c.on_report(at_us(0), report(1, 1_000, u64::MAX, 2)),
+            Some(500)
+        );
     }
 }
