@@ -1357,8 +1357,9 @@ impl TcpControl {
         let live: Vec<Arc<Link>> = live.into_iter().cloned().collect();
         let mut this = self;
         // The I/O thread (or, inline, this loop) writes the rest as the sockets take it.
-        let deadline = Instant::now() + linger;
-        while live.iter().any(|l| l.pending()) && Instant::now() < deadline {
+        // A linger past what an `Instant` can hold is no deadline.
+        let deadline = Instant::now().checked_add(linger);
+        while live.iter().any(|l| l.pending()) && deadline.is_none_or(|d| Instant::now() < d) {
             match &mut this.io {
                 IoMode::Inline(io, events) => io.turn(events, Some(Duration::from_millis(1))),
                 IoMode::Thread(_) => thread::sleep(Duration::from_millis(1)),
@@ -3032,6 +3033,21 @@ mod tests {
             assert_eq!(c.departed(Rank(0)), None);
             assert_eq!(c.departed_blaming(Rank(2)), None);
         }
+    }
+
+    /// A linger of `Duration::MAX` is no deadline: the close flushes and returns (it used to
+    /// panic adding the linger to the clock).
+    #[test]
+    fn a_close_without_a_deadline_flushes_and_returns() {
+        let mut m = mesh(2, 94);
+        let mut leaving = m.pop().expect("rank 1");
+        leaving.send_control(Rank(0), b"still said");
+        leaving.close(5, Duration::MAX);
+        let mut buf = Vec::new();
+        assert!(matches!(
+            wait(&mut m[0], &mut buf),
+            ControlInput::Message { from: Rank(1), .. }
+        ));
     }
 
     /// A peer's last messages and its loss reach the owner's queue together when the loss

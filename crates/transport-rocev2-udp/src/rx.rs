@@ -312,8 +312,9 @@ impl LaneReceiver {
         Ok(self.batch())
     }
 
-    /// Waits until datagrams arrive or `timeout` passes, then reads one batch. The batch is
-    /// empty at the timeout, or when every datagram read was dropped.
+    /// Waits until datagrams arrive or `timeout` passes (one too long for the clock to add,
+    /// `Duration::MAX`, is no deadline), then reads one batch. The batch is empty at the
+    /// timeout, or when every datagram read was dropped.
     pub fn recv(&mut self, timeout: Duration) -> Result<RxBatch<'_>, RxError> {
         self.recv_by(timeout, Self::read_batch)?;
         Ok(self.batch())
@@ -327,16 +328,20 @@ impl LaneReceiver {
         timeout: Duration,
         mut read: impl FnMut(&mut Self) -> io::Result<usize>,
     ) -> io::Result<()> {
-        let deadline = Instant::now() + timeout;
+        // A timeout past what an `Instant` can hold (`Duration::MAX`) is no deadline at all.
+        let deadline = Instant::now().checked_add(timeout);
         loop {
             if read(self)? > 0 {
                 return Ok(());
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(());
-            }
-            if self.sock.wait_readable(deadline - now)? == crate::socket::Wait::Woken {
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => left,
+                    _ => return Ok(()),
+                },
+                None => timeout,
+            };
+            if self.sock.wait_readable(left)? == crate::socket::Wait::Woken {
                 // Someone has work for our owner: return now, with nothing read.
                 return Ok(());
             }
@@ -919,6 +924,23 @@ pub(crate) mod tests {
         assert!(got.is_empty(), "{} accepted", got.len());
         assert_eq!(p.rx.stats().qkey, 15);
         assert_eq!(p.rx.stats().accepted, 1);
+    }
+
+    /// `recv(Duration::MAX)` waits without a deadline ("forever") until the waker ends it,
+    /// and takes what is queued at once; it used to panic adding the timeout to the clock.
+    #[test]
+    fn a_receive_without_a_deadline_waits_until_woken() {
+        let mut p = pair(0xD1_0004);
+        let waker = p.rx.waker();
+        let wake = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            waker.wake();
+        });
+        assert!(p.rx.recv(Duration::MAX).unwrap().is_empty());
+        wake.join().unwrap();
+        send(&mut p.tx, 500..501, CS);
+        let got = p.rx.recv(Duration::MAX).unwrap();
+        assert_eq!(got.get(0).map(|c| c.imm), Some(500));
     }
 
     #[test]
