@@ -262,6 +262,14 @@ impl UdpRx {
         self.batch - self.next
     }
 
+    /// Whether the last read found the socket empty ([`LaneReceiver::found_empty`]): a
+    /// [`wait`](Self::wait) that holds nothing may instead have read only datagrams that were
+    /// dropped (this rank's own trimmed multicast, another job's), with more queued behind
+    /// them, or failed.
+    pub fn found_empty(&self) -> bool {
+        self.recv.found_empty()
+    }
+
     /// Datagrams the kernel dropped on this lane's socket (one `getsockopt`); `None` where
     /// the counter cannot be read.
     pub fn socket_drops(&self) -> Option<u64> {
@@ -276,6 +284,7 @@ impl UdpRx {
     /// Makes sure a batch is held, waiting up to `timeout` for one to arrive (a receive
     /// worker's sleep): returns [`held`](Self::held). Tokens then come from
     /// [`receive`](LaneRxPort::receive) without another socket read until the batch is out.
+    /// Nothing held does not mean nothing queued: see [`found_empty`](Self::found_empty).
     pub fn wait(&mut self, timeout: std::time::Duration) -> usize {
         if self.held() == 0 {
             self.refill(Some(timeout));

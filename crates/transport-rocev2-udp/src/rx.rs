@@ -271,6 +271,8 @@ pub struct LaneReceiver {
     accepted: Vec<Accepted>,
     checker: IcrcChecker,
     stats: RxStats,
+    /// The last read found nothing queued (see [`found_empty`](Self::found_empty)).
+    found_empty: bool,
 }
 
 impl LaneReceiver {
@@ -288,7 +290,16 @@ impl LaneReceiver {
             accepted: Vec::with_capacity(BATCH_SIZE * 64),
             checker: IcrcChecker::default(),
             stats: RxStats::default(),
+            found_empty: false,
         }
+    }
+
+    /// Whether the last read found the socket empty (nothing queued), as opposed to reading
+    /// datagrams, or failing. A read whose datagrams were all dropped (another job's, this
+    /// rank's own trimmed multicast) holds no chunk, yet more may be queued behind them: an
+    /// owner that needs the socket read empty reads again until this says so.
+    pub fn found_empty(&self) -> bool {
+        self.found_empty
     }
 
     /// Counters so far.
@@ -314,7 +325,8 @@ impl LaneReceiver {
 
     /// Waits until datagrams arrive or `timeout` passes (one too long for the clock to add,
     /// `Duration::MAX`, is no deadline), then reads one batch. The batch is empty at the
-    /// timeout, or when every datagram read was dropped.
+    /// timeout, or when every datagram read was dropped ([`found_empty`](Self::found_empty)
+    /// tells the two apart).
     pub fn recv(&mut self, timeout: Duration) -> Result<RxBatch<'_>, RxError> {
         self.recv_by(timeout, Self::read_batch)?;
         Ok(self.batch())
@@ -371,13 +383,17 @@ impl LaneReceiver {
     /// empty ones included (0: nothing was queued).
     pub(crate) fn read_batch(&mut self) -> io::Result<usize> {
         self.accepted.clear();
+        self.found_empty = false;
         let msgs = {
             let mut slots = self.buf.chunks_mut(SLOT);
             let mut bufs: [IoSliceMut<'_>; BATCH_SIZE] =
                 std::array::from_fn(|_| IoSliceMut::new(slots.next().unwrap_or_default()));
             match self.sock.recv(&mut bufs, &mut self.meta) {
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.found_empty = true;
+                    return Ok(0);
+                }
                 Err(e) => return Err(e),
             }
         };
@@ -456,6 +472,7 @@ impl LaneReceiver {
     /// needs to predict where its chunks go before [`recv_into`](Self::recv_into).
     pub(crate) fn peek(&mut self) -> io::Result<Peeked> {
         let mut h = [0u8; packet::HEADER_LEN];
+        self.found_empty = false;
         match crate::sys::peek(self.sock.udp(), &mut h) {
             Ok((n, _)) if n >= packet::HEADER_LEN => {
                 let (src_qp, imm) = packet::src_and_imm(&h);
@@ -463,7 +480,10 @@ impl LaneReceiver {
             }
             Ok((0, _)) => Ok(Peeked::Empty),
             Ok(_) => Ok(Peeked::Other),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Peeked::Nothing),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.found_empty = true;
+                Ok(Peeked::Nothing)
+            }
             Err(e) => Err(e),
         }
     }
@@ -476,6 +496,7 @@ impl LaneReceiver {
             Ok(_) => {
                 self.stats.recv_calls += 1;
                 self.stats.empty += 1;
+                self.found_empty = false;
                 Ok(())
             }
             // Nothing there after all: the caller peeks again.
@@ -516,6 +537,7 @@ impl LaneReceiver {
             return Ok(None);
         }
         self.accepted.clear();
+        self.found_empty = false;
         let got = {
             let (heads, tails) = (&mut self.heads, &mut self.tails);
             let spare = &mut self.buf[..SLOT];
@@ -538,7 +560,10 @@ impl LaneReceiver {
             bufs[k] = spare;
             match crate::sys::recv_scatter(self.sock.udp(), &mut bufs[..k + 1], &mut self.control) {
                 Ok(g) => g,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Some(0)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.found_empty = true;
+                    return Ok(Some(0));
+                }
                 Err(e) => return Err(e),
             }
         };
@@ -941,6 +966,54 @@ pub(crate) mod tests {
         send(&mut p.tx, 500..501, CS);
         let got = p.rx.recv(Duration::MAX).unwrap();
         assert_eq!(got.get(0).map(|c| c.imm), Some(500));
+    }
+
+    /// A read whose datagrams were all dropped holds no chunk, but the socket was not found
+    /// empty: a good chunk may be queued behind them. Only the read that finds nothing
+    /// queued says so, in the batched read and in the in-place path's peek alike.
+    #[test]
+    fn a_read_of_only_dropped_datagrams_does_not_find_the_socket_empty() {
+        let mut p = pair(0xD1_0005);
+        let mut stranger = LaneSender::new(
+            TxSocket::open(&SocketConfig::loopback()).unwrap(),
+            TxConfig {
+                lane: 0,
+                group: p.group,
+                pkey: 0xFFFF,
+                qkey: p.qkey ^ 1,
+                rank: 2,
+                max_payload: CS,
+                gso: false,
+                initial_psn: 0,
+            },
+        )
+        .unwrap();
+        // More datagrams of another job than one `recvmmsg` takes, then one good chunk.
+        let strangers = BATCH_SIZE as u32 + 8;
+        for k in 0..strangers {
+            send(&mut stranger, k..k + 1, 64);
+        }
+        send(&mut p.tx, 999..1000, 64);
+        let t0 = Instant::now();
+        while p.rx.peek().unwrap() == Peeked::Nothing {
+            assert!(t0.elapsed() < Duration::from_secs(10), "nothing arrived");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!p.rx.found_empty());
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(p.rx.recv(Duration::from_millis(5)).unwrap().is_empty());
+        assert!(!p.rx.found_empty(), "only dropped datagrams read");
+        let mut got = Vec::new();
+        let mut reads = 0;
+        while !p.rx.found_empty() {
+            reads += 1;
+            assert!(reads < 10, "the socket is never found empty");
+            got.extend(p.rx.recv(Duration::ZERO).unwrap().iter().map(|c| c.imm));
+        }
+        assert_eq!(got, [999]);
+        assert_eq!(p.rx.stats().qkey, u64::from(strangers));
+        assert_eq!(p.rx.peek().unwrap(), Peeked::Nothing);
+        assert!(p.rx.found_empty());
     }
 
     #[test]

@@ -415,35 +415,42 @@ struct RxWorker {
 impl RxWorker {
     /// Until the control thread closes the command queue.
     fn run(mut self) {
-        loop {
-            if !self.commands() {
-                break;
-            }
-            self.counts();
-            // Notes the control thread could not take yet are retried soon.
-            let wait = if self.out.backlog.is_empty() {
-                RX_WAIT
-            } else {
-                BACKLOG_RETRY
-            };
-            let errors = self.port.errors;
-            if self.wait(wait) == 0 {
-                // Nothing held: the socket was found empty, unless the read failed.
-                if self.port.errors == errors {
-                    self.drained.bump();
-                }
-                self.publish(false);
-                continue;
-            }
-            // Commands queued while we waited are handled before the batch just read: an
-            // `Open` queued before one of its chunks arrived is always seen first.
-            if !self.commands() {
-                break;
-            }
-            self.batch();
-            self.dirty = true;
-            self.notes();
+        while self.turn() {}
+    }
+
+    /// Takes the queued commands, then waits for a batch and hands it to the lane; false
+    /// once the control thread is gone.
+    fn turn(&mut self) -> bool {
+        if !self.commands() {
+            return false;
         }
+        self.counts();
+        // Notes the control thread could not take yet are retried soon.
+        let wait = if self.out.backlog.is_empty() {
+            RX_WAIT
+        } else {
+            BACKLOG_RETRY
+        };
+        if self.wait(wait) == 0 {
+            // Nothing held. Drained only if the read found the socket empty: one whose
+            // datagrams were all dropped (this rank's own trimmed multicast, another job's)
+            // may have left more queued, an old operation's chunks among them, and a failed
+            // read says nothing.
+            if self.port.found_empty() {
+                self.drained.bump();
+            }
+            self.publish(false);
+            return true;
+        }
+        // Commands queued while we waited are handled before the batch just read: an
+        // `Open` queued before one of its chunks arrived is always seen first.
+        if !self.commands() {
+            return false;
+        }
+        self.batch();
+        self.dirty = true;
+        self.notes();
+        true
     }
 
     /// A `Count` or an `Overdue` asks whether chunks still arrive (the cutoff's and a
@@ -456,10 +463,16 @@ impl RxWorker {
             return;
         }
         // A read in place takes one datagram, a batched read up to a `recvmmsg`'s worth:
-        // either way, read what is queued (up to a batched read's worth of reads) first.
+        // either way, read what is queued (up to a batched read's worth of reads) first,
+        // until a read finds the socket empty (one that held no chunk may have read only
+        // dropped datagrams, with chunks queued behind them).
         for _ in 0..COUNT_READS {
+            let errors = self.port.errors;
             if self.wait(Duration::ZERO) == 0 {
-                break;
+                if self.port.found_empty() || self.port.errors != errors {
+                    break;
+                }
+                continue;
             }
             self.batch();
             self.dirty = true;
@@ -748,7 +761,13 @@ impl TxWorker {
 mod tests {
     use super::*;
     use ringcast_core::lane::LaneCommand;
+    use ringcast_core::port::Port;
     use ringcast_core::{Config, Rank, Session};
+    use ringcast_transport_rocev2_udp::addr::JobAddrs;
+    use ringcast_transport_rocev2_udp::{
+        ControlConfig, LaneSender, OutChunk, Registry, SocketConfig, TcpControl, TxConfig,
+        TxSocket, UdpPort, UdpPortConfig,
+    };
 
     /// A tag that ended waits until every lane drained twice; other tags never wait; what
     /// every lane drained past is forgotten when the next operation ends.
@@ -791,6 +810,123 @@ mod tests {
             [12],
             "11 is past `max`"
         );
+    }
+
+    /// A receive worker of rank 0 of a one-rank job (one lane, on loopback), driven from the
+    /// test's thread, with its command queue; and a sender of another job's datagrams (the
+    /// wrong Q_Key) into its group.
+    fn lone_rx(nonce: u64, direct: bool) -> (RxWorker, SyncSender<RxCommand>, LaneSender) {
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = UdpPortConfig::loopback(0, 1, 1, nonce, udp);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let table = [listener.local_addr().unwrap()];
+        let control = TcpControl::connect(
+            0,
+            &table,
+            listener,
+            Registry::default(),
+            ControlConfig::new(nonce),
+        )
+        .unwrap();
+        let mut ports = UdpPort::open(&cfg, control).unwrap().into_ports();
+        let port = ports.rx.remove(0);
+        let qkey = JobAddrs::derive(nonce, 1, &cfg.addr).unwrap().qkey();
+        let stranger = LaneSender::new(
+            TxSocket::open(&SocketConfig::loopback()).unwrap(),
+            TxConfig {
+                lane: 0,
+                group: port.receiver().socket().group(),
+                pkey: 0xFFFF,
+                qkey: qkey ^ 1,
+                rank: 0,
+                max_payload: 4096,
+                gso: false,
+                initial_psn: 0,
+            },
+        )
+        .unwrap();
+        let (cmd, cmds) = mpsc::sync_channel(QUEUE);
+        let (note, _) = mpsc::sync_channel(QUEUE);
+        let w = RxWorker {
+            lane: LaneRx::new(&Config::new(0, 1), 0),
+            port,
+            cmds,
+            out: NoteOut {
+                queue: note,
+                backlog: VecDeque::new(),
+                control: thread::current(),
+            },
+            snap: Shared::default(),
+            drops_every: DROPS_EVERY,
+            drops_at: None,
+            dirty: false,
+            socket_drops: 0,
+            counts: Vec::new(),
+            direct,
+            drained: Drained::default(),
+        };
+        (w, cmd, stranger)
+    }
+
+    /// More datagrams of another job than one `recvmmsg` takes (each dropped by the
+    /// receiver), queued on `w`'s socket.
+    const STRANGERS: u64 = 80;
+
+    fn queue_strangers(stranger: &mut LaneSender) {
+        for k in 0..STRANGERS {
+            let c = OutChunk {
+                imm: k as u32,
+                payload: &[7; 64],
+            };
+            stranger.send_batch(&[c]).unwrap();
+        }
+        // Loopback delivers at once; the sleep only covers a slow softirq.
+        thread::sleep(Duration::from_millis(100));
+    }
+
+    /// A worker counts a drain (what ends a tag's quarantine) only after a read found its
+    /// socket empty: reads that held no chunk because every datagram in them was dropped
+    /// left more queued (an old operation's chunks could be among them).
+    #[test]
+    fn a_lane_drains_only_once_a_read_found_its_socket_empty() {
+        for direct in [false, true] {
+            let (mut w, _cmd, mut stranger) = lone_rx(0xE1A0_0001 + u64::from(direct), direct);
+            queue_strangers(&mut stranger);
+            let mut turns = 0;
+            while w.drained.get() == 0 {
+                turns += 1;
+                assert!(turns < 50, "never drained (direct: {direct})");
+                assert!(w.turn());
+            }
+            assert_eq!(
+                w.port.receiver().stats().qkey,
+                STRANGERS,
+                "drained with datagrams still queued (direct: {direct})"
+            );
+        }
+    }
+
+    /// A `Count` is answered only after the datagrams queued are read, past reads that held
+    /// no chunk because every datagram in them was dropped: a chunk queued behind them
+    /// would otherwise look stalled, and be fetched over TCP.
+    #[test]
+    fn a_count_waits_for_the_queue_read_past_dropped_datagrams() {
+        for direct in [false, true] {
+            let (mut w, _cmd, mut stranger) = lone_rx(0xE1A0_0003 + u64::from(direct), direct);
+            queue_strangers(&mut stranger);
+            w.counts.push(RxCommand::Count { op: OpId(1) });
+            w.counts();
+            assert!(w.counts.is_empty());
+            assert_eq!(
+                w.port.receiver().stats().qkey,
+                STRANGERS,
+                "answered with datagrams still queued (direct: {direct})"
+            );
+        }
     }
 
     /// A port that "sends" every queued chunk of a batch at once and records when.
