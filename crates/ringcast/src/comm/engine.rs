@@ -665,10 +665,7 @@ impl Engine {
 
     /// The rate this rank's send workers reached lately (bytes per second, 0: unknown).
     fn sending(&self) -> u64 {
-        self.lanes
-            .iter()
-            .map(|l| lane::read(&l.tx_snap).sending)
-            .fold(0u64, u64::saturating_add)
+        lane::sending_total(self.lanes.iter().map(|l| lane::read(&l.tx_snap).sending))
     }
 
     /// Hands the session's outputs out: lane commands first (see the module docs), then

@@ -42,6 +42,9 @@ const DROPS_EVERY_SLOW: Duration = Duration::from_millis(100);
 /// The window over which a send worker measures the rate it reaches while it has something
 /// to send.
 const SENDING_WINDOW: Duration = Duration::from_millis(4);
+/// How long a measured sending rate stands without a new full window: a window and a
+/// report interval, so that every report sent while the worker keeps busy finds one fresh.
+const SENDING_STALE: Duration = SENDING_WINDOW.saturating_add(super::REPORT_EVERY);
 /// The pacer's bucket: what may leave at once after an idle spell, and the slack that
 /// absorbs a worker's late wake-ups (a 64 KiB GSO batch is one step).
 pub(super) const PACE_DEPTH: u64 = 256 << 10;
@@ -84,7 +87,7 @@ pub(super) struct TxSnap {
     pub(super) udp: TxStats,
     pub(super) lost: u64,
     /// UDP bytes per second the worker reached over its last full window with something to
-    /// send (0 before the first).
+    /// send (0, unknown: before the first, and once it is stale; see [`SendMeter`]).
     pub(super) sending: u64,
 }
 
@@ -666,20 +669,47 @@ impl<P: PacedPort> TxCore<P> {
 
 /// The rate a send worker reaches while it has something to send, over windows of
 /// [`SENDING_WINDOW`]; idle spells are left out (a window starts again after one).
+///
+/// The rate is what a cut starts from ([`RateController::on_report_sending`]), so it must be
+/// recent: it becomes unknown (0, and a cut then starts from the pacer's rate) once its
+/// window is [`SENDING_STALE`] old, and when a busy spell starts after an idle one longer
+/// than a window. A root whose operations are shorter than a window would otherwise keep
+/// reporting a rate reached long ago, far below what it sends now.
+///
+/// [`RateController::on_report_sending`]: ringcast_transport_rocev2_udp::pace::RateController::on_report_sending
 #[derive(Debug, Default)]
 pub(super) struct SendMeter {
     window: Option<(Instant, u64)>,
     rate: u64,
+    /// When the last full window ended (`None` while the rate is unknown).
+    measured: Option<Instant>,
+    /// When the current idle spell started.
+    idle_since: Option<Instant>,
 }
 
 impl SendMeter {
     /// At `now` the worker has sent `bytes` in all; `busy`: it still has something to send.
     pub(super) fn update(&mut self, now: Instant, bytes: u64, busy: bool) {
+        if self
+            .measured
+            .is_some_and(|at| now.saturating_duration_since(at) >= SENDING_STALE)
+        {
+            self.forget();
+        }
         if !busy {
-            self.window = None;
+            if self.window.take().is_some() {
+                self.idle_since = Some(now);
+            }
             return;
         }
         let Some((t0, b0)) = self.window else {
+            if self
+                .idle_since
+                .take()
+                .is_some_and(|t| now.saturating_duration_since(t) > SENDING_WINDOW)
+            {
+                self.forget();
+            }
             self.window = Some((now, bytes));
             return;
         };
@@ -687,14 +717,31 @@ impl SendMeter {
         if dt >= SENDING_WINDOW {
             let per_sec = u128::from(bytes.saturating_sub(b0)) * 1_000_000_000 / dt.as_nanos();
             self.rate = u64::try_from(per_sec).unwrap_or(u64::MAX);
+            self.measured = Some(now);
             self.window = Some((now, bytes));
         }
     }
 
-    /// Bytes per second over the last full window (0 before the first).
+    fn forget(&mut self) {
+        self.rate = 0;
+        self.measured = None;
+    }
+
+    /// Bytes per second over the last full window; 0 (unknown) before the first and once
+    /// it is stale.
     pub(super) fn rate(&self) -> u64 {
         self.rate
     }
+}
+
+/// The rate a rank's send workers reached lately, from each lane's [`TxSnap::sending`]:
+/// their sum, or 0 (unknown) when a lane's is unknown (the lanes measured would stand for the
+/// whole rate, and a cut would start far below it).
+pub(super) fn sending_total(lanes: impl IntoIterator<Item = u64>) -> u64 {
+    lanes
+        .into_iter()
+        .try_fold(0u64, |sum, r| (r > 0).then(|| sum.saturating_add(r)))
+        .unwrap_or(0)
 }
 
 /// One lane's send worker.
@@ -1085,6 +1132,57 @@ mod tests {
         m.update(at_us(500_000), 4_000, true);
         m.update(at_us(505_000), 14_000, true);
         assert_eq!(m.rate(), 2_000_000);
+    }
+
+    /// The rate a cut starts from is recent: a worker that sent 10 MB/s once, long ago, and
+    /// since sends 1 GB/s in bursts shorter than the window, does not report 10 MB/s (one
+    /// lossy report would cut a 1 GB/s rate to 7 MB/s), but an unknown rate.
+    #[test]
+    fn the_send_meter_forgets_a_rate_from_before_an_idle_spell() {
+        let mut m = SendMeter::default();
+        m.update(at_us(0), 0, true);
+        m.update(at_us(4_000), 40_000, true);
+        assert_eq!(m.rate(), 10_000_000);
+        m.update(at_us(5_000), 40_000, false);
+        // A second of 1 MB operations, each 1 ms at 1 GB/s, every 10 ms.
+        let mut bytes = 40_000u64;
+        for k in 0..100u64 {
+            let t0 = 1_000_000 + k * 10_000;
+            m.update(at_us(t0), bytes, true);
+            bytes += 1_000_000;
+            m.update(at_us(t0 + 1_000), bytes, true);
+            m.update(at_us(t0 + 1_000), bytes, false);
+        }
+        assert_eq!(m.rate(), 0, "the meter still says {} B/s", m.rate());
+    }
+
+    /// A measured rate stands for a window and a report interval, through a short idle
+    /// spell; then it is unknown, busy or not.
+    #[test]
+    fn the_send_meter_rate_goes_stale() {
+        let mut m = SendMeter::default();
+        m.update(at_us(0), 0, true);
+        m.update(at_us(4_000), 40_000, true);
+        assert_eq!(m.rate(), 10_000_000);
+        // Idle for less than a window: the next operation keeps the rate.
+        m.update(at_us(5_000), 40_000, false);
+        m.update(at_us(8_000), 40_000, true);
+        assert_eq!(m.rate(), 10_000_000);
+        // Then idle: the rate stands until its window is `SENDING_STALE` old.
+        let stale = 4_000 + SENDING_STALE.as_micros() as u64;
+        m.update(at_us(stale - 1), 40_000, false);
+        assert_eq!(m.rate(), 10_000_000);
+        m.update(at_us(stale), 40_000, false);
+        assert_eq!(m.rate(), 0);
+    }
+
+    /// The lanes' rates add up, but one lane's unknown rate makes the rank's unknown: the
+    /// others alone would make a cut start far too low.
+    #[test]
+    fn the_rate_sent_is_unknown_while_a_lane_s_is() {
+        assert_eq!(sending_total([3, 4]), 7);
+        assert_eq!(sending_total([3, 0, 4]), 0);
+        assert_eq!(sending_total([u64::MAX, 1]), u64::MAX);
     }
 
     #[test]
