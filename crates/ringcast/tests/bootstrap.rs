@@ -123,7 +123,7 @@ fn each_launcher_parses() {
         )
     );
     assert_eq!(t.local_size, Some(4));
-    assert_eq!(t.job_id.as_deref(), Some("abc#0"));
+    assert_eq!(t.job_id.as_deref(), Some("abc"));
 
     // Open MPI on one host: loopback and a port from the job id.
     let o = ok(OPEN_MPI);
@@ -596,6 +596,39 @@ fn another_jobs_rank_is_refused_and_the_job_goes_on() {
         let table = member.run(b"member").expect("met");
         assert_eq!(root.join().expect("no panic").expect("met"), table);
         assert_eq!(table.peers[1].control, b"member");
+    });
+}
+
+/// torch elastic does not synchronise `TORCHELASTIC_RESTART_COUNT` between agents: after one
+/// node's workers restart, the ranks of one round may see different counts. They are one job.
+#[test]
+fn torchrun_ranks_with_different_restart_counts_meet() {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    // ringcast listens on MASTER_PORT + 1.
+    let master_port = (port - 1).to_string();
+    let env = |rank: &'static str, restarts: &'static str| {
+        ok(&[
+            ("RANK", rank),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "0"),
+            ("LOCAL_WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", &master_port),
+            ("TORCHELASTIC_RUN_ID", "run42"),
+            ("TORCHELASTIC_RESTART_COUNT", restarts),
+            ("RINGCAST_BOOTSTRAP_TIMEOUT", "20"),
+        ])
+    };
+    let (node_a, node_b) = (env("0", "1"), env("1", "0"));
+    assert_eq!(node_a.job_key(), node_b.job_key());
+    std::thread::scope(|s| {
+        let b = s.spawn(|| Rendezvous::for_job(&node_b).expect("rdzv").run(b"b"));
+        let a = Rendezvous::for_job(&node_a)
+            .expect("rdzv")
+            .serve(listener, b"a")
+            .expect("rank 0");
+        assert_eq!(b.join().expect("no panic").expect("rank 1"), a);
     });
 }
 

@@ -350,10 +350,9 @@ fn slurm_size_check(get: &impl Fn(&str) -> Option<String>, size: u32) -> Result<
 
 fn job_id(get: &impl Fn(&str) -> Option<String>, launcher: Launcher) -> Option<String> {
     match launcher {
-        Launcher::Torchrun => get("TORCHELASTIC_RUN_ID").map(|id| {
-            let restart = get("TORCHELASTIC_RESTART_COUNT").unwrap_or_else(|| "0".into());
-            format!("{id}#{restart}")
-        }),
+        // The run id alone: torch elastic does not synchronise TORCHELASTIC_RESTART_COUNT
+        // between agents, so ranks of one round may see different counts.
+        Launcher::Torchrun => get("TORCHELASTIC_RUN_ID"),
         Launcher::OpenMpi => get("OMPI_MCA_ess_base_jobid").or_else(|| get("PMIX_NAMESPACE")),
         Launcher::Slurm => get("SLURM_JOB_ID").map(|job| match get("SLURM_STEP_ID") {
             Some(step) => format!("{job}.{step}"),
