@@ -336,6 +336,11 @@ fn bad_settings_name_the_variable() {
             "RINGCAST_BOOTSTRAP_TIMEOUT",
         ),
         (
+            // Positive, but rounds to a zero `Duration`: rank 0 would give up at once.
+            with(TORCHRUN, &[("RINGCAST_BOOTSTRAP_TIMEOUT", "1e-10")]),
+            "RINGCAST_BOOTSTRAP_TIMEOUT",
+        ),
+        (
             // Longer than any deadline an `Instant` holds.
             with(TORCHRUN, &[("RINGCAST_BOOTSTRAP_TIMEOUT", "1e19")]),
             "RINGCAST_BOOTSTRAP_TIMEOUT",

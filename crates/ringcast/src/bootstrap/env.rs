@@ -219,7 +219,8 @@ impl JobEnv {
                 .ok()
                 .filter(|s| *s > 0.0)
                 .and_then(|s| Duration::try_from_secs_f64(s).ok())
-                .filter(|d| *d <= ringcast_core::MAX_TIMEOUT)
+                // A positive number can still round to no time at all (1e-10).
+                .filter(|d| !d.is_zero() && *d <= ringcast_core::MAX_TIMEOUT)
                 .ok_or(EnvError::BadTimeout(v))?,
         };
         Ok(JobEnv {
