@@ -293,6 +293,30 @@ fn bad_settings_name_the_variable() {
             vec![("RINGCAST_RANK", "0"), ("RINGCAST_WORLD_SIZE", "2")],
             "RINGCAST_BOOTSTRAP",
         ),
+        // A local rank is below the world size, even with no local size to check it against
+        // (u32::MAX is the rendezvous' "unknown").
+        (
+            vec![
+                ("RINGCAST_RANK", "0"),
+                ("RINGCAST_WORLD_SIZE", "2"),
+                ("RINGCAST_LOCAL_RANK", "2"),
+                ("RINGCAST_BOOTSTRAP", "127.0.0.1:1"),
+            ],
+            "RINGCAST_LOCAL_RANK",
+        ),
+        (
+            vec![
+                ("RINGCAST_RANK", "0"),
+                ("RINGCAST_WORLD_SIZE", "2"),
+                ("RINGCAST_LOCAL_RANK", "4294967295"),
+                ("RINGCAST_BOOTSTRAP", "127.0.0.1:1"),
+            ],
+            "RINGCAST_LOCAL_RANK",
+        ),
+        (
+            with(MVAPICH, &[("MV2_COMM_WORLD_LOCAL_RANK", "3")]),
+            "MV2_COMM_WORLD_LOCAL_RANK",
+        ),
         (
             vec![
                 ("RINGCAST_RANK", "0"),

@@ -283,6 +283,11 @@ fn ranks(get: &impl Fn(&str) -> Option<String>, v: &Vars) -> Result<Option<Ranks
     };
     in_range(v.rank, rank, v.size, size)?;
     let local_rank = number(get, v.local_rank)?;
+    if let Some(lr) = local_rank {
+        // Also where no local size is given: u32::MAX is the wire's "unknown", and a local
+        // rank at or past the world size is wrong anyway.
+        in_range(v.local_rank, lr, v.size, size)?;
+    }
     let local_size = match v.local_size {
         Some(var) => number(get, var)?,
         None => None,
