@@ -80,7 +80,8 @@ fn srun_style_variables() {
     // Pick the job and step ids whose derived port is free here.
     let port = free_port_in(DERIVED_PORT_BASE..DERIVED_PORT_BASE + DERIVED_PORT_SPAN);
     let offset = u32::from(port - DERIVED_PORT_BASE);
-    let (job, step) = (offset / 64, offset % 64);
+    // A job id that is a multiple of the span adds nothing, so the step id is the offset.
+    let (job, step) = (u32::from(DERIVED_PORT_SPAN), offset);
     let children = (0..RANKS)
         .map(|rank| {
             spawn(&[

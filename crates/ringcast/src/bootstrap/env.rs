@@ -444,8 +444,10 @@ fn launcher_rendezvous(
                 job.trim().parse::<u64>(),
                 step.as_deref().map(|s| s.trim().parse::<u64>()),
             ) {
-                (Ok(j), None) => derived_port(j.wrapping_mul(64)),
-                (Ok(j), Some(Ok(s))) => derived_port(j.wrapping_mul(64).wrapping_add(s)),
+                (Ok(j), None) => derived_port(j.wrapping_mul(SLURM_JOB_MULTIPLIER)),
+                (Ok(j), Some(Ok(s))) => {
+                    derived_port(j.wrapping_mul(SLURM_JOB_MULTIPLIER).wrapping_add(s))
+                }
                 _ => derived_port(fnv1a(job_id.unwrap_or(&job).as_bytes())),
             };
             Ok(RendezvousAddr {
@@ -476,6 +478,13 @@ fn launcher_rendezvous(
         }
     }
 }
+
+/// A Slurm step's derived port is `DERIVED_PORT_BASE + (job * 67 + step) % DERIVED_PORT_SPAN`.
+/// 67 is prime and coprime to the span, so that the steps of one job (numbered from 0) get
+/// neighbouring ports and the same step of two jobs shares a port only when the job ids are a
+/// multiple of the span apart (a multiplier sharing a factor with the span, as 64 did, repeats
+/// after span / gcd jobs: 250).
+const SLURM_JOB_MULTIPLIER: u64 = 67;
 
 /// A port in the derived range for a job's digest.
 fn derived_port(digest: u64) -> u16 {
@@ -528,8 +537,34 @@ mod tests {
         ])
         .expect("slurm");
         let r = j.rendezvous.expect("rendezvous");
-        assert_eq!(r.port, DERIVED_PORT_BASE + 6403);
+        assert_eq!(r.port, DERIVED_PORT_BASE + 6703);
         assert_eq!(j.job_id.as_deref(), Some("100.3"));
+    }
+
+    /// Jobs fewer than `DERIVED_PORT_SPAN` apart get different ports for the same step (a
+    /// multiplier of 64 repeated every 250 jobs).
+    #[test]
+    fn slurm_jobs_get_distinct_ports_until_a_span_apart() {
+        let port = |id: u64| {
+            let id = id.to_string();
+            job(&[
+                ("SLURM_PROCID", "0"),
+                ("SLURM_NTASKS", "2"),
+                ("SLURM_STEP_NODELIST", "n[1-2]"),
+                ("SLURM_JOB_ID", &id),
+                ("SLURM_STEP_ID", "0"),
+            ])
+            .expect("slurm")
+            .rendezvous
+            .expect("rendezvous")
+            .port
+        };
+        let first = 4242;
+        let ports: std::collections::HashSet<u16> = (first..first + u64::from(DERIVED_PORT_SPAN))
+            .map(port)
+            .collect();
+        assert_eq!(ports.len(), usize::from(DERIVED_PORT_SPAN));
+        assert_eq!(port(first), port(first + u64::from(DERIVED_PORT_SPAN)));
     }
 
     #[test]
