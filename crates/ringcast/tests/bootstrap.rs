@@ -135,6 +135,15 @@ fn each_launcher_parses() {
     assert_eq!(r.host, "127.0.0.1");
     assert!((DERIVED_PORT_BASE..DERIVED_PORT_BASE + DERIVED_PORT_SPAN).contains(&r.port));
     assert_eq!(o.job_id.as_deref(), Some("1913913345"));
+    assert_eq!(r.origin, "OMPI_MCA_ess_base_jobid");
+    // Open MPI 5 (PRRTE) sets PMIX_NAMESPACE alone: messages name it.
+    let prrte: Vec<_> = OPEN_MPI
+        .iter()
+        .filter(|(k, _)| *k != "OMPI_MCA_ess_base_jobid")
+        .copied()
+        .collect();
+    let p = ok(&prrte).rendezvous.expect("rendezvous");
+    assert_eq!((p.port, p.origin), (r.port, "PMIX_NAMESPACE"));
     // Every rank of the job derives the same port; another job another one.
     let other_rank = ok(&with(
         OPEN_MPI,

@@ -196,7 +196,7 @@ impl JobEnv {
                 ranks.local_size = Some(ranks.size);
             }
         }
-        let job_id = job_id(&get, launcher);
+        let (job_id, job_id_var) = job_id(&get, launcher).unzip();
         let rendezvous = match get("RINGCAST_BOOTSTRAP") {
             _ if ranks.size == 1 => None,
             Some(v) => Some(parse_bootstrap(&v)?),
@@ -204,7 +204,7 @@ impl JobEnv {
                 &get,
                 launcher,
                 &ranks,
-                job_id.as_deref(),
+                job_id.as_deref().zip(job_id_var),
             )?),
         };
         let ifname = get("RINGCAST_IFNAME")
@@ -354,15 +354,21 @@ fn slurm_size_check(get: &impl Fn(&str) -> Option<String>, size: u32) -> Result<
     Ok(())
 }
 
-fn job_id(get: &impl Fn(&str) -> Option<String>, launcher: Launcher) -> Option<String> {
+/// The launcher's job id, and the variables it came from.
+fn job_id(
+    get: &impl Fn(&str) -> Option<String>,
+    launcher: Launcher,
+) -> Option<(String, &'static str)> {
+    let var = |var: &'static str| get(var).map(|id| (id, var));
     match launcher {
         // The run id alone: torch elastic does not synchronise TORCHELASTIC_RESTART_COUNT
         // between agents, so ranks of one round may see different counts.
-        Launcher::Torchrun => get("TORCHELASTIC_RUN_ID"),
-        Launcher::OpenMpi => get("OMPI_MCA_ess_base_jobid").or_else(|| get("PMIX_NAMESPACE")),
+        Launcher::Torchrun => var("TORCHELASTIC_RUN_ID"),
+        // Open MPI 5 (PRRTE) sets only PMIX_NAMESPACE.
+        Launcher::OpenMpi => var("OMPI_MCA_ess_base_jobid").or_else(|| var("PMIX_NAMESPACE")),
         Launcher::Slurm => get("SLURM_JOB_ID").map(|job| match get("SLURM_STEP_ID") {
-            Some(step) => format!("{job}.{step}"),
-            None => job,
+            Some(step) => (format!("{job}.{step}"), "SLURM_JOB_ID and SLURM_STEP_ID"),
+            None => (job, "SLURM_JOB_ID"),
         }),
         _ => None,
     }
@@ -402,7 +408,7 @@ fn launcher_rendezvous(
     get: &impl Fn(&str) -> Option<String>,
     launcher: Launcher,
     ranks: &Ranks,
-    job_id: Option<&str>,
+    job_id: Option<(&str, &'static str)>,
 ) -> Result<RendezvousAddr, EnvError> {
     let no = |why| EnvError::NoRendezvous { launcher, why };
     match launcher {
@@ -448,7 +454,7 @@ fn launcher_rendezvous(
                 (Ok(j), Some(Ok(s))) => {
                     derived_port(j.wrapping_mul(SLURM_JOB_MULTIPLIER).wrapping_add(s))
                 }
-                _ => derived_port(fnv1a(job_id.unwrap_or(&job).as_bytes())),
+                _ => derived_port(fnv1a(job_id.map_or(job.as_str(), |(id, _)| id).as_bytes())),
             };
             Ok(RendezvousAddr {
                 host,
@@ -465,7 +471,7 @@ fn launcher_rendezvous(
                     "ranks on several hosts, and mpirun gives no rendezvous address",
                 ));
             }
-            let Some(id) = job_id else {
+            let Some((id, origin)) = job_id else {
                 return Err(no(
                     "single host, but the launcher gives no job id to derive a port from",
                 ));
@@ -473,7 +479,8 @@ fn launcher_rendezvous(
             Ok(RendezvousAddr {
                 host: "127.0.0.1".to_owned(),
                 port: derived_port(fnv1a(id.as_bytes())),
-                origin: "OMPI_MCA_ess_base_jobid",
+                // The variable the id came from, so that messages name what to compare.
+                origin,
             })
         }
     }
