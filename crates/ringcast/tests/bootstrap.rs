@@ -2,8 +2,8 @@
 //! ranks as threads on 127.0.0.1.
 
 use ringcast::bootstrap::{
-    DERIVED_PORT_BASE, DERIVED_PORT_SPAN, EnvError, JobEnv, Launcher, PeerTable, Rendezvous,
-    RendezvousAddr, RendezvousError,
+    DERIVED_PORT_BASE, DERIVED_PORT_SPAN, EnvError, JobEnv, Launcher, MAX_WORLD_SIZE, PeerTable,
+    Rendezvous, RendezvousAddr, RendezvousError,
 };
 use std::net::{Ipv4Addr, TcpListener};
 use std::time::Duration;
@@ -344,6 +344,11 @@ fn bad_settings_name_the_variable() {
         ),
         (with(TORCHRUN, &[("WORLD_SIZE", "")]), "WORLD_SIZE"),
         (with(TORCHRUN, &[("RANK", "8")]), "RANK"),
+        // A typo, not a job: over the rank limit.
+        (
+            with(TORCHRUN, &[("WORLD_SIZE", "4294967295")]),
+            "WORLD_SIZE",
+        ),
         (with(TORCHRUN, &[("LOCAL_RANK", "4")]), "LOCAL_RANK"),
         (
             with(TORCHRUN, &[("LOCAL_WORLD_SIZE", "9")]),
@@ -668,6 +673,35 @@ fn torchrun_ranks_with_different_restart_counts_meet() {
             .expect("rank 0");
         assert_eq!(b.join().expect("no panic").expect("rank 1"), a);
     });
+}
+
+/// A world over the rank limit (a mistyped size) is refused before either side waits or holds
+/// anything for its ranks; a world at the limit waits as usual.
+#[test]
+fn a_world_over_the_rank_limit_is_refused_at_once() {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let mut root = Rendezvous::new(0, MAX_WORLD_SIZE + 1, addr(port));
+    root.timeout = Duration::from_secs(1);
+    let e = root.serve(listener, b"r").expect_err("over the limit");
+    assert!(matches!(e, RendezvousError::TooManyRanks(_)), "{e}");
+    assert!(e.to_string().contains("limit of 1048576"), "{e}");
+
+    let mut member = Rendezvous::new(1, u32::MAX, addr(port));
+    member.timeout = Duration::from_secs(1);
+    let e = member.run(b"m").expect_err("over the limit");
+    assert!(matches!(e, RendezvousError::TooManyRanks(_)), "{e}");
+
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let mut root = Rendezvous::new(0, MAX_WORLD_SIZE, addr(port));
+    root.timeout = Duration::from_millis(300);
+    match root.serve(listener, b"r").expect_err("nobody joins") {
+        RendezvousError::Timeout { missing, .. } => {
+            assert_eq!(missing.len() as u32, MAX_WORLD_SIZE - 1);
+        }
+        e => panic!("{e}"),
+    }
 }
 
 #[test]

@@ -16,6 +16,11 @@ pub const DERIVED_PORT_SPAN: u16 = 16_000;
 /// Under torchrun, ringcast's rendezvous listens on `MASTER_PORT + TORCHRUN_PORT_OFFSET` on
 /// `MASTER_ADDR` (torch's TCPStore already listens on `MASTER_PORT`).
 pub const TORCHRUN_PORT_OFFSET: u16 = 1;
+/// Most ranks a job may have. It bounds what rank 0 holds for the ranks it waits for (a
+/// mistyped `WORLD_SIZE=4294967295` is an error, not an allocation that aborts), and lies well
+/// above the core's default limit (`ringcast_core::Limits::max_ranks`, 2^16), so that the
+/// bootstrap is never the tighter one.
+pub const MAX_WORLD_SIZE: u32 = 1 << 20;
 /// How long the rendezvous waits for every rank unless `RINGCAST_BOOTSTRAP_TIMEOUT` says.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -282,6 +287,9 @@ fn ranks(get: &impl Fn(&str) -> Option<String>, v: &Vars) -> Result<Option<Ranks
         (Some(r), Some(s)) => (r, s),
     };
     in_range(v.rank, rank, v.size, size)?;
+    if size > MAX_WORLD_SIZE {
+        return Err(EnvError::TooManyRanks { var: v.size, size });
+    }
     let local_rank = number(get, v.local_rank)?;
     if let Some(lr) = local_rank {
         // Also where no local size is given: u32::MAX is the wire's "unknown", and a local

@@ -1,6 +1,6 @@
 //! [`EnvError`]: a missing or inconsistent launcher variable, named in the message.
 
-use super::env::Launcher;
+use super::env::{Launcher, MAX_WORLD_SIZE};
 use super::hostlist::HostlistError;
 use super::iface::IfnameSyntaxError;
 
@@ -36,6 +36,17 @@ pub enum EnvError {
     ZeroSize {
         /// The variable.
         var: &'static str,
+    },
+    /// A world size over [`MAX_WORLD_SIZE`].
+    #[error(
+        "{var}={size} is over ringcast's limit of {MAX_WORLD_SIZE} ranks: set {var} to the \
+         number of ranks"
+    )]
+    TooManyRanks {
+        /// The size variable.
+        var: &'static str,
+        /// Its value.
+        size: u32,
     },
     /// A rank not below its size.
     #[error("{var}={rank} is not below {size_var}={size}: set {var} to a rank in 0..{size}")]
@@ -124,6 +135,7 @@ impl EnvError {
             EnvError::Missing { var, .. }
             | EnvError::NotANumber { var, .. }
             | EnvError::ZeroSize { var }
+            | EnvError::TooManyRanks { var, .. }
             | EnvError::RankOutOfRange { var, .. }
             | EnvError::Mismatch { var, .. }
             | EnvError::BadAddress { var, .. }

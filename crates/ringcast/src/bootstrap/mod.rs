@@ -43,7 +43,7 @@ pub(crate) fn fuzz_wire(b: &[u8], world: u32) -> (bool, bool) {
 
 pub use env::{
     DEFAULT_TIMEOUT, DERIVED_PORT_BASE, DERIVED_PORT_SPAN, EnvError, JobEnv, Launcher,
-    RendezvousAddr, TORCHRUN_PORT_OFFSET,
+    MAX_WORLD_SIZE, RendezvousAddr, TORCHRUN_PORT_OFFSET,
 };
 pub use hostlist::{HostlistError, first_host, host_count};
 pub use iface::{

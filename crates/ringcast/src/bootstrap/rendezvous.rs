@@ -2,7 +2,7 @@
 //! and control addresses (an opaque blob); rank 0 checks them and answers everyone with the
 //! whole table and a random 64-bit job nonce.
 
-use super::env::{DEFAULT_TIMEOUT, JobEnv, RendezvousAddr};
+use super::env::{DEFAULT_TIMEOUT, JobEnv, MAX_WORLD_SIZE, RendezvousAddr};
 use super::wire::{self, Hello, MAX_CONTROL_LEN, Reply, WireError};
 use std::io::{self, ErrorKind};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -160,6 +160,12 @@ pub enum RendezvousError {
         /// The variables the address came from.
         origin: &'static str,
     },
+    /// The world size is over [`MAX_WORLD_SIZE`].
+    #[error(
+        "a world of {0} ranks is over ringcast's limit of {MAX_WORLD_SIZE}: check the world size \
+         (RINGCAST_WORLD_SIZE / the launcher's size variable)"
+    )]
+    TooManyRanks(u32),
     /// The control blob is over [`MAX_CONTROL_LEN`].
     #[error("control addresses of {0} bytes are over the limit of {MAX_CONTROL_LEN}")]
     ControlTooLong(usize),
@@ -295,14 +301,14 @@ impl Rendezvous {
         listener: TcpListener,
         control: &[u8],
     ) -> Result<PeerTable, RendezvousError> {
-        check_control(control)?;
+        self.check(control)?;
         super::server::Server::new(self, listener)?.run(control)
     }
 
     /// A non-zero rank's side: connects (retrying until the deadline), sends its hello and
     /// waits for the table.
     pub fn join(&self, control: &[u8]) -> Result<PeerTable, RendezvousError> {
-        check_control(control)?;
+        self.check(control)?;
         let started = Instant::now();
         let deadline = self.deadline(started);
         let addr = self.addr.to_string();
@@ -357,6 +363,17 @@ impl Rendezvous {
         }
     }
 
+    /// What either side checks before touching the network.
+    fn check(&self, control: &[u8]) -> Result<(), RendezvousError> {
+        if self.world_size > MAX_WORLD_SIZE {
+            return Err(RendezvousError::TooManyRanks(self.world_size));
+        }
+        if control.len() > MAX_CONTROL_LEN {
+            return Err(RendezvousError::ControlTooLong(control.len()));
+        }
+        Ok(())
+    }
+
     /// Connects to rank 0, retrying with backoff (it may not listen yet) until `deadline`.
     fn connect(
         &self,
@@ -394,13 +411,6 @@ impl Rendezvous {
             backoff = (backoff * 2).min(CONNECT_BACKOFF.1);
         }
     }
-}
-
-fn check_control(control: &[u8]) -> Result<(), RendezvousError> {
-    if control.len() > MAX_CONTROL_LEN {
-        return Err(RendezvousError::ControlTooLong(control.len()));
-    }
-    Ok(())
 }
 
 pub(super) fn table(nonce: u64, entries: Vec<(Option<u32>, Vec<u8>)>) -> PeerTable {

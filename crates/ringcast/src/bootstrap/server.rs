@@ -3,6 +3,7 @@
 
 use super::rendezvous::{PeerTable, Rendezvous, RendezvousError, job_nonce, table};
 use super::wire::{self, By, Hello, Reply, WireError};
+use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -30,7 +31,8 @@ pub(super) struct Server<'a> {
     addr: String,
     started: Instant,
     deadline: Instant,
-    joined: Vec<Option<Joined>>,
+    /// By rank. A map, not a slot per rank: nothing is held for a rank before it arrives.
+    joined: BTreeMap<u32, Joined>,
     rejected: Vec<String>,
     /// Connections refused, those not in `rejected` included.
     rejects: usize,
@@ -52,7 +54,7 @@ impl<'a> Server<'a> {
             addr,
             started,
             deadline: cfg.deadline(started),
-            joined: (0..cfg.world_size).map(|_| None).collect(),
+            joined: BTreeMap::new(),
             rejected: Vec::new(),
             rejects: 0,
         })
@@ -86,10 +88,11 @@ impl<'a> Server<'a> {
             }
         }
         let nonce = job_nonce(self.cfg.job_key);
-        let mut entries = Vec::with_capacity(self.joined.len());
+        // Every rank is here now, so these are as long as the ranks that came.
+        let mut entries = Vec::with_capacity(self.joined.len() + 1);
         let mut streams = Vec::with_capacity(self.joined.len());
-        for (rank, slot) in (0u32..).zip(self.joined) {
-            match slot {
+        for rank in 0..self.cfg.world_size {
+            match self.joined.remove(&rank) {
                 Some(j) => {
                     entries.push((j.local_rank, j.control));
                     streams.push((j.peer, j.stream));
@@ -179,13 +182,10 @@ impl<'a> Server<'a> {
             refuse(&mut stream, &e.to_string());
             return Err(self.fail(e));
         }
-        let slot = hello.rank as usize;
         let first = if hello.rank == self.cfg.rank {
             Some("rank 0 itself".to_owned())
         } else {
-            self.joined
-                .get(slot)
-                .and_then(|j| j.as_ref().map(|j| j.peer.to_string()))
+            self.joined.get(&hello.rank).map(|j| j.peer.to_string())
         };
         if let Some(first) = first {
             let e = RendezvousError::DuplicateRank {
@@ -197,14 +197,15 @@ impl<'a> Server<'a> {
             return Err(self.fail(e));
         }
         tracing::debug!(rank = hello.rank, %peer, "rendezvous: rank joined");
-        if let Some(s) = self.joined.get_mut(slot) {
-            *s = Some(Joined {
+        self.joined.insert(
+            hello.rank,
+            Joined {
                 peer,
                 stream,
                 local_rank: hello.local_rank,
                 control: hello.control,
-            });
-        }
+            },
+        );
         Ok(true)
     }
 
@@ -222,10 +223,8 @@ impl<'a> Server<'a> {
         if self.rejects > rejected.len() {
             rejected.push(format!("{} more", self.rejects - rejected.len()));
         }
-        let missing = (0u32..)
-            .zip(&self.joined)
-            .filter(|(r, j)| j.is_none() && *r != self.cfg.rank)
-            .map(|(r, _)| r)
+        let missing = (0..self.cfg.world_size)
+            .filter(|r| *r != self.cfg.rank && !self.joined.contains_key(r))
             .collect();
         RendezvousError::Timeout {
             addr: self.addr.clone(),
@@ -239,7 +238,7 @@ impl<'a> Server<'a> {
     /// Tells every joined rank why the job failed, and returns the error.
     fn fail(&mut self, e: RendezvousError) -> RendezvousError {
         let text = format!("rank 0: {e}");
-        for j in self.joined.iter_mut().flatten() {
+        for j in self.joined.values_mut() {
             refuse(&mut j.stream, &text);
         }
         tracing::error!("rendezvous: {e}");
