@@ -720,6 +720,49 @@ fn a_stray_client_does_not_break_the_rendezvous() {
     });
 }
 
+/// Connections that say nothing (a port scanner's connect scan, a health check) queued ahead of
+/// a real rank do not hold it up: rank 0 reads hellos from every connection at once. (Read one
+/// at a time, each idle one held rank 0 for five seconds, six of them more than the timeout.)
+#[test]
+fn idle_connections_do_not_hold_up_a_rank_behind_them() {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let idle: Vec<_> = (0..6)
+        .map(|_| std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect"))
+        .collect();
+    std::thread::scope(|s| {
+        let member = s.spawn(move || {
+            let mut r = Rendezvous::new(1, 2, addr(port));
+            r.timeout = Duration::from_secs(20);
+            r.run(b"m")
+        });
+        let mut root = Rendezvous::new(0, 2, addr(port));
+        root.timeout = Duration::from_secs(20);
+        let table = root.serve(listener, b"r").expect("rank 1 came");
+        assert_eq!(member.join().expect("no panic").expect("met"), table);
+    });
+    drop(idle);
+}
+
+/// A connection still silent when rank 0 gives up is named as such in the timeout.
+#[test]
+fn an_idle_connection_is_named_in_the_timeout() {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let idle = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect");
+    let local = idle.local_addr().expect("addr");
+    let mut root = Rendezvous::new(0, 2, addr(port));
+    root.timeout = Duration::from_secs(1);
+    let text = root
+        .serve(listener, b"r")
+        .expect_err("rank 1 never comes")
+        .to_string();
+    assert!(
+        text.contains(&format!("{local} (sent no hello within")),
+        "{text}"
+    );
+}
+
 /// Writes `bytes` to `s` one a second until done or `stop` (the reader gave up): whether it
 /// wrote them all.
 fn trickle(mut s: std::net::TcpStream, bytes: &[u8], stop: &std::sync::atomic::AtomicBool) -> bool {

@@ -1,20 +1,30 @@
 //! Rank 0's side of the rendezvous: accept ranks until all have joined (or the deadline
 //! passes), check each hello, then send everyone the table.
+//!
+//! Hellos are read from every pending connection at once (non-blocking sockets polled with
+//! mio, a buffer each), so that a connection that says nothing (a port scanner, a health
+//! check) costs a pending slot until its own timeout, not the other ranks' turn.
 
 use super::rendezvous::{PeerTable, Rendezvous, RendezvousError, job_nonce, table};
-use super::wire::{self, By, Hello, Reply, WireError};
-use std::collections::BTreeMap;
-use std::io::ErrorKind;
+use super::wire::{self, By, Hello, MAX_HELLO_LEN, Reply, WireError};
+use mio::{Events, Interest, Poll, Token};
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, ErrorKind, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 /// How long rank 0 waits for one connection's hello before dropping it, and gives a joined
 /// rank to take the table (or a refusal).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections whose hello is still coming that rank 0 holds at once. More wait in the
+/// listener's backlog until one of these completes or times out: a flood of silent
+/// connections delays the ranks behind it by at most [`HELLO_TIMEOUT`] a round, and costs
+/// rank 0 a bounded number of sockets and buffers.
+const MAX_PENDING: usize = 256;
 /// Refused connections a timeout's message lists (a flood of strays makes it no longer).
 const REJECTED_KEPT: usize = 16;
-/// How often rank 0 polls its listener.
-const ACCEPT_POLL: Duration = Duration::from_millis(5);
+/// The listener's token; pending connections count up from 0.
+const LISTENER: Token = Token(usize::MAX);
 
 /// A joined rank, waiting for the table.
 struct Joined {
@@ -24,10 +34,37 @@ struct Joined {
     control: Vec<u8>,
 }
 
+/// An accepted connection whose hello is still coming.
+struct Pending {
+    peer: SocketAddr,
+    stream: mio::net::TcpStream,
+    /// What it sent so far, at most [`MAX_HELLO_LEN`].
+    hello: Vec<u8>,
+    accepted: Instant,
+}
+
+impl Pending {
+    /// Why it is dropped, `waited` after it connected, without a whole hello.
+    fn silent(&self, waited: Duration) -> String {
+        let secs = waited.as_secs_f64();
+        match self.hello.len() {
+            0 => format!("{} (sent no hello within {secs:.1} s)", self.peer),
+            n => format!(
+                "{} (sent {n} bytes, not a whole hello, within {secs:.1} s)",
+                self.peer
+            ),
+        }
+    }
+}
+
 /// Rank 0's state while ranks join.
 pub(super) struct Server<'a> {
     cfg: &'a Rendezvous,
-    listener: TcpListener,
+    listener: mio::net::TcpListener,
+    poll: Poll,
+    /// By token.
+    pending: HashMap<Token, Pending>,
+    next_token: usize,
     addr: String,
     started: Instant,
     deadline: Instant,
@@ -41,16 +78,23 @@ pub(super) struct Server<'a> {
 impl<'a> Server<'a> {
     pub(super) fn new(cfg: &'a Rendezvous, listener: TcpListener) -> Result<Self, RendezvousError> {
         let addr = cfg.addr.to_string();
-        listener
-            .set_nonblocking(true)
-            .map_err(|source| RendezvousError::Io {
-                addr: addr.clone(),
-                source,
-            })?;
+        let io_err = |source| RendezvousError::Io {
+            addr: addr.clone(),
+            source,
+        };
+        listener.set_nonblocking(true).map_err(io_err)?;
+        let mut listener = mio::net::TcpListener::from_std(listener);
+        let poll = Poll::new().map_err(io_err)?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)
+            .map_err(io_err)?;
         let started = Instant::now();
         Ok(Server {
             cfg,
             listener,
+            poll,
+            pending: HashMap::new(),
+            next_token: 0,
             addr,
             started,
             deadline: cfg.deadline(started),
@@ -61,29 +105,37 @@ impl<'a> Server<'a> {
     }
 
     pub(super) fn run(mut self, control: &[u8]) -> Result<PeerTable, RendezvousError> {
+        let mut events = Events::with_capacity(MAX_PENDING + 1);
         let mut waiting = self.cfg.world_size.saturating_sub(1);
         while waiting > 0 {
             // Every turn: connections that keep coming must not keep rank 0 past it.
-            if Instant::now() >= self.deadline {
+            let now = Instant::now();
+            if now >= self.deadline {
+                for p in std::mem::take(&mut self.pending).into_values() {
+                    self.reject(p.silent(now.saturating_duration_since(p.accepted)));
+                }
                 return Err(self.fail(self.timeout_error()));
             }
-            match self.listener.accept() {
-                Ok((stream, peer)) => {
-                    if self.admit(stream, peer)? {
-                        waiting -= 1;
-                    }
+            self.expire(now);
+            self.accept()?;
+            // Until the next hello could time out, the deadline at the latest.
+            let wake = self
+                .pending
+                .values()
+                .map(|p| p.accepted + HELLO_TIMEOUT)
+                .fold(self.deadline, Instant::min);
+            let wait = wake.saturating_duration_since(Instant::now());
+            if let Err(source) = self.poll.poll(&mut events, Some(wait)) {
+                if source.kind() == ErrorKind::Interrupted {
+                    continue;
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    std::thread::sleep(ACCEPT_POLL);
-                }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ErrorKind::Interrupted | ErrorKind::ConnectionAborted
-                    ) => {}
-                Err(source) => {
-                    let addr = self.addr.clone();
-                    return Err(self.fail(RendezvousError::Io { addr, source }));
+                let addr = self.addr.clone();
+                return Err(self.fail(RendezvousError::Io { addr, source }));
+            }
+            for event in &events {
+                // The listener's turn comes at the top of the loop.
+                if event.token() != LISTENER && self.read_hello(event.token())? {
+                    waiting -= 1;
                 }
             }
         }
@@ -123,11 +175,89 @@ impl<'a> Server<'a> {
         Ok(table(nonce, entries))
     }
 
-    /// Reads one connection's hello; `Ok(true)` when it is a new rank of this job.
-    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr) -> Result<bool, RendezvousError> {
-        // The whole hello within this, however it trickles in.
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        let by = Instant::now() + left.clamp(Duration::from_millis(100), HELLO_TIMEOUT);
+    /// Accepts connections while there is room for them.
+    fn accept(&mut self) -> Result<(), RendezvousError> {
+        while self.pending.len() < MAX_PENDING {
+            match self.listener.accept() {
+                Ok((mut stream, peer)) => {
+                    let token = Token(self.next_token);
+                    self.next_token += 1;
+                    let registered =
+                        self.poll
+                            .registry()
+                            .register(&mut stream, token, Interest::READABLE);
+                    if let Err(e) = registered {
+                        tracing::debug!(%peer, error = %e, "rendezvous: dropping a connection");
+                        continue;
+                    }
+                    let pending = Pending {
+                        peer,
+                        stream,
+                        hello: Vec::new(),
+                        accepted: Instant::now(),
+                    };
+                    self.pending.insert(token, pending);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::Interrupted | ErrorKind::ConnectionAborted
+                    ) => {}
+                Err(source) => {
+                    let addr = self.addr.clone();
+                    return Err(self.fail(RendezvousError::Io { addr, source }));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the connections that sent no whole hello within [`HELLO_TIMEOUT`].
+    fn expire(&mut self, now: Instant) {
+        let late: Vec<Token> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now >= p.accepted + HELLO_TIMEOUT)
+            .map(|(t, _)| *t)
+            .collect();
+        for token in late {
+            if let Some(p) = self.pending.remove(&token) {
+                tracing::debug!(peer = %p.peer, "rendezvous: dropping a silent connection");
+                self.reject(p.silent(HELLO_TIMEOUT));
+            }
+        }
+    }
+
+    /// Reads what a pending connection sent; once its hello is whole (or cannot become one),
+    /// takes it out of the pending ones and admits it. `Ok(true)` when it is a new rank of
+    /// this job.
+    fn read_hello(&mut self, token: Token) -> Result<bool, RendezvousError> {
+        let Some(p) = self.pending.get_mut(&token) else {
+            return Ok(false);
+        };
+        let read = read_some(&mut p.stream, &mut p.hello);
+        let hello = match Hello::read(&mut &p.hello[..]) {
+            // Not all of it yet.
+            Err(WireError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => match read {
+                Ok(false) => return Ok(false),
+                Ok(true) => Err(format!(
+                    "closed the connection after {} bytes, not a whole hello",
+                    p.hello.len()
+                )),
+                Err(e) => Err(e.to_string()),
+            },
+            parsed => Ok(parsed),
+        };
+        let Some(mut p) = self.pending.remove(&token) else {
+            return Ok(false);
+        };
+        if let Err(e) = self.poll.registry().deregister(&mut p.stream) {
+            tracing::debug!(peer = %p.peer, error = %e, "rendezvous: deregistering a connection");
+        }
+        let peer = p.peer;
+        // Blocking again: what rank 0 writes to it below and later is bounded by `By`.
+        let mut stream = TcpStream::from(p.stream);
         let setup = stream
             .set_nonblocking(false)
             .and_then(|()| stream.set_nodelay(true));
@@ -135,9 +265,9 @@ impl<'a> Server<'a> {
             tracing::debug!(%peer, error = %e, "rendezvous: dropping a connection");
             return Ok(false);
         }
-        let hello = match Hello::read(&mut By(&stream, by)) {
-            Ok(h) => h,
-            Err(e) => {
+        let hello = match hello {
+            Ok(Ok(h)) => h,
+            Ok(Err(e)) => {
                 if let WireError::Version(_) = e {
                     refuse(
                         &mut stream,
@@ -148,7 +278,22 @@ impl<'a> Server<'a> {
                 self.reject(format!("{peer} ({e})"));
                 return Ok(false);
             }
+            Err(why) => {
+                tracing::debug!(%peer, error = %why, "rendezvous: dropping a connection");
+                self.reject(format!("{peer} ({why})"));
+                return Ok(false);
+            }
         };
+        self.admit(stream, peer, hello)
+    }
+
+    /// Checks a whole hello; `Ok(true)` when it is a new rank of this job.
+    fn admit(
+        &mut self,
+        mut stream: TcpStream,
+        peer: SocketAddr,
+        hello: Hello,
+    ) -> Result<bool, RendezvousError> {
         let ours = self.cfg.job_key;
         if hello.job_key != 0 && ours != 0 && hello.job_key != ours {
             let why = format!(
@@ -254,5 +399,25 @@ fn refuse(stream: &mut TcpStream, text: &str) {
         &Reply::Refused(text.to_owned()).encode(),
     ) {
         tracing::debug!(error = %e, "rendezvous: could not deliver a refusal");
+    }
+}
+
+/// Reads what `stream` has (non-blocking) into `hello`, up to [`MAX_HELLO_LEN`] in all:
+/// whether the peer closed its side.
+fn read_some(stream: &mut mio::net::TcpStream, hello: &mut Vec<u8>) -> io::Result<bool> {
+    let mut chunk = [0u8; 1024];
+    loop {
+        // Past the longest hello the bytes already say whether it is one.
+        let room = MAX_HELLO_LEN.saturating_sub(hello.len()).min(chunk.len());
+        if room == 0 {
+            return Ok(false);
+        }
+        match stream.read(&mut chunk[..room]) {
+            Ok(0) => return Ok(true),
+            Ok(n) => hello.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
 }

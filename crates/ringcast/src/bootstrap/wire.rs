@@ -19,6 +19,8 @@ pub(super) const MAGIC: [u8; 4] = *b"RCBS";
 pub(super) const VERSION: u16 = 1;
 /// Largest control blob a rank may send (it holds a few socket addresses).
 pub const MAX_CONTROL_LEN: usize = 4096;
+/// Longest hello: the fixed fields (30 bytes) and the longest control blob.
+pub(super) const MAX_HELLO_LEN: usize = 30 + MAX_CONTROL_LEN;
 /// Largest refusal text.
 const MAX_TEXT_LEN: usize = 4096;
 const NO_LOCAL_RANK: u32 = u32::MAX;
@@ -305,6 +307,15 @@ mod tests {
             job_key: 0x0102_0304_0506_0708,
             control: b"abc".to_vec(),
         }
+    }
+
+    #[test]
+    fn the_longest_hello_is_max_hello_len() {
+        let longest = Hello {
+            control: vec![7; MAX_CONTROL_LEN],
+            ..hello()
+        };
+        assert_eq!(longest.encode().len(), MAX_HELLO_LEN);
     }
 
     #[test]
