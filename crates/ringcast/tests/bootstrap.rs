@@ -822,6 +822,38 @@ fn trickling_and_flooding_clients_do_not_keep_rank_0_past_its_deadline() {
     });
 }
 
+/// A rank that starts long before rank 0 waits for the table as long as rank 0 may take, not
+/// only until its own deadline: with one timeout everywhere and ranks started seconds apart
+/// (imports take seconds), rank 1 (at 0 s) once gave up at 8 s (its deadline and the grace)
+/// while rank 0 (at 4 s, deadline 10 s) completed at 9 s with it in the table when rank 2 came.
+/// Whatever the timing, rank 0 and rank 1 agree.
+#[test]
+fn an_early_rank_waits_as_long_as_rank_0_may() {
+    let timeout = Duration::from_secs(6);
+    let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let start = |rank: u32, after: Duration| {
+        std::thread::sleep(after);
+        let mut r = Rendezvous::new(rank, 3, addr(port));
+        r.timeout = timeout;
+        r.run(&[rank as u8])
+    };
+    let (root, one) = std::thread::scope(|s| {
+        let one = s.spawn(|| start(1, Duration::ZERO));
+        let two = s.spawn(|| start(2, Duration::from_secs(9)));
+        let root = start(0, Duration::from_secs(4));
+        let _ = two.join().expect("no panic");
+        (root, one.join().expect("no panic"))
+    });
+    match (root, one) {
+        (Ok(root), Ok(one)) => assert_eq!(root, one),
+        (Err(_), Err(_)) => {}
+        (root, one) => panic!("rank 0 and rank 1 disagree: {root:?}\n{one:?}"),
+    }
+}
+
 /// A joining rank whose rank 0 trickles the table a byte a second gives up at its deadline.
 #[test]
 fn a_trickled_reply_does_not_keep_a_rank_past_its_deadline() {

@@ -326,9 +326,12 @@ impl Rendezvous {
             job_key: self.job_key,
             control: control.to_vec(),
         };
-        // The hello out and the whole reply in by the deadline (and a grace for rank 0's
-        // last turn), however slowly either side's bytes move.
-        let by = deadline.max(Instant::now()) + REPLY_GRACE;
+        // The hello out and the whole reply in by rank 0's deadline (and a grace for its last
+        // turn), however slowly either side's bytes move. Rank 0 listened before this connect
+        // and its deadline counts from then, so it is at most a timeout from now; counted
+        // from this rank's own start, a rank that came early gave up while rank 0 could still
+        // complete with it in the table.
+        let by = self.deadline(Instant::now()) + REPLY_GRACE;
         wire::send(&mut wire::By(&stream, by), &hello.encode()).map_err(io_err)?;
         match Reply::read(&mut wire::By(&stream, by), self.world_size) {
             Ok(Reply::Table { nonce, entries }) => {
