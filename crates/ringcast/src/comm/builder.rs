@@ -181,7 +181,8 @@ impl CommBuilder {
     /// `RINGCAST_VERIFY_ICRC` (`1` checks every datagram's ICRC, see
     /// [`verify_icrc`](Self::verify_icrc)) and `RINGCAST_TCP_THRESHOLD` (bytes, see
     /// [`tcp_threshold`](Self::tcp_threshold); `0` sends every operation to multicast).
-    /// Builder calls made afterwards override them.
+    /// Builder calls made afterwards override them, except that the rank and world size stay
+    /// the environment's (the rendezvous uses those): [`build`](Self::build) refuses others.
     pub fn from_env() -> Result<Self, BuildError> {
         let job = JobEnv::from_env().map_err(BootstrapError::from)?;
         let mut b = CommBuilder::new().rank(job.rank).world_size(job.world_size);
@@ -516,6 +517,19 @@ impl CommBuilder {
                 });
             }
             Peers::Env(job) => {
+                // The rendezvous runs with the environment's rank and size, the communicator
+                // with these: they must be the same.
+                if (job.rank, job.world_size) != (rank, size) {
+                    return Err(BuildError::Invalid {
+                        setting: "CommBuilder::rank / CommBuilder::world_size".into(),
+                        why: format!(
+                            "rank {rank} of {size} differs from the environment's rank {} of {} \
+                             ({}), which the rendezvous uses: drop the override, or start from \
+                             CommBuilder::new()",
+                            job.rank, job.world_size, job.launcher
+                        ),
+                    });
+                }
                 let iface = match self.interface {
                     Some(a) => a,
                     None => job.interface().map_err(BootstrapError::from)?.addr,
@@ -526,6 +540,13 @@ impl CommBuilder {
                 (control, nonce, listener, iface)
             }
         };
+        // Whatever path the table came by, one entry per rank (this rank's is indexed below).
+        if control.len() != size as usize {
+            return Err(BuildError::Invalid {
+                setting: "peer table".into(),
+                why: format!("{} entries for {size} ranks", control.len()),
+            });
+        }
         let chunk = self.chunk_size.unwrap_or_else(|| default_chunk(iface));
         // The second mesh's listener, on the control address; its address travels in the
         // start-up reports.
@@ -842,4 +863,41 @@ fn default_chunk(iface: Ipv4Addr) -> u32 {
         c /= 2;
     }
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A builder as [`CommBuilder::from_env`] makes it, from these variables.
+    fn from_vars(vars: &[(&str, &str)]) -> CommBuilder {
+        let job = JobEnv::from_lookup(|k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        })
+        .expect("env");
+        let mut b = CommBuilder::new().rank(job.rank).world_size(job.world_size);
+        b.peers = Some(Peers::Env(Box::new(job)));
+        b
+    }
+
+    /// The rendezvous uses the environment's rank and size: others given afterwards are an
+    /// error naming both, not a table of the wrong length indexed out of bounds.
+    #[test]
+    fn a_rank_or_size_other_than_the_environments_is_refused() {
+        let env = [("RINGCAST_RANK", "0"), ("RINGCAST_WORLD_SIZE", "1")];
+        for b in [
+            from_vars(&env).world_size(2).rank(1),
+            from_vars(&env).world_size(2),
+        ] {
+            match b.build() {
+                Err(BuildError::Invalid { setting, why }) => {
+                    assert!(setting.contains("CommBuilder::world_size"), "{setting}");
+                    assert!(why.contains("environment's rank 0 of 1"), "{why}");
+                }
+                other => panic!("{:?}", other.err()),
+            }
+        }
+    }
 }
