@@ -86,3 +86,7 @@ pub const DATAGRAM_OVERHEAD: usize = packet::OVERHEAD;
 pub const fn datagram_len(payload_len: usize) -> usize {
     packet::datagram_len(payload_len)
 }
+
+/// The longest chunk payload whose datagram fits in one UDP datagram over IPv4 (a lane's
+/// sender refuses a longer `max_payload`).
+pub const MAX_CHUNK_PAYLOAD: usize = (tx::MAX_UDP_PAYLOAD - packet::OVERHEAD) & !3;

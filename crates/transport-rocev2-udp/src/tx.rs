@@ -471,6 +471,30 @@ mod tests {
     use super::*;
     use std::time::{Duration, Instant};
 
+    /// A sender takes chunks up to the longest that fits a UDP datagram
+    /// ([`crate::MAX_CHUNK_PAYLOAD`]), and refuses one byte more.
+    #[test]
+    fn the_longest_chunk_fits_a_datagram() {
+        let cfg = |max_payload| TxConfig {
+            lane: 0,
+            group: SocketAddrV4::new(std::net::Ipv4Addr::new(239, 1, 2, 3), 4791),
+            pkey: 0xFFFF,
+            qkey: 1,
+            rank: 0,
+            max_payload,
+            gso: false,
+            initial_psn: 0,
+        };
+        let sock = || TxSocket::open(&crate::socket::SocketConfig::loopback()).unwrap();
+        let max = crate::MAX_CHUNK_PAYLOAD;
+        assert!(packet::datagram_len(max) <= MAX_UDP_PAYLOAD);
+        assert!(LaneSender::new(sock(), cfg(max)).is_ok());
+        assert!(matches!(
+            LaneSender::new(sock(), cfg(max + 1)),
+            Err(TxError::BadConfig(_))
+        ));
+    }
+
     /// The kernel refuses GSO on a socket without UDP checksums (`EINVAL`), as it refuses it
     /// (`EIO`) on a device that cannot segment: the refused gathered batch is resent laid out,
     /// every later one is laid out too, and every datagram arrives with the right ICRC.

@@ -9,6 +9,7 @@ use std::time::Duration;
 use ringcast_core::port::Port;
 use ringcast_core::wire::CONTROL_MAX_LEN;
 use ringcast_core::{Config, MAX_TIMEOUT, Node};
+use ringcast_transport_rocev2_udp::MAX_CHUNK_PAYLOAD;
 use ringcast_transport_rocev2_udp::addr::{AddrConfig, JobAddrs, McastPrefix, ROCEV2_PORT};
 use ringcast_transport_rocev2_udp::{
     ControlConfig, Registry, SocketConfig, TcpControl, UdpPort, UdpPortConfig,
@@ -300,7 +301,10 @@ impl CommBuilder {
         self
     }
 
-    /// Payload bytes per chunk (one datagram each).
+    /// Payload bytes per chunk (one datagram each): at least the start-up check's probe (16
+    /// bytes) and at most what fits one UDP datagram with its headers
+    /// ([`MAX_CHUNK_PAYLOAD`](ringcast_transport_rocev2_udp::MAX_CHUNK_PAYLOAD), 65 476);
+    /// others are refused by [`build`](Self::build).
     pub fn chunk_size(mut self, bytes: u32) -> Self {
         self.chunk_size = Some(bytes);
         self
@@ -445,6 +449,29 @@ impl CommBuilder {
             return Err(BuildError::Invalid {
                 setting: "chunk size (RINGCAST_CHUNK_SIZE)".into(),
                 why: format!("{c} bytes is below {MIN_CHUNK}, the start-up check's datagram"),
+            });
+        }
+        if let Some(c) = self.chunk_size
+            && c as usize > MAX_CHUNK_PAYLOAD
+        {
+            return Err(BuildError::Invalid {
+                setting: "chunk size (RINGCAST_CHUNK_SIZE)".into(),
+                why: format!(
+                    "{c} bytes is above {MAX_CHUNK_PAYLOAD}: a chunk and its RoCEv2 headers \
+                     must fit one UDP datagram"
+                ),
+            });
+        }
+        if self.lanes == 0 {
+            return Err(BuildError::Invalid {
+                setting: "lanes (CommBuilder::lanes, RINGCAST_LANES)".into(),
+                why: "0 lanes: at least one multicast group is needed".into(),
+            });
+        }
+        if self.link_bandwidth == 0 {
+            return Err(BuildError::Invalid {
+                setting: "link bandwidth (CommBuilder::link_bandwidth)".into(),
+                why: "0 bytes per second: the cutoff timer divides by it".into(),
             });
         }
         if self.loss_threshold.is_nan() || self.loss_threshold < 0.0 {
@@ -880,6 +907,36 @@ mod tests {
         let mut b = CommBuilder::new().rank(job.rank).world_size(job.world_size);
         b.peers = Some(Peers::Env(Box::new(job)));
         b
+    }
+
+    /// A chunk too long for a UDP datagram, no lanes and a zero link bandwidth are refused
+    /// naming the setting, before any rank is asked for or connected.
+    #[test]
+    fn settings_the_transport_cannot_take_are_named() {
+        let chunk = u32::try_from(MAX_CHUNK_PAYLOAD).unwrap();
+        for (b, named) in [
+            (
+                CommBuilder::new().chunk_size(chunk + 1),
+                "RINGCAST_CHUNK_SIZE",
+            ),
+            (CommBuilder::new().lanes(0), "RINGCAST_LANES"),
+            (
+                CommBuilder::new().link_bandwidth(0),
+                "CommBuilder::link_bandwidth",
+            ),
+        ] {
+            match b.build() {
+                Err(BuildError::Invalid { setting, .. }) => {
+                    assert!(setting.contains(named), "{setting}")
+                }
+                other => panic!("{named}: {:?}", other.err()),
+            }
+        }
+        // The longest chunk that fits passes that check: what is missing next is the rank.
+        assert!(matches!(
+            CommBuilder::new().chunk_size(chunk).build(),
+            Err(BuildError::Missing("rank", _))
+        ));
     }
 
     /// The rendezvous uses the environment's rank and size: others given afterwards are an
