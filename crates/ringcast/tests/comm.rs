@@ -980,7 +980,9 @@ fn a_rank_that_posts_late_is_waited_for() {
 /// rank 1 leaves over that failure. A large Broadcast posted next (over multicast) fails
 /// naming rank 2, as every post after a failure names its culprit: the engine and the TCP
 /// path share whom this rank blames, and rank 1's goodbye on the engine's mesh names it too
-/// (each side kept its own: the Broadcast named rank 1, which left). Found by an audit.
+/// (each side kept its own: the Broadcast named rank 1, which left). Found by an audit. It
+/// fails with `PeerFailed`, as a TCP operation doomed the same way does (it said `PeerLost`:
+/// rank 2's connection closed, which it had not).
 #[test]
 fn a_multicast_post_after_a_tcp_failure_names_its_culprit() {
     // Rank 2 stays until ranks 0 and 3 are done (its departure would doom the Broadcast).
@@ -1011,8 +1013,9 @@ fn a_multicast_post_after_a_tcp_failure_names_its_culprit() {
             let mut buf = vec![me as u8; 1 << 20];
             let got = comm.broadcast(0, &mut buf);
             done.wait();
+            // Rank 2 is alive: it failed, it is not gone (the TCP path says so too).
             match got {
-                Err(e) if e.peer() == Some(2) => Ok(()),
+                Err(CommError::PeerFailed { peer: 2, .. }) => Ok(()),
                 other => Err(format!("rank {me}: the Broadcast: {other:?}")),
             }
         },

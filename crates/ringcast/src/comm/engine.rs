@@ -805,11 +805,26 @@ impl Engine {
         }
     }
 
-    /// Fails post `p`, which the loss of `rank` dooms before it starts.
+    /// Fails post `p`, which the loss of `rank` dooms before it starts: with the loss of
+    /// `rank`, or, when an earlier failure blamed another rank, with that failure, reported
+    /// by the rank that left over it or by this one (as the TCP path's doomed operations
+    /// fail, [`Lost::error`]: the rank named may be alive, and `PeerLost` says it is gone).
     fn doom(&mut self, p: Post, rank: u32) {
         let peer = self.blame.doomed(self.next_op, rank);
+        let e = if peer == rank {
+            CommError::PeerLost { peer }
+        } else {
+            let told = self
+                .lost
+                .iter()
+                .any(|l| l.rank == rank && l.blamed == Some(peer));
+            CommError::PeerFailed {
+                peer,
+                reported_by: if told { rank } else { self.rank() },
+            }
+        };
         self.failed += 1;
-        let _ = p.reply.send(Err(CommError::PeerLost { peer }));
+        let _ = p.reply.send(Err(e));
     }
 
     /// Releases the buffers of operations that are over and whose reads drained.

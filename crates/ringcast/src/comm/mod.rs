@@ -88,7 +88,8 @@
 //! * A peer whose control connection closes (the process died) fails every operation in
 //!   flight at once with [`CommError::PeerLost`] naming it; so does every later post: a
 //!   communicator that lost a rank cannot run collectives any more. When one failure makes
-//!   other ranks leave too, later posts keep naming the rank the first failure blamed.
+//!   other ranks leave too, later posts keep naming the rank the first failure blamed, with
+//!   [`CommError::PeerFailed`] (that rank may be alive), over either path.
 //! * A peer that drops its communicator says goodbye first: operations it finished complete
 //!   normally elsewhere, the others fail with [`CommError::PeerLost`]. (Over TCP, one that
 //!   still waits on it after its goodbye, when the ranks disagreed on it, fails at once
