@@ -85,6 +85,9 @@ impl SimConfig {
         c.link_bandwidth = self.bandwidth;
         c.cutoff_alpha = self.effective_cutoff_alpha();
         c.peer_timeout = self.peer_timeout;
+        // No post timeout of its own: never shorter than the peer timeout, which the core
+        // refuses.
+        c.post_timeout = c.post_timeout.max(self.peer_timeout);
         c.send_window = self.send_window;
         c.chains = self.chains;
         c
@@ -92,8 +95,13 @@ impl SimConfig {
 
     /// The cutoff slack the sessions use.
     pub fn effective_cutoff_alpha(&self) -> Duration {
-        self.cutoff_alpha
-            .unwrap_or(8 * 4 * self.latency + 4 * self.control_overhead + Duration::from_micros(10))
+        // Saturating: a latency too long for the sum is refused by the core's bound anyway.
+        self.cutoff_alpha.unwrap_or(
+            self.latency
+                .saturating_mul(8 * 4)
+                .saturating_add(self.control_overhead.saturating_mul(4))
+                .saturating_add(Duration::from_micros(10)),
+        )
     }
 }
 

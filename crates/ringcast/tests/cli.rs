@@ -69,6 +69,36 @@ fn sim_bcast_json_is_verified_and_completed() {
     }
 }
 
+/// A peer timeout past the core's default post timeout runs (the simulator has no post
+/// timeout of its own); timeouts and latencies past the core's bounds are refused naming
+/// the flag, not the core's field.
+#[test]
+fn sim_timeouts_are_bounded_by_their_flags() {
+    let out = ringcast(&[
+        "sim",
+        "bcast",
+        "--ranks",
+        "4",
+        "--size",
+        "1KiB",
+        "--peer-timeout",
+        "601s",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (flag, value) in [("--peer-timeout", "700000s"), ("--latency", "1000000000s")] {
+        let out = ringcast(&[
+            "sim", "bcast", "--ranks", "4", "--size", "1KiB", flag, value,
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains(flag), "{flag}: {err}");
+    }
+}
+
 #[test]
 fn sim_bcast_table_and_crash_exit_status() {
     let out = ringcast(&["sim", "bcast", "--ranks", "4", "--size", "64KiB"]);

@@ -169,6 +169,21 @@ fn config(a: &SimArgs, workload: Workload, buffer: u64) -> Result<SimConfig, Str
         // No flag for link outages yet: the property tests and campaigns set them.
         links_down: Vec::new(),
     };
+    // The core's bounds, named by the flags they come from (it would name its own fields).
+    let week = ringcast_core::MAX_TIMEOUT;
+    if a.peer_timeout > week {
+        return Err(format!(
+            "--peer-timeout {:?} is more than a week",
+            a.peer_timeout
+        ));
+    }
+    if cfg.effective_cutoff_alpha() > week {
+        return Err(format!(
+            "--latency {:?}: the cutoff slack it sets (32 x the latency and more) would be \
+             more than a week",
+            a.latency
+        ));
+    }
     Ok(cfg)
 }
 
