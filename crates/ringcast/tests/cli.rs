@@ -431,7 +431,8 @@ fn bench_and_demo_refuse_bad_flags_before_spawning() {
 }
 
 /// A size no process can allocate (2^62 bytes) fails the run with an error naming `--sizes`,
-/// not an abort ("memory allocation of N bytes failed") or a panic ("capacity overflow").
+/// not an abort ("memory allocation of N bytes failed") or a panic ("capacity overflow"):
+/// refused before any rank starts, as more than the host has available for its ranks.
 #[test]
 fn sizes_too_large_for_memory_fail_the_ranks_cleanly() {
     for args in [
@@ -451,8 +452,9 @@ fn sizes_too_large_for_memory_fail_the_ranks_cleanly() {
     ] {
         let out = ringcast_clean(&[args, &["--timeout", "60s"]].concat());
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains("use smaller --sizes"), "{args:?}: {err}");
+        assert!(err.contains("this host has available"), "{args:?}: {err}");
         assert!(!err.contains("memory allocation"), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }

@@ -121,7 +121,10 @@ impl Output {
             };
             let peer = match a.collective {
                 Collective::Bcast => "binomial(B): the busiest rank of a binomial tree",
-                _ => "ring(B): the busiest rank of a ring, (P-1) x own block",
+                _ => {
+                    "ring(B): the busiest rank of a ring, every block but its successor's \
+                     ((P-1) x the block when all are equal)"
+                }
             };
             o.line(&format!(
                 "# ringcast bench {}: {ranks} ranks ({launch}), {} verified + {} warm-up + {} \
@@ -228,7 +231,7 @@ impl Output {
             },
             "p2p": match a.collective {
                 Collective::Bcast => "binomial tree, bytes each rank sends",
-                _ => "ring, (P-1) x own block",
+                _ => "ring, bytes each rank sends: every block but its successor's",
             },
             "results": self.rows,
         });
@@ -251,6 +254,15 @@ fn name(c: Collective) -> &'static str {
 fn parent(a: &BenchArgs, n: u32) -> Result<ExitCode, CmdError> {
     local::check_ranks(n, "--local")?;
     check_for(a, n)?;
+    // What a rank holds at once for its largest size: a Broadcast's buffer and the expected
+    // pattern; an Allgather(v)'s receive buffer, its own block and one block of expected
+    // bytes (an Allgatherv's largest block is under twice the size).
+    let largest = a.sizes.iter().copied().max().unwrap_or(0);
+    let held = match a.collective {
+        Collective::Bcast => largest.saturating_mul(2),
+        _ => largest.saturating_mul(u64::from(n).saturating_add(4)),
+    };
+    local::check_memory(n, held, "--sizes / --local")?;
     let ranks = LocalRanks::spawn(n)?;
     let launch = "local processes, loopback multicast";
     let mut o = Output::new(a, n, launch)?;
@@ -427,10 +439,7 @@ fn one_size(
     bufs = bufs.run(comm, a)?;
     let checked = match &bufs {
         Bufs::Bcast(b) => net::verify("bcast", b, &net::pattern(salt, 0, size)?, &counts),
-        Bufs::Gather { recv, .. } => {
-            let want = net::gathered(salt, &blocks)?;
-            net::verify(name(a.collective), recv, &want, &counts)
-        }
+        Bufs::Gather { recv, .. } => net::verify_gathered(name(a.collective), recv, salt, &counts),
     };
     checked.map_err(CmdError::Run)?;
     sink.emit("TICK", "")?;
@@ -503,10 +512,14 @@ fn summarize(a: &BenchArgs, p: u32, size: u64, total: u64, blocks: &[u64], all: 
             (0..p).map(|r| if r == 0 { size } else { 0 }).collect(),
             net::binomial_bcast(p, 0, size),
         ),
-        _ => (
-            blocks.to_vec(),
-            blocks.iter().map(|b| b * u64::from(p - 1)).collect(),
-        ),
+        // A ring's rank r forwards every block but the one its successor r + 1 owns (for
+        // equal blocks, P - 1 times its own).
+        _ => {
+            let all: u64 = blocks.iter().sum();
+            let n = blocks.len();
+            let ring = (0..n).map(|r| all - blocks[(r + 1) % n]).collect();
+            (blocks.to_vec(), ring)
+        }
     };
     json!({
         "size": size,

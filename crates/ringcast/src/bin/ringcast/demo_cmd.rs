@@ -137,23 +137,36 @@ fn one(
         let inj = Injected::between(&s0, &comm.stats()?);
         Ok((secs, inj, net::verify("broadcast", &got, &want, &[n])))
     } else {
-        let sizes = vec![op.size; p as usize];
-        let want = net::gathered(salt, &sizes)?;
+        let mine = net::pattern(salt, me, op.size)?;
         let recv = net::buffer(net::held_bytes(op.size, p, true)?, UNTOUCHED)?;
         let s0 = comm.stats()?;
         let t0 = Instant::now();
-        let mine = &want[me as usize * n..(me as usize + 1) * n];
-        let got = comm.iallgather(mine, recv)?.wait()?;
+        let got = comm.iallgather(&mine, recv)?.wait()?;
         let secs = t0.elapsed().as_secs_f64();
         let inj = Injected::between(&s0, &comm.stats()?);
         let sizes = vec![n; p as usize];
-        Ok((secs, inj, net::verify("allgather", &got, &want, &sizes)))
+        Ok((
+            secs,
+            inj,
+            net::verify_gathered("allgather", &got, salt, &sizes),
+        ))
     }
 }
 
 fn parent(a: &DemoArgs) -> Result<ExitCode, CmdError> {
     let ops = ops(a);
     let p = a.ranks;
+    // What a rank holds at once (see `one`): a Broadcast's buffer and its expected bytes, an
+    // Allgather's receive buffer, its own block and one block of expected bytes.
+    let held = ops
+        .iter()
+        .map(|op| {
+            let blocks = if op.broadcast { 2 } else { u64::from(p) + 2 };
+            op.size.saturating_mul(blocks)
+        })
+        .max()
+        .unwrap_or(0);
+    local::check_memory(p, held, "--sizes / --ranks")?;
     let ranks = LocalRanks::spawn(p)?;
     let mut out = std::io::stdout().lock();
     let mut put = |s: String| {

@@ -34,6 +34,40 @@ pub(crate) fn check_ranks(ranks: u32, flag: &str) -> Result<(), CmdError> {
     Ok(())
 }
 
+/// `Err` naming `flags` when `ranks` local rank processes, each holding `per_rank` bytes at
+/// once, would need more memory than this host has available (`MemAvailable` in
+/// `/proc/meminfo`; unchecked where it cannot be read). Allocations past it are not refused
+/// by the kernel, which overcommits: the ranks would touch their pages and be killed.
+pub(crate) fn check_memory(ranks: u32, per_rank: u64, flags: &str) -> Result<(), CmdError> {
+    let Some(available) = mem_available() else {
+        return Ok(());
+    };
+    let need = u128::from(ranks) * u128::from(per_rank);
+    if need <= u128::from(available) {
+        return Ok(());
+    }
+    Err(format!(
+        "{flags}: {ranks} local ranks would hold about {} MiB at once, more than the {} MiB \
+         this host has available; use smaller --sizes or fewer ranks",
+        need >> 20,
+        available >> 20
+    )
+    .into())
+}
+
+/// `MemAvailable` from `/proc/meminfo`, in bytes.
+fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    meminfo_available(&info)
+}
+
+/// The `MemAvailable:` line of a `/proc/meminfo` text, in bytes.
+fn meminfo_available(info: &str) -> Option<u64> {
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// A report line from a child: `@@TAG body`.
 pub(crate) fn report(tag: &str, body: &str) -> Result<(), CmdError> {
     let mut out = std::io::stdout().lock();
@@ -52,7 +86,8 @@ pub(crate) struct LocalRanks {
 }
 
 impl LocalRanks {
-    /// Re-executes this binary with its own arguments plus `--child`, `ranks` times.
+    /// Re-executes this binary with its own arguments plus `--child` (right after the
+    /// subcommand: after a `--` it would be taken for a positional argument), `ranks` times.
     pub(crate) fn spawn(ranks: u32) -> Result<Self, CmdError> {
         check_ranks(ranks, "the number of local ranks")?;
         let exe = std::env::current_exe().map_err(|e| format!("finding this binary: {e}"))?;
@@ -66,9 +101,11 @@ impl LocalRanks {
             open: ranks as usize,
         };
         for r in 0..ranks {
+            let mut args = std::env::args_os().skip(1);
             let mut child = Command::new(&exe)
-                .args(std::env::args_os().skip(1))
+                .args(args.next())
                 .arg("--child")
+                .args(args)
                 .env("RINGCAST_RANK", r.to_string())
                 .env("RINGCAST_WORLD_SIZE", ranks.to_string())
                 .env("RINGCAST_BOOTSTRAP", &bootstrap)
@@ -197,4 +234,29 @@ fn free_port(udp: bool) -> Result<u16, String> {
     };
     port.map(|a| a.port())
         .map_err(|e| format!("finding a free port: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo_s_available_memory_is_read_in_bytes() {
+        let info = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20480 kB\n";
+        assert_eq!(meminfo_available(info), Some(20 << 20));
+        assert_eq!(meminfo_available("MemTotal: 5 kB\n"), None);
+        assert_eq!(meminfo_available("MemAvailable: lots kB\n"), None);
+    }
+
+    #[test]
+    fn memory_a_run_cannot_have_is_refused_naming_the_flags() {
+        let Some(available) = mem_available() else {
+            return;
+        };
+        assert!(check_memory(1, available / 2, "--sizes").is_ok());
+        match check_memory(4, available / 2, "--sizes / --local") {
+            Err(CmdError::Msg(m)) => assert!(m.contains("--sizes / --local"), "{m}"),
+            _ => panic!("four ranks of half the memory each were let through"),
+        }
+    }
 }

@@ -135,7 +135,9 @@ pub(crate) fn pattern_into(salt: u64, rank: u32, v: &mut [u8]) {
     tail.copy_from_slice(&last[..n]);
 }
 
-/// The patterns of every rank, block after block: what an Allgather(v) of `blocks` gathers.
+/// The patterns of every rank, block after block: what an Allgather(v) of `blocks` gathers
+/// (the tests' reference for [`verify_gathered`]).
+#[cfg(test)]
 pub(crate) fn gathered(salt: u64, blocks: &[u64]) -> Result<Vec<u8>, String> {
     let total = blocks.iter().try_fold(0u64, |t, b| t.checked_add(*b));
     let mut v = buffer(total.unwrap_or(u64::MAX), 0)?;
@@ -154,6 +156,42 @@ fn splitmix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// [`verify`] of an Allgather(v) of `blocks` against every rank's pattern ([`pattern`]),
+/// computed one block at a time: the expected bytes take one block's memory, not the whole
+/// buffer's (every local rank holds its own receive buffer already).
+pub(crate) fn verify_gathered(
+    what: &str,
+    got: &[u8],
+    salt: u64,
+    blocks: &[usize],
+) -> Result<(), String> {
+    let total = blocks.iter().try_fold(0usize, |t, b| t.checked_add(*b));
+    if total != Some(got.len()) {
+        return Err(format!(
+            "{what}: {} bytes, want {}",
+            got.len(),
+            total.map_or_else(|| "more than memory".into(), |t| t.to_string())
+        ));
+    }
+    let mut want = buffer(blocks.iter().copied().max().unwrap_or(0) as u64, 0)?;
+    let mut at = 0;
+    for (r, &b) in blocks.iter().enumerate() {
+        let want = &mut want[..b];
+        pattern_into(salt, r as u32, want);
+        let got = &got[at..at + b];
+        if let Some(i) = got.iter().zip(&*want).position(|(a, b)| a != b) {
+            return Err(format!(
+                "{what}: byte {} (offset {i} in rank {r}'s block) is {:#04x}, want {:#04x}",
+                at + i,
+                got[i],
+                want[i]
+            ));
+        }
+        at += b;
+    }
+    Ok(())
 }
 
 /// `Err` naming the first byte that differs, and whose block it lies in.
@@ -323,6 +361,24 @@ mod tests {
         assert!(e.contains("--chunk"), "{e}");
         assert!(chunk(1 << 32).is_err());
         assert_eq!(chunk(4096), Ok(4096));
+    }
+
+    /// Block by block, the same verdicts as against the whole expected buffer.
+    #[test]
+    fn verifying_block_by_block_is_verifying_the_whole() {
+        let blocks = [5usize, 0, 9, 16];
+        let sizes: Vec<u64> = blocks.iter().map(|&b| b as u64).collect();
+        let want = gathered(3, &sizes).expect("small");
+        assert_eq!(verify_gathered("ag", &want, 3, &blocks), Ok(()));
+        for i in 0..want.len() {
+            let mut got = want.clone();
+            got[i] ^= 0x40;
+            let whole = verify("ag", &got, &want, &blocks);
+            assert!(whole.is_err());
+            assert_eq!(verify_gathered("ag", &got, 3, &blocks), whole, "byte {i}");
+        }
+        assert!(verify_gathered("ag", &want[1..], 3, &blocks).is_err());
+        assert!(verify_gathered("ag", &want, 4, &blocks).is_err());
     }
 
     #[test]
