@@ -284,7 +284,8 @@ pub(crate) struct NetArgs {
     /// Chunk (datagram payload) size; default: the largest that fits the MTU, at most 4 KiB.
     #[arg(long, value_parser = units::size)]
     pub(crate) chunk: Option<u64>,
-    /// Link bandwidth the cutoff timer assumes: `10Gbps`, `1.25GB/s`.
+    /// Link bandwidth the cutoff timer and the pacer assume: `10Gbps`, `1.25GB/s` (default:
+    /// the interface's speed as the kernel reports it; 100Gbps on loopback).
     #[arg(long, value_parser = units::bandwidth)]
     pub(crate) link_bandwidth: Option<u64>,
     /// How long a rank waits on a silent peer before failing the operation.
