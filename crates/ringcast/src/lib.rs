@@ -14,7 +14,8 @@
 //!   ([`ringcast_loopback_sim`]), which drives real core sessions over a simulated fabric
 //!   with faults and checks every rank's buffer.
 //!
-//! The `ringcast` binary (feature `cli`) runs the simulator from the command line:
+//! The `ringcast` binary (feature `cli`) runs collectives between local or launched ranks
+//! (`demo`, `bench`), checks a launch (`bootstrap`), and runs the simulator:
 //!
 //! ```text
 //! ringcast sim bcast --ranks 64 --size 16MiB --chunk 4KiB --topology leaf-spine --loss 1e-4 --seed 7

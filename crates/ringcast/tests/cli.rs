@@ -410,8 +410,12 @@ fn bench_and_demo_refuse_bad_flags_before_spawning() {
     refused(&bench(&["--timeout", "0ns"]), "--timeout");
     // Silently ignored --sizes.
     refused(&["demo", "--quick", "--sizes", "1"], "--quick");
-    // Blamed RINGCAST_CHUNK_SIZE.
+    // Blamed RINGCAST_CHUNK_SIZE; or let every rank start to refuse a chunk no datagram holds.
     refused(&bench(&["--chunk", "0"]), "--chunk 0");
+    refused(
+        &bench(&["--chunk", "70000"]),
+        "--chunk 70000 must be between 16 B and 65476 B",
+    );
     // size x ranks does not fit in a buffer: refused before connecting.
     refused(
         &[

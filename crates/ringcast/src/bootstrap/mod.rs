@@ -16,8 +16,9 @@
 //!    Slurm comes last because mpirun inside an allocation inherits `SLURM_PROCID=0` in every
 //!    rank. `RINGCAST_BOOTSTRAP=host:port` overrides any derived address. Derived ports lie in
 //!    [`DERIVED_PORT_BASE`]`..+`[`DERIVED_PORT_SPAN`] (a Slurm step's at
-//!    `(SLURM_JOB_ID * 67 + SLURM_STEP_ID) % DERIVED_PORT_SPAN` into the range: one step of
-//!    jobs fewer than the span apart gets different ports). A single-rank job needs no
+//!    `(SLURM_JOB_ID * 67 + SLURM_STEP_ID) % DERIVED_PORT_SPAN` into the range for numeric
+//!    ids, a hash of the job id otherwise: one step of jobs fewer than the span apart gets
+//!    different ports). A single-rank job needs no
 //!    rendezvous.
 //!    Also read: `RINGCAST_IFNAME` (`NCCL_SOCKET_IFNAME` syntax, see [`IfnameFilter`]) and
 //!    `RINGCAST_BOOTSTRAP_TIMEOUT` (seconds, default 30). Every missing or inconsistent setting

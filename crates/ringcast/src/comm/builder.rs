@@ -109,7 +109,8 @@ pub struct CommBuilder {
     udp_port: u16,
     prefix: McastPrefix,
     peer_timeout: Duration,
-    post_timeout: Duration,
+    /// `None`: [`DEFAULT_POST_TIMEOUT`], or the peer timeout if longer.
+    post_timeout: Option<Duration>,
     link_bandwidth: Option<u64>,
     cutoff_alpha: Duration,
     connect_timeout: Duration,
@@ -133,7 +134,7 @@ impl Default for CommBuilder {
             udp_port: ROCEV2_PORT,
             prefix: McastPrefix::ADMIN_SCOPED,
             peer_timeout: Duration::from_secs(5),
-            post_timeout: Duration::from_secs(600),
+            post_timeout: None,
             link_bandwidth: None,
             cutoff_alpha: Duration::from_millis(5),
             connect_timeout: Duration::from_secs(30),
@@ -202,10 +203,11 @@ impl CommBuilder {
             })?;
         }
         if let Some(t) = parse_var::<f64>("RINGCAST_POST_TIMEOUT")? {
-            b.post_timeout = Duration::try_from_secs_f64(t).map_err(|e| BuildError::Invalid {
+            let t = Duration::try_from_secs_f64(t).map_err(|e| BuildError::Invalid {
                 setting: format!("RINGCAST_POST_TIMEOUT={t}"),
                 why: e.to_string(),
             })?;
+            b.post_timeout = Some(t);
         }
         if let Some(f) = parse_var::<Fallback>("RINGCAST_FALLBACK")? {
             b.fallback = f;
@@ -337,10 +339,16 @@ impl CommBuilder {
     /// `RINGCAST_POST_TIMEOUT`, in seconds). One rank loading a checkpoint before a
     /// Broadcast is waited for; past this, the operation fails with
     /// [`CommError::NotPosted`](super::CommError::NotPosted) naming the rank. At least the
-    /// peer timeout.
+    /// peer timeout; left unset, it follows a peer timeout set longer than 10 minutes.
     pub fn post_timeout(mut self, t: Duration) -> Self {
-        self.post_timeout = t;
+        self.post_timeout = Some(t);
         self
+    }
+
+    /// The post timeout [`build`](Self::build) uses.
+    fn post(&self) -> Duration {
+        self.post_timeout
+            .unwrap_or(DEFAULT_POST_TIMEOUT.max(self.peer_timeout))
     }
 
     /// Check every received datagram's RoCEv2 ICRC (default off; like `RINGCAST_VERIFY_ICRC`).
@@ -424,10 +432,11 @@ impl CommBuilder {
     /// Connects to the other ranks (every rank calls it at about the same time) and starts
     /// the engine.
     pub fn build(self) -> Result<Communicator, BuildError> {
+        let post = self.post();
         // Every wait is bounded, so that its deadline can be computed (a week at most).
         for (d, setting) in [
             (self.peer_timeout, "peer timeout (RINGCAST_PEER_TIMEOUT)"),
-            (self.post_timeout, "post timeout (RINGCAST_POST_TIMEOUT)"),
+            (post, "post timeout (RINGCAST_POST_TIMEOUT)"),
             (self.connect_timeout, "CommBuilder::connect_timeout"),
             (self.probe_window, "start-up check (RINGCAST_PROBE_WINDOW)"),
             (self.cutoff_alpha, "CommBuilder::cutoff_alpha"),
@@ -439,12 +448,12 @@ impl CommBuilder {
                 });
             }
         }
-        if self.post_timeout < self.peer_timeout {
+        if post < self.peer_timeout {
             return Err(BuildError::Invalid {
                 setting: "post timeout (RINGCAST_POST_TIMEOUT)".into(),
                 why: format!(
                     "{:?} is shorter than the peer timeout ({:?}, RINGCAST_PEER_TIMEOUT)",
-                    self.post_timeout, self.peer_timeout
+                    post, self.peer_timeout
                 ),
             });
         }
@@ -640,7 +649,7 @@ impl CommBuilder {
         cfg.lanes = self.lanes;
         cfg.chunk_size = chunk;
         cfg.peer_timeout = self.peer_timeout;
-        cfg.post_timeout = self.post_timeout;
+        cfg.post_timeout = post;
         let cfg_link = self
             .link_bandwidth
             .unwrap_or_else(|| default_link_bandwidth(iface));
@@ -692,7 +701,7 @@ impl CommBuilder {
                 1001
             },
             peer_timeout: self.peer_timeout,
-            post_timeout: self.post_timeout,
+            post_timeout: post,
             piece: fallback::PIECE,
             tcp_threshold: self.tcp_threshold,
         };
@@ -901,6 +910,9 @@ fn sysfs_net(name: &str, file: &str) -> Option<String> {
     Some(v.trim().to_owned())
 }
 
+/// The post timeout unless set (torch's default for NCCL's collectives).
+const DEFAULT_POST_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// Link rate (bytes per second) where the kernel reports none.
 const UNKNOWN_LINK: u64 = 10_000_000_000 / 8;
 /// Link rate (bytes per second) taken for loopback: what it costs is memory copies, not a line
@@ -962,6 +974,29 @@ mod tests {
         let mut b = CommBuilder::new().rank(job.rank).world_size(job.world_size);
         b.peers = Some(Peers::Env(Box::new(job)));
         b
+    }
+
+    /// A peer timeout longer than the default post timeout raises it (`ringcast bench
+    /// --peer-timeout 700s` was refused, naming a post timeout it has no flag for); a post
+    /// timeout set shorter than the peer timeout is still refused.
+    #[test]
+    fn an_unset_post_timeout_follows_a_long_peer_timeout() {
+        let long = Duration::from_secs(700);
+        assert_eq!(CommBuilder::new().post(), DEFAULT_POST_TIMEOUT);
+        assert_eq!(CommBuilder::new().peer_timeout(long).post(), long);
+        assert!(matches!(
+            CommBuilder::new().peer_timeout(long).build(),
+            Err(BuildError::Missing("rank", _))
+        ));
+        let short = CommBuilder::new()
+            .peer_timeout(long)
+            .post_timeout(Duration::from_secs(600));
+        match short.build() {
+            Err(BuildError::Invalid { setting, .. }) => {
+                assert!(setting.contains("RINGCAST_POST_TIMEOUT"), "{setting}")
+            }
+            other => panic!("{:?}", other.err()),
+        }
     }
 
     /// A link's rate is what the kernel reports, in megabits per second; loopback's is taken

@@ -281,14 +281,17 @@ pub(crate) struct NetArgs {
     /// Multicast lanes (groups).
     #[arg(long)]
     pub(crate) lanes: Option<u16>,
-    /// Chunk (datagram payload) size; default: the largest that fits the MTU, at most 4 KiB.
+    /// Chunk (datagram payload) size, 16 B to 65 476 B; default: the largest power of two up
+    /// to 4 KiB that fits the MTU.
     #[arg(long, value_parser = units::size)]
     pub(crate) chunk: Option<u64>,
     /// Link bandwidth the cutoff timer and the pacer assume: `10Gbps`, `1.25GB/s` (default:
-    /// the interface's speed as the kernel reports it; 100Gbps on loopback).
+    /// the interface's speed as the kernel reports it; 100Gbps on loopback, 10Gbps where the
+    /// kernel reports none).
     #[arg(long, value_parser = units::bandwidth)]
     pub(crate) link_bandwidth: Option<u64>,
-    /// How long a rank waits on a silent peer before failing the operation.
+    /// How long a rank waits on a silent peer before failing the operation (a post timeout
+    /// left at its default follows one past 10 minutes).
     #[arg(long, value_parser = units::duration)]
     pub(crate) peer_timeout: Option<Duration>,
     /// Operations of at most this many bytes (a Broadcast's buffer, an Allgather's blocks

@@ -45,12 +45,22 @@ pub(crate) fn connect(net: &NetArgs, tcp_threshold: Option<u64>) -> Result<Commu
     })
 }
 
-/// `--chunk` as the builder takes it, or what is wrong with it.
+/// The shortest chunk a communicator takes: the start-up check's probe.
+const MIN_CHUNK: u64 = 16;
+
+/// `--chunk` as the builder takes it, or what is wrong with it (checked before any rank
+/// starts, where the builder would refuse it in every rank).
 pub(crate) fn chunk(c: u64) -> Result<u32, String> {
+    let max = ringcast_transport_rocev2_udp::MAX_CHUNK_PAYLOAD as u64;
     u32::try_from(c)
         .ok()
-        .filter(|c| *c > 0)
-        .ok_or_else(|| format!("--chunk {c} must be between 1 B and 4 GiB"))
+        .filter(|_| (MIN_CHUNK..=max).contains(&c))
+        .ok_or_else(|| {
+            format!(
+                "--chunk {c} must be between {MIN_CHUNK} B and {max} B (a chunk and its \
+                 headers fit one UDP datagram)"
+            )
+        })
 }
 
 /// Why one collective of `demo` or `bench` stopped on a rank.
