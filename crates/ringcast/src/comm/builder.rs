@@ -386,7 +386,7 @@ impl CommBuilder {
     /// Link bandwidth in bytes per second: the cutoff timer `N / B + alpha`, and the pacer,
     /// which never sends a lane's multicast faster than twice it. By default the interface's
     /// speed as the kernel reports it (`/sys/class/net/<interface>/speed`, as NCCL reads it);
-    /// 100 Gbit/s on loopback, whose cost is memory copies, not a line rate; 10 Gbit/s where
+    /// 20 Gbit/s on loopback, whose cost is memory copies, not a line rate; 10 Gbit/s where
     /// the kernel reports none (some virtual devices).
     pub fn link_bandwidth(mut self, bytes_per_sec: u64) -> Self {
         self.link_bandwidth = Some(bytes_per_sec);
@@ -915,10 +915,13 @@ const DEFAULT_POST_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Link rate (bytes per second) where the kernel reports none.
 const UNKNOWN_LINK: u64 = 10_000_000_000 / 8;
-/// Link rate (bytes per second) taken for loopback: what it costs is memory copies, not a line
-/// rate (4 ranks on this 2-vCPU VM moved a 64 MiB Broadcast 15-20 % faster than under the
-/// 10 Gbit/s default, whose pacer ceiling is 2.5 GB/s, with no chunk fetched).
-const LOOPBACK_LINK: u64 = 100_000_000_000 / 8;
+/// Link rate (bytes per second) taken for loopback, whose cost is memory copies, not a line
+/// rate: the pacer's ceiling (twice it, 5 GB/s) is about the raw multicast ceiling measured
+/// on loopback (4.4-5.8 GB/s per receiver on this 2-vCPU VM). Under the 10 Gbit/s default
+/// (2.5 GB/s) a 64 MiB Broadcast of 4 ranks took 30-34 ms, at this rate 26-29 ms; at
+/// 100 Gbit/s the four roots of a 64 MiB Allgather overran their receivers, which fetched
+/// 22-48 MB each over TCP, and it took 195-266 ms instead of 145-218 (BENCHMARKS.md).
+const LOOPBACK_LINK: u64 = 20_000_000_000 / 8;
 
 /// The default [`CommBuilder::link_bandwidth`] for the interface at `iface`.
 fn default_link_bandwidth(iface: Ipv4Addr) -> u64 {
@@ -1000,7 +1003,7 @@ mod tests {
     }
 
     /// A link's rate is what the kernel reports, in megabits per second; loopback's is taken
-    /// as 100 Gbit/s, and a device that reports none (`-1`, or no file) gets 10 Gbit/s.
+    /// as 20 Gbit/s, and a device that reports none (`-1`, or no file) gets 10 Gbit/s.
     #[test]
     fn link_rates_follow_the_kernel_s_speed() {
         assert_eq!(link_rate(false, Some("25000")), 25_000_000_000 / 8);
