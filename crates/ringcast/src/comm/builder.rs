@@ -177,7 +177,8 @@ impl CommBuilder {
     /// Rank, world size and rendezvous from the launcher's variables (see [`crate::bootstrap`]:
     /// `RINGCAST_RANK`/`RINGCAST_WORLD_SIZE`/`RINGCAST_BOOTSTRAP`, torchrun, Open MPI,
     /// MPICH/Hydra, Slurm; `RINGCAST_IFNAME`), plus optional `RINGCAST_PORT` (UDP port),
-    /// `RINGCAST_LANES`, `RINGCAST_CHUNK_SIZE` (bytes), `RINGCAST_PEER_TIMEOUT` (seconds),
+    /// `RINGCAST_LANES`, `RINGCAST_CHUNK_SIZE` (bytes), `RINGCAST_LINK_GBPS` (gigabits per second,
+    /// see [`link_bandwidth`](Self::link_bandwidth)), `RINGCAST_PEER_TIMEOUT` (seconds),
     /// `RINGCAST_POST_TIMEOUT` (seconds),
     /// `RINGCAST_FALLBACK` (`tcp` or `off`), `RINGCAST_PROBE_WINDOW` (seconds of the start-up
     /// check, 0 turns it off), `RINGCAST_FALLBACK_LOSS` (fraction, e.g. `0.1`) and
@@ -196,6 +197,12 @@ impl CommBuilder {
             b.lanes = l;
         }
         b.chunk_size = parse_var::<u32>("RINGCAST_CHUNK_SIZE")?;
+        if let Some(g) = parse_var::<f64>("RINGCAST_LINK_GBPS")? {
+            b.link_bandwidth = Some(link_gbps(g).ok_or_else(|| BuildError::Invalid {
+                setting: format!("RINGCAST_LINK_GBPS={g}"),
+                why: "not a positive number of gigabits per second".into(),
+            })?);
+        }
         if let Some(t) = parse_var::<f64>("RINGCAST_PEER_TIMEOUT")? {
             b.peer_timeout = Duration::try_from_secs_f64(t).map_err(|e| BuildError::Invalid {
                 setting: format!("RINGCAST_PEER_TIMEOUT={t}"),
@@ -387,7 +394,8 @@ impl CommBuilder {
     /// which never sends a lane's multicast faster than twice it. By default the interface's
     /// speed as the kernel reports it (`/sys/class/net/<interface>/speed`, as NCCL reads it);
     /// 20 Gbit/s on loopback, whose cost is memory copies, not a line rate; 10 Gbit/s where
-    /// the kernel reports none (some virtual devices).
+    /// the kernel reports none (some virtual devices). `RINGCAST_LINK_GBPS` sets it from the
+    /// environment (a veth reports a nominal 10 Gbit/s whatever it carries).
     pub fn link_bandwidth(mut self, bytes_per_sec: u64) -> Self {
         self.link_bandwidth = Some(bytes_per_sec);
         self
@@ -923,6 +931,13 @@ const UNKNOWN_LINK: u64 = 10_000_000_000 / 8;
 /// 22-48 MB each over TCP, and it took 195-266 ms instead of 145-218 (BENCHMARKS.md).
 const LOOPBACK_LINK: u64 = 20_000_000_000 / 8;
 
+/// `RINGCAST_LINK_GBPS`'s gigabits per second in bytes per second; `None` unless positive
+/// and at most 2^64 bytes per second.
+fn link_gbps(g: f64) -> Option<u64> {
+    let b = (g * 1e9 / 8.0).round();
+    (g.is_finite() && b >= 1.0 && b < u64::MAX as f64).then_some(b as u64)
+}
+
 /// The default [`CommBuilder::link_bandwidth`] for the interface at `iface`.
 fn default_link_bandwidth(iface: Ipv4Addr) -> u64 {
     match interface_of(iface) {
@@ -1012,6 +1027,11 @@ mod tests {
         assert_eq!(link_rate(false, Some("0")), UNKNOWN_LINK);
         assert_eq!(link_rate(false, None), UNKNOWN_LINK);
         assert_eq!(link_rate(true, None), LOOPBACK_LINK);
+        assert_eq!(link_gbps(100.0), Some(12_500_000_000));
+        assert_eq!(link_gbps(0.5), Some(62_500_000));
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e30] {
+            assert_eq!(link_gbps(bad), None, "{bad}");
+        }
         assert_eq!(default_link_bandwidth(Ipv4Addr::LOCALHOST), LOOPBACK_LINK);
         assert_eq!(
             default_link_bandwidth(Ipv4Addr::new(192, 0, 2, 1)),
