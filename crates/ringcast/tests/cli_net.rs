@@ -61,6 +61,16 @@ fn run_bounded(mut c: Command) -> Output {
     }
 }
 
+/// A report row's list of counts `k` (one per rank or block).
+fn counts(row: &serde_json::Value, k: &str) -> Vec<u64> {
+    row[k]
+        .as_array()
+        .unwrap_or_else(|| panic!("{k} in {row}"))
+        .iter()
+        .map(|x| x.as_u64().expect("a count"))
+        .collect()
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -126,18 +136,10 @@ fn bench_allgather_json_has_the_fields() {
             (busbw - algbw * 3.0 / 4.0).abs() <= 1e-9 * algbw.max(1.0),
             "{row}"
         );
-        let per_rank = |k: &str| -> Vec<u64> {
-            row[k]
-                .as_array()
-                .unwrap_or_else(|| panic!("{k} in {row}"))
-                .iter()
-                .map(|x| x.as_u64().expect("a count"))
-                .collect()
-        };
         let (wire, payload, ring) = (
-            per_rank("injected_per_rank"),
-            per_rank("payload_per_rank"),
-            per_rank("p2p_per_rank"),
+            counts(row, "injected_per_rank"),
+            counts(row, "payload_per_rank"),
+            counts(row, "p2p_per_rank"),
         );
         assert_eq!((wire.len(), payload.len(), ring.len()), (4, 4, 4), "{row}");
         for r in 0..4 {
@@ -171,16 +173,8 @@ fn bench_allgatherv_after_a_double_dash_reports_a_ring_s_bytes() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
     let row = &v["results"][0];
-    let list = |k: &str| -> Vec<u64> {
-        row[k]
-            .as_array()
-            .unwrap_or_else(|| panic!("{k} in {row}"))
-            .iter()
-            .map(|x| x.as_u64().expect("a count"))
-            .collect()
-    };
-    assert_eq!(list("blocks"), [4, 8, 12, 16], "{row}");
-    assert_eq!(list("p2p_per_rank"), [32, 28, 24, 36], "{row}");
+    assert_eq!(counts(row, "blocks"), [4, 8, 12, 16], "{row}");
+    assert_eq!(counts(row, "p2p_per_rank"), [32, 28, 24, 36], "{row}");
 }
 
 /// `--in-place` times the in-place Allgatherv, over multicast and over TCP, each size

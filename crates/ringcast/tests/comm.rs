@@ -9,7 +9,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener};
+use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier, mpsc};
 use std::thread;
@@ -21,8 +21,8 @@ use ringcast::{BuildError, CommError, Communicator};
 mod common;
 
 use common::{
-    broadcast_checked, check, e, free_tcp_port, free_udp_port, ibroadcast_of, nonce, pattern,
-    random_ops, soak_ops,
+    broadcast_checked, check, control_listeners, e, free_tcp_port, free_udp_port, ibroadcast_of,
+    nonce, pattern, random_ops, soak_ops,
 };
 
 const RANKS: u32 = 4;
@@ -46,13 +46,7 @@ fn world_with<R: Send + 'static>(
 ) -> Vec<R> {
     let nonce = nonce(salt);
     let port = free_udp_port();
-    let listeners: Vec<TcpListener> = (0..RANKS)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind control"))
-        .collect();
-    let table: Vec<SocketAddr> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr"))
-        .collect();
+    let (listeners, table) = control_listeners(RANKS);
     let (tx, rx) = mpsc::channel();
     for (r, l) in listeners.into_iter().enumerate() {
         let (table, tx, f, tweak) = (table.clone(), tx.clone(), f.clone(), tweak.clone());

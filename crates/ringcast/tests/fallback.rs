@@ -7,7 +7,7 @@
 //! Every test draws its own nonce, TCP and UDP ports; every wait has a deadline.
 #![cfg(feature = "rocev2-udp")]
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::Ipv4Addr;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -18,7 +18,8 @@ use ringcast::comm::{BuildError, CommBuilder, Fallback, FallbackReason, OpStats,
 mod common;
 
 use common::{
-    broadcast_checked, check, e, free_udp_port, ibroadcast_of, nonce, pattern, random_ops, soak_ops,
+    broadcast_checked, check, control_listeners, e, free_udp_port, ibroadcast_of, nonce, pattern,
+    random_ops, soak_ops,
 };
 
 const RANKS: u32 = 4;
@@ -37,13 +38,7 @@ fn world<R: Send + 'static>(
 ) -> Vec<R> {
     let nonce = nonce(salt);
     let port = free_udp_port();
-    let listeners: Vec<TcpListener> = (0..RANKS)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind control"))
-        .collect();
-    let table: Vec<SocketAddr> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr"))
-        .collect();
+    let (listeners, table) = control_listeners(RANKS);
     let (tx, rx) = mpsc::channel();
     for (r, l) in listeners.into_iter().enumerate() {
         let (table, tx, f, setup) = (table.clone(), tx.clone(), f.clone(), setup.clone());

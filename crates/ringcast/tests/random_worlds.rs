@@ -15,7 +15,7 @@
 #![cfg(feature = "rocev2-udp")]
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::Ipv4Addr;
 use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -25,7 +25,7 @@ use ringcast::comm::{CommBuilder, Fallback};
 use ringcast::{CommError, Communicator, Request};
 
 mod common;
-use common::{free_udp_port, nonce, splitmix};
+use common::{control_listeners, free_udp_port, nonce, splitmix};
 
 const PIECE: usize = 256 << 10;
 
@@ -549,13 +549,7 @@ pub fn run_case(seed: u64, case: Case) -> Result<(), String> {
     let case = Arc::new(case);
     let nonce = nonce(seed);
     let port = free_udp_port();
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind control"))
-        .collect();
-    let table: Vec<SocketAddr> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr"))
-        .collect();
+    let (listeners, table) = control_listeners(n);
     let (tx, rx) = mpsc::channel();
     // Every rank keeps its communicator until all are done: a request dropped unwaited
     // still runs, and its rank must stay to pass its pieces on.

@@ -3348,14 +3348,7 @@ mod tests {
         f.extend_from_slice(&[9; 1000]);
         s.write_all(&f).expect("write");
         let mut buf = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let got = loop {
-            if let Some(i) = c.poll_control(&mut buf) {
-                break i;
-            }
-            assert!(Instant::now() < deadline, "the message did not arrive");
-            thread::sleep(Duration::from_millis(1));
-        };
+        let got = wait(&mut c, &mut buf);
         assert!(
             matches!(
                 got,
@@ -3387,14 +3380,7 @@ mod tests {
         assert_eq!(zero.stats().messages_sent.load(Ordering::Relaxed), 0);
         zero.send_control(Rank(1), &[6; 16]);
         let mut buf = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let got = loop {
-            if let Some(i) = one.poll_control(&mut buf) {
-                break i;
-            }
-            assert!(Instant::now() < deadline, "the message did not arrive");
-            thread::sleep(Duration::from_millis(1));
-        };
+        let got = wait(&mut one, &mut buf);
         assert!(
             matches!(
                 got,

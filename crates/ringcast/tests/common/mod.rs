@@ -6,6 +6,18 @@ use ringcast::comm::OpStats;
 use ringcast::{CommError, Communicator};
 use std::net::{TcpListener, UdpSocket};
 
+/// `n` control listeners on loopback, and their addresses: a peer table.
+pub(crate) fn control_listeners(n: u32) -> (Vec<TcpListener>, Vec<std::net::SocketAddr>) {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind control"))
+        .collect();
+    let table = listeners
+        .iter()
+        .map(|l| l.local_addr().expect("addr"))
+        .collect();
+    (listeners, table)
+}
+
 /// A UDP port nobody holds now.
 pub(crate) fn free_udp_port() -> u16 {
     UdpSocket::bind("127.0.0.1:0")
