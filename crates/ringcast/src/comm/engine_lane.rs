@@ -314,7 +314,7 @@ pub(super) fn spawn(
     let rx_snap = Shared::default();
     let tx_snap = Shared::default();
     let rx_drained = Drained::default();
-    let rw = RxWorker {
+    let mut rw = RxWorker {
         lane: lane.0,
         port: port.0,
         cmds: rx_cmds,
@@ -348,6 +348,12 @@ pub(super) fn spawn(
         clock,
         meter: SendMeter::default(),
     };
+    // The counters as they stand (the start-up check's probes went through these ports): a
+    // worker publishes at its first turn, which may come after the application's first
+    // `stats()` on a busy host, and a snapshot left at zero until then would count those
+    // datagrams in the first operations' window.
+    rw.publish(true);
+    tw.publish();
     let slot = 1 + 2 * usize::from(l);
     let p = pin.clone();
     let batch = rx_batch_from_env();
