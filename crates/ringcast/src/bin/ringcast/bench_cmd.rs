@@ -513,11 +513,10 @@ fn summarize(a: &BenchArgs, p: u32, size: u64, total: u64, blocks: &[u64], all: 
             net::binomial_bcast(p, 0, size),
         ),
         // A ring's rank r forwards every block but the one its successor r + 1 owns (for
-        // equal blocks, P - 1 times its own).
+        // equal blocks, P - 1 times its own); the blocks add up to `total`.
         _ => {
-            let all: u64 = blocks.iter().sum();
             let n = blocks.len();
-            let ring = (0..n).map(|r| all - blocks[(r + 1) % n]).collect();
+            let ring = (0..n).map(|r| total - blocks[(r + 1) % n]).collect();
             (blocks.to_vec(), ring)
         }
     };
