@@ -218,6 +218,9 @@ struct Live {
     len: u64,
     /// The ranks that multicast in it (they get this rank's rate report at its end).
     roots: Vec<u32>,
+    /// Where this rank multicasts in it, the most roots any receiver hears at once (the
+    /// pacing rate's share, see [`rate`]); 0 where it does not.
+    fan_in: u64,
     /// Taken when the requester was answered (a failure is answered at once).
     reply: Option<SyncSender<Completion>>,
     started: StdInstant,
@@ -535,6 +538,7 @@ impl Engine {
             };
             match started {
                 Ok(op) => {
+                    let fan_in = rate::fan_in(&roots, me, self.session.config().ranks);
                     let buf = OpBuffer::from_vec(p.buf);
                     // Registered before its lane commands and its `Ready` leave this thread:
                     // no chunk or read of it can come earlier.
@@ -548,6 +552,7 @@ impl Engine {
                         buf,
                         len,
                         roots: roots.into_iter().filter(|&r| r != me).collect(),
+                        fan_in,
                         reply: Some(p.reply),
                         started: StdInstant::now(),
                         base,
@@ -555,6 +560,7 @@ impl Engine {
                         failed_at: None,
                         span: p.span,
                     });
+                    self.reshare();
                 }
                 Err(e) => {
                     // Refused here (too large for this rank's chunk size, say) and perhaps
@@ -598,9 +604,7 @@ impl Engine {
                     if rate::is_report(bytes) {
                         let sending = self.sending();
                         if let Some(r) = self.rates.on_message(now, from.0, bytes, sending) {
-                            for l in &self.lanes {
-                                let _ = l.tx_cmd.send(TxMsg::Rate(r));
-                            }
+                            self.set_rate(r);
                         }
                     } else {
                         self.session.handle_control(now, from, bytes);
@@ -833,7 +837,9 @@ impl Engine {
     /// unregistered they cannot reach it, and a copy under way holds the buffer's lock (the
     /// release takes the bytes under the same lock, leaving an empty buffer that every later
     /// write misses).
+    /// The pacing rate is shared again when one went.
     fn reap(&mut self) {
+        let live = self.live.len();
         let mut i = 0;
         while i < self.live.len() {
             let l = &self.live[i];
@@ -861,6 +867,25 @@ impl Engine {
                 self.completed += 1;
                 let _ = reply.send(Ok((bytes, stats)));
             }
+        }
+        if self.live.len() != live {
+            self.reshare();
+        }
+    }
+
+    /// Shares the pacing rate by the largest fan-in among the operations in flight in which
+    /// this rank multicasts (1 when there is none).
+    fn reshare(&mut self) {
+        let most = self.live.iter().map(|l| l.fan_in).max().unwrap_or(1);
+        if let Some(r) = self.rates.set_share(most) {
+            self.set_rate(r);
+        }
+    }
+
+    /// Hands every send worker its new rate.
+    fn set_rate(&self, per_lane: u64) {
+        for l in &self.lanes {
+            let _ = l.tx_cmd.send(TxMsg::Rate(per_lane));
         }
     }
 

@@ -8,6 +8,14 @@
 //! slowest receiver sets the rate) and hands the new rate to its send workers, split evenly
 //! over the lanes. Counters are cumulative, so a late or duplicated report is harmless.
 //!
+//! The controller's rate is what a receiver takes from all the roots that send to it at once,
+//! not what one root may send: the roots of an Allgather share each receiver, so each sends
+//! at the rate over its operation's fan-in ([`Rates::set_share`]: the most roots any one
+//! receiver hears at once, 3 for a 4-rank Allgather, 1 for a Broadcast). A root held to the
+//! whole rate in an Allgather put several times what a receiver takes on it, and the
+//! controller's cuts (30 % every `hold`) took tens of milliseconds to bring it down: a
+//! 64 MiB-per-rank Allgather on a 16-core host fetched tens of MB per rank over TCP.
+//!
 //! What counts as loss: the receivers' kernel socket drops. Fetched chunks travel in the
 //! report (for the logs) but do not cut the rate: the core also fetches every chunk that had
 //! not arrived when its cutoff fired, and the cutoff is timed from `link_bandwidth`, so a
@@ -96,11 +104,25 @@ pub(super) fn config(link: u64) -> RateConfig {
     }
 }
 
+/// Where `me` is among an operation's `roots` (the ranks with data to multicast, of
+/// `ranks`), the most of them any one receiver hears at once: every root but itself when all
+/// ranks are roots (an Allgather), all of them when some rank only receives (a Broadcast, an
+/// Allgatherv with empty blocks). 0 where `me` is no root.
+pub(super) fn fan_in(roots: &[u32], me: u32, ranks: u32) -> u64 {
+    if !roots.contains(&me) {
+        return 0;
+    }
+    let k = roots.len() as u64;
+    if k >= u64::from(ranks) { k - 1 } else { k }
+}
+
 /// One rank's controller, and what it tells the send workers.
 #[derive(Debug)]
 pub(super) struct Rates {
     ctl: RateController,
     lanes: u64,
+    /// The fan-in the rate is shared by (at least 1).
+    share: u64,
     /// Pacing off (`RINGCAST_PACING=off`): the workers' rate never changes from unlimited.
     off: bool,
     /// Reports taken, malformed ones counted apart.
@@ -114,28 +136,44 @@ impl Rates {
         Rates {
             ctl: RateController::new(cfg, (0..ranks).filter(|&r| r != me)),
             lanes: u64::from(lanes.max(1)),
+            share: 1,
             off,
             reports: 0,
             malformed: 0,
         }
     }
 
-    /// The rank's total rate, bytes per second (`u64::MAX` when pacing is off).
+    /// What a receiver takes from all its roots at once, bytes per second (`u64::MAX` when
+    /// pacing is off).
     pub(super) fn rate(&self) -> u64 {
         if self.off { u64::MAX } else { self.ctl.rate() }
     }
 
-    /// Each send worker's share of the rate.
+    /// Each send worker's part: the rate over the fan-in, split over the lanes.
     pub(super) fn per_lane(&self) -> u64 {
         if self.off {
             u64::MAX
         } else {
-            (self.ctl.rate() / self.lanes).max(1)
+            (self.ctl.rate() / self.share / self.lanes).max(1)
         }
     }
 
+    /// Shares the rate among `fan_in` roots (0 counts as 1): the most roots any receiver of
+    /// this rank's multicast hears at once. The new per-lane rate when it changed.
+    pub(super) fn set_share(&mut self, fan_in: u64) -> Option<u64> {
+        let fan_in = fan_in.max(1);
+        if fan_in == self.share {
+            return None;
+        }
+        let before = self.per_lane();
+        self.share = fan_in;
+        let after = self.per_lane();
+        (after != before).then_some(after)
+    }
+
     /// A report message from `from`; the new per-lane rate when it changed. `sending`: the
-    /// rate this rank's send workers reached lately, bytes per second (0: unknown).
+    /// rate this rank's send workers reached lately, bytes per second (0: unknown), which
+    /// stands for the fan-in's times that at the receivers.
     pub(super) fn on_message(
         &mut self,
         now: Instant,
@@ -150,6 +188,7 @@ impl Rates {
                     fetched_chunks: 0,
                     ..r
                 };
+                let sending = sending.saturating_mul(self.share);
                 let changed =
                     self.ctl
                         .on_report_sending(now, r, (sending > 0).then_some(sending))?;
@@ -243,6 +282,53 @@ mod tests {
         );
         assert_eq!(r.on_message(later, 1, &[REPORT_KIND, 9], 0), None);
         assert_eq!((r.reports, r.malformed), (6, 2));
+    }
+
+    #[test]
+    fn fan_in_counts_the_roots_a_receiver_hears() {
+        // A Broadcast: its root's receivers hear it alone; the others multicast nothing.
+        assert_eq!((fan_in(&[2], 2, 4), fan_in(&[2], 0, 4)), (1, 0));
+        // An Allgather of 4: each rank hears the 3 others.
+        assert_eq!(fan_in(&[0, 1, 2, 3], 1, 4), 3);
+        // An Allgatherv with an empty block: its rank hears all 3 roots.
+        assert_eq!(fan_in(&[0, 1, 3], 3, 4), 3);
+        assert_eq!(fan_in(&[0, 1, 3], 2, 4), 0);
+        // Alone: nobody to hear it (the share counts it as 1).
+        assert_eq!(fan_in(&[0], 0, 1), 0);
+    }
+
+    #[test]
+    fn the_rate_is_shared_by_the_fan_in() {
+        let cfg = RateConfig {
+            initial: 3_000,
+            floor: 30,
+            ceiling: 3_000,
+            increase: 300,
+            decrease_permille: 500,
+            tolerance_ppm: 0,
+            hold: core::time::Duration::from_millis(10),
+            slow_start: false,
+        };
+        let mut r = Rates::new(cfg, 0, 4, 1, false);
+        assert_eq!(r.per_lane(), 3_000);
+        // An Allgather of 4 ranks: every receiver hears 3 roots at once.
+        assert_eq!(r.set_share(3), Some(1_000));
+        assert_eq!(r.set_share(3), None, "unchanged");
+        assert_eq!((r.rate(), r.per_lane()), (3_000, 1_000));
+        // A drop report cuts from what the receivers got from all three roots: 3 x 800 (what
+        // this root reached) halved, shared by 3 again.
+        assert_eq!(
+            r.on_message(Instant::ZERO, 1, &encode(&report(1, 90, 0, 10)), 800),
+            Some(400)
+        );
+        assert_eq!(r.rate(), 1_200);
+        // Back to a Broadcast (0 counts as 1): the whole rate.
+        assert_eq!(r.set_share(0), Some(1_200));
+        assert_eq!(r.per_lane(), 1_200);
+        // Pacing off stays unlimited whatever the fan-in.
+        let mut off = Rates::new(cfg, 0, 4, 2, true);
+        assert_eq!(off.set_share(3), None);
+        assert_eq!(off.per_lane(), u64::MAX);
     }
 
     #[test]

@@ -151,8 +151,11 @@ pub struct CommStats {
     pub rx_errors: u64,
     /// Datagrams the kernel dropped on the lanes' sockets (full receive buffer).
     pub socket_drops: u64,
-    /// The pacing rate this rank multicasts at, bytes per second, shared evenly by its lanes'
-    /// send workers (`u64::MAX` when pacing is off): set by the slowest receiver's reports.
+    /// The pacing rate, bytes per second (`u64::MAX` when pacing is off): what the slowest
+    /// receiver takes from all the roots that send to it at once, set by its reports. This
+    /// rank multicasts at it over its operation's fan-in (the most roots any receiver hears
+    /// at once: 1 in a Broadcast, P-1 in a P-rank Allgather), shared evenly by its lanes' send
+    /// workers.
     pub pacing_rate: u64,
     /// Receiver reports this rank's rate controller took (one per receiver and operation
     /// this rank multicast in).
