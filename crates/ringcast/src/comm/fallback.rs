@@ -571,6 +571,8 @@ pub(crate) struct Handle {
     tx: Inbox,
     progress: Arc<Progress>,
     thread: Option<JoinHandle<()>>,
+    /// [`start_close`](Self::start_close) ran.
+    closing: bool,
 }
 
 /// The dispatcher, shared by its thread and the application's threads.
@@ -835,6 +837,7 @@ pub(crate) fn start(
         tx,
         progress,
         thread: Some(thread),
+        closing: false,
     })
 }
 
@@ -955,22 +958,38 @@ impl Handle {
     }
 }
 
-impl Drop for Handle {
-    /// Cancels the TCP operations in flight, closes the mesh and joins the dispatcher; then
-    /// lets go of the engine's post channel (the engine stops once the communicator's goes).
-    fn drop(&mut self) {
-        // A leader takes the shutdown from the channel (woken by the `Inbox`) and hands
-        // over to the dispatcher thread, which shuts down.
-        let _ = self.tx.send(Msg::Shutdown);
-        if let Some(t) = self.thread.take()
-            && {
+impl Handle {
+    /// Starts closing without waiting: the dispatcher cancels the TCP operations in flight
+    /// and says goodbye on its mesh (lingering up to [`LINGER`] for a peer that does not
+    /// read), and the engine's post channel is let go at once, so that the engine (which
+    /// stops once the communicator's goes too) closes its own mesh meanwhile: against a hung
+    /// peer the two lingers overlap instead of adding up. Dropping the handle joins the
+    /// dispatcher.
+    pub(crate) fn start_close(&mut self) {
+        if !self.closing {
+            self.closing = true;
+            // A leader takes the shutdown from the channel (woken by the `Inbox`) and hands
+            // over to the dispatcher thread, which shuts down.
+            let _ = self.tx.send(Msg::Shutdown);
+            if let Some(t) = &self.thread {
                 t.thread().unpark();
-                t.join().is_err()
             }
+        }
+        // Posts the dispatcher still hands the engine fail as cancelled.
+        self.route().engine = None;
+    }
+}
+
+impl Drop for Handle {
+    /// Cancels the TCP operations in flight, lets go of the engine's post channel, closes the
+    /// mesh and joins the dispatcher.
+    fn drop(&mut self) {
+        self.start_close();
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
         {
             tracing::error!("the TCP fallback thread panicked");
         }
-        self.route().engine = None;
     }
 }
 
@@ -3094,6 +3113,33 @@ mod tests {
             piece: PIECE,
             tcp_threshold: 0,
         }
+    }
+
+    /// A communicator's drop starts the dispatcher's close and lets go of the engine's post
+    /// channel before it joins the dispatcher: the engine then closes its own mesh while the
+    /// dispatcher lingers on a peer that does not read, instead of after (two lingers of a
+    /// second each, in sequence, made a drop against a hung peer take two).
+    #[test]
+    fn closing_lets_the_engine_go_before_the_dispatcher_is_joined() {
+        let mut m = mesh(2);
+        let _one = m.pop();
+        let (tx, rx) = mpsc::sync_channel(4);
+        let numbered = Arc::new(AtomicU64::new(0));
+        let posts = PostTx::new(tx, thread::current(), numbered, Blame::new(0));
+        let zero = m.pop().expect("rank 0");
+        let mut zero =
+            start(cfg(0, 2), zero, Some(posts), TransportMode::Multicast).expect("start");
+        assert!(
+            matches!(rx.try_recv(), Err(TryRecvError::Empty)),
+            "held while open"
+        );
+        zero.start_close();
+        assert!(
+            matches!(rx.try_recv(), Err(TryRecvError::Disconnected)),
+            "the engine's channel is still held while the dispatcher closes"
+        );
+        zero.start_close();
+        drop(zero);
     }
 
     const FROM_START: TransportMode = TransportMode::Tcp {

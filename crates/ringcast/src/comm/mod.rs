@@ -576,8 +576,13 @@ fn total_of(counts: &[usize], elem: usize) -> Option<usize> {
 impl Drop for Communicator {
     /// Cancels the operations in flight, says goodbye to the peers and joins the engine.
     fn drop(&mut self) {
-        // The fallback first: it holds a sender of the engine's channel.
-        self.fallback = None;
+        // The fallback's dispatcher and the engine close side by side, each lingering up to a
+        // second for a peer that does not read. The fallback holds a sender of the engine's
+        // channel, which its close lets go at once.
+        let mut fallback = self.fallback.take();
+        if let Some(f) = &mut fallback {
+            f.start_close();
+        }
         self.posts = None;
         if let Some(t) = self.thread.take()
             && {
@@ -588,6 +593,8 @@ impl Drop for Communicator {
         {
             tracing::error!(rank = self.rank, "the engine thread panicked");
         }
+        // Joins the dispatcher.
+        drop(fallback);
     }
 }
 
