@@ -975,11 +975,28 @@ impl Engine {
         // the failure itself, or have finished the operation it failed (its `Abort` then tells
         // them nothing), so the goodbye names the rank it blamed.
         let blamed = self.blame.goodbye();
+        // An operation this rank finished is answered with its bytes once every thread that
+        // could touch them is joined (its buffer may still serve a peer's read until then);
+        // the others are cancelled.
+        let counters = self.counters();
+        let mut finished = Vec::new();
         for l in &mut self.live {
             if l.verdict != Some(Ok(())) {
                 mark = mark.min(l.op.0);
             }
-            if let Some(reply) = l.reply.take() {
+            let Some(reply) = l.reply.take() else {
+                continue;
+            };
+            if l.verdict == Some(Ok(())) {
+                self.completed += 1;
+                let stats = OpStats {
+                    op: l.op.0,
+                    bytes: l.len,
+                    elapsed: l.started.elapsed(),
+                    counters: counters.since(&l.base),
+                };
+                finished.push((reply, l.buf.clone(), stats));
+            } else {
                 self.cancelled += 1;
                 let _ = reply.send(Err(CommError::Cancelled));
             }
@@ -1005,6 +1022,9 @@ impl Engine {
         }
         control.inner.close_blaming(mark, blamed.map(Rank), LINGER);
         // Nothing touches the buffers any more: every thread that could is joined.
+        for (reply, buf, stats) in finished {
+            let _ = reply.send(Ok((buf.with(std::mem::take), stats)));
+        }
         drop(live);
     }
 }
