@@ -231,6 +231,18 @@ struct Live {
     span: tracing::Span,
 }
 
+impl Live {
+    /// The operation's stats, given the engine's counters now.
+    fn stats(&self, now: &Counters) -> OpStats {
+        OpStats {
+            op: self.op.0,
+            bytes: self.len,
+            elapsed: self.started.elapsed(),
+            counters: now.since(&self.base),
+        }
+    }
+}
+
 /// The lane halves and ports, until [`Engine::run`] hands them to their workers.
 #[derive(Debug)]
 struct Unstarted {
@@ -837,6 +849,7 @@ impl Engine {
     /// unregistered they cannot reach it, and a copy under way holds the buffer's lock (the
     /// release takes the bytes under the same lock, leaving an empty buffer that every later
     /// write misses).
+    ///
     /// The pacing rate is shared again when one went.
     fn reap(&mut self) {
         let live = self.live.len();
@@ -855,12 +868,7 @@ impl Engine {
             self.registry.unregister(l.op);
             let bytes = l.buf.with(std::mem::take);
             if let Some(reply) = l.reply.take() {
-                let stats = OpStats {
-                    op: l.op.0,
-                    bytes: l.len,
-                    elapsed: l.started.elapsed(),
-                    counters: self.counters().since(&l.base),
-                };
+                let stats = l.stats(&self.counters());
                 l.span.in_scope(
                     || tracing::debug!(op = l.op.0, elapsed = ?stats.elapsed, "completed"),
                 );
@@ -989,13 +997,7 @@ impl Engine {
             };
             if l.verdict == Some(Ok(())) {
                 self.completed += 1;
-                let stats = OpStats {
-                    op: l.op.0,
-                    bytes: l.len,
-                    elapsed: l.started.elapsed(),
-                    counters: counters.since(&l.base),
-                };
-                finished.push((reply, l.buf.clone(), stats));
+                finished.push((reply, l.buf.clone(), l.stats(&counters)));
             } else {
                 self.cancelled += 1;
                 let _ = reply.send(Err(CommError::Cancelled));
