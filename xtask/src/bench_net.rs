@@ -11,9 +11,11 @@
 //! * the ceiling: the transport's raw GSO sender (`goodput --role send`) in the first namespace
 //!   and a `goodput --role recv` in every other one, same datagram size.
 //!
-//! Loss-free, it then measures the ceiling and ringcast's largest Broadcast in turn, three
-//! times, so that the goodput goal compares each with a ceiling measured next to it (the VM's
-//! speed drifts between the sweeps); and it counts the bytes each rank's namespace put into
+//! Loss-free, it then measures the ceiling, the ceiling with receivers that keep the bytes
+//! (`goodput --deliver`: each copies what it accepts into a Broadcast-sized buffer, as a
+//! Broadcast must) and ringcast's largest Broadcast in turn, three times, so that the goodput
+//! goal compares each with ceilings measured next to it (the VM's speed drifts between the
+//! sweeps); and it counts the bytes each rank's namespace put into
 //! the bridge (the host-side veth's `rx_bytes`) over a few 16 MiB operations of each, to set
 //! ringcast's injection (own block + headers) beside a ring's (P-1 times).
 //!
@@ -45,7 +47,7 @@ const CEILING_SECS: f64 = 2.0;
 /// The operation counted for the bytes on the bridge, and how many timed runs of it.
 const BYTES_SIZE: u64 = 16 << 20;
 const BYTES_ITERS: u32 = 3;
-/// Rounds of the goodput comparison: the ceiling, then ringcast's largest Broadcast, each
+/// Rounds of the goodput comparison: the ceilings, then ringcast's largest Broadcast, each
 /// round (the machine's speed drifts between the loss sweeps; a ratio within a round does not).
 const GOODPUT_ROUNDS: u32 = 3;
 
@@ -361,7 +363,7 @@ impl Bench<'_> {
             self.save(&format!("{tag}-ringcast-{coll}.json"), &json)?;
         }
         eprintln!("bench-net: {loss}% loss: raw multicast ceiling ...");
-        let ceiling = self.ceiling()?;
+        let ceiling = self.ceiling(None)?;
         self.save(&format!("{tag}-ceiling.txt"), &ceiling)?;
         self.set_loss(loss, Traffic::Tcp)?;
         for coll in ["bcast", "allgather"] {
@@ -372,14 +374,17 @@ impl Bench<'_> {
         self.set_loss(0.0, Traffic::Tcp)
     }
 
-    /// Loss-free, [`GOODPUT_ROUNDS`] times: the ceiling, then ringcast's Broadcast of the
-    /// largest size, so that each goodput is compared with a ceiling measured next to it.
+    /// Loss-free, [`GOODPUT_ROUNDS`] times: the ceiling (raw, then with receivers that keep
+    /// the bytes), then ringcast's Broadcast of the largest size, so that each goodput is
+    /// compared with ceilings measured next to it.
     fn goodput_rounds(&self) -> Result<(), String> {
         let largest = self.o.sizes.iter().max().copied().unwrap_or(64 << 20);
         for r in 1..=GOODPUT_ROUNDS {
             eprintln!("bench-net: goodput round {r} of {GOODPUT_ROUNDS} ...");
-            let ceiling = self.ceiling()?;
+            let ceiling = self.ceiling(None)?;
             self.save(&format!("goodput-r{r}-ceiling.txt"), &ceiling)?;
+            let delivering = self.ceiling(Some(largest))?;
+            self.save(&format!("goodput-r{r}-ceiling-delivering.txt"), &delivering)?;
             let json = self.ringcast("bcast", &largest.to_string(), self.o.warmup, self.o.iters)?;
             self.save(&format!("goodput-r{r}-ringcast-bcast.json"), &json)?;
         }
@@ -441,9 +446,12 @@ impl Bench<'_> {
         Ok(out)
     }
 
-    /// The raw sender in the first namespace, a receiver in every other; their lines.
-    fn ceiling(&self) -> Result<String, String> {
+    /// The raw sender in the first namespace, a receiver in every other; their lines. With
+    /// `deliver`, each receiver copies what it accepts into a buffer of that many bytes, as a
+    /// Broadcast's receiver must keep its bytes (`goodput --deliver`).
+    fn ceiling(&self, deliver: Option<u64>) -> Result<String, String> {
         let secs = CEILING_SECS.to_string();
+        let deliver = deliver.map(|d| d.to_string());
         let port = DATA_PORT.to_string();
         let payload = PAYLOAD.to_string();
         let mut rx = Vec::new();
@@ -455,6 +463,9 @@ impl Bench<'_> {
                 .arg(&self.bins.goodput)
                 .args(["--role", "recv", "--iface", &ip, "--port", &port])
                 .args(["--payload", &payload, "--secs", &secs]);
+            if let Some(d) = &deliver {
+                cmd.args(["--deliver", d]);
+            }
             rx.push((log.clone(), Bg::spawn(&mut cmd, &log)?));
         }
         // Every receiver has joined (its READY line) and the bridge forwards the group to
