@@ -24,6 +24,13 @@ pub const MAX_WORLD_SIZE: u32 = 1 << 20;
 /// How long the rendezvous waits for every rank unless `RINGCAST_BOOTSTRAP_TIMEOUT` says.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The variables that set a rank, for messages: `RINGCAST_RANK` and each launcher's.
+pub(super) const RANK_VARIABLES: &str = "RINGCAST_RANK, or the launcher's RANK / \
+     OMPI_COMM_WORLD_RANK / PMI_RANK / MV2_COMM_WORLD_RANK / SLURM_PROCID";
+/// The variables that set the world size, for messages.
+pub(super) const SIZE_VARIABLES: &str = "RINGCAST_WORLD_SIZE, or the launcher's WORLD_SIZE / \
+     OMPI_COMM_WORLD_SIZE / PMI_SIZE / MV2_COMM_WORLD_SIZE / SLURM_NTASKS";
+
 /// The source the ranks were read from, in the order they are tried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -525,6 +532,15 @@ mod tests {
                 .find(|(n, _)| *n == k)
                 .map(|(_, v)| (*v).to_owned())
         })
+    }
+
+    /// Messages that name "the launcher's rank variable" list every launcher's.
+    #[test]
+    fn the_variable_lists_name_every_launcher_s() {
+        for v in &LAUNCHERS {
+            assert!(RANK_VARIABLES.contains(v.rank), "{}", v.rank);
+            assert!(SIZE_VARIABLES.contains(v.size), "{}", v.size);
+        }
     }
 
     #[test]

@@ -27,7 +27,9 @@
 //! 3. [`JobEnv::exchange`] runs the TCP [`Rendezvous`]: rank 0 listens on the port, the others
 //!    connect with retries and send their control addresses; everyone gets the same
 //!    [`PeerTable`] and 64-bit job nonce, or an error naming what went wrong (the missing ranks
-//!    on a timeout).
+//!    on a timeout). A process whose hello does not fit the job (another job's, another world
+//!    size, a rank outside the world or already joined) is refused alone and told why; rank 0
+//!    goes on waiting for the job's own ranks.
 
 mod env;
 mod env_error;

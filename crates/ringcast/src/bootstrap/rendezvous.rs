@@ -2,7 +2,9 @@
 //! and control addresses (an opaque blob); rank 0 checks them and answers everyone with the
 //! whole table and a random 64-bit job nonce.
 
-use super::env::{DEFAULT_TIMEOUT, JobEnv, MAX_WORLD_SIZE, RendezvousAddr};
+use super::env::{
+    DEFAULT_TIMEOUT, JobEnv, MAX_WORLD_SIZE, RANK_VARIABLES, RendezvousAddr, SIZE_VARIABLES,
+};
 use super::wire::{self, Hello, MAX_CONTROL_LEN, Reply, WireError};
 use std::io::{self, ErrorKind};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -70,10 +72,13 @@ pub enum RendezvousError {
         /// Connections refused meanwhile, and why.
         rejected: Vec<String>,
     },
-    /// Two processes claim one rank.
+    /// Two live processes claim one rank. Rank 0 keeps the first and refuses the second, which
+    /// gets this text in [`RendezvousError::Refused`]; rank 0 goes on waiting, and a
+    /// [`RendezvousError::Timeout`] lists it. (A first claimant whose connection has closed
+    /// is gone, and the second takes its place.)
     #[error(
-        "rank {rank} joined twice (from {first} and {second}): every process needs its own rank; \
-         check RINGCAST_RANK / the launcher's rank variable"
+        "rank {rank} joined twice, from {first} and then from {second}; rank 0 keeps the first \
+         and refused the second: every process needs its own rank (set {RANK_VARIABLES})"
     )]
     DuplicateRank {
         /// The rank.
@@ -83,10 +88,11 @@ pub enum RendezvousError {
         /// The second.
         second: SocketAddr,
     },
-    /// A rank disagrees with rank 0 about the world size, or sent a rank outside it.
+    /// A rank disagrees with rank 0 about the world size. Rank 0 refuses it as it does a
+    /// [`RendezvousError::DuplicateRank`].
     #[error(
         "rank {rank} (from {peer}) says the world has {theirs} ranks, rank 0 says {ours}: start \
-         every rank with the same world size (RINGCAST_WORLD_SIZE / the launcher's size variable)"
+         every rank with the same world size (set {SIZE_VARIABLES})"
     )]
     WorldSizeMismatch {
         /// The offender's rank.
@@ -98,10 +104,11 @@ pub enum RendezvousError {
         /// Rank 0's.
         ours: u32,
     },
-    /// A rank joined with a rank number outside the world it agrees on.
+    /// A rank joined with a rank number outside the world it agrees on. Rank 0 refuses it as
+    /// it does a [`RendezvousError::DuplicateRank`].
     #[error(
         "rank {rank} (from {peer}) is not a rank of this {ranks}-rank job: start every rank \
-         with a rank below the world size (RINGCAST_RANK / the launcher's rank variable)"
+         with a rank below the world size (set {RANK_VARIABLES})"
     )]
     RankOutOfRange {
         /// The rank it claimed.
@@ -163,7 +170,7 @@ pub enum RendezvousError {
     /// The world size is over [`MAX_WORLD_SIZE`].
     #[error(
         "a world of {0} ranks is over ringcast's limit of {MAX_WORLD_SIZE}: check the world size \
-         (RINGCAST_WORLD_SIZE / the launcher's size variable)"
+         ({SIZE_VARIABLES})"
     )]
     TooManyRanks(u32),
     /// The control blob is over [`MAX_CONTROL_LEN`].

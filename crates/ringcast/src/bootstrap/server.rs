@@ -4,6 +4,17 @@
 //! Hellos are read from every pending connection at once (non-blocking sockets polled with
 //! mio, a buffer each), so that a connection that says nothing (a port scanner, a health
 //! check) costs a pending slot until its own timeout, not the other ranks' turn.
+//!
+//! One bad hello does not fail the job: a process of another job, or one that disagrees with
+//! rank 0 about the world size, claims a rank outside it, or claims a rank already joined, is
+//! refused (it hears why at once), logged and counted, and rank 0 goes on waiting for the
+//! job's own ranks. Of two claims to one rank the first is kept while its connection is open:
+//! rank 0 cannot tell which process is right, and the first has been waiting for the table
+//! since; a first claimant whose connection has closed (killed, restarted by its launcher)
+//! could never take the table, so the second takes its place. For the same reason, once every
+//! rank has joined, those whose connection has closed since are dropped and waited for again.
+//! If the rank a refused hello claimed never comes, the timeout names it as missing and lists
+//! the refusal.
 
 use super::rendezvous::{PeerTable, Rendezvous, RendezvousError, job_nonce, table};
 use super::wire::{self, By, Hello, MAX_HELLO_LEN, Reply, WireError};
@@ -21,7 +32,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// connections delays the ranks behind it by at most [`HELLO_TIMEOUT`] a round, and costs
 /// rank 0 a bounded number of sockets and buffers.
 const MAX_PENDING: usize = 256;
-/// Refused connections a timeout's message lists (a flood of strays makes it no longer).
+/// Refused connections a timeout's message lists (a flood of strays makes it no longer); as
+/// many again of this job's refused hellos, which come first.
 const REJECTED_KEPT: usize = 16;
 /// The listener's token; pending connections count up from 0.
 const LISTENER: Token = Token(usize::MAX);
@@ -70,8 +82,13 @@ pub(super) struct Server<'a> {
     deadline: Instant,
     /// By rank. A map, not a slot per rank: nothing is held for a rank before it arrives.
     joined: BTreeMap<u32, Joined>,
+    /// Why hellos of this job were refused (a wrong world size or rank) or joined ranks
+    /// dropped (gone before the table), for the timeout's message: the likeliest reasons a
+    /// rank is missing, so kept apart from the strays.
+    refused: Vec<String>,
+    /// Why other connections were refused.
     rejected: Vec<String>,
-    /// Connections refused, those not in `rejected` included.
+    /// Connections refused or dropped, those in neither list included.
     rejects: usize,
 }
 
@@ -99,6 +116,7 @@ impl<'a> Server<'a> {
             started,
             deadline: cfg.deadline(started),
             joined: BTreeMap::new(),
+            refused: Vec::new(),
             rejected: Vec::new(),
             rejects: 0,
         })
@@ -134,9 +152,14 @@ impl<'a> Server<'a> {
             }
             for event in &events {
                 // The listener's turn comes at the top of the loop.
-                if event.token() != LISTENER && self.read_hello(event.token())? {
+                if event.token() != LISTENER && self.read_hello(event.token()) {
                     waiting -= 1;
                 }
+            }
+            if waiting == 0 {
+                // A rank that left since its hello could not take the table: wait for it
+                // again (its launcher may restart it) rather than hand everyone a dead entry.
+                waiting = self.drop_gone();
             }
         }
         let nonce = job_nonce(self.cfg.job_key);
@@ -171,7 +194,13 @@ impl<'a> Server<'a> {
                 tracing::warn!(%peer, error = %e, "rendezvous: a rank left before getting the table");
             }
         }
-        tracing::info!(addr = %self.addr, ranks = self.cfg.world_size, nonce, "rendezvous: complete");
+        tracing::info!(
+            addr = %self.addr,
+            ranks = self.cfg.world_size,
+            nonce,
+            refused = self.rejects,
+            "rendezvous: complete"
+        );
         Ok(table(nonce, entries))
     }
 
@@ -230,17 +259,16 @@ impl<'a> Server<'a> {
     }
 
     /// Reads what a pending connection sent; once its hello is whole (or cannot become one),
-    /// takes it out of the pending ones and admits it. `Ok(true)` when it is a new rank of
-    /// this job.
-    fn read_hello(&mut self, token: Token) -> Result<bool, RendezvousError> {
+    /// takes it out of the pending ones and admits it. Whether it is a new rank of this job.
+    fn read_hello(&mut self, token: Token) -> bool {
         let Some(p) = self.pending.get_mut(&token) else {
-            return Ok(false);
+            return false;
         };
         let read = read_some(&mut p.stream, &mut p.hello);
         let hello = match Hello::read(&mut &p.hello[..]) {
             // Not all of it yet.
             Err(WireError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => match read {
-                Ok(false) => return Ok(false),
+                Ok(false) => return false,
                 Ok(true) => Err(format!(
                     "closed the connection after {} bytes, not a whole hello",
                     p.hello.len()
@@ -250,7 +278,7 @@ impl<'a> Server<'a> {
             parsed => Ok(parsed),
         };
         let Some(mut p) = self.pending.remove(&token) else {
-            return Ok(false);
+            return false;
         };
         if let Err(e) = self.poll.registry().deregister(&mut p.stream) {
             tracing::debug!(peer = %p.peer, error = %e, "rendezvous: deregistering a connection");
@@ -263,7 +291,7 @@ impl<'a> Server<'a> {
             .and_then(|()| stream.set_nodelay(true));
         if let Err(e) = setup {
             tracing::debug!(%peer, error = %e, "rendezvous: dropping a connection");
-            return Ok(false);
+            return false;
         }
         let hello = match hello {
             Ok(Ok(h)) => h,
@@ -276,24 +304,19 @@ impl<'a> Server<'a> {
                 }
                 tracing::debug!(%peer, error = %e, "rendezvous: dropping a connection");
                 self.reject(format!("{peer} ({e})"));
-                return Ok(false);
+                return false;
             }
             Err(why) => {
                 tracing::debug!(%peer, error = %why, "rendezvous: dropping a connection");
                 self.reject(format!("{peer} ({why})"));
-                return Ok(false);
+                return false;
             }
         };
         self.admit(stream, peer, hello)
     }
 
-    /// Checks a whole hello; `Ok(true)` when it is a new rank of this job.
-    fn admit(
-        &mut self,
-        mut stream: TcpStream,
-        peer: SocketAddr,
-        hello: Hello,
-    ) -> Result<bool, RendezvousError> {
+    /// Checks a whole hello; whether it is a new rank of this job.
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, hello: Hello) -> bool {
         let ours = self.cfg.job_key;
         if hello.job_key != 0 && ours != 0 && hello.job_key != ours {
             let why = format!(
@@ -306,41 +329,19 @@ impl<'a> Server<'a> {
             );
             tracing::warn!("rendezvous: {why}");
             self.reject(why);
-            return Ok(false);
+            return false;
         }
-        if hello.world_size == self.cfg.world_size && hello.rank >= self.cfg.world_size {
-            let e = RendezvousError::RankOutOfRange {
-                rank: hello.rank,
-                peer,
-                ranks: self.cfg.world_size,
-            };
-            refuse(&mut stream, &e.to_string());
-            return Err(self.fail(e));
-        }
-        if hello.world_size != self.cfg.world_size {
-            let e = RendezvousError::WorldSizeMismatch {
-                rank: hello.rank,
-                peer,
-                theirs: hello.world_size,
-                ours: self.cfg.world_size,
-            };
-            refuse(&mut stream, &e.to_string());
-            return Err(self.fail(e));
-        }
-        let first = if hello.rank == self.cfg.rank {
-            Some("rank 0 itself".to_owned())
-        } else {
-            self.joined.get(&hello.rank).map(|j| j.peer.to_string())
+        let replaced = match self.fits(&hello, peer) {
+            Ok(replaced) => replaced,
+            Err(e) => {
+                // This process alone is wrong (or a stray): it hears why at once, and the
+                // ranks that are right go on meeting.
+                refuse(&mut stream, &format!("rank 0 refused this process: {e}"));
+                tracing::warn!(%peer, rank = hello.rank, refused = self.rejects + 1, "rendezvous: {e}");
+                self.reject_rank(e.to_string());
+                return false;
+            }
         };
-        if let Some(first) = first {
-            let e = RendezvousError::DuplicateRank {
-                rank: hello.rank,
-                first,
-                second: peer,
-            };
-            refuse(&mut stream, &e.to_string());
-            return Err(self.fail(e));
-        }
         tracing::debug!(rank = hello.rank, %peer, "rendezvous: rank joined");
         self.joined.insert(
             hello.rank,
@@ -351,7 +352,77 @@ impl<'a> Server<'a> {
                 control: hello.control,
             },
         );
-        Ok(true)
+        // A rank that took a gone claimant's place was counted when that one joined.
+        !replaced
+    }
+
+    /// Whether a hello of this job may join, and why not. A rank already joined whose
+    /// connection has closed is dropped here, so that this hello takes its place: `Ok(true)`.
+    fn fits(&mut self, hello: &Hello, peer: SocketAddr) -> Result<bool, RendezvousError> {
+        let ours = self.cfg.world_size;
+        if hello.world_size == ours && hello.rank >= ours {
+            return Err(RendezvousError::RankOutOfRange {
+                rank: hello.rank,
+                peer,
+                ranks: ours,
+            });
+        }
+        if hello.world_size != ours {
+            return Err(RendezvousError::WorldSizeMismatch {
+                rank: hello.rank,
+                peer,
+                theirs: hello.world_size,
+                ours,
+            });
+        }
+        let first = if hello.rank == self.cfg.rank {
+            Some("rank 0 itself".to_owned())
+        } else {
+            match self.joined.get(&hello.rank) {
+                Some(j) if closed(&j.stream) => {
+                    tracing::warn!(
+                        rank = hello.rank,
+                        first = %j.peer,
+                        second = %peer,
+                        "rendezvous: a rank's first connection closed before the table; its \
+                         second takes its place"
+                    );
+                    self.joined.remove(&hello.rank);
+                    return Ok(true);
+                }
+                Some(j) => Some(j.peer.to_string()),
+                None => None,
+            }
+        };
+        match first {
+            Some(first) => Err(RendezvousError::DuplicateRank {
+                rank: hello.rank,
+                first,
+                second: peer,
+            }),
+            None => Ok(false),
+        }
+    }
+
+    /// Drops the joined ranks whose connection has closed; how many.
+    fn drop_gone(&mut self) -> u32 {
+        let gone: Vec<u32> = self
+            .joined
+            .iter()
+            .filter(|(_, j)| closed(&j.stream))
+            .map(|(rank, _)| *rank)
+            .collect();
+        for rank in &gone {
+            if let Some(j) = self.joined.remove(rank) {
+                let why = format!(
+                    "rank {rank} from {} closed its connection before the table",
+                    j.peer
+                );
+                tracing::warn!("rendezvous: {why}; waiting for it again");
+                self.reject_rank(why);
+            }
+        }
+        u32::try_from(gone.len()).unwrap_or(u32::MAX)
     }
 
     /// Keeps why a connection was refused, for the timeout's message: the first
@@ -363,8 +434,17 @@ impl<'a> Server<'a> {
         }
     }
 
+    /// As [`Server::reject`], for this job's own ranks, listed ahead of the strays.
+    fn reject_rank(&mut self, why: String) {
+        self.rejects += 1;
+        if self.refused.len() < REJECTED_KEPT {
+            self.refused.push(why);
+        }
+    }
+
     fn timeout_error(&self) -> RendezvousError {
-        let mut rejected = self.rejected.clone();
+        let mut rejected = self.refused.clone();
+        rejected.extend_from_slice(&self.rejected);
         if self.rejects > rejected.len() {
             rejected.push(format!("{} more", self.rejects - rejected.len()));
         }
@@ -400,6 +480,21 @@ fn refuse(stream: &mut TcpStream, text: &str) {
     ) {
         tracing::debug!(error = %e, "rendezvous: could not deliver a refusal");
     }
+}
+
+/// Whether the peer has closed a joined rank's connection (or it broke). A joining rank sends
+/// nothing after its hello, so a connection with bytes to read is open; one that cannot be
+/// checked is taken as open, and one that cannot be made blocking again as closed (rank 0
+/// could not send it the table).
+fn closed(stream: &TcpStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let closed = match stream.peek(&mut [0u8]) {
+        Ok(n) => n == 0,
+        Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted),
+    };
+    stream.set_nonblocking(false).is_err() || closed
 }
 
 /// Reads what `stream` has (non-blocking) into `hello`, up to [`MAX_HELLO_LEN`] in all:
