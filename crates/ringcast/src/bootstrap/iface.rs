@@ -110,6 +110,22 @@ pub enum InterfaceError {
         /// What the resolver said.
         detail: String,
     },
+    /// The rendezvous host resolves to a loopback address here although it was not written
+    /// as one, and nothing says which other interface to use.
+    #[error(
+        "the rendezvous host {host:?} resolves to {loopback} here, a loopback address other \
+         hosts cannot reach, and no multicast route says which of {candidates} to use instead; \
+         set RINGCAST_IFNAME to one of them (or give the rendezvous host as an address the \
+         other hosts reach it by)"
+    )]
+    LoopbackRendezvous {
+        /// The rendezvous host, as written.
+        host: String,
+        /// The loopback address the kernel routes toward it from.
+        loopback: Ipv4Addr,
+        /// The interfaces it could be, as `name (addr)`.
+        candidates: String,
+    },
     /// No route toward the rendezvous host to pick the default interface from.
     #[error("no route toward {toward} to pick an interface from ({source}); set RINGCAST_IFNAME")]
     NoRoute {
@@ -184,6 +200,54 @@ pub fn choose_interface(
         })
 }
 
+/// Whether a rendezvous host, as written, asks for loopback: a loopback address (`127.0.0.1`,
+/// `::1`) or `localhost` (also `*.localhost`, RFC 6761, and `localhost.localdomain`).
+pub(crate) fn names_loopback(host: &str) -> bool {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return ip.to_canonical().is_loopback();
+    }
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    host == "localhost" || host.ends_with(".localhost") || host == "localhost.localdomain"
+}
+
+/// The interface to advertise when the kernel routes toward the rendezvous host `host` from
+/// `routed`. That is `routed`, unless it is a loopback address while `host` was not written
+/// as one: Debian's /etc/hosts maps a host's own name to 127.0.1.1, so rank 0 of a job named
+/// by its host would advertise an address no other host reaches. Then, like
+/// [`crate::bootstrap::JobEnv::interface`]: the interface `filter` (`RINGCAST_IFNAME`)
+/// picks; else the one multicast is routed through (`by_multicast`), else the only
+/// non-loopback one in `up` (the IPv4 interfaces that are up); with none, `routed` (no other
+/// host is reachable anyway); with several, an error naming `RINGCAST_IFNAME`.
+pub(crate) fn off_loopback(
+    host: &str,
+    routed: NetInterface,
+    filter: Option<&IfnameFilter>,
+    up: &[NetInterface],
+    by_multicast: Option<Ipv4Addr>,
+) -> Result<NetInterface, InterfaceError> {
+    if !routed.addr.is_loopback() || names_loopback(host) {
+        return Ok(routed);
+    }
+    if let Some(filter) = filter {
+        return choose_interface(Some(filter), up, None);
+    }
+    let others: Vec<&NetInterface> = up.iter().filter(|i| !i.addr.is_loopback()).collect();
+    let by_multicast = by_multicast.and_then(|a| others.iter().find(|i| i.addr == a));
+    match (by_multicast, others.as_slice()) {
+        (Some(i), _) | (None, [i]) => Ok((*i).clone()),
+        (None, []) => Ok(routed),
+        (None, several) => Err(InterfaceError::LoopbackRendezvous {
+            host: host.to_owned(),
+            loopback: routed.addr,
+            candidates: several
+                .iter()
+                .map(|i| format!("{} ({})", i.name, i.addr))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
 impl std::fmt::Display for IfnameFilter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let exclude = if self.exclude { "^" } else { "" };
@@ -194,7 +258,7 @@ impl std::fmt::Display for IfnameFilter {
 
 /// The local IPv4 address the kernel would send from toward `toward`: a connected UDP socket
 /// sends nothing but has its source chosen by the routing table.
-fn route_source(toward: IpAddr) -> std::io::Result<Ipv4Addr> {
+pub(super) fn route_source(toward: IpAddr) -> std::io::Result<Ipv4Addr> {
     let target = match toward {
         IpAddr::V4(a) => a,
         IpAddr::V6(a) => a.to_ipv4_mapped().ok_or_else(|| {
@@ -273,6 +337,86 @@ mod tests {
         assert_eq!(routed.expect("eth0"), iface("eth0", [10, 0, 0, 5]));
         let single = choose_interface(None, &listed(), None).expect("lo");
         assert_eq!(single, iface("lo", [127, 0, 0, 1]));
+    }
+
+    /// A rendezvous host that resolves to loopback here but was written as a name other hosts
+    /// use (Debian maps a host's own name to 127.0.1.1) is not advertised as loopback; one
+    /// written as loopback is, as is any host routed from elsewhere.
+    #[test]
+    fn a_host_named_but_routed_to_loopback_is_not_advertised_as_loopback() {
+        let debian = iface("lo", [127, 0, 1, 1]);
+        let eth0 = iface("eth0", [10, 0, 0, 5]);
+        let off =
+            |host: &str, up: &[NetInterface], mcast: Option<[u8; 4]>, filter: Option<&str>| {
+                let filter: Option<IfnameFilter> = filter.map(|f| f.parse().expect("filter"));
+                off_loopback(
+                    host,
+                    debian.clone(),
+                    filter.as_ref(),
+                    up,
+                    mcast.map(Ipv4Addr::from),
+                )
+            };
+        let lo_eth0 = [iface("lo", [127, 0, 0, 1]), eth0.clone()];
+        // The interface multicast is routed through, as JobEnv::interface picks.
+        assert_eq!(
+            off("node0", &listed(), Some([10, 1, 0, 5]), None)
+                .expect("eth1")
+                .name,
+            "eth1"
+        );
+        // Else the only other one.
+        assert_eq!(off("node0", &lo_eth0, None, None).expect("eth0"), eth0);
+        assert_eq!(
+            off("node0", &lo_eth0, Some([127, 0, 0, 1]), None).expect("eth0"),
+            eth0
+        );
+        // RINGCAST_IFNAME decides over both.
+        assert_eq!(
+            off("node0", &listed(), Some([10, 1, 0, 5]), Some("ib"))
+                .expect("ib0")
+                .name,
+            "ib0"
+        );
+        // Several and no route to choose by: an error that says what to set.
+        let text = off("node0", &listed(), None, None)
+            .expect_err("ambiguous")
+            .to_string();
+        assert!(text.contains("\"node0\" resolves to 127.0.1.1"), "{text}");
+        assert!(text.contains("set RINGCAST_IFNAME"), "{text}");
+        assert!(
+            text.contains("docker0 (172.17.0.1), eth0 (10.0.0.5)"),
+            "{text}"
+        );
+        // Only loopback here: nothing else reaches other hosts either.
+        let only_lo = [iface("lo", [127, 0, 0, 1])];
+        assert_eq!(off("node0", &only_lo, None, None).expect("lo"), debian);
+        // Loopback asked for, as an address or as localhost: kept, whatever else there is.
+        for host in [
+            "127.0.0.1",
+            "127.0.1.1",
+            "::1",
+            "::ffff:127.0.0.1",
+            "localhost",
+            "LOCALHOST.",
+            "rank0.localhost",
+            "localhost.localdomain",
+        ] {
+            assert_eq!(
+                off(host, &listed(), Some([10, 0, 0, 5]), None).expect("kept"),
+                debian,
+                "{host}"
+            );
+        }
+        // A route off loopback is kept.
+        let routed = off_loopback(
+            "node0",
+            eth0.clone(),
+            None,
+            &listed(),
+            Some(Ipv4Addr::new(10, 1, 0, 5)),
+        );
+        assert_eq!(routed.expect("eth0"), eth0);
     }
 
     #[test]

@@ -130,6 +130,58 @@ impl JobEnv {
     }
 }
 
+/// The interface a rank that meets the others at `addr` advertises when nothing chose one
+/// ([`crate::CommBuilder::rendezvous`] without [`crate::CommBuilder::interface`]): the one
+/// the kernel routes toward the rendezvous host's IPv4 address (loopback when it has none),
+/// kept off a loopback the host was not written as ([`iface::off_loopback`]). `ifname`
+/// (`RINGCAST_IFNAME`) is read only then, so that a local job is chosen for exactly as before.
+pub(crate) fn interface_toward(
+    addr: &RendezvousAddr,
+    ifname: impl FnOnce() -> Result<Option<IfnameFilter>, EnvError>,
+) -> Result<NetInterface, BootstrapError> {
+    let ip = (addr.host.as_str(), addr.port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.find(|a| a.is_ipv4()))
+        .map(|a| a.ip());
+    let routed = select_interface(None, ip)?;
+    if !routed.addr.is_loopback() || iface::names_loopback(&addr.host) {
+        return Ok(routed);
+    }
+    let filter = ifname()?;
+    let up: Vec<NetInterface> = if_addrs::get_if_addrs()
+        .map_err(InterfaceError::List)?
+        .into_iter()
+        .filter(|i| i.is_oper_up())
+        .filter_map(|i| match i.addr {
+            if_addrs::IfAddr::V4(a) => Some(NetInterface {
+                name: i.name,
+                addr: a.ip,
+            }),
+            if_addrs::IfAddr::V6(_) => None,
+        })
+        .collect();
+    let by_multicast = iface::route_source(IpAddr::V4(MULTICAST_PROBE)).ok();
+    let chosen = iface::off_loopback(
+        &addr.host,
+        routed.clone(),
+        filter.as_ref(),
+        &up,
+        by_multicast,
+    )?;
+    if chosen != routed {
+        tracing::warn!(
+            host = %addr.host,
+            loopback = %routed.addr,
+            using = %chosen.name,
+            addr = %chosen.addr,
+            "the rendezvous host resolves to loopback here, which other hosts cannot reach; \
+             using another interface (set RINGCAST_IFNAME to choose)"
+        );
+    }
+    Ok(chosen)
+}
+
 /// The first IPv4 address of the rendezvous host, else its first address.
 fn resolve(r: &RendezvousAddr) -> Result<IpAddr, String> {
     let addrs: Vec<IpAddr> = (r.host.as_str(), r.port)
@@ -143,4 +195,28 @@ fn resolve(r: &RendezvousAddr) -> Result<IpAddr, String> {
         .or(addrs.first())
         .copied()
         .ok_or_else(|| "no address".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(host: &str) -> RendezvousAddr {
+        RendezvousAddr {
+            host: host.to_owned(),
+            port: 29500,
+            origin: "CommBuilder::rendezvous",
+        }
+    }
+
+    /// A local job (the rendezvous host written as loopback) keeps loopback, and does not
+    /// even read `RINGCAST_IFNAME` (a bad value there cannot fail it).
+    #[test]
+    fn a_local_rendezvous_keeps_loopback_without_reading_ifname() {
+        for host in ["127.0.0.1", "localhost"] {
+            let bad = || Err(EnvError::BadIfname(IfnameSyntaxError("^".into())));
+            let i = interface_toward(&at(host), bad).expect(host);
+            assert_eq!(i.addr, Ipv4Addr::LOCALHOST, "{host}");
+        }
+    }
 }

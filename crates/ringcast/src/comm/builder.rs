@@ -23,7 +23,7 @@ use super::fallback::{self, FallbackConfig, FallbackReason, TransportMode};
 use super::probe::{self, PROBE_LEN, ProbeSetup};
 use super::track::{TrackedControl, TrackedTx};
 use crate::bootstrap::{
-    BootstrapError, JobEnv, PeerTable, Rendezvous, RendezvousAddr, select_interface,
+    self, BootstrapError, EnvError, IfnameFilter, JobEnv, PeerTable, Rendezvous, RendezvousAddr,
 };
 
 /// How long the fast path may see no chunk before it is stalled (see `build`). Measured in
@@ -299,7 +299,14 @@ impl CommBuilder {
     }
 
     /// Address of the interface multicast leaves and is joined on (default: the one routed
-    /// toward the peers; `127.0.0.1` for loopback).
+    /// toward the peers; `127.0.0.1` for loopback). With
+    /// [`rendezvous`](Self::rendezvous), the default is the interface the kernel routes toward
+    /// the rendezvous host, except that a host that resolves to loopback here but was not
+    /// written as loopback (`127.x`, `::1`, `localhost`) is not taken for one: Debian's
+    /// /etc/hosts maps a host's own name to 127.0.1.1, which the other hosts cannot reach.
+    /// Then the interface `RINGCAST_IFNAME` picks is used, else the one multicast is routed
+    /// through, else the only one besides loopback; with several and no route to choose by,
+    /// [`build`](Self::build) fails naming `RINGCAST_IFNAME`.
     pub fn interface(mut self, addr: Ipv4Addr) -> Self {
         self.interface = Some(addr);
         self
@@ -891,15 +898,17 @@ fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64), BuildError> {
     Ok((control, t.nonce))
 }
 
+/// The interface to advertise when [`CommBuilder::interface`] was not called: see
+/// [`crate::bootstrap::interface_toward`] (never loopback for a host that was not written as
+/// one, unless this host has nothing else).
 fn route_toward(addr: &RendezvousAddr) -> Result<Ipv4Addr, BuildError> {
-    use std::net::ToSocketAddrs;
-    let ip = (addr.host.as_str(), addr.port)
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.find(|a| a.is_ipv4()))
-        .map(|a| a.ip());
-    let chosen = select_interface(None, ip).map_err(BootstrapError::from)?;
-    Ok(chosen.addr)
+    let ifname = || {
+        var("RINGCAST_IFNAME")
+            .map(|v| v.parse::<IfnameFilter>())
+            .transpose()
+            .map_err(EnvError::BadIfname)
+    };
+    Ok(bootstrap::interface_toward(addr, ifname)?.addr)
 }
 
 /// The interface whose address is `iface`: its name and whether it is a loopback.
