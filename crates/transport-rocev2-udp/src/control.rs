@@ -458,7 +458,7 @@ struct Serve {
 }
 
 /// A peer's read of `len` bytes at `offset` of operation `op`'s buffer, to be answered.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Asked {
     id: u64,
     op: OpId,
@@ -924,6 +924,445 @@ fn check_hello(b: &[u8], nonce: u64) -> Result<u32, &'static str> {
     u32_at(b, 13).ok_or("short hello")
 }
 
+/// A frame that broke the protocol: its connection ends, counted
+/// ([`ControlStats::malformed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Malformed;
+
+/// Judges the frame at the start of `b` (what has arrived of it) by its header alone: its
+/// length (kind and body) once the 4 bytes of it are in, `None` before. An error as soon as
+/// what is in shows it too long: empty or longer than any kind allows from the length alone,
+/// longer than its own kind allows ([`ControlConfig::frame_limit`]) once the kind is in too.
+/// So nothing of such a frame's body is waited for.
+fn frame_head(b: &[u8], cfg: &ControlConfig) -> Result<Option<usize>, Malformed> {
+    let Some(len) = u32_at(b, 0) else {
+        return Ok(None);
+    };
+    let len = len as usize;
+    let kind = b.get(4);
+    if len == 0 || len > cfg.longest_frame() || kind.is_some_and(|&k| len > cfg.frame_limit(k)) {
+        return Err(Malformed);
+    }
+    Ok(Some(len))
+}
+
+/// A frame a peer may send once the hellos are exchanged, decoded from its kind and body,
+/// every field checked.
+#[derive(Debug, PartialEq, Eq)]
+enum Incoming<'a> {
+    /// A control message: its bytes.
+    Message(&'a [u8]),
+    /// A read to serve.
+    ReadReq(Asked),
+    /// The answer to read `id`.
+    ReadResp { id: u64, bytes: &'a [u8] },
+    /// Read `id` refused.
+    Refused(u64),
+    /// The peer leaves on purpose.
+    Bye { mark: u64, blamed: Option<Rank> },
+}
+
+impl<'a> Incoming<'a> {
+    /// Decodes a frame (kind and body); `None` on a protocol error.
+    fn parse(b: &'a [u8]) -> Option<Self> {
+        let (&kind, body) = b.split_first()?;
+        match kind {
+            KIND_MESSAGE => Some(Incoming::Message(body)),
+            KIND_READ_REQ => {
+                let (Some(id), Some(op), Some(offset), Some(len)) = (
+                    u64_at(body, 0),
+                    u64_at(body, 8),
+                    u64_at(body, 16),
+                    u64_at(body, 24),
+                ) else {
+                    return None;
+                };
+                if body.len() != READ_REQ_LEN - 1 {
+                    return None;
+                }
+                Some(Incoming::ReadReq(Asked {
+                    id,
+                    op: OpId(op),
+                    offset,
+                    len,
+                }))
+            }
+            KIND_READ_RESP => {
+                let id = u64_at(body, 0)?;
+                Some(Incoming::ReadResp {
+                    id,
+                    bytes: &body[8..],
+                })
+            }
+            KIND_BYE => match (u64_at(body, 0), body.len()) {
+                (Some(mark), 8) => Some(Incoming::Bye { mark, blamed: None }),
+                (Some(mark), 12) => Some(Incoming::Bye {
+                    mark,
+                    blamed: u32_at(body, 8).map(Rank),
+                }),
+                _ => None,
+            },
+            KIND_READ_REFUSED => match u64_at(body, 0) {
+                Some(id) if body.len() == 8 => Some(Incoming::Refused(id)),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+/// What a connection has read and not decoded yet: frames in `buf[start..end]`. No socket
+/// here: the I/O thread reads into [`Self::room`] and takes frames with [`Self::next`]
+/// ([`Io::read`]); [`StreamDecoder`] copies bytes there.
+struct FrameReader {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// The buffer's first length ([`READ_STEP`]), and the length above which it goes back
+    /// to that once empty ([`READ_KEEP`]).
+    step: usize,
+    keep: usize,
+    /// Messages longer than this not all in are handed out from their first bytes
+    /// ([`Next::Big`], [`BIG_FRAME`]).
+    big: usize,
+}
+
+/// What [`FrameReader::next`] found.
+#[derive(Debug, PartialEq, Eq)]
+enum Next<'a> {
+    /// A whole frame (kind and body), taken.
+    Whole(&'a [u8]),
+    /// A message longer than [`FrameReader::big`] not all in: its frame's length (kind and
+    /// body) and what is in of its body. The reader holds nothing of it any more: the rest
+    /// of its body is the next bytes the connection brings.
+    Big { len: usize, head: &'a [u8] },
+    /// Nothing more until more bytes come.
+    More,
+}
+
+impl FrameReader {
+    /// An empty reader whose buffer starts at `step` bytes (at least one).
+    fn new(step: usize, keep: usize, big: usize) -> Self {
+        FrameReader {
+            buf: vec![0; step.max(1)],
+            start: 0,
+            end: 0,
+            step: step.max(1),
+            keep,
+            big,
+        }
+    }
+
+    /// Where the next read goes: at most `max` bytes of the buffer's free end, at least one
+    /// if `max` is. A full buffer first moves what it holds to its start, and doubles if
+    /// still full (it holds the start of a frame longer than itself: [`Self::next`] checked
+    /// its length).
+    fn room(&mut self, max: usize) -> &mut [u8] {
+        if self.end == self.buf.len() {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            if self.end == self.buf.len() {
+                self.buf.resize(self.buf.len() * 2, 0);
+            }
+        }
+        let room = (self.buf.len() - self.end).min(max);
+        &mut self.buf[self.end..self.end + room]
+    }
+
+    /// `n` bytes were read into [`Self::room`].
+    fn filled(&mut self, n: usize) {
+        self.end += n;
+    }
+
+    /// The next frame from what is held, judged by its header first ([`frame_head`]); its
+    /// body is the caller's to check.
+    fn next(&mut self, cfg: &ControlConfig) -> Result<Next<'_>, Malformed> {
+        let held = &self.buf[self.start..self.end];
+        let Some(len) = frame_head(held, cfg)? else {
+            return Ok(Next::More);
+        };
+        let Some(frame) = held.get(4..4 + len) else {
+            if len > self.big && held.get(4) == Some(&KIND_MESSAGE) {
+                self.start = self.end;
+                return Ok(Next::Big {
+                    len,
+                    head: &held[5..],
+                });
+            }
+            return Ok(Next::More);
+        };
+        self.start += 4 + len;
+        Ok(Next::Whole(frame))
+    }
+
+    /// Once everything held is taken: the next read goes to the buffer's start, and a
+    /// buffer a long frame grew past `keep` shrinks back to `step` (a connection keeps at
+    /// most `keep`, not its longest frame).
+    fn settle(&mut self) {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+            if self.buf.len() > self.keep {
+                self.buf = vec![0; self.step];
+            }
+        }
+    }
+
+    /// The buffer as scratch for bytes to be dropped, at most `max` of them: only while it
+    /// holds nothing (a landing whose buffer is gone).
+    fn scratch(&mut self, max: usize) -> &mut [u8] {
+        let n = max.min(self.buf.len());
+        &mut self.buf[..n]
+    }
+}
+
+/// A connection's bytes decoded as [`Io::read`] decodes them, from slices instead of a
+/// socket's reads: the frames whole in the [`FrameReader`], a large message's body gathered
+/// in a vector of its own. For the tests and the fuzz target.
+struct StreamDecoder {
+    frames: FrameReader,
+    cfg: ControlConfig,
+    /// A large message under way (its kind and what is in of its body), and its frame's
+    /// length; empty with 0 otherwise.
+    big: Vec<u8>,
+    big_len: usize,
+    /// The last frame was a large message: the next read takes at most [`PEEK`] bytes.
+    peek: bool,
+    /// The stream broke the protocol; nothing more is taken from it.
+    malformed: bool,
+}
+
+impl StreamDecoder {
+    fn new(cfg: ControlConfig, step: usize, keep: usize, big: usize) -> Self {
+        StreamDecoder {
+            frames: FrameReader::new(step, keep, big),
+            cfg,
+            big: Vec::new(),
+            big_len: 0,
+            peek: false,
+            malformed: false,
+        }
+    }
+
+    /// Takes `bytes` as the next reads would bring them (as many as the buffer's room
+    /// needs), pushing every frame taken whole (kind and body) onto `out`, in order; stops
+    /// at the first malformed frame.
+    fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<Vec<u8>>) {
+        while !bytes.is_empty() && !self.malformed {
+            if self.big_len > 0 {
+                let n = (self.big_len - self.big.len()).min(bytes.len());
+                self.big.extend_from_slice(&bytes[..n]);
+                bytes = &bytes[n..];
+                if self.big.len() == self.big_len {
+                    self.big_len = 0;
+                    self.peek = true;
+                    out.push(std::mem::take(&mut self.big));
+                }
+                continue;
+            }
+            let max = if std::mem::take(&mut self.peek) {
+                PEEK
+            } else {
+                usize::MAX
+            };
+            let room = self.frames.room(max);
+            let n = room.len().min(bytes.len());
+            room[..n].copy_from_slice(&bytes[..n]);
+            self.frames.filled(n);
+            bytes = &bytes[n..];
+            loop {
+                match self.frames.next(&self.cfg) {
+                    Ok(Next::Whole(f)) if Incoming::parse(f).is_some() => out.push(f.to_vec()),
+                    Ok(Next::Big { len, head }) => {
+                        self.big.push(KIND_MESSAGE);
+                        self.big.extend_from_slice(head);
+                        self.big_len = len;
+                        break;
+                    }
+                    Ok(Next::More) => break,
+                    Ok(Next::Whole(_)) | Err(Malformed) => {
+                        self.malformed = true;
+                        return;
+                    }
+                }
+            }
+            self.frames.settle();
+        }
+    }
+}
+
+/// Entry points for the fuzz target `fuzz/fuzz_targets/framing.rs`: a connection's framing
+/// without its socket. Not part of the API: they panic on a finding.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// What a connection's bytes decode to.
+    #[derive(Debug, PartialEq, Eq)]
+    pub struct Decoded {
+        /// The frames taken (kind and body), in order.
+        pub frames: Vec<Vec<u8>>,
+        /// The bytes after them broke the protocol: the connection ends there. (Bytes that
+        /// end inside a frame do not: it waits for the rest.)
+        pub malformed: bool,
+    }
+
+    /// The limits of a connection: messages of `max_message` bytes, reads of `max_read`
+    /// bytes, and a read buffer that starts at `step` bytes (the I/O thread's sizes scaled
+    /// down: messages longer than a quarter of it are gathered on their own, as longer than
+    /// `BIG_FRAME` of `READ_STEP` are, and it shrinks back from 16 times it).
+    #[derive(Clone, Copy, Debug)]
+    pub struct Limits {
+        /// [`ControlConfig::max_message`].
+        pub max_message: usize,
+        /// [`ControlConfig::max_read`].
+        pub max_read: u64,
+        /// The read buffer's first length (at least 1).
+        pub step: usize,
+    }
+
+    impl Limits {
+        fn cfg(&self) -> ControlConfig {
+            ControlConfig {
+                max_message: self.max_message,
+                max_read: self.max_read,
+                ..ControlConfig::new(0)
+            }
+        }
+
+        /// `stream` decoded as the I/O thread decodes a connection's bytes, fed in slices of
+        /// the sizes `splits` gives in turn (cycled; 0 read as 1; all at once if empty).
+        /// Panics if the decoder held more than the limits allow, or if the frames taken do
+        /// not re-encode (`frame`) to the stream's first bytes.
+        pub fn decode(&self, stream: &[u8], splits: &[usize]) -> Decoded {
+            let cfg = self.cfg();
+            let step = self.step.max(1);
+            let big = step / 4;
+            let mut d = StreamDecoder::new(cfg, step, step * 16, big);
+            // The longest frame the read buffer holds whole (a longer message is gathered
+            // on its own), and so the longest the buffer may grow to: doubling from `step`
+            // until that frame fits.
+            let whole = [KIND_READ_REQ, KIND_READ_RESP, KIND_READ_REFUSED, KIND_BYE]
+                .map(|k| cfg.frame_limit(k))
+                .into_iter()
+                .fold(cfg.frame_limit(KIND_MESSAGE).min(big), usize::max);
+            let most = step.max(whole.saturating_add(4).saturating_mul(2));
+            let mut frames = Vec::new();
+            let mut sizes = splits.iter().map(|&n| n.max(1)).cycle();
+            let mut rest = stream;
+            while !rest.is_empty() {
+                let n = sizes.next().unwrap_or(rest.len()).min(rest.len());
+                d.feed(&rest[..n], &mut frames);
+                rest = &rest[n..];
+                assert!(
+                    d.frames.buf.len() <= most,
+                    "read buffer of {} bytes, at most {most} allowed",
+                    d.frames.buf.len()
+                );
+                assert!(
+                    d.big.len() <= cfg.frame_limit(KIND_MESSAGE),
+                    "a message of {} bytes gathered, at most {} allowed",
+                    d.big.len(),
+                    cfg.frame_limit(KIND_MESSAGE)
+                );
+            }
+            let mut at = 0;
+            for f in &frames {
+                let mut again = frame(f[0], f.len() - 1);
+                again.extend_from_slice(&f[1..]);
+                assert_eq!(
+                    stream.get(at..at + again.len()),
+                    Some(&again[..]),
+                    "the frame at byte {at} re-encodes to other bytes"
+                );
+                at += again.len();
+            }
+            Decoded {
+                frames,
+                malformed: d.malformed,
+            }
+        }
+
+        /// `stream` decoded as the frame format says, the whole of it at once: frame after
+        /// frame while each is whole and well-formed; malformed at the first one whose
+        /// length is 0 or over every kind's bound, over its own kind's once that is in, or
+        /// whose fields are wrong once it is whole.
+        pub fn spec(&self, stream: &[u8]) -> Decoded {
+            let cfg = self.cfg();
+            let mut frames = Vec::new();
+            let mut rest = stream;
+            let malformed = loop {
+                let Some((len, after)) = rest.split_first_chunk::<4>() else {
+                    break false;
+                };
+                let len = u32::from_be_bytes(*len) as usize;
+                let limit = after
+                    .first()
+                    .map_or(cfg.longest_frame(), |&k| cfg.frame_limit(k));
+                if len == 0 || len > limit {
+                    break true;
+                }
+                let Some(f) = after.get(..len) else {
+                    break false;
+                };
+                if Incoming::parse(f).is_none() {
+                    break true;
+                }
+                frames.push(f.to_vec());
+                rest = &after[len..];
+            };
+            Decoded { frames, malformed }
+        }
+    }
+
+    /// A reader of `rest` in reads of the sizes `splits` gives in turn.
+    struct Reads<'a, I> {
+        rest: &'a [u8],
+        sizes: I,
+    }
+
+    impl<I: Iterator<Item = usize>> Read for Reads<'_, I> {
+        fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+            let n = self
+                .sizes
+                .next()
+                .unwrap_or(usize::MAX)
+                .min(b.len())
+                .min(self.rest.len());
+            b[..n].copy_from_slice(&self.rest[..n]);
+            self.rest = &self.rest[n..];
+            Ok(n)
+        }
+    }
+
+    /// `stream` read as the start-up reads a peer's hello (`read_frame`, `check_hello`),
+    /// in reads of the sizes `splits` gives in turn (as [`Limits::decode`]): the rank it
+    /// names, if it is a hello of the nonce it names. Panics if such a hello does not
+    /// re-encode (`hello`) to the stream's first bytes, or passes with another nonce.
+    pub fn read_hello(stream: &[u8], splits: &[usize]) -> Option<u32> {
+        let mut reads = Reads {
+            rest: stream,
+            sizes: splits.iter().map(|&n| n.max(1)).cycle(),
+        };
+        let mut buf = Vec::new();
+        if !read_frame(&mut reads, HELLO_LEN, &mut buf).ok()? {
+            return None;
+        }
+        assert!(buf.len() <= HELLO_LEN, "a hello of {} bytes", buf.len());
+        let nonce = u64_at(&buf, 5)?;
+        let rank = check_hello(&buf, nonce).ok()?;
+        let again = hello(nonce, rank);
+        assert_eq!(
+            stream.get(..again.len()),
+            Some(&again[..]),
+            "a hello re-encodes"
+        );
+        assert!(check_hello(&buf, nonce ^ 1).is_err(), "another job's hello");
+        Some(rank)
+    }
+}
+
 impl TcpControl {
     /// Connects the full mesh: `listener` is bound to `table[rank]`; rank `i` connects to
     /// every lower rank and accepts every higher one, all within `cfg.connect_timeout`.
@@ -1056,9 +1495,7 @@ impl TcpControl {
             io_peers.push(Some(IoPeer {
                 rank: Rank(j as u32),
                 link: Arc::clone(&link),
-                buf: vec![0; READ_STEP],
-                start: 0,
-                end: 0,
+                frames: FrameReader::new(READ_STEP, READ_KEEP, BIG_FRAME),
                 big: Vec::new(),
                 big_len: 0,
                 land: None,
@@ -1659,17 +2096,16 @@ const EVENTS: usize = 64;
 const WAKE: mio::Token = mio::Token(usize::MAX);
 /// Initial read buffer per connection; it grows to hold the longest frame read.
 const READ_STEP: usize = 64 << 10;
-/// Above this, a connection's read buffer shrinks back to [`READ_STEP`] once empty (the TCP
+/// Above this, a connection's read buffer shrinks back to `READ_STEP` once empty (the TCP
 /// fallback's 256 KiB pieces keep theirs; a fetch's megabytes do not).
 const READ_KEEP: usize = 1 << 20;
 
-/// The I/O thread's side of one peer: frames read and not decoded yet are `buf[start..end]`.
+/// The I/O thread's side of one peer.
 struct IoPeer {
     rank: Rank,
     link: Arc<Link>,
-    buf: Vec<u8>,
-    start: usize,
-    end: usize,
+    /// Frames read and not decoded yet.
+    frames: FrameReader,
     /// A large message being read straight into its own vector (its body, without the frame
     /// header), and the body's length; empty with 0 otherwise.
     big: Vec<u8>,
@@ -1811,7 +2247,6 @@ impl Io {
                 let room = l.left;
                 // Into its place; once the buffer is gone, into the read buffer (empty now),
                 // and dropped.
-                let scratch = room.min(p.buf.len());
                 let got = if l.gone {
                     None
                 } else {
@@ -1824,7 +2259,9 @@ impl Io {
                     Some(r) => (r, room),
                     None => {
                         l.gone = true;
-                        ((&*stream).read(&mut p.buf[..scratch]), scratch)
+                        let scratch = p.frames.scratch(room);
+                        let room = scratch.len();
+                        ((&*stream).read(scratch), room)
                     }
                 };
                 let drained = match got {
@@ -1877,23 +2314,18 @@ impl Io {
                 }
                 continue;
             }
-            if p.end == p.buf.len() {
-                p.buf.copy_within(p.start..p.end, 0);
-                p.end -= p.start;
-                p.start = 0;
-                if p.end == p.buf.len() {
-                    p.buf.resize(p.buf.len() * 2, 0);
-                }
-            }
-            let mut room = p.buf.len() - p.end;
-            if std::mem::take(&mut p.peek) {
-                room = room.min(PEEK);
-            }
-            let drained = match (&p.link.stream).read(&mut p.buf[p.end..p.end + room]) {
+            let max = if std::mem::take(&mut p.peek) {
+                PEEK
+            } else {
+                usize::MAX
+            };
+            let room = p.frames.room(max);
+            let want = room.len();
+            let drained = match (&p.link.stream).read(room) {
                 Ok(0) => break Some(Ended::Closed),
                 Ok(n) => {
-                    p.end += n;
-                    short_ends && n < room
+                    p.frames.filled(n);
+                    short_ends && n < want
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
@@ -1901,25 +2333,22 @@ impl Io {
             };
             // Every whole frame read so far.
             let mut bad = false;
-            while let Some(len) = u32_at(&p.buf[p.start..p.end], 0) {
-                let len = len as usize;
-                // Judged by its length and, once it is in, its kind: nothing of a frame too
-                // long for its kind is waited for.
-                let kind = p.buf[p.start..p.end].get(4);
-                if len == 0
-                    || len > cfg.longest_frame()
-                    || kind.is_some_and(|&k| len > cfg.frame_limit(k))
-                {
-                    bad = true;
-                    break;
-                }
-                let frame_end = p.start + 4 + len;
-                if frame_end > p.end {
+            loop {
+                match p.frames.next(cfg) {
+                    Ok(Next::Whole(frame)) => {
+                        let served = Served {
+                            peer: p.rank,
+                            link: &p.link,
+                            owner,
+                        };
+                        if !served.handle(frame) {
+                            bad = true;
+                            break;
+                        }
+                    }
                     // A large message's rest is read straight into the vector that carries
-                    // it to the owner (no copy out of this buffer, nor growing it).
-                    if len > BIG_FRAME && p.start + 4 < p.end && p.buf[p.start + 4] == KIND_MESSAGE
-                    {
-                        let head = &p.buf[p.start + 5..p.end];
+                    // it to the owner (no copy out of the read buffer, nor growing it).
+                    Ok(Next::Big { len, head }) => {
                         match lander.as_mut().and_then(|l| l.land(p.rank, head, len - 1)) {
                             Some(l) if l.skip <= head.len() => {
                                 let (have, rest) = (head.len() - l.skip, len - 1 - l.skip);
@@ -1950,34 +2379,19 @@ impl Io {
                                 p.big_len = len - 1;
                             }
                         }
-                        p.start = p.end;
+                        break;
                     }
-                    break;
+                    Ok(Next::More) => break,
+                    Err(Malformed) => {
+                        bad = true;
+                        break;
+                    }
                 }
-                let body = &p.buf[p.start + 4..frame_end];
-                let served = Served {
-                    peer: p.rank,
-                    link: &p.link,
-                    owner,
-                };
-                if !served.handle(body) {
-                    bad = true;
-                    break;
-                }
-                p.start = frame_end;
             }
             if bad {
                 break Some(Ended::Malformed);
             }
-            if p.start == p.end {
-                p.start = 0;
-                p.end = 0;
-                // A read response grew the buffer: give the memory back once it is decoded
-                // (a connection keeps at most `READ_KEEP`, not its longest frame).
-                if p.buf.len() > READ_KEEP {
-                    p.buf = vec![0; READ_STEP];
-                }
-            }
+            p.frames.settle();
             if drained {
                 break None;
             }
@@ -2015,65 +2429,21 @@ struct Served<'a> {
 impl Served<'_> {
     /// Handles one frame (kind and body); false on a protocol error.
     fn handle(&self, b: &[u8]) -> bool {
-        let (kind, body) = match b.split_first() {
-            Some((k, body)) => (*k, body),
-            None => return false,
+        let Some(frame) = Incoming::parse(b) else {
+            return false;
         };
-        match kind {
-            KIND_MESSAGE => {
-                let _ = self.owner.send(Inbound::Message(self.peer, body.to_vec()));
-                true
+        let to_owner = match frame {
+            Incoming::Message(body) => Inbound::Message(self.peer, body.to_vec()),
+            Incoming::ReadReq(a) => {
+                self.link.ask(a);
+                return true;
             }
-            KIND_READ_REQ => {
-                let (Some(id), Some(op), Some(offset), Some(len)) = (
-                    u64_at(body, 0),
-                    u64_at(body, 8),
-                    u64_at(body, 16),
-                    u64_at(body, 24),
-                ) else {
-                    return false;
-                };
-                if body.len() != READ_REQ_LEN - 1 {
-                    return false;
-                }
-                self.link.ask(Asked {
-                    id,
-                    op: OpId(op),
-                    offset,
-                    len,
-                });
-                true
-            }
-            KIND_READ_RESP => match u64_at(body, 0) {
-                Some(id) => {
-                    let _ = self
-                        .owner
-                        .send(Inbound::ReadData(self.peer, id, body[8..].to_vec()));
-                    true
-                }
-                None => false,
-            },
-            KIND_BYE => match (u64_at(body, 0), body.len()) {
-                (Some(mark), 8) => {
-                    let _ = self.owner.send(Inbound::Bye(self.peer, mark, None));
-                    true
-                }
-                (Some(mark), 12) => {
-                    let blamed = u32_at(body, 8).map(Rank);
-                    let _ = self.owner.send(Inbound::Bye(self.peer, mark, blamed));
-                    true
-                }
-                _ => false,
-            },
-            KIND_READ_REFUSED => match u64_at(body, 0) {
-                Some(id) if body.len() == 8 => {
-                    let _ = self.owner.send(Inbound::Refused(self.peer, id));
-                    true
-                }
-                _ => false,
-            },
-            _ => false,
-        }
+            Incoming::ReadResp { id, bytes } => Inbound::ReadData(self.peer, id, bytes.to_vec()),
+            Incoming::Refused(id) => Inbound::Refused(self.peer, id),
+            Incoming::Bye { mark, blamed } => Inbound::Bye(self.peer, mark, blamed),
+        };
+        let _ = self.owner.send(to_owner);
+        true
     }
 }
 
@@ -3559,5 +3929,255 @@ mod tests {
                 .expect("connected despite the stray");
         }
         stray.join().expect("stray");
+    }
+
+    /// Frames of every kind a peer may send after the hellos, as the senders encode them:
+    /// a message of `msg` bytes, a read request, its answer, a refusal, goodbyes with and
+    /// without a blamed rank, an empty message.
+    fn frames_of_every_kind(msg: usize) -> Vec<Vec<u8>> {
+        let mut message = frame(KIND_MESSAGE, msg);
+        message.extend((0..msg).map(|i| i as u8));
+        let mut req = frame(KIND_READ_REQ, READ_REQ_LEN - 1);
+        for v in [7u64, 2, 16, 5] {
+            req.extend_from_slice(&v.to_be_bytes());
+        }
+        let mut resp = frame(KIND_READ_RESP, 8 + 5);
+        resp.extend_from_slice(&7u64.to_be_bytes());
+        resp.extend_from_slice(b"abcde");
+        let mut refused = frame(KIND_READ_REFUSED, 8);
+        refused.extend_from_slice(&8u64.to_be_bytes());
+        let mut bye = frame(KIND_BYE, 8);
+        bye.extend_from_slice(&9u64.to_be_bytes());
+        let mut blaming = frame(KIND_BYE, 12);
+        blaming.extend_from_slice(&9u64.to_be_bytes());
+        blaming.extend_from_slice(&3u32.to_be_bytes());
+        vec![
+            message,
+            req,
+            resp,
+            refused,
+            bye,
+            blaming,
+            frame(KIND_MESSAGE, 0),
+        ]
+    }
+
+    /// `stream` fed to a decoder in the slices that `cuts` (ascending offsets) make: the
+    /// frames taken and whether it found the stream malformed; the decoder's read buffer
+    /// never longer than `most`.
+    fn decode_cut(
+        cfg: ControlConfig,
+        (step, keep, big): (usize, usize, usize),
+        stream: &[u8],
+        cuts: &[usize],
+        most: usize,
+    ) -> (Vec<Vec<u8>>, bool) {
+        let mut d = StreamDecoder::new(cfg, step, keep, big);
+        let mut out = Vec::new();
+        let mut from = 0;
+        for &to in cuts.iter().chain([&stream.len()]) {
+            d.feed(&stream[from..to], &mut out);
+            from = to;
+            assert!(d.frames.buf.len() <= most, "cut at {cuts:?}");
+        }
+        (out, d.malformed)
+    }
+
+    /// The frame's length, fixed bytes: what `frame` writes and `frame_head` reads.
+    #[test]
+    fn frame_heads_are_the_length_then_the_kind() {
+        assert_eq!(frame(KIND_READ_REFUSED, 8), [0, 0, 0, 9, KIND_READ_REFUSED]);
+        let cfg = ControlConfig::new(1);
+        assert_eq!(frame_head(&[0, 0, 1, 2, KIND_MESSAGE], &cfg), Ok(Some(258)));
+        assert_eq!(
+            frame_head(&[0, 0, 0, 9, KIND_READ_REFUSED], &cfg),
+            Ok(Some(9))
+        );
+    }
+
+    /// A kind a peer may not send (the hello, after the start-up; an unknown one) is refused
+    /// from its header, whatever its length, and ends the stream after the frames before it.
+    #[test]
+    fn a_frame_of_a_kind_a_peer_may_not_send_is_refused_from_its_header() {
+        let cfg = ControlConfig::new(1);
+        for kind in [KIND_HELLO, KIND_BYE + 1, 0x80, u8::MAX] {
+            for len in [1u32, HELLO_LEN as u32, 1000] {
+                let mut head = len.to_be_bytes().to_vec();
+                // The length alone is within what some kind may carry.
+                assert_eq!(frame_head(&head, &cfg), Ok(Some(len as usize)));
+                head.push(kind);
+                assert_eq!(
+                    frame_head(&head, &cfg),
+                    Err(Malformed),
+                    "kind {kind}, {len}"
+                );
+            }
+        }
+        let mut stream = frames_of_every_kind(3).concat();
+        let taken = frames_of_every_kind(3).len();
+        stream.extend_from_slice(&hello(1, 2));
+        stream.extend_from_slice(&frame(KIND_MESSAGE, 0));
+        let (out, malformed) = decode_cut(cfg, (64, 1024, 16), &stream, &[], 64);
+        assert!(malformed);
+        assert_eq!(out.len(), taken, "the frames before the hello are taken");
+        // A hello is refused for its kind, not its fields.
+        assert_eq!(Incoming::parse(&hello(1, 2)[4..]), None);
+    }
+
+    /// Fields are checked once a frame is whole: fixed bytes of each kind decode to their
+    /// fields, one byte more or less to an error.
+    #[test]
+    fn incoming_frames_decode_every_field_and_refuse_wrong_lengths() {
+        let mut req = vec![KIND_READ_REQ];
+        for v in [1u64, 2, 3, 4] {
+            req.extend_from_slice(&v.to_be_bytes());
+        }
+        let asked = Asked {
+            id: 1,
+            op: OpId(2),
+            offset: 3,
+            len: 4,
+        };
+        assert_eq!(Incoming::parse(&req), Some(Incoming::ReadReq(asked)));
+        assert_eq!(Incoming::parse(&req[..req.len() - 1]), None);
+        req.push(0);
+        assert_eq!(Incoming::parse(&req), None);
+        let resp = [KIND_READ_RESP, 0, 0, 0, 0, 0, 0, 0, 9, 0xaa, 0xbb];
+        assert_eq!(
+            Incoming::parse(&resp),
+            Some(Incoming::ReadResp {
+                id: 9,
+                bytes: &[0xaa, 0xbb]
+            })
+        );
+        assert_eq!(
+            Incoming::parse(&resp[..9]),
+            Some(Incoming::ReadResp { id: 9, bytes: &[] })
+        );
+        assert_eq!(Incoming::parse(&resp[..8]), None);
+        let refused = [KIND_READ_REFUSED, 0, 0, 0, 0, 0, 0, 1, 0];
+        assert_eq!(Incoming::parse(&refused), Some(Incoming::Refused(256)));
+        assert_eq!(Incoming::parse(&resp[..8]), None);
+        assert_eq!(Incoming::parse(&[&refused[..], &[0]].concat()), None);
+        let bye = [KIND_BYE, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 3];
+        assert_eq!(
+            Incoming::parse(&bye[..9]),
+            Some(Incoming::Bye {
+                mark: 5,
+                blamed: None
+            })
+        );
+        assert_eq!(
+            Incoming::parse(&bye),
+            Some(Incoming::Bye {
+                mark: 5,
+                blamed: Some(Rank(3))
+            })
+        );
+        assert_eq!(Incoming::parse(&bye[..11]), None);
+        assert_eq!(
+            Incoming::parse(&[KIND_MESSAGE]),
+            Some(Incoming::Message(&[]))
+        );
+        assert_eq!(Incoming::parse(&[]), None);
+    }
+
+    /// A frame longer than its kind allows is refused as soon as its length and kind are in,
+    /// one longer than any kind allows from its length alone; one byte shorter is taken.
+    #[test]
+    fn a_frame_too_long_is_refused_from_its_header_alone() {
+        let cfg = ControlConfig {
+            max_message: 1000,
+            max_read: 4096,
+            ..ControlConfig::new(1)
+        };
+        assert_eq!(cfg.longest_frame(), 4096 + 9);
+        for len in [0, 4096 + 10, u32::MAX as usize] {
+            let head = (len as u32).to_be_bytes();
+            assert_eq!(frame_head(&head, &cfg), Err(Malformed), "{len}");
+        }
+        let heads = [
+            (1002, KIND_MESSAGE),
+            (READ_REQ_LEN + 1, KIND_READ_REQ),
+            (4096 + 10, KIND_READ_RESP),
+            (10, KIND_READ_REFUSED),
+            (14, KIND_BYE),
+        ];
+        for (len, kind) in heads {
+            let mut head = (len as u32).to_be_bytes().to_vec();
+            head.push(kind);
+            assert_eq!(frame_head(&head, &cfg), Err(Malformed), "{len} of {kind}");
+            let mut shorter = (len as u32 - 1).to_be_bytes().to_vec();
+            shorter.push(kind);
+            assert_eq!(frame_head(&shorter, &cfg), Ok(Some(len - 1)), "{kind}");
+            // Nothing of its body is waited for: the decoder is done with the stream.
+            let (out, malformed) = decode_cut(
+                cfg,
+                (READ_STEP, READ_KEEP, BIG_FRAME),
+                &head,
+                &[],
+                READ_STEP,
+            );
+            assert!(malformed && out.is_empty(), "{len} of {kind}");
+        }
+    }
+
+    /// A header cut short (fewer than 4 bytes of length) waits for more, and so does a frame
+    /// whose body is not all in; the frame comes out whole once its last byte is there.
+    #[test]
+    fn a_truncated_header_waits_for_more() {
+        let cfg = ControlConfig::new(1);
+        let f = &frames_of_every_kind(3)[0];
+        for n in 0..4 {
+            assert_eq!(frame_head(&f[..n], &cfg), Ok(None), "{n} bytes");
+        }
+        for n in 4..f.len() {
+            assert_eq!(frame_head(&f[..n], &cfg), Ok(Some(4)), "{n} bytes");
+        }
+        for n in 0..f.len() {
+            let mut r = FrameReader::new(64, 1024, 16);
+            r.room(usize::MAX)[..n].copy_from_slice(&f[..n]);
+            r.filled(n);
+            assert_eq!(r.next(&cfg), Ok(Next::More), "{n} bytes");
+            let rest = f.len() - n;
+            r.room(usize::MAX)[..rest].copy_from_slice(&f[n..]);
+            r.filled(rest);
+            assert_eq!(r.next(&cfg), Ok(Next::Whole(&f[4..])), "{n} bytes");
+            assert_eq!(r.next(&cfg), Ok(Next::More));
+        }
+    }
+
+    /// The same frames come out of a fixed stream of every kind however it is cut, into
+    /// three slices at every pair of points, or byte by byte, with a read buffer of 16 bytes
+    /// that moves, grows and shrinks on the way, and a message longer than a quarter of it
+    /// gathered on its own; the buffer never grows past twice the longest frame it holds.
+    #[test]
+    fn frames_split_anywhere_decode_to_the_same_frames() {
+        let cfg = ControlConfig {
+            max_message: 100,
+            max_read: 64,
+            ..ControlConfig::new(1)
+        };
+        let frames = frames_of_every_kind(40);
+        let stream = frames.concat();
+        let want: Vec<Vec<u8>> = frames.iter().map(|f| f[4..].to_vec()).collect();
+        let sizes = (16, 32, 4);
+        // A read request (33 bytes) is the longest frame held whole.
+        let most = 2 * (4 + READ_REQ_LEN);
+        for i in 0..=stream.len() {
+            for j in i..=stream.len() {
+                let got = decode_cut(cfg, sizes, &stream, &[i, j], most);
+                assert_eq!(got, (want.clone(), false), "cut at {i} and {j}");
+            }
+        }
+        let bytes: Vec<usize> = (1..stream.len()).collect();
+        assert_eq!(
+            decode_cut(cfg, sizes, &stream, &bytes, most),
+            (want.clone(), false)
+        );
+        // With the I/O thread's sizes too.
+        let sizes = (READ_STEP, READ_KEEP, BIG_FRAME);
+        let got = decode_cut(cfg, sizes, &stream, &bytes, READ_STEP);
+        assert_eq!(got, (want, false));
     }
 }
