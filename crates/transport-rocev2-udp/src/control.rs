@@ -4180,4 +4180,69 @@ mod tests {
         let got = decode_cut(cfg, sizes, &stream, &bytes, READ_STEP);
         assert_eq!(got, (want, false));
     }
+
+    /// The committed seeds of the `framing` fuzz target (`fuzz/corpus/framing/`) decode to
+    /// the frames they are named for (a format change that leaves them stale fails here).
+    #[test]
+    fn the_framing_fuzz_seeds_decode() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/framing");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).expect("seed directory") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let Some(name) = name.strip_prefix("seed-") else {
+                continue;
+            };
+            let data = std::fs::read(&path).expect("seed");
+            // As the target reads its input.
+            let [message, read, step, n] = data[..4] else {
+                panic!("{name}: short");
+            };
+            let limit = |b: u8| {
+                if b == u8::MAX {
+                    u64::MAX
+                } else {
+                    u64::from(b) * 8
+                }
+            };
+            let (sizes, stream) = data[4..].split_at(usize::from(n % 8));
+            let splits: Vec<usize> = sizes.iter().map(|&s| usize::from(s) + 1).collect();
+            let limits = fuzzing::Limits {
+                max_message: usize::try_from(limit(message)).unwrap_or(usize::MAX),
+                max_read: limit(read),
+                step: usize::from(step % 64) + 1,
+            };
+            let got = limits.decode(stream, &splits);
+            assert_eq!(got, limits.spec(stream), "{name}");
+            let kinds: Vec<u8> = got.frames.iter().map(|f| f[0]).collect();
+            let hello = fuzzing::read_hello(stream, &splits);
+            let want: &[u8] = match name {
+                "hello" => {
+                    assert!(hello.is_some() && got.malformed, "{name}");
+                    &[]
+                }
+                "message" | "big-message" => &[KIND_MESSAGE],
+                "read" => &[KIND_READ_REQ, KIND_READ_RESP, KIND_READ_REFUSED],
+                "bye" => &[KIND_BYE, KIND_BYE],
+                "every-kind" => &[
+                    KIND_MESSAGE,
+                    KIND_READ_REQ,
+                    KIND_READ_RESP,
+                    KIND_READ_REFUSED,
+                    KIND_BYE,
+                    KIND_BYE,
+                    KIND_MESSAGE,
+                ],
+                _ => panic!("seed-{name}: no such seed"),
+            };
+            assert_eq!(kinds, want, "{name}");
+            assert!(
+                name == "hello" || (!got.malformed && hello.is_none()),
+                "{name}"
+            );
+            seen += 1;
+        }
+        assert_eq!(seen, 6);
+    }
 }
