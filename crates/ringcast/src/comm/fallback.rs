@@ -89,7 +89,9 @@
 //!   a rank that has not posted them: a piece goes to a child only within a window of
 //!   operations of the child's posts ([`tree_ahead`], 8 MiB of them), which the child
 //!   tells when asked (`0xF9` ask, `0xFA` posted); beyond it, the piece and its operation wait
-//!   at the sender. Bruck's rounds go through the same window.
+//!   at the sender. Bruck's rounds, and the blocks of the Allgather's trees (sent as the
+//!   operation starts, so a rank posting non-blocking Allgathers ahead sends them too), go
+//!   through the same window.
 //!
 //! Several TCP operations may be in flight at once; pieces of a tree operation, rounds (and
 //! clear-to-sends) this rank has not posted yet wait for it, up to 64 MiB from one peer (a
@@ -324,9 +326,10 @@ impl Lander for PieceLander {
 /// `KIND_ASK`) that it posted every operation below `k + 1 - tree_ahead(len)`, and waits
 /// here until then, its operation with it (a root's request completes once its pieces went).
 ///
-/// The tree's are the only pieces a rank sends any number of operations ahead: its root
-/// completes as it sends, where a chain or ring waits for a clear-to-send and an Allgather
-/// completes nowhere before every rank posted it. Without the bound, a root looping over
+/// The trees' (and Bruck's rounds) are the only pieces a rank sends any number of operations
+/// ahead: a Broadcast tree's root completes as it sends, and an Allgather's trees and rounds
+/// send a rank's own block as it posts (non-blocking Allgathers posted ahead send theirs
+/// too), where a chain or ring waits for a clear-to-send. Without the bound, a root looping over
 /// small Broadcasts left 20 000 pieces of 32 KiB (650 MB) at each rank that posted 4 s late.
 /// With it, what a rank keeps of operations it has not posted is `TREE_BYTES` for
 /// Broadcasts of one length (a window of 1 024 holds 1 MiB of 1 KiB ones), and less than
@@ -343,7 +346,7 @@ fn tree_ahead(len: usize) -> u64 {
 /// See [`tree_ahead`].
 const TREE_BYTES: u64 = 8 << 20;
 /// Bytes of operations not started here that a rank keeps from one peer. A peer in step
-/// sends at most a window of them ([`tree_ahead`], for a tree's pieces and Bruck's rounds
+/// sends at most a window of them ([`tree_ahead`], for the trees' pieces and Bruck's rounds
 /// alike; chains and rings are rendezvous), about [`TREE_BYTES`]: a peer past this many
 /// breaks the protocol, and what it sends beyond is dropped (and counted).
 const EARLY_PER_PEER: usize = 8 * TREE_BYTES as usize;
@@ -1141,7 +1144,7 @@ struct TcpOp {
     /// Chain and ring: bytes the next hop takes from this rank in all (every block but its
     /// own; nothing past the chain's end). The operation is not over before they are queued.
     to_right: u64,
-    /// Tree: its pieces waiting in `Dispatcher::gated` for a child far behind
+    /// Trees and Bruck rounds: its pieces waiting in `Dispatcher::gated` for a child far behind
     /// ([`tree_ahead`]). The operation is not over before they went.
     gated: u32,
     /// The peer this operation's wait ran out on, asked where it is (`KIND_WHERE`): when,
@@ -1248,7 +1251,7 @@ impl TcpOp {
     }
 }
 
-/// A tree Broadcast's piece waiting for its child to post closer ([`tree_ahead`]).
+/// A tree's piece (or a Bruck round) waiting for its child to post closer ([`tree_ahead`]).
 #[derive(Debug)]
 struct Gated {
     to: u32,
@@ -2183,15 +2186,18 @@ impl Dispatcher {
     }
 
     /// Sends a piece of operation `i` (`parts`, header and bytes) to `to`; a tree
-    /// Broadcast's, or a round of Bruck's Allgather, waits in [`Self::gated`] while `to` has
-    /// not posted within [`tree_ahead`] operations of it.
+    /// Broadcast's, an Allgather's trees', or a round of Bruck's Allgather, waits in
+    /// [`Self::gated`] while `to` has not posted within [`tree_ahead`] operations of it.
     fn pass(&mut self, i: usize, to: u32, parts: &[&[u8]]) {
         let op = &mut self.active[i];
         let Some(&posted) = self.posted_at.get(to as usize) else {
             return;
         };
         let (k, window) = (op.k, tree_ahead(op.len as usize));
-        let windowed = matches!(op.shape, Shape::Tree { .. } | Shape::Bruck { .. });
+        let windowed = matches!(
+            op.shape,
+            Shape::Tree { .. } | Shape::Trees { .. } | Shape::Bruck { .. }
+        );
         let ahead = k.saturating_sub(posted);
         if !windowed || ahead < window {
             self.mesh.send_control_parts(Rank(to), parts);
@@ -3389,6 +3395,52 @@ mod tests {
         }
     }
 
+    /// The same for Allgathers whose blocks each fit in a piece but not the whole buffer (one
+    /// binomial tree per block): a rank that posts them ahead, non-blocking, sends a rank that
+    /// has not posted them blocks of at most a window of operations, and every one completes
+    /// byte for byte once all ranks posted. Without the window, every block went at once, and
+    /// past [`EARLY_PER_PEER`] bytes of them the late rank dropped the rest: those operations
+    /// then failed.
+    #[test]
+    fn a_rank_running_ahead_sends_tree_allgather_blocks_of_at_most_a_window() {
+        let p = 2u32;
+        let block = PIECE;
+        let len = block * p as usize;
+        let window = tree_ahead(len) as usize;
+        let n = 3 * window;
+        let hs = dispatchers(p, PIECE);
+        let own = |i: usize, r: usize| vec![(i * 5 + r * 3 + 1) as u8; block];
+        let gather = |h: &Handle, i: usize, r: usize| {
+            let mut buf = vec![0u8; len];
+            buf[r * block..][..block].copy_from_slice(&own(i, r));
+            let kind = Kind::Allgather {
+                sizes: vec![block as u64; p as usize],
+            };
+            h.post::<u8>(kind, buf, None, tracing::Span::none())
+                .expect("post")
+        };
+        let first: Vec<_> = (0..n).map(|i| gather(&hs[0], i, 0)).collect();
+        // Rank 0's block goes to rank 1 (its child in rank 0's tree): a window of operations
+        // and no more.
+        let early = |h: &Handle| h.progress.lock().as_ref().map_or(0, |d| d.early.len());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while early(&hs[1]) < window {
+            assert!(
+                Instant::now() < deadline,
+                "a window of blocks never arrived"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(early(&hs[1]), window);
+        let second: Vec<_> = (0..n).map(|i| gather(&hs[1], i, 1)).collect();
+        for reqs in [first, second] {
+            for (i, r) in reqs.into_iter().enumerate() {
+                let want: Vec<u8> = (0..p as usize).flat_map(|r| own(i, r)).collect();
+                assert!(r.wait().expect("allgather") == want, "operation {i}");
+            }
+        }
+    }
     /// A child that never posts (alive: it answers): the root's Broadcast past the window
     /// fails at the post timeout naming it; it does not hang.
     #[test]
