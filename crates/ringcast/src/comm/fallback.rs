@@ -1503,6 +1503,15 @@ impl Dispatcher {
             // Small operations run here whatever the mode, frozen or not: no rank sends them
             // to the engine, so the switch point does not concern them.
             _ if self.cfg.small(p.buf.len()) => self.start(k, p),
+            // Frozen for an agreement a lost peer ended (`check_lost`): nothing would release
+            // it. It fails as the posts held then did (a peer that left cleanly may not doom
+            // it: it ran small operations past this rank's posts).
+            _ if self.frozen_at.is_none() && !self.lost.is_empty() => {
+                let e = self.dooms(u64::MAX).unwrap_or_else(|| self.lost[0].error());
+                self.ended(k);
+                self.note_failed(k, &e);
+                self.fail(p.reply, e);
+            }
             // Frozen (or routed here before the switch point was known): held.
             _ => self.held.push_back((k, p)),
         }
@@ -2770,7 +2779,7 @@ impl Dispatcher {
                 self.fail_waits_on(b, l.rank);
             }
         }
-        // A switch can no longer be agreed: held posts fail too (and later ones, doomed).
+        // A switch can no longer be agreed: held posts fail too (and later ones, see `post`).
         if self.agreement.is_some() || self.route().frozen {
             self.agreement = None;
             self.frozen_at = None;
@@ -3990,6 +3999,38 @@ mod tests {
             drop(one);
             drop(zero);
         }
+    }
+
+    /// A frozen rank that loses a peer gives the agreement up: the posts it holds fail, and so
+    /// do the ones it posts after, even below the mark of a peer that left cleanly (it ran
+    /// small operations over TCP past this rank's posts). They were held with nothing left to
+    /// release them, and their waits hung.
+    #[test]
+    fn a_post_after_a_frozen_rank_lost_a_peer_fails() {
+        let mut m = mesh(3);
+        let two = m.pop().expect("rank 2");
+        let one = m.pop().expect("rank 1");
+        let mut zero = m.pop().expect("rank 0");
+        // Long enough that the freeze timeout plays no part.
+        let c = FallbackConfig {
+            peer_timeout: Duration::from_secs(60),
+            post_timeout: Duration::from_secs(60),
+            ..cfg(1, 3)
+        };
+        let one = start(c, one, None, TransportMode::Multicast).expect("start rank 1");
+        zero.send_control(Rank(1), &[KIND_FREEZE]);
+        let held = post_held(&one);
+        // Rank 2 leaves cleanly, having finished every operation below 100.
+        two.close_blaming(100, None, Duration::from_secs(1));
+        let lost = CommError::PeerLost { peer: 2 };
+        assert_eq!(failure(held), lost, "held");
+        let kind = Kind::Broadcast { root: 0 };
+        let later = one
+            .post::<u8>(kind, vec![0; 1 << 20], None, tracing::Span::none())
+            .expect("post");
+        assert_eq!(failure(later), lost, "later");
+        drop(one);
+        drop(zero);
     }
 
     /// A switch point learnt before this rank posted the small TCP operations below it: their
