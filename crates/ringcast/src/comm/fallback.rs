@@ -1154,6 +1154,10 @@ struct TcpOp {
     late_seen: bool,
     /// ... and, since, that it had: when (its own post timeout runs from no later).
     posted_seen: Option<Instant>,
+    /// Chain and ring: the right neighbour, asked while this rank waited for its
+    /// clear-to-send, answered that it had not posted the operation (late, alive): a wait
+    /// for pieces as well is a wait on their source from then on (see `Dispatcher::wait_of`).
+    cts_late: bool,
 }
 
 /// A `KIND_WHERE` sent to `peer` at `at`, answered at `answered`.
@@ -1823,9 +1827,13 @@ impl Dispatcher {
                     p.answered = Some(Instant::now());
                     p.standing = b.get(1).copied().unwrap_or_default();
                     p.shape = u32_at(b, 4).unwrap_or_default();
-                    if matches!(p.standing, HERE_LATE | HERE_LATE_AFTER) {
+                    let standing = p.standing;
+                    if matches!(standing, HERE_LATE | HERE_LATE_AFTER) {
                         o.late_seen = true;
                         o.posted_seen = None;
+                        // Not one stopped over a failure: `probing` names the rank it names.
+                        let right = (self.cfg.rank + 1) % self.cfg.size;
+                        o.cts_late |= standing == HERE_LATE && o.awaiting_cts && from == right;
                     } else if o.late_seen && o.posted_seen.is_none() {
                         o.posted_seen = Some(Instant::now());
                     }
@@ -2488,6 +2496,7 @@ impl Dispatcher {
             probe: None,
             late_seen: false,
             posted_seen: None,
+            cts_late: false,
         };
         op.span
             .in_scope(|| tracing::debug!(op = k, len, "started over TCP"));
@@ -2961,9 +2970,13 @@ impl Dispatcher {
         let data = op.waiting().then(|| op.shape.waits_on(me, size));
         // A tree's piece waiting for a child to post closer: a wait on that child.
         let gate = self.gated.iter().find(|g| g.k == op.k).map(|g| g.to);
-        // Waiting on the right neighbour's clear-to-send is a wait on it, one hop away.
+        // Waiting on the right neighbour's clear-to-send is a wait on it, one hop away; but
+        // once it answered that it has not posted (alive, late), a wait for pieces as well is
+        // a wait on their source: a hung source would otherwise go unnamed, the operation
+        // waiting on the late rank up to the post timeout. (The late rank is named by the
+        // rank after it, or by this one once the pieces are in.)
         match (data, gate) {
-            (Some((peer, hops)), _) if hops <= 1 || !op.awaiting_cts => (peer, hops),
+            (Some((peer, hops)), _) if hops <= 1 || !op.awaiting_cts || op.cts_late => (peer, hops),
             (None, Some(child)) => (child, 1),
             _ => ((me + 1) % size, 1),
         }
@@ -4387,6 +4400,51 @@ mod tests {
                 reported_by: 0
             }
         );
+        drop(hung);
+    }
+
+    /// A chain rank that waits both for pieces from a hung left neighbour and for the
+    /// clear-to-send of a late right one (alive, not posted yet) names the hung rank, as it
+    /// would with the right one in step. It asked only the right one where it was, which
+    /// answered late, and waited for it up to the post timeout: then it named the late rank
+    /// (10 minutes by default), never the hung one.
+    #[test]
+    fn a_chain_rank_waiting_on_a_hung_left_and_a_late_right_names_the_hung_rank() {
+        const HUNG: u32 = 1;
+        let len = 5 * 4096 + 3;
+        let mut m = mesh(4);
+        let mut hung = m.remove(HUNG as usize);
+        let hs: Vec<Handle> = m
+            .into_iter()
+            .zip([0, 2, 3])
+            .map(|(mesh, me)| {
+                let c = FallbackConfig {
+                    peer_timeout: Duration::from_secs(1),
+                    post_timeout: Duration::from_secs(1) * 4,
+                    piece: 4096,
+                    ..cfg(me, 4)
+                };
+                start(c, mesh, None, FROM_START).expect("start")
+            })
+            .collect();
+        let bcast = |h: &Handle, buf: Vec<u8>| {
+            let kind = Kind::Broadcast { root: 0 };
+            h.post::<u8>(kind, buf, None, tracing::Span::none())
+                .expect("post")
+        };
+        // Down the chain 0 -> 1 -> 2 -> 3: the hung rank posted (its clear-to-send reaches
+        // the root, which hands it every piece and completes), then stops; rank 3 never
+        // posts (its dispatcher answers: late).
+        let root = bcast(&hs[0], vec![7; len]);
+        let mut cts = vec![KIND_CTS, 0, 0, 0];
+        cts.extend_from_slice(&broadcast_shape(Rank(0), len as u64).to_be_bytes());
+        cts.extend_from_slice(&0u64.to_be_bytes());
+        hung.send_control(Rank(0), &cts);
+        root.wait()
+            .expect("the root's pieces all went to the hung rank");
+        let two = bcast(&hs[1], vec![0; len]);
+        assert_eq!(failure(two), CommError::PeerUnresponsive { peer: HUNG });
+        drop(hs);
         drop(hung);
     }
 
