@@ -339,8 +339,18 @@ impl Lander for PieceLander {
 /// ([`CommError::PeerUnresponsive`]), as any operation waiting on a peer does: a rank that
 /// posts that late behind a root a window ahead fails it, where the root once completed (and
 /// the late rank found every piece waiting).
+///
+/// At least 16, but never more operations than [`EARLY_PER_PEER`] holds whole: a peer may
+/// send a late rank up to an operation's length of it per operation (an Allgather's trees
+/// relay many blocks through one rank), and at 16 operations of 4 MiB or more a window was
+/// more than the late rank keeps, so it dropped the rest and those operations could never
+/// complete.
 fn tree_ahead(len: usize) -> u64 {
-    (TREE_BYTES / len.max(1) as u64).clamp(16, 1024)
+    let len = len.max(1) as u64;
+    (TREE_BYTES / len)
+        .clamp(16, 1024)
+        .min(EARLY_PER_PEER as u64 / len)
+        .max(1)
 }
 
 /// See [`tree_ahead`].
@@ -3423,6 +3433,29 @@ mod tests {
     /// byte for byte once all ranks posted. Without the window, every block went at once, and
     /// past [`EARLY_PER_PEER`] bytes of them the late rank dropped the rest: those operations
     /// then failed.
+    /// A window of operations always fits in what a late rank keeps from one peer, up to
+    /// Allgathers of a gigabyte; small operations keep their window of 8 MiB (at least 16).
+    #[test]
+    fn a_window_of_any_length_fits_in_what_a_late_rank_keeps() {
+        for len in (0..=30)
+            .map(|b| 1usize << b)
+            .chain([3 << 20, 5 << 20, 100_000_007])
+        {
+            let w = tree_ahead(len);
+            assert!(w >= 1, "{len} B: no window");
+            assert!(
+                w as usize * len <= EARLY_PER_PEER.max(len),
+                "{len} B: a window of {w} holds {} B, a late rank keeps {EARLY_PER_PEER}",
+                w as usize * len
+            );
+        }
+        assert_eq!(tree_ahead(1024), 1024);
+        assert_eq!(tree_ahead(64 << 10), 128);
+        assert_eq!(tree_ahead(1 << 20), 16);
+        assert_eq!(tree_ahead(4 << 20), 16);
+        assert_eq!(tree_ahead(8 << 20), 8);
+    }
+
     #[test]
     fn a_rank_running_ahead_sends_tree_allgather_blocks_of_at_most_a_window() {
         let p = 2u32;
