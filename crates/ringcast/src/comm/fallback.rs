@@ -360,6 +360,16 @@ const TREE_BYTES: u64 = 8 << 20;
 /// alike; chains and rings are rendezvous), about [`TREE_BYTES`]: a peer past this many
 /// breaks the protocol, and what it sends beyond is dropped (and counted).
 const EARLY_PER_PEER: usize = 8 * TREE_BYTES as usize;
+/// What keeping a message of `len` bytes for an operation not started here counts against
+/// [`EARLY_PER_PEER`]: its bytes and [`EARLY_ENTRY`], so that a peer sending many tiny
+/// messages for as many operations is bounded in memory, not only in message bytes.
+fn early_cost(len: usize) -> usize {
+    len.saturating_add(EARLY_ENTRY)
+}
+
+/// About what a kept message costs beyond its bytes: its vector, its place in the
+/// operation's list, the allocator's header, and its share of the map's entry.
+const EARLY_ENTRY: usize = 96;
 /// Failures of operations not started here that a rank keeps (peers report them only for
 /// operations they run, at most a window ahead); any beyond are dropped.
 const ABORTS_KEEP: usize = 4096;
@@ -1985,7 +1995,8 @@ impl Dispatcher {
         let Some(held) = self.early_bytes.get_mut(from as usize) else {
             return;
         };
-        if *held + msg.len() > EARLY_PER_PEER {
+        let cost = early_cost(msg.len());
+        if *held + cost > EARLY_PER_PEER {
             let c = &self.shared.counters.early_dropped;
             if c.fetch_add(1, Ordering::Relaxed) == 0 {
                 tracing::warn!(
@@ -1998,7 +2009,7 @@ impl Dispatcher {
             }
             return;
         }
-        *held += msg.len();
+        *held += cost;
         self.early.entry(k).or_default().push((from, msg.to_vec()));
     }
 
@@ -2007,7 +2018,7 @@ impl Dispatcher {
         let taken = self.early.remove(&k).unwrap_or_default();
         for (from, m) in &taken {
             if let Some(held) = self.early_bytes.get_mut(*from as usize) {
-                *held = held.saturating_sub(m.len());
+                *held = held.saturating_sub(early_cost(m.len()));
             }
         }
         taken
@@ -3284,7 +3295,7 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(60);
         let dropped = |h: &Handle| h.shared.counters.early_dropped.load(Ordering::Relaxed);
         // Every piece beyond the bound, and every failure beyond its, is dropped.
-        let want = pieces - (EARLY_PER_PEER / (PIECE_HEADER + PIECE)) as u64 + 100;
+        let want = pieces - (EARLY_PER_PEER / early_cost(PIECE_HEADER + PIECE)) as u64 + 100;
         while dropped(&hs[0]) < want {
             if let Some(d) = hs[0].progress.lock().as_mut() {
                 d.turn();
@@ -3299,18 +3310,43 @@ mod tests {
         if let Some(d) = hs[0].progress.lock().as_mut() {
             assert!(d.early_bytes[1] <= EARLY_PER_PEER, "{}", d.early_bytes[1]);
             assert_eq!(d.aborts.len(), ABORTS_KEEP);
-            let kept: usize = d.early.values().flatten().map(|(_, m)| m.len()).sum();
+            let kept: usize = d
+                .early
+                .values()
+                .flatten()
+                .map(|(_, m)| early_cost(m.len()))
+                .sum();
             assert_eq!(kept, d.early_bytes[1]);
             // An operation that starts takes its early pieces, which count no more.
             let held = d.early_bytes[1];
             let one = d
                 .take_early(1000)
                 .iter()
-                .map(|(_, m)| m.len())
+                .map(|(_, m)| early_cost(m.len()))
                 .sum::<usize>();
             assert_eq!(d.early_bytes[1], held - one);
         }
         assert_eq!(dropped(&hs[0]), want);
+    }
+
+    /// Tiny messages for many operations not started here (a clear-to-send is 16 bytes) are
+    /// bounded by what keeping each costs, not only by their bytes: a peer could otherwise
+    /// make a rank hold millions of them, several times `EARLY_PER_PEER` in memory.
+    #[test]
+    fn tiny_messages_ahead_are_bounded_by_what_each_costs() {
+        let hs = dispatchers(2, PIECE);
+        if let Some(d) = hs[0].progress.lock().as_mut() {
+            let tiny = [0u8; 16];
+            for k in 0..(EARLY_PER_PEER / tiny.len()) as u64 {
+                d.keep_early(1 << 40 | k, 1, &tiny);
+            }
+            let kept = d.early.len();
+            assert!(
+                kept <= EARLY_PER_PEER / (tiny.len() + 64),
+                "{kept} messages of 16 bytes kept"
+            );
+            assert_eq!(kept, EARLY_PER_PEER / early_cost(tiny.len()));
+        }
     }
 
     /// A request holds nothing of its communicator alive: leaked, it keeps no descriptor of
