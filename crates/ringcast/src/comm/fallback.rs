@@ -716,6 +716,7 @@ impl Progress {
         {
             return None;
         }
+        let lead = Leading(&self.leader);
         let got = loop {
             if let Some(c) = end_of(rx) {
                 break Some(c);
@@ -739,7 +740,7 @@ impl Progress {
             }
             w.wait(left.min(BUSY_WAIT));
         };
-        self.leader.store(false, Ordering::Release);
+        drop(lead);
         // The dispatcher thread waits on the mesh again: at once if work is in flight (or
         // it must shut down), else at its next look.
         let pending = self.lock().as_ref().is_some_and(|d| d.busy() || d.stopping);
@@ -764,6 +765,17 @@ impl Progress {
             d.turn();
             self.tell_leader(d);
         }
+    }
+}
+
+/// A leader's flag, given back however its lead ends, a panic included: a flag left set
+/// would park the dispatcher thread for good (it waits while a leader leads), and the
+/// communicator's drop would wait for that thread forever.
+struct Leading<'a>(&'a AtomicBool);
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -3347,6 +3359,19 @@ mod tests {
             );
             assert_eq!(kept, EARLY_PER_PEER / early_cost(tiny.len()));
         }
+    }
+
+    /// A lead that ends in a panic gives the leader's flag back (the dispatcher thread would
+    /// otherwise park for good and the communicator's drop wait for it).
+    #[test]
+    fn a_lead_that_panics_gives_the_flag_back() {
+        let flag = AtomicBool::new(true);
+        let panicked = std::panic::catch_unwind(|| {
+            let _lead = Leading(&flag);
+            panic!("a bug in a turn");
+        });
+        assert!(panicked.is_err());
+        assert!(!flag.load(Ordering::Acquire), "the flag stayed set");
     }
 
     /// A request holds nothing of its communicator alive: leaked, it keeps no descriptor of
