@@ -759,6 +759,39 @@ fn a_refused_hello_is_named_when_its_rank_never_comes() {
     });
 }
 
+/// `RINGCAST_JOB_ID` names the job for any launcher (one with no job id of its own, as
+/// `RINGCAST_*` alone or Hydra, has only it): jobs with different ids get different keys,
+/// and refuse each other at the rendezvous; it takes the launcher's id's place.
+#[test]
+fn ringcast_job_id_names_the_job_for_any_launcher() {
+    const EXPLICIT: &[(&str, &str)] = &[
+        ("RINGCAST_RANK", "1"),
+        ("RINGCAST_WORLD_SIZE", "2"),
+        ("RINGCAST_BOOTSTRAP", "head:7000"),
+    ];
+    assert_eq!(ok(EXPLICIT).job_key(), 0, "no id, no key");
+    let a = ok(&with(EXPLICIT, &[("RINGCAST_JOB_ID", "a")]));
+    let b = ok(&with(EXPLICIT, &[("RINGCAST_JOB_ID", "b")]));
+    assert_eq!(a.job_id.as_deref(), Some("a"));
+    assert_ne!(a.job_key(), 0);
+    assert_ne!(a.job_key(), b.job_key());
+    assert_eq!(
+        ok(&with(EXPLICIT, &[("RINGCAST_JOB_ID", " ")])).job_key(),
+        0
+    );
+    let o1 = ok(&with(OPEN_MPI, &[("RINGCAST_JOB_ID", "a")]));
+    let o2 = ok(&with(
+        OPEN_MPI,
+        &[
+            ("RINGCAST_JOB_ID", "a"),
+            ("OMPI_MCA_ess_base_jobid", "1913913346"),
+        ],
+    ));
+    assert_eq!(o1.job_id.as_deref(), Some("a"));
+    assert_eq!(o1.job_key(), o2.job_key());
+    assert_ne!(o1.job_key(), ok(OPEN_MPI).job_key());
+}
+
 #[test]
 fn another_jobs_rank_is_refused_and_the_job_goes_on() {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");

@@ -1145,6 +1145,39 @@ fn dropping_with_small_operations_in_flight_returns_promptly() {
     );
 }
 
+/// Two jobs meeting on one rendezvous port (the same `host:port` given to both): a rank of
+/// the other job (`job_id`) is refused with a message saying so, and the job's own ranks meet
+/// and run. Without job ids the stranger would have joined as rank 1.
+#[test]
+fn a_job_id_keeps_two_jobs_on_one_rendezvous_port_apart() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let at = format!("127.0.0.1:{port}");
+    let rank = |r: u32, job: &str| {
+        Communicator::builder()
+            .rank(r)
+            .world_size(2)
+            .rendezvous(&at)
+            .job_id(job)
+            .connect_timeout(Duration::from_secs(20))
+    };
+    thread::scope(|s| {
+        let zero = s.spawn(|| rank(0, "job-a").build());
+        let stranger = rank(1, "job-b").build().err().map(|e| e.to_string());
+        let text = stranger.expect("the other job's rank was admitted");
+        assert!(text.contains("belongs to another job"), "{text}");
+        let one = rank(1, "job-a").build().expect("rank 1 of job-a");
+        let zero = zero.join().expect("no panic").expect("rank 0 of job-a");
+        let sent = s.spawn(move || zero.broadcast(0, &mut vec![7u8; 100_000]));
+        let mut got = vec![0u8; 100_000];
+        one.broadcast(0, &mut got).expect("broadcast");
+        sent.join().expect("no panic").expect("broadcast");
+        assert!(got.iter().all(|&b| b == 7));
+    });
+}
+
 #[test]
 fn bad_arguments_and_settings_are_typed_errors() {
     let err = Communicator::builder()

@@ -106,7 +106,8 @@ pub struct JobEnv {
     pub local_size: Option<u32>,
     /// Where the ranks meet; `None` only for a single-rank job, which needs no rendezvous.
     pub rendezvous: Option<RendezvousAddr>,
-    /// The launcher's job id (`"4242.0"` for a Slurm step), when it gives one.
+    /// The job id: `RINGCAST_JOB_ID` where set, else the launcher's (`"4242.0"` for a
+    /// Slurm step), when it gives one.
     pub job_id: Option<String>,
     /// `RINGCAST_IFNAME`, when set.
     pub ifname: Option<IfnameFilter>,
@@ -257,10 +258,9 @@ impl JobEnv {
     /// A 64-bit digest of the launcher and its job id (0 when there is no job id), which ranks
     /// compare at rendezvous so that two jobs meeting on one port refuse each other.
     pub fn job_key(&self) -> u64 {
-        match &self.job_id {
-            Some(id) => fnv1a(format!("{}/{id}", self.launcher).as_bytes()).max(1),
-            None => 0,
-        }
+        self.job_id
+            .as_deref()
+            .map_or(0, |id| job_key_of(self.launcher, id))
     }
 }
 
@@ -369,12 +369,22 @@ fn slurm_size_check(get: &impl Fn(&str) -> Option<String>, size: u32) -> Result<
     Ok(())
 }
 
-/// The launcher's job id, and the variables it came from.
+/// The job key of job `id` under `launcher` (never 0, which stands for no job id).
+pub(crate) fn job_key_of(launcher: Launcher, id: &str) -> u64 {
+    fnv1a(format!("{launcher}/{id}").as_bytes()).max(1)
+}
+
+/// The job id, and the variables it came from: `RINGCAST_JOB_ID` where set (any launcher;
+/// one with no job id of its own, such as Hydra or `RINGCAST_*` alone, has only it), else
+/// the launcher's.
 fn job_id(
     get: &impl Fn(&str) -> Option<String>,
     launcher: Launcher,
 ) -> Option<(String, &'static str)> {
     let var = |var: &'static str| get(var).map(|id| (id, var));
+    if let Some(id) = var("RINGCAST_JOB_ID").filter(|(id, _)| !id.trim().is_empty()) {
+        return Some(id);
+    }
     match launcher {
         // The run id alone: torch elastic does not synchronise TORCHELASTIC_RESTART_COUNT
         // between agents, so ranks of one round may see different counts.

@@ -20,8 +20,10 @@
 //!    ids, a hash of the job id otherwise: one step of jobs fewer than the span apart gets
 //!    different ports). A single-rank job needs no
 //!    rendezvous.
-//!    Also read: `RINGCAST_IFNAME` (`NCCL_SOCKET_IFNAME` syntax, see [`IfnameFilter`]) and
-//!    `RINGCAST_BOOTSTRAP_TIMEOUT` (seconds, default 30). Every missing or inconsistent setting
+//!    Also read: `RINGCAST_IFNAME` (`NCCL_SOCKET_IFNAME` syntax, see [`IfnameFilter`]),
+//!    `RINGCAST_BOOTSTRAP_TIMEOUT` (seconds, default 30) and `RINGCAST_JOB_ID` (a job id that
+//!    takes the launcher's place: ranks of jobs with different ids refuse each other; the only
+//!    one where the launcher gives none, as with `RINGCAST_*` alone or Hydra). Every missing or inconsistent setting
 //!    is an [`EnvError`] whose message names the variable to set.
 //! 2. [`JobEnv::interface`] picks the local IPv4 interface ([`select_interface`]).
 //! 3. [`JobEnv::exchange`] runs the TCP [`Rendezvous`]: rank 0 listens on the port, the others
@@ -44,6 +46,7 @@ pub(crate) fn fuzz_wire(b: &[u8], world: u32) -> (bool, bool) {
     wire::fuzz(b, world)
 }
 
+pub(crate) use env::job_key_of;
 pub use env::{
     DEFAULT_TIMEOUT, DERIVED_PORT_BASE, DERIVED_PORT_SPAN, EnvError, JobEnv, Launcher,
     MAX_WORLD_SIZE, RendezvousAddr, TORCHRUN_PORT_OFFSET,

@@ -23,7 +23,8 @@ use super::fallback::{self, FallbackConfig, FallbackReason, TransportMode};
 use super::probe::{self, PROBE_LEN, ProbeSetup};
 use super::track::{TrackedControl, TrackedTx};
 use crate::bootstrap::{
-    self, BootstrapError, EnvError, IfnameFilter, JobEnv, PeerTable, Rendezvous, RendezvousAddr,
+    self, BootstrapError, EnvError, IfnameFilter, JobEnv, Launcher, PeerTable, Rendezvous,
+    RendezvousAddr,
 };
 
 /// How long the fast path may see no chunk before it is stalled (see `build`). Measured in
@@ -119,6 +120,8 @@ pub struct CommBuilder {
     loss_threshold: f64,
     verify_icrc: bool,
     tcp_threshold: u64,
+    /// [`job_id`](Self::job_id).
+    job_id: Option<String>,
 }
 
 impl Default for CommBuilder {
@@ -143,6 +146,7 @@ impl Default for CommBuilder {
             loss_threshold: 0.10,
             verify_icrc: false,
             tcp_threshold: DEFAULT_TCP_THRESHOLD,
+            job_id: None,
         }
     }
 }
@@ -272,6 +276,18 @@ impl CommBuilder {
     /// port picked with port 0).
     pub fn control_listener(mut self, l: TcpListener) -> Self {
         self.listener = Some(l);
+        self
+    }
+
+    /// The job's id, as `RINGCAST_JOB_ID` gives it (any string every rank of the job shares,
+    /// like NCCL's unique id or torchrun's `--rdzv-id`): ranks of jobs with different ids
+    /// refuse each other at the rendezvous, so that two jobs that meet on one port (both
+    /// started with [`rendezvous`](Self::rendezvous) to the same `host:port`, or a rank
+    /// started with the wrong one) fail with a message saying so instead of mixing. It
+    /// replaces the environment's job id (the launcher's) for the rendezvous; without one, a
+    /// [`rendezvous`](Self::rendezvous) job has none and admits any rank that fits.
+    pub fn job_id(mut self, id: &str) -> Self {
+        self.job_id = Some(id.to_owned());
         self
     }
 
@@ -560,7 +576,10 @@ impl CommBuilder {
                 };
                 let (listener, blob) = listen(self.listener, iface)?;
                 let mut r = Rendezvous::new(rank, size, addr);
-                r.job_key = job_key;
+                r.job_key = match &self.job_id {
+                    Some(id) => bootstrap::job_key_of(Launcher::Explicit, id),
+                    None => job_key,
+                };
                 r.timeout = self.connect_timeout;
                 let table = r.run(blob.as_bytes())?;
                 let (control, nonce) = parse_table(&table)?;
@@ -572,7 +591,10 @@ impl CommBuilder {
                     why: format!("{given:?} is not host:port (with a port from 1 to 65535)"),
                 });
             }
-            Peers::Env(job) => {
+            Peers::Env(mut job) => {
+                if let Some(id) = self.job_id.clone() {
+                    job.job_id = Some(id);
+                }
                 // The rendezvous runs with the environment's rank and size, the communicator
                 // with these: they must be the same.
                 if (job.rank, job.world_size) != (rank, size) {
