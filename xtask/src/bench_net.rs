@@ -11,9 +11,10 @@
 //! * the ceiling: the transport's raw GSO sender (`goodput --role send`) in the first namespace
 //!   and a `goodput --role recv` in every other one, same datagram size.
 //!
-//! Loss-free, it then measures the ceiling, the ceiling with receivers that keep the bytes
-//! (`goodput --deliver`: each copies what it accepts into a Broadcast-sized buffer, as a
-//! Broadcast must) and ringcast's largest Broadcast in turn, three times, so that the goodput
+//! Loss-free, it then measures the ceiling, a Broadcast's ceiling (`goodput --source
+//! --deliver`: the sender takes its payloads from, and each receiver copies them into, a
+//! buffer of the Broadcast's size, as a Broadcast's root and receivers must) and ringcast's
+//! largest Broadcast in turn, three times, so that the goodput
 //! goal compares each with ceilings measured next to it (the VM's speed drifts between the
 //! sweeps); and it counts the bytes each rank's namespace put into
 //! the bridge (the host-side veth's `rx_bytes`) over a few 16 MiB operations of each, to set
@@ -374,8 +375,8 @@ impl Bench<'_> {
         self.set_loss(0.0, Traffic::Tcp)
     }
 
-    /// Loss-free, [`GOODPUT_ROUNDS`] times: the ceiling (raw, then with receivers that keep
-    /// the bytes), then ringcast's Broadcast of the largest size, so that each goodput is
+    /// Loss-free, [`GOODPUT_ROUNDS`] times: the ceiling (raw, then a Broadcast's), then
+    /// ringcast's Broadcast of the largest size, so that each goodput is
     /// compared with ceilings measured next to it.
     fn goodput_rounds(&self) -> Result<(), String> {
         let largest = self.o.sizes.iter().max().copied().unwrap_or(64 << 20);
@@ -383,8 +384,8 @@ impl Bench<'_> {
             eprintln!("bench-net: goodput round {r} of {GOODPUT_ROUNDS} ...");
             let ceiling = self.ceiling(None)?;
             self.save(&format!("goodput-r{r}-ceiling.txt"), &ceiling)?;
-            let delivering = self.ceiling(Some(largest))?;
-            self.save(&format!("goodput-r{r}-ceiling-delivering.txt"), &delivering)?;
+            let broadcast = self.ceiling(Some(largest))?;
+            self.save(&format!("goodput-r{r}-ceiling-broadcast.txt"), &broadcast)?;
             let json = self.ringcast("bcast", &largest.to_string(), self.o.warmup, self.o.iters)?;
             self.save(&format!("goodput-r{r}-ringcast-bcast.json"), &json)?;
         }
@@ -447,8 +448,8 @@ impl Bench<'_> {
     }
 
     /// The raw sender in the first namespace, a receiver in every other; their lines. With
-    /// `deliver`, each receiver copies what it accepts into a buffer of that many bytes, as a
-    /// Broadcast's receiver must keep its bytes (`goodput --deliver`).
+    /// `deliver`, a Broadcast's: the sender takes its payloads from, and each receiver copies
+    /// what it accepts into, a buffer of that many bytes (`goodput --source`, `--deliver`).
     fn ceiling(&self, deliver: Option<u64>) -> Result<String, String> {
         let secs = CEILING_SECS.to_string();
         let deliver = deliver.map(|d| d.to_string());
@@ -509,6 +510,8 @@ impl Bench<'_> {
                 &payload,
                 "--secs",
                 &secs,
+                "--source",
+                deliver.as_deref().unwrap_or("0"),
             ],
         )?;
         let mut lines = vec![sent.trim().to_owned()];

@@ -52,7 +52,7 @@ commands:
   bench-loopback [--rounds N] [--sizes B,..] [--iters N] [--warmup N]
                               issue 7's side by side on loopback, 4 local ranks (needs mpicc):
                               ringcast (as is and all over TCP) vs Open MPI over TCP and
-                              shared memory vs the raw multicast ceiling and the delivering
+                              shared memory vs the raw multicast ceiling and a Broadcast's
                               one, Broadcast and Allgather,
                               64 KiB to 64 MiB, in interleaved rounds (default 3) with ratios per
                               round and medians; report in target/bench-loopback/<time>/

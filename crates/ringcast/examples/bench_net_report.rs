@@ -44,7 +44,7 @@ struct AtLoss {
     ceiling_tx_gbps: f64,
 }
 
-/// One goodput round: the ceiling's receivers (UDP Gb/s), the delivering ceiling's (runs
+/// One goodput round: the ceiling's receivers (UDP Gb/s), a Broadcast's ceiling's (runs
 /// from before it was measured have none), ringcast's Broadcast.
 type GoodputRound = (Vec<f64>, Option<Vec<f64>>, Lat);
 
@@ -211,7 +211,7 @@ fn load(dir: &Path) -> Result<Run, String> {
         let mut v = Vec::new();
         for r in 1..=rounds {
             let ceiling = receivers(&read(dir, &format!("goodput-r{r}-ceiling.txt"))?);
-            let delivering = read(dir, &format!("goodput-r{r}-ceiling-delivering.txt"))
+            let broadcast = read(dir, &format!("goodput-r{r}-ceiling-broadcast.txt"))
                 .ok()
                 .map(|c| receivers(&c));
             let json = read(dir, &format!("goodput-r{r}-ringcast-bcast.json"))?;
@@ -219,7 +219,7 @@ fn load(dir: &Path) -> Result<Run, String> {
                 .table
                 .remove(&size)
                 .ok_or_else(|| format!("goodput round {r}: no {size} B Broadcast"))?;
-            v.push((ceiling, delivering, lat));
+            v.push((ceiling, broadcast, lat));
         }
         goodput_rounds = Some((size, v));
     }
@@ -232,7 +232,7 @@ fn load(dir: &Path) -> Result<Run, String> {
     })
 }
 
-/// One goodput round in payload GB/s: ringcast's, the ceiling's, the delivering ceiling's.
+/// One goodput round in payload GB/s: ringcast's, the ceiling's, a Broadcast's ceiling's.
 type Goodput = (f64, f64, Option<f64>);
 
 /// The median percentage of (goodput, ceiling) pairs, and each pair written out.
@@ -297,7 +297,7 @@ impl Run {
     }
 
     /// The goodput rounds: size, and per round ringcast's goodput, the ceiling and the
-    /// delivering ceiling where measured (GB/s).
+    /// Broadcast's ceiling where measured (GB/s).
     fn rounds(&self) -> Option<(u64, Vec<Goodput>)> {
         let (size, v) = self.goodput_rounds.as_ref()?;
         let p = self.payload();
@@ -473,8 +473,9 @@ impl Run {
                     let (median, each) = against(&kept);
                     g.push((
                         format!(
-                            "Broadcast goodput ({}), beside a ceiling whose receivers keep \
-                             the bytes (not an issue goal: what a Broadcast can reach)",
+                            "Broadcast goodput ({}), beside a Broadcast's ceiling: its sender \
+                             reads and its receivers keep a buffer of that size (not an issue \
+                             goal: what a Broadcast can reach)",
                             size_label(size)
                         ),
                         "≥ 85% of that ceiling".to_owned(),
@@ -566,7 +567,7 @@ impl Run {
             })).collect::<Vec<_>>(),
             "goodput_rounds": self.rounds().map(|(size, v)| json!({
                 "size": size,
-                "rounds": v.iter().map(|(g, c, d)| json!({"ringcast_gbs": g, "ceiling_payload_gbs": c, "delivering_ceiling_payload_gbs": d})).collect::<Vec<_>>(),
+                "rounds": v.iter().map(|(g, c, d)| json!({"ringcast_gbs": g, "ceiling_payload_gbs": c, "broadcast_ceiling_payload_gbs": d})).collect::<Vec<_>>(),
             })),
             "bytes_per_rank": self.bytes.iter().map(|(c, (r, m))| (c.clone(), json!({"ringcast": r, "mpi": m}))).collect::<BTreeMap<_, _>>(),
             "goals": self.goals().iter().map(|(n, g, r, m)| json!({"measure": n, "goal": g, "result": r, "met": m})).collect::<Vec<_>>(),

@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release -p ringcast-transport-rocev2-udp --example goodput -- \
 //!     [--payload 4096] [--secs 2] [--rate-mbps 0 (unpaced)] [--mode all|gso|nogso|std] \
-//!     [--sched batch|other] [--deliver BYTES]
+//!     [--sched batch|other] [--deliver BYTES] [--source BYTES]
 //! ```
 //! Prints, per mode, the sender's rate and each receiver's goodput (UDP payload bytes received
 //! per second, from the first send to the receiver's last datagram) and loss.
@@ -30,6 +30,10 @@
 //! ever writes their 2 MiB of receive slots, which stay in cache: the raw ceiling. With it,
 //! each receiver also writes a message-sized buffer that does not fit in cache, as
 //! ringcast's receive workers do.
+//!
+//! `--source BYTES`: the sender takes its payloads in turn from a buffer of `BYTES` (say, a
+//! 64 MiB Broadcast's), as a Broadcast's root reads its buffer, instead of sending one
+//! payload that stays in cache over and over.
 
 #![allow(clippy::print_stdout)]
 
@@ -63,6 +67,8 @@ struct Args {
     batch: bool,
     /// Bytes of each receiver's delivery buffer (0: payloads discarded).
     deliver: usize,
+    /// Bytes of the buffer the sender takes its payloads from (0: one payload, resent).
+    source: usize,
 }
 
 /// Where a receiver copies its payloads with `--deliver` (round robin over the buffer).
@@ -108,7 +114,7 @@ fn receiver_sched(batch: bool) {
 }
 
 const USAGE: &str = "usage: goodput [--payload BYTES] [--secs S] [--rate-mbps MB/s] \
-[--mode all|gso|nogso|std] [--sched batch|other] [--deliver BYTES] \
+[--mode all|gso|nogso|std] [--sched batch|other] [--deliver BYTES] [--source BYTES] \
 [--role send|recv --iface IPv4 --port PORT]";
 
 /// The arguments, or what is wrong with them.
@@ -123,6 +129,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         port: 4791,
         batch: true,
         deliver: 0,
+        source: 0,
     };
     fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T, String> {
         v.parse().map_err(|_| format!("{k}: cannot read {v:?}"))
@@ -139,6 +146,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--iface" => a.iface = num(&k, &v)?,
             "--port" => a.port = num(&k, &v)?,
             "--deliver" => a.deliver = num(&k, &v)?,
+            "--source" => a.source = num(&k, &v)?,
             "--mode" if ["all", "gso", "nogso", "std"].contains(&v.as_str()) => a.mode = v,
             "--role" if v == "send" || v == "recv" => a.role = Some(v),
             "--sched" if v == "batch" || v == "other" => a.batch = v == "batch",
@@ -280,18 +288,24 @@ fn lane_sender(
     .expect("sender")
 }
 
-/// Sends full 64-chunk batches (paced when `--rate-mbps` is set) until `a.secs` after `start`.
+/// Sends full 64-chunk batches (paced when `--rate-mbps` is set) until `a.secs` after `start`,
+/// their payloads in turn from a buffer of `--source` bytes (at least a payload).
 fn send_for(tx: &mut LaneSender, a: &Args, start: Instant) {
-    let data = vec![0xA5u8; a.payload];
-    let chunks: Vec<OutChunk<'_>> = (0..64)
-        .map(|k| OutChunk {
-            imm: k,
-            payload: &data,
-        })
-        .collect();
+    let source = vec![0xA5u8; a.source.max(a.payload)];
+    let slots = source.len() / a.payload;
+    let mut at = 0;
+    let mut chunks: Vec<OutChunk<'_>> = Vec::with_capacity(64);
     let mut p = pacer(a);
     let until = start + Duration::from_secs_f64(a.secs);
     while Instant::now() < until {
+        chunks.clear();
+        for k in 0..64 {
+            chunks.push(OutChunk {
+                imm: k,
+                payload: &source[at * a.payload..][..a.payload],
+            });
+            at = (at + 1) % slots;
+        }
         wait_paced(&mut p);
         let sent = tx.send_batch(&chunks).expect("send");
         charge(&mut p, sent.bytes);
