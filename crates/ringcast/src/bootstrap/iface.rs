@@ -213,9 +213,9 @@ pub(crate) fn names_loopback(host: &str) -> bool {
 /// The interface to advertise when the kernel routes toward the rendezvous host `host` from
 /// `routed`. That is `routed`, unless it is a loopback address while `host` was not written
 /// as one: Debian's /etc/hosts maps a host's own name to 127.0.1.1, so rank 0 of a job named
-/// by its host would advertise an address no other host reaches. Then, like
-/// [`crate::bootstrap::JobEnv::interface`]: the interface `filter` (`RINGCAST_IFNAME`)
-/// picks; else the one multicast is routed through (`by_multicast`), else the only
+/// by its host would advertise an address no other host reaches. Then (for
+/// [`crate::comm::CommBuilder::rendezvous`], and for a [`crate::bootstrap::JobEnv::interface`] job
+/// that spans hosts): the interface `filter` (`RINGCAST_IFNAME`) picks among `up`; else the one multicast is routed through (`by_multicast`), else the only
 /// non-loopback one in `up` (the IPv4 interfaces that are up); with none, `routed` (no other
 /// host is reachable anyway); with several, an error naming `RINGCAST_IFNAME`.
 pub(crate) fn off_loopback(

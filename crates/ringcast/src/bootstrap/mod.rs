@@ -25,7 +25,16 @@
 //!    takes the launcher's place: ranks of jobs with different ids refuse each other; the only
 //!    one where the launcher gives none, as with `RINGCAST_*` alone or Hydra). Every missing or inconsistent setting
 //!    is an [`EnvError`] whose message names the variable to set.
-//! 2. [`JobEnv::interface`] picks the local IPv4 interface ([`select_interface`]).
+//! 2. [`JobEnv::interface`] picks the local IPv4 interface ([`select_interface`]): per
+//!    `RINGCAST_IFNAME`, else the one the kernel routes toward the rendezvous host. A job that
+//!    spans hosts (not [`JobEnv::single_host`]) is not left on loopback when the rendezvous
+//!    host was not written as loopback (a loopback address, `localhost`) but resolves to it
+//!    here, as Debian's /etc/hosts maps a host's own name to 127.0.1.1: it uses the interface
+//!    `RINGCAST_IFNAME` picks among those up, else the one multicast is routed through, else
+//!    the only other one up, else (none) loopback; where several remain it fails with
+//!    [`InterfaceError::LoopbackRendezvous`], listing them and saying to set
+//!    `RINGCAST_IFNAME`. [`crate::comm::CommBuilder::rendezvous`] decides alike. A job on one host
+//!    keeps the route's choice, loopback included.
 //! 3. [`JobEnv::exchange`] runs the TCP [`Rendezvous`]: rank 0 listens on the port, the others
 //!    connect with retries and send their control addresses; everyone gets the same
 //!    [`PeerTable`] and 64-bit job nonce, or an error naming what went wrong (the missing ranks
@@ -82,7 +91,15 @@ pub enum BootstrapError {
 
 impl JobEnv {
     /// The local IPv4 interface this rank uses: per `RINGCAST_IFNAME` when set, else the one
-    /// the kernel routes toward the rendezvous host (loopback for a single-rank job).
+    /// the kernel routes toward the rendezvous host (loopback for a single-rank job). A job
+    /// that spans hosts (not [`JobEnv::single_host`]) whose pick is a loopback address while
+    /// the rendezvous host was not written as loopback (Debian's /etc/hosts maps a host's own
+    /// name to 127.0.1.1) is kept off it as [`crate::comm::CommBuilder::rendezvous`] is: the
+    /// interface `RINGCAST_IFNAME` picks among those up, else the one multicast is routed
+    /// through, else the only other one that is up, else loopback when there is none (no other
+    /// host is reachable anyway); with several, [`InterfaceError::LoopbackRendezvous`], which
+    /// lists them and says to set `RINGCAST_IFNAME`. A job on one host keeps what the route
+    /// gives, loopback included.
     pub fn interface(&self) -> Result<NetInterface, InterfaceError> {
         let toward = match &self.rendezvous {
             None => None,
@@ -99,28 +116,33 @@ impl JobEnv {
             },
         };
         let chosen = select_interface(self.ifname.as_ref(), toward)?;
-        // Debian's /etc/hosts maps a host's own name to 127.0.1.1: rank 0 of a multi-host job
-        // would then pick loopback, where no other host hears it.
-        let named_host = self
-            .rendezvous
-            .as_ref()
-            .is_some_and(|r| r.host.parse::<IpAddr>().is_err());
-        if self.ifname.is_none() && chosen.addr.is_loopback() && named_host && !self.single_host() {
-            let by_group = select_interface(None, Some(IpAddr::V4(MULTICAST_PROBE)))
-                .ok()
-                .filter(|i| !i.addr.is_loopback());
-            if let Some(other) = by_group {
-                tracing::warn!(
-                    loopback = %chosen.addr,
-                    using = %other.name,
-                    "the rendezvous host name resolves to loopback here, but the job spans \
-                     hosts; using the interface routed toward multicast (set RINGCAST_IFNAME \
-                     to choose)"
-                );
-                return Ok(other);
-            }
+        let spans_hosts = !self.single_host();
+        let host = self.rendezvous.as_ref().map(|r| r.host.as_str());
+        // The other interfaces matter only to a job that spans hosts and was routed to loopback.
+        let (up, by_multicast) = if spans_hosts && chosen.addr.is_loopback() {
+            (up_interfaces()?, multicast_source())
+        } else {
+            (Vec::new(), None)
+        };
+        let picked = job_interface(
+            spans_hosts,
+            host,
+            chosen.clone(),
+            self.ifname.as_ref(),
+            &up,
+            by_multicast,
+        )?;
+        if picked != chosen {
+            tracing::warn!(
+                host = host.unwrap_or_default(),
+                loopback = %chosen.addr,
+                using = %picked.name,
+                addr = %picked.addr,
+                "the rendezvous host resolves to loopback here, but the job spans hosts, which \
+                 cannot reach it there; using another interface (set RINGCAST_IFNAME to choose)"
+            );
         }
-        Ok(chosen)
+        Ok(picked)
     }
 
     /// Runs the rendezvous (or, for a single-rank job, builds the one-entry table) and returns
@@ -134,7 +156,7 @@ impl JobEnv {
 }
 
 /// The interface a rank that meets the others at `addr` advertises when nothing chose one
-/// ([`crate::CommBuilder::rendezvous`] without [`crate::CommBuilder::interface`]): the one
+/// ([`crate::comm::CommBuilder::rendezvous`] without [`crate::CommBuilder::interface`]): the one
 /// the kernel routes toward the rendezvous host's IPv4 address (loopback when it has none),
 /// kept off a loopback the host was not written as ([`iface::off_loopback`]). `ifname`
 /// (`RINGCAST_IFNAME`) is read only then, so that a local job is chosen for exactly as before.
@@ -152,19 +174,8 @@ pub(crate) fn interface_toward(
         return Ok(routed);
     }
     let filter = ifname()?;
-    let up: Vec<NetInterface> = if_addrs::get_if_addrs()
-        .map_err(InterfaceError::List)?
-        .into_iter()
-        .filter(|i| i.is_oper_up())
-        .filter_map(|i| match i.addr {
-            if_addrs::IfAddr::V4(a) => Some(NetInterface {
-                name: i.name,
-                addr: a.ip,
-            }),
-            if_addrs::IfAddr::V6(_) => None,
-        })
-        .collect();
-    let by_multicast = iface::route_source(IpAddr::V4(MULTICAST_PROBE)).ok();
+    let up = up_interfaces()?;
+    let by_multicast = multicast_source();
     let chosen = iface::off_loopback(
         &addr.host,
         routed.clone(),
@@ -183,6 +194,47 @@ pub(crate) fn interface_toward(
         );
     }
     Ok(chosen)
+}
+
+/// The decision of [`JobEnv::interface`] once the kernel (or `RINGCAST_IFNAME`, `filter`) has
+/// picked `chosen` for a job that meets at `host`: a job on one host (`spans_hosts` false) or
+/// without a rendezvous keeps it; one that spans hosts is kept off a loopback `host` was not
+/// written as, by [`iface::off_loopback`] over `up` (the IPv4 interfaces that are up) and
+/// `by_multicast` (the local address multicast is routed from), as
+/// [`crate::comm::CommBuilder::rendezvous`] is.
+fn job_interface(
+    spans_hosts: bool,
+    host: Option<&str>,
+    chosen: NetInterface,
+    filter: Option<&IfnameFilter>,
+    up: &[NetInterface],
+    by_multicast: Option<Ipv4Addr>,
+) -> Result<NetInterface, InterfaceError> {
+    match host {
+        Some(host) if spans_hosts => iface::off_loopback(host, chosen, filter, up, by_multicast),
+        _ => Ok(chosen),
+    }
+}
+
+/// The IPv4 interfaces that are up.
+fn up_interfaces() -> Result<Vec<NetInterface>, InterfaceError> {
+    Ok(if_addrs::get_if_addrs()
+        .map_err(InterfaceError::List)?
+        .into_iter()
+        .filter(|i| i.is_oper_up())
+        .filter_map(|i| match i.addr {
+            if_addrs::IfAddr::V4(a) => Some(NetInterface {
+                name: i.name,
+                addr: a.ip,
+            }),
+            if_addrs::IfAddr::V6(_) => None,
+        })
+        .collect())
+}
+
+/// The local IPv4 address the kernel sends multicast from, when it has a route for it.
+fn multicast_source() -> Option<Ipv4Addr> {
+    iface::route_source(IpAddr::V4(MULTICAST_PROBE)).ok()
 }
 
 /// The first IPv4 address of the rendezvous host, else its first address.
@@ -221,5 +273,130 @@ mod tests {
             let i = interface_toward(&at(host), bad).expect(host);
             assert_eq!(i.addr, Ipv4Addr::LOCALHOST, "{host}");
         }
+    }
+
+    fn iface(name: &str, addr: [u8; 4]) -> NetInterface {
+        NetInterface {
+            name: name.to_owned(),
+            addr: Ipv4Addr::from(addr),
+        }
+    }
+
+    /// Debian's /etc/hosts maps the host's own name to 127.0.1.1, so the kernel routes a job
+    /// named by it to loopback.
+    fn debian_lo() -> NetInterface {
+        iface("lo", [127, 0, 1, 1])
+    }
+
+    /// [`JobEnv::interface`]'s decision for `host`, routed to 127.0.1.1, over `up`.
+    fn decide(
+        spans_hosts: bool,
+        host: &str,
+        filter: Option<&str>,
+        up: &[NetInterface],
+        by_multicast: Option<[u8; 4]>,
+    ) -> Result<NetInterface, InterfaceError> {
+        let filter: Option<IfnameFilter> = filter.map(|f| f.parse().expect("filter"));
+        job_interface(
+            spans_hosts,
+            Some(host),
+            debian_lo(),
+            filter.as_ref(),
+            up,
+            by_multicast.map(Ipv4Addr::from),
+        )
+    }
+
+    /// A job across hosts named by a host that resolves to loopback here, with several other
+    /// interfaces and no multicast route to choose by, fails saying to set RINGCAST_IFNAME
+    /// (it kept loopback silently, where no other host hears rank 0).
+    #[test]
+    fn a_job_across_hosts_routed_to_loopback_among_several_asks_for_ringcast_ifname() {
+        let up = [
+            iface("lo", [127, 0, 0, 1]),
+            iface("eth0", [10, 0, 0, 5]),
+            iface("eth1", [10, 1, 0, 5]),
+        ];
+        let err = decide(true, "node0", None, &up, None).expect_err("ambiguous");
+        assert!(
+            matches!(err, InterfaceError::LoopbackRendezvous { .. }),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(text.contains("set RINGCAST_IFNAME"), "{text}");
+        assert!(text.contains("\"node0\" resolves to 127.0.1.1"), "{text}");
+        assert!(text.contains("eth0 (10.0.0.5), eth1 (10.1.0.5)"), "{text}");
+        // A route for multicast off loopback, or RINGCAST_IFNAME, decides.
+        let by_group = decide(true, "node0", None, &up, Some([10, 1, 0, 5]));
+        assert_eq!(by_group.expect("eth1"), up[2]);
+        let named = decide(true, "node0", Some("=eth0"), &up, Some([10, 1, 0, 5]));
+        assert_eq!(named.expect("eth0"), up[1]);
+        // A multicast route through loopback says nothing.
+        let text = decide(true, "node0", None, &up, Some([127, 0, 0, 1]))
+            .expect_err("still ambiguous")
+            .to_string();
+        assert!(text.contains("set RINGCAST_IFNAME"), "{text}");
+    }
+
+    /// With one other interface up and no multicast route, a job across hosts uses it (it
+    /// kept loopback); with none, loopback stays (no other host is reachable anyway).
+    #[test]
+    fn a_job_across_hosts_routed_to_loopback_uses_the_only_other_interface() {
+        let eth0 = iface("eth0", [10, 0, 0, 5]);
+        let up = [iface("lo", [127, 0, 0, 1]), eth0.clone()];
+        assert_eq!(decide(true, "node0", None, &up, None).expect("eth0"), eth0);
+        let only_lo = [iface("lo", [127, 0, 0, 1])];
+        assert_eq!(
+            decide(true, "node0", None, &only_lo, None).expect("lo"),
+            debian_lo()
+        );
+    }
+
+    /// `localhost` asks for loopback, as an IP literal does: kept even where multicast is
+    /// routed elsewhere (a job across hosts meeting at `localhost` took the multicast
+    /// interface).
+    #[test]
+    fn a_job_across_hosts_meeting_at_localhost_keeps_loopback() {
+        let up = [iface("lo", [127, 0, 0, 1]), iface("eth0", [10, 0, 0, 5])];
+        for host in ["localhost", "127.0.1.1", "127.0.0.1"] {
+            let kept = decide(true, host, None, &up, Some([10, 0, 0, 5]));
+            assert_eq!(kept.expect("loopback"), debian_lo(), "{host}");
+        }
+    }
+
+    /// RINGCAST_IFNAME that lets loopback through among others picks a non-loopback one for
+    /// a job across hosts routed to loopback (the route's loopback was kept); one that names
+    /// only loopback gets it.
+    #[test]
+    fn ringcast_ifname_keeps_a_job_across_hosts_off_a_routed_loopback() {
+        let up = [
+            iface("lo", [127, 0, 0, 1]),
+            iface("docker0", [172, 17, 0, 1]),
+            iface("eth0", [10, 0, 0, 5]),
+        ];
+        let picked = decide(true, "node0", Some("^docker"), &up, None);
+        assert_eq!(picked.expect("eth0"), up[2]);
+        let lo = decide(true, "node0", Some("=lo"), &up, None);
+        assert_eq!(lo.expect("lo"), up[0]);
+    }
+
+    /// A job on one host (or without a rendezvous) keeps what it was given, loopback
+    /// included, whatever else is up.
+    #[test]
+    fn a_job_on_one_host_keeps_its_loopback() {
+        let up = [
+            iface("lo", [127, 0, 0, 1]),
+            iface("eth0", [10, 0, 0, 5]),
+            iface("eth1", [10, 1, 0, 5]),
+        ];
+        for mcast in [None, Some([10, 0, 0, 5])] {
+            let kept = decide(false, "node0", None, &up, mcast).expect("kept");
+            assert_eq!(kept, debian_lo());
+        }
+        let none = job_interface(true, None, debian_lo(), None, &up, None).expect("kept");
+        assert_eq!(none, debian_lo());
+        // Off loopback, the route is kept whatever the job.
+        let eth1 = job_interface(true, Some("node0"), up[2].clone(), None, &up, None);
+        assert_eq!(eth1.expect("eth1"), up[2]);
     }
 }
