@@ -16,6 +16,8 @@ use crate::Rank;
 pub struct Reports {
     me: Rank,
     last: Vec<Option<(u64, Rank)>>,
+    /// Reports of operations below this one are over: a later operation completed here.
+    over: u64,
 }
 
 impl Reports {
@@ -25,20 +27,23 @@ impl Reports {
         Reports {
             me,
             last: alloc::vec![None; ranks as usize],
+            over: 0,
         }
     }
 
     /// `from` reported that it failed operation `seq` over `culprit`. Kept only below
     /// `horizon` (an operation this rank ran or may still run: a report far ahead would
-    /// outlive every completion that clears it), and only naming another rank than this one
-    /// and the reporter (no rank gives up on itself: such a report is noise). Whether it was
-    /// kept.
+    /// outlive every completion that clears it), not before an operation that completed here
+    /// (it is over, as it would be had it come before that completion), and only naming
+    /// another rank than this one and the reporter (no rank gives up on itself: such a report
+    /// is noise). Whether it was kept.
     pub fn report(&mut self, from: Rank, seq: u64, culprit: Rank, horizon: u64) -> bool {
         let known = culprit.index() < self.last.len();
         if known
             && culprit != self.me
             && culprit != from
             && seq < horizon
+            && seq >= self.over
             && let Some(r) = self.last.get_mut(from.index())
         {
             *r = Some((seq, culprit));
@@ -49,6 +54,7 @@ impl Reports {
 
     /// Operation `seq` completed here: the reports of operations before it are over.
     pub fn completed(&mut self, seq: u64) {
+        self.over = self.over.max(seq);
         for r in &mut self.last {
             if r.is_some_and(|(s, _)| s < seq) {
                 *r = None;
@@ -95,6 +101,10 @@ mod tests {
         assert_eq!(r.blame(Rank(1)), Some((Rank(4), Rank(3))));
         r.completed(8);
         assert_eq!(r.blame(Rank(1)), None);
+        // A report of an operation before one that completed is over when it comes.
+        assert!(!r.report(Rank(3), 7, Rank(4), 100), "late");
+        assert!(r.report(Rank(3), 8, Rank(4), 100));
+        assert_eq!(r.blame(Rank(1)), Some((Rank(4), Rank(3))));
     }
 
     #[test]

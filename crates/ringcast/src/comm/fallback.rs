@@ -4036,6 +4036,105 @@ mod tests {
         }
     }
 
+    /// A piece of operation `op`, a Broadcast of `data` (its whole buffer) from `root`, as
+    /// `root` sends it.
+    fn piece_from(root: u32, op: u64, data: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        piece_header(
+            &mut b,
+            root,
+            op,
+            0,
+            broadcast_shape(Rank(root), data.len() as u64),
+        );
+        b.extend_from_slice(data);
+        b
+    }
+
+    /// Round `j` of the Bruck Allgather `op` of blocks `sizes`, from rank `from`: `blocks`,
+    /// its blocks from its own on.
+    fn round_from(j: u8, from: u32, op: u64, sizes: &[u64], blocks: &[u8]) -> Vec<u8> {
+        let count = bruck_count(u32::from(j), sizes.len() as u32);
+        let mut b = vec![KIND_ROUND, j, 0, 0];
+        b.extend_from_slice(&from.to_be_bytes());
+        b.extend_from_slice(&op.to_be_bytes());
+        b.extend_from_slice(&u64::from(count).to_be_bytes());
+        b.extend_from_slice(&allgather_shape(sizes).to_be_bytes());
+        b.extend_from_slice(blocks);
+        b
+    }
+
+    /// Asks rank `to` where it stands (`KIND_WHERE`) from `peer`, and waits for the answer:
+    /// everything `peer` sent `to` before has been handled there (one connection, in order).
+    fn handled(peer: &mut TcpControl, to: u32) {
+        let mut m = vec![KIND_WHERE, 0, 0, 0, 0, 0, 0, 0];
+        m.extend_from_slice(&u64::MAX.to_be_bytes());
+        peer.send_control(Rank(to), &m);
+        let mut buf = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            peer.poll_io(Duration::from_millis(10));
+            while let Some(input) = peer.poll_control(&mut buf) {
+                if let ControlInput::Message { from, .. } = input
+                    && from == Rank(to)
+                    && buf.first() == Some(&KIND_HERE)
+                {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "rank {to} never answered");
+        }
+    }
+
+    /// A report of an operation older than one that completed here since, arriving late
+    /// (a rank that ran non-blocking operations ahead gave up on an earlier one after it sent
+    /// its part of a later one): what it reported is over, as it would have been had it come
+    /// before that completion. It was kept, and a live operation waiting on the rank it
+    /// named failed at once, naming it, though that rank was sending its pieces.
+    #[test]
+    fn a_late_report_of_an_operation_over_here_fails_nothing() {
+        const B: usize = 8;
+        let mut m = mesh(3);
+        let mut two = m.pop().expect("rank 2");
+        let mut one = m.pop().expect("rank 1");
+        let zero = start(cfg(0, 3), m.pop().expect("rank 0"), None, FROM_START).expect("start");
+        let bcast = |root: u32| {
+            let kind = Kind::Broadcast { root };
+            zero.post::<u8>(kind, vec![0; B], None, tracing::Span::none())
+                .expect("post")
+        };
+        // Operation 0: a Broadcast from rank 2 (rank 0's parent in its tree).
+        let op0 = bcast(2);
+        two.send_control(Rank(0), &piece_from(2, 0, &[2; B]));
+        assert_eq!(op0.wait(), Ok(vec![2; B]));
+        // Operation 1: an Allgather (Bruck: round 0 from rank 1, round 1 from rank 2), in
+        // which every rank took part.
+        let sizes = vec![B as u64; 3];
+        let kind = Kind::Allgather {
+            sizes: sizes.clone(),
+        };
+        let op1 = zero
+            .post::<u8>(kind, vec![0; 3 * B], None, tracing::Span::none())
+            .expect("post");
+        one.send_control(Rank(0), &round_from(0, 1, 1, &sizes, &[1; B]));
+        two.send_control(Rank(0), &round_from(1, 2, 1, &sizes, &[2; B]));
+        let mut want = vec![0; 3 * B];
+        want[B..2 * B].fill(1);
+        want[2 * B..].fill(2);
+        assert_eq!(op1.wait(), Ok(want));
+        // Operation 2 waits on rank 2; rank 1's report that it gave up on operation 0 over
+        // rank 2 comes now.
+        let op2 = bcast(2);
+        one.send_control(Rank(0), &abort_message(ABORT_TIMEOUT, 2, 0));
+        handled(&mut one, 0);
+        two.send_control(Rank(0), &piece_from(2, 2, &[5; B]));
+        match op2.wait_timeout(Duration::from_secs(10)) {
+            Ok(got) => assert_eq!(got, Ok(vec![5; B])),
+            Err(_) => panic!("no answer within 10 s"),
+        }
+        drop(zero);
+    }
+
     /// A rank that never answers rank 0's freeze (hung) ends the switch agreement after the
     /// freeze timeout: the held post fails naming it, so does every later one, and the other
     /// ranks hear of it.
