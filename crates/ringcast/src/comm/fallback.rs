@@ -1539,9 +1539,9 @@ impl Dispatcher {
             // Small operations run here whatever the mode, frozen or not: no rank sends them
             // to the engine, so the switch point does not concern them.
             _ if self.cfg.small(p.buf.len()) => self.start(k, p),
-            // Frozen for an agreement a lost peer ended (`check_lost`): nothing would release
-            // it. It fails as the posts held then did (a peer that left cleanly may not doom
-            // it: it ran small operations past this rank's posts).
+            // Frozen for an agreement a lost peer ended (`give_up_agreement`): nothing would
+            // release it. It fails as the posts held then did (a peer that left cleanly may not
+            // doom it: it ran small operations past this rank's posts).
             _ if self.frozen_at.is_none() && !self.lost.is_empty() => {
                 let e = self.dooms(u64::MAX).unwrap_or_else(|| self.lost[0].error());
                 self.ended(k);
@@ -1661,7 +1661,12 @@ impl Dispatcher {
         );
         self.tell_others(&[KIND_FREEZE]);
         self.agreement = Some(Agreement { frozen, reason });
-        self.try_conclude();
+        if self.lost.is_empty() {
+            self.try_conclude();
+        } else {
+            // Begun after a loss: given up as one that loses a peer midway.
+            self.give_up_agreement();
+        }
     }
 
     fn try_conclude(&mut self) {
@@ -1891,6 +1896,10 @@ impl Dispatcher {
                 let mut m = vec![KIND_FROZEN, 0, 0, 0, 0, 0, 0, 0];
                 m.extend_from_slice(&n.to_be_bytes());
                 self.mesh.send_control(Rank(0), &m);
+                // Frozen after a loss (rank 0 may not know of it yet): given up at once.
+                if !self.lost.is_empty() {
+                    self.give_up_agreement();
+                }
             }
             Some(KIND_FROZEN) if self.cfg.rank == 0 => {
                 if let (Some(a), Some(n)) = (&mut self.agreement, u64_at(b, 8))
@@ -2821,13 +2830,18 @@ impl Dispatcher {
                 self.fail_waits_on(b, l.rank);
             }
         }
-        // A switch can no longer be agreed: held posts fail too (and later ones, see `post`).
         if self.agreement.is_some() || self.route().frozen {
-            self.agreement = None;
-            self.frozen_at = None;
-            let e = self.dooms(u64::MAX).unwrap_or_else(|| self.lost[0].error());
-            self.fail_held(&e);
+            self.give_up_agreement();
         }
+    }
+
+    /// A peer is lost: a switch can no longer be agreed (it never answers). Held posts fail
+    /// naming the loss, and later ones too (see `post`).
+    fn give_up_agreement(&mut self) {
+        self.agreement = None;
+        self.frozen_at = None;
+        let e = self.dooms(u64::MAX).unwrap_or_else(|| self.lost[0].error());
+        self.fail_held(&e);
     }
 
     /// Operations still waiting on a rank that is gone fail now, naming it, and tell the
@@ -4237,6 +4251,55 @@ mod tests {
         assert_eq!(failure(later), lost, "later");
         drop(one);
         drop(zero);
+    }
+
+    /// A switch agreement begun after a peer was lost (rank 0 asked to switch, or a rank
+    /// frozen by rank 0) can never be agreed, as one that loses a peer midway: its posts
+    /// fail naming the loss. They were held until the freeze timeout, then failed naming the
+    /// lost rank unresponsive (rank 0), or rank 0 (the others), and so did every later post.
+    #[test]
+    fn an_agreement_begun_after_a_loss_fails_naming_the_loss() {
+        for me in [0, 1] {
+            let mut m = mesh(3);
+            let two = m.pop().expect("rank 2");
+            let mut other = m.remove(1 - me as usize);
+            let c = FallbackConfig {
+                peer_timeout: Duration::from_millis(200),
+                post_timeout: Duration::from_millis(200) * 4,
+                ..cfg(me, 3)
+            };
+            let h = start(c, m.pop().expect("me"), None, TransportMode::Multicast).expect("start");
+            // Rank 2 leaves cleanly, having finished every operation below 100.
+            two.close_blaming(100, None, Duration::from_secs(1));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let seen = |h: &Handle| {
+                h.progress
+                    .lock()
+                    .as_ref()
+                    .is_some_and(|d| !d.lost.is_empty())
+            };
+            while !seen(&h) {
+                assert!(Instant::now() < deadline, "rank 2's departure never seen");
+                thread::sleep(Duration::from_millis(1));
+            }
+            if me == 0 {
+                // Rank 1 asks to switch, and answers the freeze.
+                let mut loss = vec![KIND_LOSS, 0, 0, 0];
+                loss.extend_from_slice(&500u32.to_be_bytes());
+                loss.extend_from_slice(&0u64.to_be_bytes());
+                other.send_control(Rank(0), &loss);
+                let mut frozen = vec![KIND_FROZEN, 0, 0, 0, 0, 0, 0, 0];
+                frozen.extend_from_slice(&0u64.to_be_bytes());
+                other.send_control(Rank(0), &frozen);
+            } else {
+                other.send_control(Rank(1), &[KIND_FREEZE]);
+            }
+            let lost = CommError::PeerLost { peer: 2 };
+            assert_eq!(failure(post_held(&h)), lost, "rank {me}, held");
+            assert_eq!(failure(post_held(&h)), lost, "rank {me}, later");
+            drop(h);
+            drop(other);
+        }
     }
 
     /// A switch point learnt before this rank posted the small TCP operations below it: their
