@@ -1700,6 +1700,8 @@ impl Dispatcher {
     fn switch(&mut self, at: u64, reason: FallbackReason) {
         let mut tcp = Vec::new();
         let mut elsewhere = Vec::new();
+        // Held posts the engine can no longer take (it closed): cancelled.
+        let mut cancelled = Vec::new();
         {
             let mut r = self
                 .shared
@@ -1724,18 +1726,14 @@ impl Dispatcher {
                 // Small operations taken from the channel here run over TCP like the others.
                 if k < at && !self.cfg.small(p.buf.len()) {
                     elsewhere.push(k);
-                    let engine = r.engine.as_ref();
-                    #[allow(
-                        clippy::result_large_err,
-                        reason = "the error is the post, handed back"
-                    )]
-                    let sent = engine.map(|e| e.send(Command::Post(p)));
-                    match sent {
-                        Some(Ok(())) => {}
-                        Some(Err(mpsc::SendError(Command::Post(p)))) => {
-                            let _ = p.reply.send(Err(CommError::Cancelled));
-                        }
-                        Some(Err(_)) | None => {}
+                    let Some(engine) = r.engine.as_ref() else {
+                        cancelled.push(p.reply);
+                        continue;
+                    };
+                    match engine.send(Command::Post(p)) {
+                        Ok(()) => {}
+                        Err(mpsc::SendError(Command::Post(p))) => cancelled.push(p.reply),
+                        Err(_) => {}
                     }
                 } else {
                     tcp.push((k, p));
@@ -1750,6 +1748,9 @@ impl Dispatcher {
                 from_op: at,
                 reason,
             };
+        }
+        for reply in cancelled {
+            self.fail(reply, CommError::Cancelled);
         }
         tracing::warn!(
             rank = self.cfg.rank,
@@ -4299,6 +4300,47 @@ mod tests {
             assert_eq!(failure(post_held(&h)), lost, "rank {me}, later");
             drop(h);
             drop(other);
+        }
+    }
+
+    /// A post held for the switch agreement that goes to an engine closed meanwhile (its
+    /// thread gone, or its channel let go by the communicator's drop) fails as cancelled,
+    /// and is counted so. It was answered (a reply, or its channel dropped) but not counted.
+    #[test]
+    fn a_held_post_handed_to_a_closed_engine_is_counted_cancelled() {
+        for gone in [false, true] {
+            let mut m = mesh(2);
+            let one = m.pop().expect("rank 1");
+            let mut zero = m.pop().expect("rank 0");
+            let (tx, rx) = mpsc::sync_channel(4);
+            let numbered = Arc::new(AtomicU64::new(0));
+            let posts = PostTx::new(tx, thread::current(), numbered, Blame::new(1));
+            let one = start(cfg(1, 2), one, Some(posts), TransportMode::Multicast).expect("start");
+            zero.send_control(Rank(1), &[KIND_FREEZE]);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !one.route().frozen {
+                assert!(Instant::now() < deadline, "never frozen");
+                thread::sleep(Duration::from_millis(1));
+            }
+            let held = post_held(&one);
+            if gone {
+                one.route().engine = None;
+            } else {
+                drop(rx);
+            }
+            // Operation 0 runs over multicast: to the engine.
+            let mut switch = vec![KIND_SWITCH, 0, 0, 0];
+            switch.extend_from_slice(&1u32.to_be_bytes());
+            switch.extend_from_slice(&1u64.to_be_bytes());
+            switch.extend_from_slice(&0u64.to_be_bytes());
+            switch.extend_from_slice(&500u32.to_be_bytes());
+            zero.send_control(Rank(1), &switch);
+            assert_eq!(failure(held), CommError::Cancelled, "engine gone: {gone}");
+            let mut s = CommStats::default();
+            one.add_to(&mut s);
+            assert_eq!(s.ops_cancelled, 1, "engine gone: {gone}");
+            drop(one);
+            drop(zero);
         }
     }
 
