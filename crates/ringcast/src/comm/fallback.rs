@@ -3463,8 +3463,14 @@ mod tests {
     /// completes byte for byte once all ranks posted.
     #[test]
     fn a_rank_running_ahead_sends_bruck_rounds_of_at_most_a_window() {
-        let p = 4u32;
-        let block = 16 << 10;
+        // Rank 0's first round goes to rank 3.
+        runs_ahead_by_a_window(4, 16 << 10, 3);
+    }
+
+    /// Rank 0 posts 3 windows of `p`-rank Allgathers of `block` bytes per rank ahead of the
+    /// others: rank `late` gets a window of operations of them and no more, and once every
+    /// rank posted, every one completes byte for byte.
+    fn runs_ahead_by_a_window(p: u32, block: usize, late: usize) {
         let len = block * p as usize;
         let window = tree_ahead(len) as usize;
         let n = 3 * window;
@@ -3480,18 +3486,17 @@ mod tests {
                 .expect("post")
         };
         let first: Vec<_> = (0..n).map(|i| gather(&hs[0], i, 0)).collect();
-        // Rank 0's first round goes to rank 3: a window of operations and no more.
         let early = |h: &Handle| h.progress.lock().as_ref().map_or(0, |d| d.early.len());
         let deadline = Instant::now() + Duration::from_secs(30);
-        while early(&hs[3]) < window {
+        while early(&hs[late]) < window {
             assert!(
                 Instant::now() < deadline,
-                "a window of rounds never arrived"
+                "a window of operations never arrived"
             );
             thread::sleep(Duration::from_millis(1));
         }
         thread::sleep(Duration::from_millis(300));
-        assert_eq!(early(&hs[3]), window);
+        assert_eq!(early(&hs[late]), window);
         let others: Vec<Vec<_>> = (1..p as usize)
             .map(|r| (0..n).map(|i| gather(&hs[r], i, r)).collect())
             .collect();
@@ -3503,12 +3508,6 @@ mod tests {
         }
     }
 
-    /// The same for Allgathers whose blocks each fit in a piece but not the whole buffer (one
-    /// binomial tree per block): a rank that posts them ahead, non-blocking, sends a rank that
-    /// has not posted them blocks of at most a window of operations, and every one completes
-    /// byte for byte once all ranks posted. Without the window, every block went at once, and
-    /// past [`EARLY_PER_PEER`] bytes of them the late rank dropped the rest: those operations
-    /// then failed.
     /// A window of operations always fits in what a late rank keeps from one peer, up to
     /// Allgathers of a gigabyte; small operations keep their window of 8 MiB (at least 16).
     #[test]
@@ -3532,46 +3531,18 @@ mod tests {
         assert_eq!(tree_ahead(8 << 20), 8);
     }
 
+    /// As Bruck's rounds, for Allgathers whose blocks each fit in a piece but not the whole
+    /// buffer (one binomial tree per block): a rank that posts them ahead, non-blocking, sends a rank that
+    /// has not posted them blocks of at most a window of operations, and every one completes
+    /// byte for byte once all ranks posted. Without the window, every block went at once, and
+    /// past [`EARLY_PER_PEER`] bytes of them the late rank dropped the rest: those operations
+    /// then failed.
     #[test]
     fn a_rank_running_ahead_sends_tree_allgather_blocks_of_at_most_a_window() {
-        let p = 2u32;
-        let block = PIECE;
-        let len = block * p as usize;
-        let window = tree_ahead(len) as usize;
-        let n = 3 * window;
-        let hs = dispatchers(p, PIECE);
-        let own = |i: usize, r: usize| vec![(i * 5 + r * 3 + 1) as u8; block];
-        let gather = |h: &Handle, i: usize, r: usize| {
-            let mut buf = vec![0u8; len];
-            buf[r * block..][..block].copy_from_slice(&own(i, r));
-            let kind = Kind::Allgather {
-                sizes: vec![block as u64; p as usize],
-            };
-            h.post::<u8>(kind, buf, None, tracing::Span::none())
-                .expect("post")
-        };
-        let first: Vec<_> = (0..n).map(|i| gather(&hs[0], i, 0)).collect();
-        // Rank 0's block goes to rank 1 (its child in rank 0's tree): a window of operations
-        // and no more.
-        let early = |h: &Handle| h.progress.lock().as_ref().map_or(0, |d| d.early.len());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while early(&hs[1]) < window {
-            assert!(
-                Instant::now() < deadline,
-                "a window of blocks never arrived"
-            );
-            thread::sleep(Duration::from_millis(1));
-        }
-        thread::sleep(Duration::from_millis(300));
-        assert_eq!(early(&hs[1]), window);
-        let second: Vec<_> = (0..n).map(|i| gather(&hs[1], i, 1)).collect();
-        for reqs in [first, second] {
-            for (i, r) in reqs.into_iter().enumerate() {
-                let want: Vec<u8> = (0..p as usize).flat_map(|r| own(i, r)).collect();
-                assert!(r.wait().expect("allgather") == want, "operation {i}");
-            }
-        }
+        // Rank 0's block goes to rank 1, its child in rank 0's tree.
+        runs_ahead_by_a_window(2, PIECE, 1);
     }
+
     /// A child that never posts (alive: it answers): the root's Broadcast past the window
     /// fails at the post timeout naming it; it does not hang.
     #[test]
