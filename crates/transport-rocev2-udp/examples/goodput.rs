@@ -154,6 +154,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             _ => return Err(format!("unknown argument {k}")),
         }
     }
+    if a.payload == 0 {
+        return Err("--payload: at least 1 byte".to_owned());
+    }
     Ok(a)
 }
 
