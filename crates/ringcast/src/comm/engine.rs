@@ -97,8 +97,11 @@ const IDLE_WAIT: Duration = Duration::from_millis(20);
 /// With operations in flight, the longest it parks (or less, to the session's next timer):
 /// the drain of failed operations' buffers is checked at this pace.
 const BUSY_WAIT: Duration = Duration::from_millis(2);
-/// How long a failed operation's buffer waits for its transport work to drain before it is
-/// released anyway (it is owned by the engine: a late write lands nowhere).
+/// How long an operation's buffer waits after its verdict for its transport work to drain
+/// before it is released anyway (it is owned by the engine: a late write lands nowhere). A
+/// finished operation waits for the peers' reads of its buffer, and a peer that stopped
+/// reading would otherwise withhold its request's answer for good: its queued read fails
+/// instead (a frame whose buffer no longer holds its bytes shuts its connection down).
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 /// How long the goodbye may take to flush when the communicator is dropped.
 const LINGER: Duration = Duration::from_secs(1);
@@ -227,7 +230,8 @@ struct Live {
     base: Counters,
     /// The core's verdict, once its event arrived.
     verdict: Option<Result<(), OpError>>,
-    failed_at: Option<StdInstant>,
+    /// When the verdict came.
+    ended_at: Option<StdInstant>,
     span: tracing::Span,
 }
 
@@ -569,7 +573,7 @@ impl Engine {
                         started: StdInstant::now(),
                         base,
                         verdict: None,
-                        failed_at: None,
+                        ended_at: None,
                         span: p.span,
                     });
                     self.reshare();
@@ -748,9 +752,13 @@ impl Engine {
         }
         let live = &mut self.live[i];
         live.verdict = Some(verdict);
+        live.ended_at.get_or_insert_with(StdInstant::now);
+        if verdict.is_err() && live.fan_in > 1 {
+            self.reshare();
+        }
+        let live = &mut self.live[i];
         if let (Err(error), Some(told)) = (verdict, told) {
             // Answered now; the buffer waits for the transport's work on it to drain.
-            live.failed_at.get_or_insert_with(StdInstant::now);
             if let Some(reply) = live.reply.take() {
                 live.span
                     .in_scope(|| tracing::warn!(op = op.0, %error, "operation failed"));
@@ -857,10 +865,8 @@ impl Engine {
         while i < self.live.len() {
             let l = &self.live[i];
             let drained = self.control.in_flight(l.op) == 0;
-            let over =
-                l.verdict.is_some() || l.failed_at.is_some_and(|t| t.elapsed() > DRAIN_LIMIT * 4);
-            let give_up = l.failed_at.is_some_and(|t| t.elapsed() > DRAIN_LIMIT);
-            if !(over && (drained || give_up)) {
+            let give_up = l.ended_at.is_some_and(|t| t.elapsed() > DRAIN_LIMIT);
+            if !(l.verdict.is_some() && (drained || give_up)) {
                 i += 1;
                 continue;
             }
@@ -882,9 +888,16 @@ impl Engine {
     }
 
     /// Shares the pacing rate by the largest fan-in among the operations in flight in which
-    /// this rank multicasts (1 when there is none).
+    /// this rank multicasts (1 when there is none). A failed operation multicasts no more
+    /// (its queued batches are dropped) while its buffer drains: it no longer counts.
     fn reshare(&mut self) {
-        let most = self.live.iter().map(|l| l.fan_in).max().unwrap_or(1);
+        let most = self
+            .live
+            .iter()
+            .filter(|l| !matches!(l.verdict, Some(Err(_))))
+            .map(|l| l.fan_in)
+            .max()
+            .unwrap_or(1);
         if let Some(r) = self.rates.set_share(most) {
             self.set_rate(r);
         }
