@@ -773,7 +773,7 @@ fn a_refused_hello_is_named_when_its_rank_never_comes() {
 
 /// `RINGCAST_JOB_ID` names the job for any launcher (one with no job id of its own, as
 /// `RINGCAST_*` alone or Hydra, has only it): jobs with different ids get different keys,
-/// and refuse each other at the rendezvous; it takes the launcher's id's place.
+/// and refuse each other at the rendezvous.
 #[test]
 fn ringcast_job_id_names_the_job_for_any_launcher() {
     const EXPLICIT: &[(&str, &str)] = &[
@@ -799,8 +799,15 @@ fn ringcast_job_id_names_the_job_for_any_launcher() {
             ("OMPI_MCA_ess_base_jobid", "1913913346"),
         ],
     ));
-    assert_eq!(o1.job_id.as_deref(), Some("a"));
-    assert_eq!(o1.job_key(), o2.job_key());
+    // Beside a launcher's own id it is added, not put in its place: two launches that
+    // export one value stay apart.
+    assert_eq!(
+        o1.job_id.as_deref(),
+        Some("1913913345/a"),
+        "{:?}",
+        o1.job_id
+    );
+    assert_ne!(o1.job_key(), o2.job_key());
     assert_ne!(o1.job_key(), ok(OPEN_MPI).job_key());
 }
 

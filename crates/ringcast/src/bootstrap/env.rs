@@ -106,8 +106,8 @@ pub struct JobEnv {
     pub local_size: Option<u32>,
     /// Where the ranks meet; `None` only for a single-rank job, which needs no rendezvous.
     pub rendezvous: Option<RendezvousAddr>,
-    /// The job id: `RINGCAST_JOB_ID` where set, else the launcher's (`"4242.0"` for a
-    /// Slurm step), when it gives one.
+    /// The job id: the launcher's (`"4242.0"` for a Slurm step), with `RINGCAST_JOB_ID`
+    /// added where set (`"4242.0/mine"`; alone where the launcher gives none).
     pub job_id: Option<String>,
     /// `RINGCAST_IFNAME`, when set.
     pub ifname: Option<IfnameFilter>,
@@ -374,17 +374,28 @@ pub(crate) fn job_key_of(launcher: Launcher, id: &str) -> u64 {
     fnv1a(format!("{launcher}/{id}").as_bytes()).max(1)
 }
 
-/// The job id, and the variables it came from: `RINGCAST_JOB_ID` where set (any launcher;
-/// one with no job id of its own, such as Hydra or `RINGCAST_*` alone, has only it), else
-/// the launcher's.
+/// The job id, and the variables it came from: the launcher's, and `RINGCAST_JOB_ID` where
+/// set (for a launcher with no job id of its own, such as Hydra or `RINGCAST_*` alone, the
+/// only one; beside the launcher's, added to it, so that two launches that export one value
+/// stay apart).
 fn job_id(
     get: &impl Fn(&str) -> Option<String>,
     launcher: Launcher,
 ) -> Option<(String, &'static str)> {
-    let var = |var: &'static str| get(var).map(|id| (id, var));
-    if let Some(id) = var("RINGCAST_JOB_ID").filter(|(id, _)| !id.trim().is_empty()) {
-        return Some(id);
+    let ours = get("RINGCAST_JOB_ID").filter(|id| !id.trim().is_empty());
+    match (launcher_job_id(get, launcher), ours) {
+        (Some((theirs, var)), Some(ours)) => Some((format!("{theirs}/{ours}"), var)),
+        (None, Some(ours)) => Some((ours, "RINGCAST_JOB_ID")),
+        (theirs, None) => theirs,
     }
+}
+
+/// The launcher's own job id, and the variables it came from.
+fn launcher_job_id(
+    get: &impl Fn(&str) -> Option<String>,
+    launcher: Launcher,
+) -> Option<(String, &'static str)> {
+    let var = |var: &'static str| get(var).map(|id| (id, var));
     match launcher {
         // The run id alone: torch elastic does not synchronise TORCHELASTIC_RESTART_COUNT
         // between agents, so ranks of one round may see different counts.

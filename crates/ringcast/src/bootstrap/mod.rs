@@ -21,10 +21,10 @@
 //!    different ports). A single-rank job needs no
 //!    rendezvous.
 //!    Also read: `RINGCAST_IFNAME` (`NCCL_SOCKET_IFNAME` syntax, see [`IfnameFilter`]),
-//!    `RINGCAST_BOOTSTRAP_TIMEOUT` (seconds, default 30) and `RINGCAST_JOB_ID` (a job id that
-//!    takes the launcher's place: ranks of jobs with different ids refuse each other; the only
-//!    one where the launcher gives none, as with `RINGCAST_*` alone or Hydra). Every missing or inconsistent setting
-//!    is an [`EnvError`] whose message names the variable to set.
+//!    `RINGCAST_BOOTSTRAP_TIMEOUT` (seconds, default 30) and `RINGCAST_JOB_ID` (a job id: ranks
+//!    of jobs with different ids refuse each other; the only one where the launcher gives none,
+//!    as with `RINGCAST_*` alone or Hydra, else added to the launcher's). Every missing or
+//!    inconsistent setting is an [`EnvError`] whose message names the variable to set.
 //! 2. [`JobEnv::interface`] picks the local IPv4 interface ([`select_interface`]): per
 //!    `RINGCAST_IFNAME`, else the one the kernel routes toward the rendezvous host. A job that
 //!    spans hosts (not [`JobEnv::single_host`]) is not left on loopback when the rendezvous

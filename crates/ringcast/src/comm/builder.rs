@@ -283,9 +283,10 @@ impl CommBuilder {
     /// like NCCL's unique id or torchrun's `--rdzv-id`): ranks of jobs with different ids
     /// refuse each other at the rendezvous, so that two jobs that meet on one port (both
     /// started with [`rendezvous`](Self::rendezvous) to the same `host:port`, or a rank
-    /// started with the wrong one) fail with a message saying so instead of mixing. It
-    /// replaces the environment's job id (the launcher's) for the rendezvous; without one, a
-    /// [`rendezvous`](Self::rendezvous) job has none and admits any rank that fits.
+    /// started with the wrong one) fail with a message saying so instead of mixing. With
+    /// [`from_env`](Self::from_env) it is added to the environment's job id (the launcher's),
+    /// as `RINGCAST_JOB_ID` is; without one, a [`rendezvous`](Self::rendezvous) job has none
+    /// and admits any rank that fits.
     pub fn job_id(mut self, id: &str) -> Self {
         self.job_id = Some(id.to_owned());
         self
@@ -592,8 +593,11 @@ impl CommBuilder {
                 });
             }
             Peers::Env(mut job) => {
-                if let Some(id) = self.job_id.clone() {
-                    job.job_id = Some(id);
+                if let Some(id) = &self.job_id {
+                    job.job_id = Some(match job.job_id.take() {
+                        Some(theirs) => format!("{theirs}/{id}"),
+                        None => id.clone(),
+                    });
                 }
                 // The rendezvous runs with the environment's rank and size, the communicator
                 // with these: they must be the same.
