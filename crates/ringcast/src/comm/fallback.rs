@@ -341,15 +341,16 @@ impl Lander for PieceLander {
 /// the late rank found every piece waiting).
 ///
 /// At least 16, but never more operations than [`EARLY_PER_PEER`] holds whole: a peer may
-/// send a late rank up to an operation's length of it per operation (an Allgather's trees
-/// relay many blocks through one rank), and at 16 operations of 4 MiB or more a window was
-/// more than the late rank keeps, so it dropped the rest and those operations could never
-/// complete.
-fn tree_ahead(len: usize) -> u64 {
+/// send a late rank up to an operation's length of it per operation, in up to one message
+/// per rank (an Allgather's trees relay many blocks through one rank), each kept at
+/// [`early_cost`]; at 16 operations of 4 MiB or more a window was more than the late rank
+/// keeps, so it dropped the rest and those operations could never complete.
+fn tree_ahead(len: usize, ranks: u32) -> u64 {
     let len = len.max(1) as u64;
+    let kept = len.saturating_add(u64::from(ranks).saturating_mul(early_cost(PIECE_HEADER) as u64));
     (TREE_BYTES / len)
         .clamp(16, 1024)
-        .min(EARLY_PER_PEER as u64 / len)
+        .min(EARLY_PER_PEER as u64 / kept)
         .max(1)
 }
 
@@ -2253,7 +2254,7 @@ impl Dispatcher {
         let Some(&posted) = self.posted_at.get(to as usize) else {
             return;
         };
-        let (k, window) = (op.k, tree_ahead(op.len as usize));
+        let (k, window) = (op.k, tree_ahead(op.len as usize, self.cfg.size));
         let windowed = matches!(
             op.shape,
             Shape::Tree { .. } | Shape::Trees { .. } | Shape::Bruck { .. }
@@ -3421,7 +3422,7 @@ mod tests {
     #[test]
     fn a_root_sends_a_rank_that_has_not_posted_at_most_a_window() {
         let len = 64 << 10;
-        let window = tree_ahead(len) as usize;
+        let window = tree_ahead(len, 4) as usize;
         let n = 3 * window;
         let hs = dispatchers(4, PIECE);
         let data = |i: usize| vec![(i * 7 + 1) as u8; len];
@@ -3472,7 +3473,7 @@ mod tests {
     /// rank posted, every one completes byte for byte.
     fn runs_ahead_by_a_window(p: u32, block: usize, late: usize) {
         let len = block * p as usize;
-        let window = tree_ahead(len) as usize;
+        let window = tree_ahead(len, p) as usize;
         let n = 3 * window;
         let hs = dispatchers(p, PIECE);
         let own = |i: usize, r: usize| vec![(i * 5 + r * 3 + 1) as u8; block];
@@ -3509,26 +3510,31 @@ mod tests {
     }
 
     /// A window of operations always fits in what a late rank keeps from one peer, up to
-    /// Allgathers of a gigabyte; small operations keep their window of 8 MiB (at least 16).
+    /// Allgathers of a gigabyte and a million ranks, at a message per rank and operation;
+    /// small operations among few ranks keep their window of 8 MiB (at least 16).
     #[test]
     fn a_window_of_any_length_fits_in_what_a_late_rank_keeps() {
         for len in (0..=30)
             .map(|b| 1usize << b)
             .chain([3 << 20, 5 << 20, 100_000_007])
         {
-            let w = tree_ahead(len);
-            assert!(w >= 1, "{len} B: no window");
-            assert!(
-                w as usize * len <= EARLY_PER_PEER.max(len),
-                "{len} B: a window of {w} holds {} B, a late rank keeps {EARLY_PER_PEER}",
-                w as usize * len
-            );
+            for ranks in [2u32, 64, 1 << 12, 1 << 20] {
+                let w = tree_ahead(len, ranks) as usize;
+                let kept = len + ranks as usize * early_cost(PIECE_HEADER);
+                assert!(w >= 1, "{len} B, {ranks} ranks: no window");
+                assert!(
+                    w * kept <= EARLY_PER_PEER.max(kept),
+                    "{len} B, {ranks} ranks: a window of {w} keeps {} B, a late rank {}",
+                    w * kept,
+                    EARLY_PER_PEER
+                );
+            }
         }
-        assert_eq!(tree_ahead(1024), 1024);
-        assert_eq!(tree_ahead(64 << 10), 128);
-        assert_eq!(tree_ahead(1 << 20), 16);
-        assert_eq!(tree_ahead(4 << 20), 16);
-        assert_eq!(tree_ahead(8 << 20), 8);
+        assert_eq!(tree_ahead(1024, 4), 1024);
+        assert_eq!(tree_ahead(64 << 10, 4), 128);
+        assert_eq!(tree_ahead(1 << 20, 4), 16);
+        assert_eq!(tree_ahead(4 << 20, 4), 15);
+        assert_eq!(tree_ahead(8 << 20, 4), 7);
     }
 
     /// As Bruck's rounds, for Allgathers whose blocks each fit in a piece but not the whole
@@ -3548,7 +3554,7 @@ mod tests {
     #[test]
     fn a_root_waiting_for_a_child_that_never_posts_names_it() {
         let len = PIECE;
-        let window = tree_ahead(len) as usize;
+        let window = tree_ahead(len, 2) as usize;
         let hs = dispatchers(2, PIECE);
         let reqs: Vec<_> = (0..=window)
             .map(|i| {
