@@ -608,6 +608,7 @@ impl Engine {
             for q in [&l.rx_notes, &l.tx_notes] {
                 while let Ok(n) = q.try_recv() {
                     moved = true;
+                    tracing::trace!(rank = self.rank(), note = ?n, "lane note");
                     self.session.handle_lane_note(now, n);
                 }
             }
@@ -623,6 +624,13 @@ impl Engine {
                             self.set_rate(r);
                         }
                     } else {
+                        tracing::trace!(
+                            rank = self.rank(),
+                            from = from.0,
+                            kind = bytes.first(),
+                            len,
+                            "control in"
+                        );
                         self.session.handle_control(now, from, bytes);
                     }
                 }
@@ -692,6 +700,7 @@ impl Engine {
     /// control messages and reads, then events.
     fn outputs(&mut self) {
         while let Some(c) = self.session.poll_lane_command() {
+            tracing::trace!(rank = self.rank(), command = ?c, "lane command");
             // A worker that is gone (it panicked) loses its commands; its operations then
             // fail by the peer timeout or the cutoff.
             let _ = match c {
@@ -711,6 +720,7 @@ impl Engine {
             };
         }
         while let Some(t) = self.session.poll_transmit(&mut self.buf) {
+            tracing::trace!(rank = self.rank(), transmit = ?t, kind = self.buf.first(), "control out");
             port::send_transmit(&mut self.control, t, &self.buf);
         }
         while let Some(e) = self.session.poll_event() {
