@@ -763,10 +763,7 @@ impl Engine {
         let live = &mut self.live[i];
         live.verdict = Some(verdict);
         live.ended_at.get_or_insert_with(StdInstant::now);
-        if verdict.is_err() && live.fan_in > 1 {
-            self.reshare();
-        }
-        let live = &mut self.live[i];
+        let reshare = verdict.is_err() && live.fan_in > 1;
         if let (Err(error), Some(told)) = (verdict, told) {
             // Answered now; the buffer waits for the transport's work on it to drain.
             if let Some(reply) = live.reply.take() {
@@ -775,6 +772,9 @@ impl Engine {
                 self.failed += 1;
                 let _ = reply.send(Err(told));
             }
+        }
+        if reshare {
+            self.reshare();
         }
     }
 
