@@ -159,95 +159,8 @@ pub trait Lander: Send {
 /// Bytes a connection reads at first after a large message (see `IoPeer::peek`).
 const PEEK: usize = 256;
 
-/// An operation's buffer, shared by the caller and the port: the receive halves write chunks
-/// into it, the send halves and the read service read from it, reads write into it.
-#[derive(Clone, Debug, Default)]
-pub struct OpBuffer(Arc<Mutex<Vec<u8>>>);
-
-impl OpBuffer {
-    /// A zeroed buffer of `len` bytes.
-    pub fn zeroed(len: usize) -> Self {
-        Self::from_vec(vec![0; len])
-    }
-
-    /// A buffer holding `v`.
-    pub fn from_vec(v: Vec<u8>) -> Self {
-        OpBuffer(Arc::new(Mutex::new(v)))
-    }
-
-    /// Runs `f` on the bytes (the lock is held meanwhile).
-    pub fn with<R>(&self, f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
-        let mut g = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        f(&mut g)
-    }
-
-    /// How many handles to the buffer there are, this one included: more than the owner's
-    /// while a mesh still has bytes of it to send ([`TcpControl::send_control_shared`]).
-    pub fn holders(&self) -> usize {
-        Arc::strong_count(&self.0)
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.with(|v| v.len())
-    }
-
-    /// Whether it holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// A copy of the bytes.
-    pub fn to_vec(&self) -> Vec<u8> {
-        self.with(|v| v.clone())
-    }
-
-    /// Writes `bytes` at `offset`; false (and nothing written) when the range does not fit.
-    pub fn write_at(&self, offset: u64, bytes: &[u8]) -> bool {
-        self.with(|v| match range(offset, bytes.len() as u64, v.len()) {
-            Some(r) => {
-                v[r].copy_from_slice(bytes);
-                true
-            }
-            None => false,
-        })
-    }
-
-    /// Copies `len` bytes at `from` to `to` within the buffer; false (and nothing copied)
-    /// when either range does not fit.
-    pub fn copy_within(&self, from: u64, to: u64, len: u64) -> bool {
-        self.with(
-            |v| match (range(from, len, v.len()), range(to, len, v.len())) {
-                (Some(src), Some(dst)) => {
-                    v.copy_within(src, dst.start);
-                    true
-                }
-                _ => false,
-            },
-        )
-    }
-
-    /// Appends `len` bytes at `offset` to `out`; false (and nothing appended) when the range
-    /// does not fit.
-    pub fn read_at(&self, offset: u64, len: u64, out: &mut Vec<u8>) -> bool {
-        self.with(|v| match range(offset, len, v.len()) {
-            Some(r) => {
-                out.extend_from_slice(&v[r]);
-                true
-            }
-            None => false,
-        })
-    }
-}
-
-/// `offset..offset + len` if it lies within `0..size`.
-pub(crate) fn range(offset: u64, len: u64, size: usize) -> Option<std::ops::Range<usize>> {
-    let end = offset.checked_add(len)?;
-    if end > size as u64 {
-        return None;
-    }
-    Some(offset as usize..end as usize)
-}
+pub use crate::opbuf::OpBuffer;
+pub(crate) use crate::opbuf::range;
 
 /// The operation buffers of one rank, by [`OpId`], shared by its control path and lanes.
 #[derive(Clone, Debug, Default)]
@@ -492,14 +405,15 @@ impl Frame {
     fn write(&self, sock: &socket2::SockRef<'_>, from: usize, flags: i32) -> io::Result<usize> {
         match self {
             Frame::Owned(f) => sock.send_with_flags(&f[from..], flags),
-            Frame::Shared { head, buf, at, len } => buf.with(|v| {
-                let data = v.get(*at..at + len).ok_or(io::ErrorKind::InvalidData)?;
-                let (h, d) = match from.checked_sub(head.len()) {
-                    None => (&head[from..], data),
-                    Some(past) => (&[][..], &data[past..]),
-                };
-                sock.send_vectored_with_flags(&[IoSlice::new(h), IoSlice::new(d)], flags)
-            }),
+            Frame::Shared { head, buf, at, len } => buf
+                .view(*at as u64, *len as u64, |data| {
+                    let (h, d) = match from.checked_sub(head.len()) {
+                        None => (&head[from..], data),
+                        Some(past) => (&[][..], &data[past..]),
+                    };
+                    sock.send_vectored_with_flags(&[IoSlice::new(h), IoSlice::new(d)], flags)
+                })
+                .unwrap_or_else(|| Err(io::ErrorKind::InvalidData.into())),
         }
     }
 }
@@ -1956,7 +1870,7 @@ impl TcpControl {
         }
         if to == self.rank {
             let mut m = head.to_vec();
-            buf.with(|v| m.extend_from_slice(&v[at..at + len]));
+            buf.read_at(at as u64, len as u64, &mut m);
             self.handle(Inbound::Message(to, m));
             return;
         }
@@ -2250,10 +2164,8 @@ impl Io {
                 let got = if l.gone {
                     None
                 } else {
-                    l.buf.with(|v| {
-                        v.get_mut(l.at..l.at + l.left)
-                            .map(|dst| (&*stream).read(dst))
-                    })
+                    l.buf
+                        .view_mut(l.at as u64, l.left as u64, |dst| (&*stream).read(dst))
                 };
                 let (got, room) = match got {
                     Some(r) => (r, room),
@@ -2355,14 +2267,12 @@ impl Io {
                                 // Where the message ends in the buffer; past what a buffer can
                                 // hold, it is gone as one too short is.
                                 let end = l.at.checked_add(rest);
-                                let gone = !l.buf.with(|v| {
-                                    match end.and_then(|end| v.get_mut(l.at..end)) {
-                                        Some(dst) => {
+                                let gone = end.is_none_or(|end| {
+                                    l.buf
+                                        .view_mut(l.at as u64, (end - l.at) as u64, |dst| {
                                             dst[..have].copy_from_slice(&head[l.skip..]);
-                                            true
-                                        }
-                                        None => false,
-                                    }
+                                        })
+                                        .is_none()
                                 });
                                 p.land = Some(Land {
                                     buf: l.buf,

@@ -49,6 +49,7 @@
 pub mod addr;
 pub mod control;
 pub mod icrc;
+mod opbuf;
 pub mod pace;
 mod packet;
 pub mod port;

@@ -412,12 +412,13 @@ impl InPlace<'_> {
             chunk_len: run.chunk_len as usize,
             last_len: run.last_len as usize,
         };
-        let read = buf.with(
-            |v| match range(run.offset, expect.bytes() as u64, v.len()) {
-                Some(r) => recv.recv_into(&mut v[r], expect),
-                None => Ok(None),
-            },
-        )?;
+        // Only the run's stripes are held during the read: the send workers (an
+        // Allgather's own block) and the read service reach the rest meanwhile.
+        let read = buf
+            .view_mut(run.offset, expect.bytes() as u64, |t| {
+                recv.recv_into(t, expect)
+            })
+            .unwrap_or(Ok(None))?;
         match read {
             Some(n) => {
                 *self.landed = Some((run.op, run.offset));
@@ -575,11 +576,11 @@ impl UdpTx {
 
     /// Sends one batch of queued multicasts of one op (up to the sender's batch size).
     ///
-    /// A GSO batch is gathered straight from the operation's buffer, under its lock, by one
-    /// `sendmsg` (the kernel's copy is the payload's only one). With in-place sending off,
-    /// it is laid out from the buffer under the lock instead (the payload's only copy in user
-    /// space) and sent after the lock is released, so a receive worker writing the same
-    /// buffer (an Allgather) never waits on a send.
+    /// A GSO batch is gathered straight from the operation's buffer by one `sendmsg` (the
+    /// kernel's copy is the payload's only one), holding only the stripes of the buffer the
+    /// batch covers (shared: other readers go on, and writers of other stripes). With
+    /// in-place sending off, it is laid out from the buffer under those stripes instead (the
+    /// payload's only copy in user space) and sent after they are released.
     fn flush_one(&mut self) {
         let Some(first) = self.posted.front().copied() else {
             return;
@@ -599,25 +600,41 @@ impl UdpTx {
             // does not (a lost chunk; an unregistered op has no valid range).
             let in_place = sender.sends_in_place() && sender.gso_active();
             let step = buf.as_ref().map(|b| {
-                b.with(|v| {
+                // The chunks from `at` on that lie in the buffer, up to the first that does
+                // not, and the span of bytes they cover: only its stripes are held while the
+                // batch is laid out or sent, so the receive workers (an Allgather), the other
+                // lanes' send workers and the read service reach the rest meanwhile.
+                let size = b.len();
+                let (mut lo, mut hi, mut k) = (u64::MAX, 0, 0);
+                for m in posted.range(at..n) {
+                    let Some(r) = range(m.offset, u64::from(m.len), size) else {
+                        break;
+                    };
+                    // Chunks far apart (repairs) go in batches of their own, so that one
+                    // batch never holds much of the buffer.
+                    if k > 0 && (r.end as u64).max(hi) - (r.start as u64).min(lo) > MAX_SPAN {
+                        break;
+                    }
+                    lo = lo.min(r.start as u64);
+                    hi = hi.max(r.end as u64);
+                    k += 1;
+                }
+                if k == 0 {
+                    return Step::Nothing;
+                }
+                b.view(lo, hi - lo, |v| {
                     let mut chunks = [OutChunk {
                         imm: 0,
                         payload: &[],
                     }; MAX_GSO_SEGMENTS];
-                    let mut k = 0;
-                    for m in posted.range(at..n) {
-                        let Some(r) = range(m.offset, u64::from(m.len), v.len()) else {
-                            break;
-                        };
-                        chunks[k] = OutChunk {
+                    for (c, m) in chunks.iter_mut().zip(posted.range(at..at + k)) {
+                        let from = (m.offset - lo) as usize;
+                        *c = OutChunk {
                             imm: m.imm,
-                            payload: &v[r],
+                            payload: &v[from..from + m.len as usize],
                         };
-                        k += 1;
                     }
-                    if k == 0 {
-                        Step::Nothing
-                    } else if in_place {
+                    if in_place {
                         Step::Sent(sender.send_in_place(&chunks[..k]))
                     } else {
                         match sender.stage(&chunks[..k]) {
@@ -627,6 +644,8 @@ impl UdpTx {
                         }
                     }
                 })
+                // Taken back (or resized) since: nothing of it can be sent.
+                .unwrap_or(Step::Nothing)
             });
             let result = match step {
                 Some(Step::Sent(r)) => r,
@@ -662,7 +681,11 @@ impl UdpTx {
     }
 }
 
-/// What one pass of [`UdpTx::flush_one`] did under the buffer's lock.
+/// Most bytes one batch's chunks may span in the operation's buffer (a batch of 4 KiB chunks
+/// in a row spans 64 KiB).
+const MAX_SPAN: u64 = 256 << 10;
+
+/// What one pass of [`UdpTx::flush_one`] did under the buffer's stripes.
 enum Step {
     /// Sent from the buffer, or refused.
     Sent(Result<Sent, TxError>),
