@@ -1178,6 +1178,50 @@ fn a_job_id_keeps_two_jobs_on_one_rendezvous_port_apart() {
     });
 }
 
+/// Lanes left to the default: every rank of a job met through a rendezvous picks the same
+/// count, a lane per core each has to itself (1 to 4; ranks in threads of one process share
+/// its cores), and a collective runs on them byte for byte.
+#[test]
+fn ranks_left_to_the_default_agree_on_their_lanes() {
+    const N: u32 = 3;
+    let cpus = thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    let want = (cpus / N).clamp(1, 4) as u16;
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let at = format!("127.0.0.1:{port}");
+    let udp = free_udp_port();
+    let lanes: Vec<u16> = thread::scope(|s| {
+        let ranks: Vec<_> = (0..N)
+            .map(|r| {
+                let at = &at;
+                s.spawn(move || {
+                    let comm = Communicator::builder()
+                        .rank(r)
+                        .world_size(N)
+                        .rendezvous(at)
+                        .udp_port(udp)
+                        .tcp_threshold(0)
+                        .connect_timeout(Duration::from_secs(20))
+                        .build()
+                        .expect("build");
+                    let mut buf = if r == 1 {
+                        (0..300_000u32).map(|i| (i % 253) as u8).collect()
+                    } else {
+                        vec![0u8; 300_000]
+                    };
+                    comm.broadcast(1, &mut buf).expect("broadcast");
+                    assert!(buf.iter().enumerate().all(|(i, &b)| b == (i % 253) as u8));
+                    comm.lanes()
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|h| h.join().expect("rank")).collect()
+    });
+    assert_eq!(lanes, vec![want; N as usize], "{cpus} cores");
+}
+
 #[test]
 fn bad_arguments_and_settings_are_typed_errors() {
     let err = Communicator::builder()
@@ -1423,6 +1467,7 @@ fn too_few_open_files_is_a_clear_error() {
             format!("127.0.0.1:{}", free_tcp_port()),
         )
         .env_remove("RINGCAST_TCP_THRESHOLD")
+        .env_remove("RINGCAST_LANES")
         .output()
         .expect("run the child");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -1435,7 +1480,8 @@ fn too_few_open_files_is_a_clear_error() {
         "64 ranks",
         "2 TCP meshes of 63",
         "may open 48",
-        "ulimit -n 192",
+        // 63 x 2 connections, 2 sockets for each of the up to 4 lanes the default picks, 64.
+        "ulimit -n 198",
         "RINGCAST_TCP_THRESHOLD=0",
     ] {
         assert!(line.contains(want), "{want:?} not in {line}");

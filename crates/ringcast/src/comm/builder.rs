@@ -105,7 +105,8 @@ pub struct CommBuilder {
     peers: Option<Peers>,
     listener: Option<TcpListener>,
     interface: Option<Ipv4Addr>,
-    lanes: u16,
+    /// `None`: chosen from the cores of the ranks' hosts ([`auto_lanes`]).
+    lanes: Option<u16>,
     chunk_size: Option<u32>,
     udp_port: u16,
     prefix: McastPrefix,
@@ -132,7 +133,7 @@ impl Default for CommBuilder {
             peers: None,
             listener: None,
             interface: None,
-            lanes: 1,
+            lanes: None,
             chunk_size: None,
             udp_port: ROCEV2_PORT,
             prefix: McastPrefix::ADMIN_SCOPED,
@@ -170,7 +171,8 @@ where
 }
 
 impl CommBuilder {
-    /// A builder with defaults: 1 lane, UDP port 4791, groups in 239.0.0.0/8, 5 s peer timeout,
+    /// A builder with defaults: lanes by the cores there are (see [`lanes`](Self::lanes)),
+    /// UDP port 4791, groups in 239.0.0.0/8, 5 s peer timeout,
     /// 10 min post timeout, the interface's link speed with 5 ms cutoff slack (see
     /// [`link_bandwidth`](Self::link_bandwidth)), chunks as large as the interface MTU allows
     /// (at most 4 KiB).
@@ -181,7 +183,8 @@ impl CommBuilder {
     /// Rank, world size and rendezvous from the launcher's variables (see [`crate::bootstrap`]:
     /// `RINGCAST_RANK`/`RINGCAST_WORLD_SIZE`/`RINGCAST_BOOTSTRAP`, torchrun, Open MPI,
     /// MPICH/Hydra, Slurm; `RINGCAST_IFNAME`), plus optional `RINGCAST_PORT` (UDP port),
-    /// `RINGCAST_LANES`, `RINGCAST_CHUNK_SIZE` (bytes), `RINGCAST_LINK_GBPS` (gigabits per second,
+    /// `RINGCAST_LANES` (a count, or `auto`: see [`lanes`](Self::lanes)), `RINGCAST_CHUNK_SIZE`
+    /// (bytes), `RINGCAST_LINK_GBPS` (gigabits per second,
     /// see [`link_bandwidth`](Self::link_bandwidth)), `RINGCAST_PEER_TIMEOUT` (seconds),
     /// `RINGCAST_POST_TIMEOUT` (seconds),
     /// `RINGCAST_FALLBACK` (`tcp` or `off`), `RINGCAST_PROBE_WINDOW` (seconds of the start-up
@@ -197,8 +200,10 @@ impl CommBuilder {
         if let Some(p) = parse_var::<u16>("RINGCAST_PORT")? {
             b.udp_port = p;
         }
-        if let Some(l) = parse_var::<u16>("RINGCAST_LANES")? {
-            b.lanes = l;
+        match var("RINGCAST_LANES") {
+            Some(v) if v.trim() == "auto" => b.lanes = None,
+            Some(_) => b.lanes = parse_var::<u16>("RINGCAST_LANES")?,
+            None => {}
         }
         b.chunk_size = parse_var::<u32>("RINGCAST_CHUNK_SIZE")?;
         if let Some(g) = parse_var::<f64>("RINGCAST_LINK_GBPS")? {
@@ -329,9 +334,20 @@ impl CommBuilder {
         self
     }
 
-    /// Multicast lanes (groups).
+    /// Multicast lanes (groups): each has a send worker and a receive worker on every rank,
+    /// and an operation's chunks are spread over them, so several cores send and receive
+    /// one operation at once.
+    ///
+    /// By default (and with `RINGCAST_LANES=auto`) every rank picks the same count from what
+    /// the rendezvous gathered: the cores each rank may run on (its affinity and cgroup
+    /// limits), shared among the ranks of its host (one kernel: namespaces included), so
+    /// that each rank gets a lane per core it has to itself, between 1 and 4. 4 ranks on a
+    /// 16-core host get 4 lanes, 8 ranks get 2, ranks on a 2-core host 1 (BENCHMARKS.md,
+    /// "Twenty-third round"). With an explicit [`peer_table`](Self::peer_table) there is no
+    /// exchange to agree by, and the default is 1. Every rank must use the same count: the
+    /// start-up check refuses a job that does not.
     pub fn lanes(mut self, lanes: u16) -> Self {
-        self.lanes = lanes;
+        self.lanes = Some(lanes);
         self
     }
 
@@ -508,7 +524,7 @@ impl CommBuilder {
                 ),
             });
         }
-        if self.lanes == 0 {
+        if self.lanes == Some(0) {
             return Err(BuildError::Invalid {
                 setting: "lanes (CommBuilder::lanes, RINGCAST_LANES)".into(),
                 why: "0 lanes: at least one multicast group is needed".into(),
@@ -545,12 +561,16 @@ impl CommBuilder {
         let tcp_mesh = tcp_fallback || (self.tcp_threshold > 0 && size > 1);
         // Every mesh holds a connection to every peer: make sure this process may open them
         // before meeting anyone (the soft limit is raised as far as the hard one allows).
-        ensure_files(size, 1 + u32::from(tcp_mesh), self.lanes)?;
+        ensure_files(
+            size,
+            1 + u32::from(tcp_mesh),
+            self.lanes.unwrap_or(MAX_AUTO_LANES),
+        )?;
         let peers = self.peers.ok_or(BuildError::Missing(
             "peers",
             "call CommBuilder::peer_table or CommBuilder::rendezvous, or set RINGCAST_BOOTSTRAP",
         ))?;
-        let (control, nonce, listener, iface) = match peers {
+        let (control, nonce, listener, iface, auto) = match peers {
             Peers::Table { control, nonce } => {
                 if control.len() != size as usize {
                     return Err(BuildError::Invalid {
@@ -568,7 +588,7 @@ impl CommBuilder {
                     None => TcpListener::bind(me)
                         .map_err(|source| BuildError::Listen { addr: me, source })?,
                 };
-                (control, nonce, listener, iface)
+                (control, nonce, listener, iface, 1)
             }
             Peers::Rendezvous { addr, job_key } => {
                 let iface = match self.interface {
@@ -583,8 +603,8 @@ impl CommBuilder {
                 };
                 r.timeout = self.connect_timeout;
                 let table = r.run(blob.as_bytes())?;
-                let (control, nonce) = parse_table(&table)?;
-                (control, nonce, listener, iface)
+                let (control, nonce, auto) = parse_table(&table)?;
+                (control, nonce, listener, iface, auto)
             }
             Peers::BadRendezvous(given) => {
                 return Err(BuildError::Invalid {
@@ -618,10 +638,11 @@ impl CommBuilder {
                 };
                 let (listener, blob) = listen(self.listener, iface)?;
                 let table = job.exchange(blob.as_bytes())?;
-                let (control, nonce) = parse_table(&table)?;
-                (control, nonce, listener, iface)
+                let (control, nonce, auto) = parse_table(&table)?;
+                (control, nonce, listener, iface, auto)
             }
         };
+        let lanes = self.lanes.unwrap_or(auto);
         // Whatever path the table came by, one entry per rank (this rank's is indexed below).
         if control.len() != size as usize {
             return Err(BuildError::Invalid {
@@ -657,14 +678,13 @@ impl CommBuilder {
         // A recovery read may cover a whole block: allow large ones. Messages are the core's,
         // the start-up check's reports and the rate reports.
         cc.max_read = 1 << 30;
-        cc.max_message =
-            CONTROL_MAX_LEN.max(probe::Report::max_len(self.lanes.into(), size as usize));
+        cc.max_message = CONTROL_MAX_LEN.max(probe::Report::max_len(lanes.into(), size as usize));
         cc.connect_timeout = self.connect_timeout;
         let tcp = TcpControl::connect(rank, &control, listener, Registry::default(), cc)?;
         let pc = UdpPortConfig {
             rank,
             ranks: size,
-            lanes: self.lanes,
+            lanes,
             nonce,
             addr: AddrConfig {
                 prefix: self.prefix,
@@ -687,7 +707,7 @@ impl CommBuilder {
             verify_icrc: self.verify_icrc,
         };
         let mut cfg = Config::new(rank, size);
-        cfg.lanes = self.lanes;
+        cfg.lanes = lanes;
         cfg.chunk_size = chunk;
         cfg.peer_timeout = self.peer_timeout;
         cfg.post_timeout = post;
@@ -707,13 +727,13 @@ impl CommBuilder {
         let p = port.into_ports();
         let (mut rx, mut tx, mut control) = (p.rx, p.tx, p.control);
         // The start-up check: does multicast arrive? (see `probe`).
-        let job = JobAddrs::derive(nonce, usize::from(self.lanes), &pc.addr)
+        let job = JobAddrs::derive(nonce, usize::from(lanes), &pc.addr)
             .map_err(|e| BuildError::Port(e.into()))?;
         let setup = ProbeSetup {
             rank,
             ranks: size,
-            lanes: self.lanes,
-            groups: (0..usize::from(self.lanes))
+            lanes,
+            groups: (0..usize::from(lanes))
                 .filter_map(|l| job.group(l))
                 .collect(),
             interface: iface,
@@ -771,6 +791,7 @@ impl CommBuilder {
             return Ok(Communicator {
                 rank,
                 size,
+                lanes,
                 posts: None,
                 thread: None,
                 fallback: Some(handle),
@@ -839,13 +860,14 @@ impl CommBuilder {
             size,
             %iface,
             chunk,
-            lanes = self.lanes,
+            lanes,
             link_bandwidth = cfg_link,
             "communicator ready"
         );
         Ok(Communicator {
             rank,
             size,
+            lanes,
             posts: Some(posts),
             thread: Some(thread),
             fallback,
@@ -906,22 +928,108 @@ fn listen(
     let local = l
         .local_addr()
         .map_err(|source| BuildError::Listen { addr, source })?;
-    Ok((l, local.to_string()))
+    Ok((l, entry(local, &Host::here())))
 }
 
-fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64), BuildError> {
-    let control = t
+/// Most lanes [`auto_lanes`] picks: beyond 4, a 16-core host gained nothing
+/// (BENCHMARKS.md, "Twenty-third round").
+const MAX_AUTO_LANES: u16 = 4;
+
+/// What a rank tells the others of its host through the rendezvous, for [`auto_lanes`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Host {
+    /// Cores this rank may run on (its affinity mask and cgroup quota).
+    cpus: u32,
+    /// The host's kernel (its boot id: network namespaces share it), if known.
+    id: Option<String>,
+}
+
+impl Host {
+    fn here() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| {
+                !s.is_empty()
+                    && s.len() <= 64
+                    && s.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+            });
+        Host {
+            cpus: u32::try_from(cpus).unwrap_or(u32::MAX),
+            id,
+        }
+    }
+}
+
+/// A rank's rendezvous entry: its control address, then its host's facts
+/// (`10.0.0.2:41234 cpus=16 host=6f0b...`).
+fn entry(control: SocketAddr, host: &Host) -> String {
+    let mut e = format!("{control} cpus={}", host.cpus);
+    if let Some(id) = &host.id {
+        e.push_str(" host=");
+        e.push_str(id);
+    }
+    e
+}
+
+/// An entry's control address and host facts. A rank's facts that are missing or not
+/// understood count as one core on a host of its own address.
+fn parse_entry(e: &str) -> Option<(SocketAddr, Host)> {
+    let mut words = e.split_ascii_whitespace();
+    let control: SocketAddr = words.next()?.parse().ok()?;
+    let mut host = Host { cpus: 1, id: None };
+    for w in words {
+        match w.split_once('=') {
+            Some(("cpus", n)) => host.cpus = n.parse().unwrap_or(1),
+            Some(("host", id)) => host.id = Some(id.to_owned()),
+            _ => {}
+        }
+    }
+    Some((control, host))
+}
+
+/// The lane count every rank of a job picks from the same entries: each rank gets the cores
+/// it may run on, at most its share of its host's (the most any rank there reports, over
+/// the ranks there), and the job the fewest any rank gets, between 1 and
+/// [`MAX_AUTO_LANES`]. Ranks whose host is not known count as alone on their address's.
+fn auto_lanes(ranks: &[(SocketAddr, Host)]) -> u16 {
+    let key = |(a, h): &(SocketAddr, Host)| match &h.id {
+        Some(id) => format!("host {id}"),
+        None => format!("address {}", a.ip()),
+    };
+    let mut hosts: std::collections::HashMap<String, (u32, u32)> = Default::default();
+    for r in ranks {
+        let e = hosts.entry(key(r)).or_default();
+        e.0 = e.0.max(r.1.cpus);
+        e.1 += 1;
+    }
+    let fewest = ranks
+        .iter()
+        .map(|r| {
+            let (cpus, n) = hosts[&key(r)];
+            r.1.cpus.min(cpus / n.max(1))
+        })
+        .min()
+        .unwrap_or(1);
+    u16::try_from(fewest).map_or(MAX_AUTO_LANES, |l| l.clamp(1, MAX_AUTO_LANES))
+}
+
+/// The control addresses, the nonce, and the lane count [`auto_lanes`] picks.
+fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64, u16), BuildError> {
+    let ranks = t
         .peers
         .iter()
         .map(|p| {
             let s = String::from_utf8_lossy(&p.control);
-            s.parse().map_err(|_| BuildError::PeerAddress {
+            parse_entry(&s).ok_or_else(|| BuildError::PeerAddress {
                 rank: p.rank,
                 entry: s.into_owned(),
             })
         })
-        .collect::<Result<_, _>>()?;
-    Ok((control, t.nonce))
+        .collect::<Result<Vec<_>, _>>()?;
+    let lanes = auto_lanes(&ranks);
+    Ok((ranks.into_iter().map(|(a, _)| a).collect(), t.nonce, lanes))
 }
 
 /// The interface to advertise when [`CommBuilder::interface`] was not called: see
@@ -1121,5 +1229,89 @@ mod tests {
                 other => panic!("{:?}", other.err()),
             }
         }
+    }
+    fn on(addr: &str, cpus: u32, id: Option<&str>) -> (SocketAddr, Host) {
+        (
+            addr.parse().expect("address"),
+            Host {
+                cpus,
+                id: id.map(str::to_owned),
+            },
+        )
+    }
+
+    /// The lanes every rank picks: a lane per core each rank has to itself, 1 to 4.
+    #[test]
+    fn lanes_follow_the_cores_each_rank_has_to_itself() {
+        let same = |n: u16, cpus: u32| -> Vec<(SocketAddr, Host)> {
+            (0..n)
+                .map(|r| on(&format!("127.0.0.1:{}", 1000 + r), cpus, Some("b00t")))
+                .collect()
+        };
+        assert_eq!(auto_lanes(&same(4, 16)), 4, "4 ranks on 16 cores");
+        assert_eq!(auto_lanes(&same(8, 16)), 2, "8 ranks on 16 cores");
+        assert_eq!(auto_lanes(&same(4, 2)), 1, "4 ranks on 2 cores");
+        assert_eq!(auto_lanes(&same(1, 64)), 4, "at most 4");
+        assert_eq!(
+            auto_lanes(&same(4, 1)),
+            1,
+            "each bound to a core of its own"
+        );
+        // Namespaces on one kernel: other addresses, the same cores.
+        let lab: Vec<_> = (1..=4)
+            .map(|r| on(&format!("10.77.0.{r}:9000"), 2, Some("b00t")))
+            .collect();
+        assert_eq!(auto_lanes(&lab), 1);
+        // One rank per host: each has its host's cores.
+        let hosts: Vec<_> = (1..=4)
+            .map(|r| on(&format!("10.0.0.{r}:9000"), 32, Some(&format!("host{r}"))))
+            .collect();
+        assert_eq!(auto_lanes(&hosts), 4);
+        // The job takes the fewest any rank gets: 2 ranks on 16 cores, 2 on 4.
+        let mixed = [
+            on("10.0.0.1:1", 16, Some("a")),
+            on("10.0.0.1:2", 16, Some("a")),
+            on("10.0.0.2:1", 4, Some("b")),
+            on("10.0.0.2:2", 4, Some("b")),
+        ];
+        assert_eq!(auto_lanes(&mixed), 2);
+        // A rank bound to fewer cores than its host's share.
+        let bound = [
+            on("10.0.0.1:1", 16, Some("a")),
+            on("10.0.0.1:2", 1, Some("a")),
+        ];
+        assert_eq!(auto_lanes(&bound), 1);
+        // Hosts not known: by address.
+        let anon = [
+            on("127.0.0.1:1", 8, None),
+            on("127.0.0.1:2", 8, None),
+            on("10.0.0.9:1", 8, None),
+        ];
+        assert_eq!(auto_lanes(&anon), 4);
+        assert_eq!(auto_lanes(&anon[..2]), 4);
+        assert_eq!(
+            auto_lanes(&[anon[0].clone(), anon[0].clone(), anon[0].clone()]),
+            2
+        );
+    }
+
+    #[test]
+    fn a_rendezvous_entry_carries_the_address_and_the_host() {
+        let (addr, host) = on("10.1.2.3:4567", 12, Some("0c1d-ab"));
+        let e = entry(addr, &host);
+        assert_eq!(e, "10.1.2.3:4567 cpus=12 host=0c1d-ab");
+        assert_eq!(parse_entry(&e), Some((addr, host)));
+        let no_id = Host { cpus: 3, id: None };
+        assert_eq!(parse_entry(&entry(addr, &no_id)), Some((addr, no_id)));
+        // A bare address (an older entry) or facts not understood: one core.
+        let one = Host { cpus: 1, id: None };
+        assert_eq!(parse_entry("10.1.2.3:4567"), Some((addr, one.clone())));
+        assert_eq!(parse_entry("10.1.2.3:4567 cpus=lots x"), Some((addr, one)));
+        assert_eq!(parse_entry("not an address cpus=4"), None);
+        assert_eq!(parse_entry(""), None);
+        // This host's facts are well formed.
+        let here = Host::here();
+        assert!(here.cpus >= 1);
+        assert_eq!(parse_entry(&entry(addr, &here)), Some((addr, here)));
     }
 }

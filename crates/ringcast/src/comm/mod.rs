@@ -203,6 +203,8 @@ const STATS_WAIT: Duration = Duration::from_secs(10);
 pub struct Communicator {
     rank: u32,
     size: u32,
+    /// Multicast lanes (see [`CommBuilder::lanes`]).
+    lanes: u16,
     /// The multicast engine (`None` when the start-up check sent every operation to TCP).
     posts: Option<PostTx>,
     thread: Option<JoinHandle<()>>,
@@ -232,6 +234,12 @@ impl Communicator {
     /// Number of ranks.
     pub fn size(&self) -> u32 {
         self.size
+    }
+
+    /// Multicast lanes the job runs on: set by [`CommBuilder::lanes`], or the count every
+    /// rank picked from its host's cores.
+    pub fn lanes(&self) -> u16 {
+        self.lanes
     }
 
     /// Every counter of this communicator (asks the engine; socket drops read `/proc`), the

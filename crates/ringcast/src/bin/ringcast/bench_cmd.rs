@@ -88,6 +88,8 @@ pub(crate) fn run(a: &BenchArgs) -> Result<ExitCode, CmdError> {
 /// What rank 0 renders: the table (with a progress bar) or, at the end, one JSON document.
 struct Output {
     json: bool,
+    /// The job's multicast lanes, once rank 0 said.
+    lanes: Option<u64>,
     rows: Vec<Value>,
     bar: ProgressBar,
     out: std::io::StdoutLock<'static>,
@@ -110,6 +112,7 @@ impl Output {
         }
         let mut o = Output {
             json: a.json,
+            lanes: None,
             rows: Vec::new(),
             bar,
             out: std::io::stdout().lock(),
@@ -178,6 +181,20 @@ impl Output {
         })
     }
 
+    /// Rank 0's lane count (`body`), printed before the first row.
+    fn lanes(&mut self, body: &str) -> Result<(), CmdError> {
+        let l = body
+            .parse()
+            .map_err(|_| format!("bad lane count {body:?}"))?;
+        self.lanes = Some(l);
+        if self.json {
+            return Ok(());
+        }
+        self.line(&format!(
+            "# multicast lanes: {l} (--lanes or RINGCAST_LANES; by default from the cores)"
+        ))
+    }
+
     fn row(&mut self, v: Value) -> Result<(), CmdError> {
         if !self.json {
             let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
@@ -223,6 +240,7 @@ impl Output {
             "blocking": a.blocking,
             "in_place": a.in_place,
             "iters": a.iters,
+            "lanes": self.lanes,
             "latency": "per iteration the slowest rank's time (us); avg/min/max over iterations",
             "algbw": "S / avg latency in GB/s (1e9 B/s); S = the buffer (bcast) or all blocks",
             "busbw": match a.collective {
@@ -270,6 +288,7 @@ fn parent(a: &BenchArgs, n: u32) -> Result<ExitCode, CmdError> {
         match (r, tag) {
             (0, "TICK") => o.bar.inc(1),
             (0, "SIZE") => o.bar.set_message(body.to_owned()),
+            (0, "LANES") => o.lanes(body)?,
             (0, "ROW") => {
                 let v = serde_json::from_str(body).map_err(|e| format!("bad row: {e}"))?;
                 o.row(v)?;
@@ -305,6 +324,7 @@ impl Sink {
                     Ok(())
                 }
                 "ROW" => o.row(serde_json::from_str(body).map_err(|e| e.to_string())?),
+                "LANES" => o.lanes(body),
                 _ => Ok(()),
             },
         }
@@ -326,6 +346,7 @@ fn rank(a: &BenchArgs, child: bool) -> Result<(), CmdError> {
         (0, false) => Sink::Render(Box::new(Output::new(a, comm.size(), launch)?)),
         _ => Sink::Quiet,
     };
+    sink.emit("LANES", &comm.lanes().to_string())?;
     for (si, &size) in a.sizes.iter().enumerate() {
         sink.emit("SIZE", &crate::units::human(size))?;
         let what = format!("{} of {size} B per rank", name(a.collective));
