@@ -7,6 +7,7 @@
 mod bench_loopback;
 mod bench_net;
 mod fuzz;
+mod miri;
 mod netns;
 mod netns_lab;
 mod run;
@@ -22,7 +23,8 @@ usage: cargo xtask <command> [options]
 
 commands:
   ci                          fmt check, clippy, docs (warnings denied), core dependency check,
-                              tests, no_std riscv build, fuzz smoke (10 s/target)
+                              tests, no_std riscv build, fuzz smoke (10 s/target), Miri on
+                              the unsafe buffer code (both skipped, saying why, without nightly)
   test                        cargo test --workspace --features ringcast/cli
   core-deps                   check that ringcast-core depends on nothing but bitvec (no I/O, no runtime)
   long [--cases N]            long campaigns, not in `ci`: the core's property tests with N cases
@@ -33,6 +35,8 @@ commands:
                               run each fuzz target (all if none named) for SECS seconds (default 60);
                               needs a nightly toolchain and cargo-fuzz (installed if missing)
   fuzz-seed                   rewrite the seed corpora under fuzz/corpus/
+  miri                        the tests of the unsafe buffer code (the transport's opbuf) under
+                              Miri; needs nightly (its miri and rust-src components are added)
   figures [--quick|--full]    regenerate the study's tables and plots in docs/figures/ (quick default)
   netns [--ranks N] [--long] [--only NAME,...]
                               the namespace lab (needs root): N ranks (default 4, at most 8) on an
@@ -116,6 +120,10 @@ fn dispatch(args: &[String]) -> Result<(), StepError> {
         "fuzz" => {
             let (secs, targets) = parse_fuzz_args(rest)?;
             fuzz::run(&root, secs, &targets, fuzz::Mode::Required)
+        }
+        "miri" => {
+            no_args(cmd, rest)?;
+            miri::run(&root, fuzz::Mode::Required)
         }
         "fuzz-seed" => {
             no_args(cmd, rest)?;
@@ -285,6 +293,7 @@ fn ci(root: &Path) -> Result<(), StepError> {
     test(root)?;
     riscv_check(root, &cargo)?;
     fuzz::run(root, CI_FUZZ_SECS, &[], fuzz::Mode::Optional)?;
+    miri::run(root, fuzz::Mode::Optional)?;
     eprintln!(
         "xtask ci: all steps passed in {:.0}s",
         started.elapsed().as_secs_f64()
