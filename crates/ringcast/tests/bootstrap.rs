@@ -554,13 +554,13 @@ fn nobody_listening_is_a_clear_error() {
 }
 
 /// A hello as `Rendezvous::join` sends it (wire.rs): `RCBS`, version 1, rank, world size, no
-/// local rank, job key 0, control blob.
-fn raw_hello(rank: u32, world: u32, control: &[u8]) -> Vec<u8> {
+/// local rank, job key, control blob.
+fn raw_hello(rank: u32, world: u32, job_key: u64, control: &[u8]) -> Vec<u8> {
     let mut h = b"RCBS\x00\x01".to_vec();
     h.extend_from_slice(&rank.to_be_bytes());
     h.extend_from_slice(&world.to_be_bytes());
     h.extend_from_slice(&u32::MAX.to_be_bytes());
-    h.extend_from_slice(&0u64.to_be_bytes());
+    h.extend_from_slice(&job_key.to_be_bytes());
     h.extend_from_slice(&(control.len() as u32).to_be_bytes());
     h.extend_from_slice(control);
     h
@@ -629,6 +629,64 @@ fn a_hello_with_another_world_size_is_refused_and_the_job_goes_on() {
     });
 }
 
+/// A rank of the job (the same job key as rank 0) that says the world has another size means
+/// the ranks of one launch disagree: the job cannot meet as started, so rank 0 fails at once,
+/// naming both sizes and the variable to set, and tells the ranks waiting (joined, or with
+/// their hello still to be read) why. It used to refuse each such rank and wait out its
+/// whole timeout. (A hello with no job key may be another job's: see the test above.)
+#[test]
+fn a_rank_of_the_job_with_another_world_size_fails_the_rendezvous_at_once() {
+    use std::io::Read;
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = port_of(&listener);
+    std::thread::scope(|s| {
+        let root = s.spawn(move || {
+            let mut root = Rendezvous::new(0, 3, addr(port));
+            root.job_key = 9;
+            // Failing without the fix takes this long; passing takes none of it.
+            root.timeout = Duration::from_secs(5);
+            root.serve(listener, b"control of 0")
+        });
+        let mut waiting = raw_join_of_job(port, 1, 3, 9, b"control of 1");
+        let mut wrong = Rendezvous::new(2, 5, addr(port));
+        wrong.job_key = 9;
+        wrong.timeout = Duration::from_secs(5);
+        let e = wrong.run(b"control of 2").expect_err("refused");
+        assert!(matches!(e, RendezvousError::Refused { .. }), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("says the world has 5 ranks, rank 0 says 3"),
+            "{text}"
+        );
+        let e = root
+            .join()
+            .expect("no panic")
+            .expect_err("the job cannot meet");
+        match &e {
+            RendezvousError::WorldSizeMismatch {
+                rank, theirs, ours, ..
+            } => assert_eq!((*rank, *theirs, *ours), (2, 5, 3)),
+            other => panic!("{other}"),
+        }
+        let text = e.to_string();
+        assert!(text.contains("RINGCAST_WORLD_SIZE"), "{text}");
+        assert!(text.contains("WORLD_SIZE / OMPI_COMM_WORLD_SIZE"), "{text}");
+        // Rank 1 hears why (a refusal: status 1 after the 6-byte header) rather than a
+        // closed connection or its own timeout.
+        waiting
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut reply = Vec::new();
+        waiting.read_to_end(&mut reply).expect("reply");
+        assert_eq!(reply.get(6), Some(&1), "{reply:?}");
+        let told = String::from_utf8_lossy(&reply);
+        assert!(
+            told.contains("says the world has 5 ranks, rank 0 says 3"),
+            "{told}"
+        );
+    });
+}
+
 /// A rank number beyond the world it agrees on is refused and named as such (not as a world
 /// size mismatch: "says the world has 2 ranks, rank 0 says 2"); the job goes on.
 #[test]
@@ -674,9 +732,20 @@ fn a_second_claim_to_a_rank_is_refused_and_the_first_kept() {
 /// Connects to rank 0 at `port` and sends a whole hello (before returning, so that rank 0
 /// reads the hellos sent this way in the order they were sent).
 fn raw_join(port: u16, rank: u32, world: u32, control: &[u8]) -> std::net::TcpStream {
+    raw_join_of_job(port, rank, world, 0, control)
+}
+
+/// [`raw_join`] with job key `job_key`.
+fn raw_join_of_job(
+    port: u16,
+    rank: u32,
+    world: u32,
+    job_key: u64,
+    control: &[u8],
+) -> std::net::TcpStream {
     use std::io::Write;
     let mut s = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect");
-    s.write_all(&raw_hello(rank, world, control))
+    s.write_all(&raw_hello(rank, world, job_key, control))
         .expect("hello");
     s
 }

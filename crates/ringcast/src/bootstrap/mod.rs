@@ -40,7 +40,9 @@
 //!    [`PeerTable`] and 64-bit job nonce, or an error naming what went wrong (the missing ranks
 //!    on a timeout). A process whose hello does not fit the job (another job's, another world
 //!    size, a rank outside the world or already joined) is refused alone and told why; rank 0
-//!    goes on waiting for the job's own ranks.
+//!    goes on waiting for the job's own ranks. A rank of this job (the same non-zero job key)
+//!    with another world size fails the rendezvous at once instead: the job as started cannot
+//!    meet, and every rank waiting is told why.
 
 mod env;
 mod env_error;

@@ -89,7 +89,10 @@ pub enum RendezvousError {
         second: SocketAddr,
     },
     /// A rank disagrees with rank 0 about the world size. Rank 0 refuses it as it does a
-    /// [`RendezvousError::DuplicateRank`].
+    /// [`RendezvousError::DuplicateRank`], unless its hello carries this job's key (both know
+    /// the key and it is the same): then the ranks of one launch disagree and the job cannot
+    /// meet as started, so rank 0 fails with this error at once and tells every rank waiting
+    /// why.
     #[error(
         "rank {rank} (from {peer}) says the world has {theirs} ranks, rank 0 says {ours}: start \
          every rank with the same world size (set {SIZE_VARIABLES})"

@@ -8,13 +8,19 @@
 //! One bad hello does not fail the job: a process of another job, or one that disagrees with
 //! rank 0 about the world size, claims a rank outside it, or claims a rank already joined, is
 //! refused (it hears why at once), logged and counted, and rank 0 goes on waiting for the
-//! job's own ranks. Of two claims to one rank the first is kept while its connection is open:
-//! rank 0 cannot tell which process is right, and the first has been waiting for the table
-//! since; a first claimant whose connection has closed (killed, restarted by its launcher)
-//! could never take the table, so the second takes its place. For the same reason, once every
-//! rank has joined, those whose connection has closed since are dropped and waited for again.
-//! If the rank a refused hello claimed never comes, the timeout names it as missing and lists
-//! the refusal.
+//! job's own ranks. The exception is a hello that carries this job's key (both sides know it
+//! and it is the same) but another world size: ranks of one launch disagree, so the job as
+//! started cannot meet, and rank 0 fails at once with [`RendezvousError::WorldSizeMismatch`],
+//! telling every rank that has joined or is sending its hello why, rather than waiting out
+//! its timeout. (Without a job key on both sides the hello may be another job's, and is
+//! refused alone.)
+//!
+//! Of two claims to one rank the first is kept while its connection is open: rank 0 cannot
+//! tell which process is right, and the first has been waiting for the table since; a first
+//! claimant whose connection has closed (killed, restarted by its launcher) could never take
+//! the table, so the second takes its place. For the same reason, once every rank has joined,
+//! those whose connection has closed since are dropped and waited for again. If the rank a
+//! refused hello claimed never comes, the timeout names it as missing and lists the refusal.
 
 use super::rendezvous::{PeerTable, Rendezvous, RendezvousError, job_nonce, table};
 use super::wire::{self, By, Hello, MAX_HELLO_LEN, Reply, WireError};
@@ -152,8 +158,13 @@ impl<'a> Server<'a> {
             }
             for event in &events {
                 // The listener's turn comes at the top of the loop.
-                if event.token() != LISTENER && self.read_hello(event.token()) {
-                    waiting -= 1;
+                if event.token() == LISTENER {
+                    continue;
+                }
+                match self.read_hello(event.token()) {
+                    Ok(true) => waiting -= 1,
+                    Ok(false) => {}
+                    Err(e) => return Err(self.fail(e)),
                 }
             }
             if waiting == 0 {
@@ -259,16 +270,17 @@ impl<'a> Server<'a> {
     }
 
     /// Reads what a pending connection sent; once its hello is whole (or cannot become one),
-    /// takes it out of the pending ones and admits it. Whether it is a new rank of this job.
-    fn read_hello(&mut self, token: Token) -> bool {
+    /// takes it out of the pending ones and admits it. Whether it is a new rank of this job;
+    /// an error when its hello shows that the job cannot meet (see [`Server::admit`]).
+    fn read_hello(&mut self, token: Token) -> Result<bool, RendezvousError> {
         let Some(p) = self.pending.get_mut(&token) else {
-            return false;
+            return Ok(false);
         };
         let read = read_some(&mut p.stream, &mut p.hello);
         let hello = match Hello::read(&mut &p.hello[..]) {
             // Not all of it yet.
             Err(WireError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => match read {
-                Ok(false) => return false,
+                Ok(false) => return Ok(false),
                 Ok(true) => Err(format!(
                     "closed the connection after {} bytes, not a whole hello",
                     p.hello.len()
@@ -278,7 +290,7 @@ impl<'a> Server<'a> {
             parsed => Ok(parsed),
         };
         let Some(mut p) = self.pending.remove(&token) else {
-            return false;
+            return Ok(false);
         };
         if let Err(e) = self.poll.registry().deregister(&mut p.stream) {
             tracing::debug!(peer = %p.peer, error = %e, "rendezvous: deregistering a connection");
@@ -291,7 +303,7 @@ impl<'a> Server<'a> {
             .and_then(|()| stream.set_nodelay(true));
         if let Err(e) = setup {
             tracing::debug!(%peer, error = %e, "rendezvous: dropping a connection");
-            return false;
+            return Ok(false);
         }
         let hello = match hello {
             Ok(Ok(h)) => h,
@@ -304,19 +316,27 @@ impl<'a> Server<'a> {
                 }
                 tracing::debug!(%peer, error = %e, "rendezvous: dropping a connection");
                 self.reject(format!("{peer} ({e})"));
-                return false;
+                return Ok(false);
             }
             Err(why) => {
                 tracing::debug!(%peer, error = %why, "rendezvous: dropping a connection");
                 self.reject(format!("{peer} ({why})"));
-                return false;
+                return Ok(false);
             }
         };
         self.admit(stream, peer, hello)
     }
 
-    /// Checks a whole hello; whether it is a new rank of this job.
-    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, hello: Hello) -> bool {
+    /// Checks a whole hello; whether it is a new rank of this job. A hello that carries this
+    /// job's key (both non-zero and equal) but another world size is an error: the ranks of
+    /// one launch disagree, so the job as started cannot meet, and waiting out the timeout
+    /// would only hide why. The process is told why before the error is returned.
+    fn admit(
+        &mut self,
+        mut stream: TcpStream,
+        peer: SocketAddr,
+        hello: Hello,
+    ) -> Result<bool, RendezvousError> {
         let ours = self.cfg.job_key;
         if hello.job_key != 0 && ours != 0 && hello.job_key != ours {
             let why = format!(
@@ -329,17 +349,22 @@ impl<'a> Server<'a> {
             );
             tracing::warn!("rendezvous: {why}");
             self.reject(why);
-            return false;
+            return Ok(false);
         }
+        let same_job = ours != 0 && hello.job_key == ours;
         let replaced = match self.fits(&hello, peer) {
             Ok(replaced) => replaced,
+            Err(e @ RendezvousError::WorldSizeMismatch { .. }) if same_job => {
+                refuse(&mut stream, &format!("rank 0 gave up on the job: {e}"));
+                return Err(e);
+            }
             Err(e) => {
                 // This process alone is wrong (or a stray): it hears why at once, and the
                 // ranks that are right go on meeting.
                 refuse(&mut stream, &format!("rank 0 refused this process: {e}"));
                 tracing::warn!(%peer, rank = hello.rank, refused = self.rejects + 1, "rendezvous: {e}");
                 self.reject_rank(e.to_string());
-                return false;
+                return Ok(false);
             }
         };
         tracing::debug!(rank = hello.rank, %peer, "rendezvous: rank joined");
@@ -353,7 +378,7 @@ impl<'a> Server<'a> {
             },
         );
         // A rank that took a gone claimant's place was counted when that one joined.
-        !replaced
+        Ok(!replaced)
     }
 
     /// Whether a hello of this job may join, and why not. A rank already joined whose
@@ -460,11 +485,19 @@ impl<'a> Server<'a> {
         }
     }
 
-    /// Tells every joined rank why the job failed, and returns the error.
+    /// Tells every joined rank, and every connection whose hello is still coming (a rank
+    /// halfway through its hello hears why rather than a closed connection), why the job
+    /// failed, and returns the error.
     fn fail(&mut self, e: RendezvousError) -> RendezvousError {
         let text = format!("rank 0: {e}");
         for j in self.joined.values_mut() {
             refuse(&mut j.stream, &text);
+        }
+        for p in std::mem::take(&mut self.pending).into_values() {
+            let mut stream = TcpStream::from(p.stream);
+            if stream.set_nonblocking(false).is_ok() {
+                refuse(&mut stream, &text);
+            }
         }
         tracing::error!("rendezvous: {e}");
         e
