@@ -553,6 +553,23 @@ fn nobody_listening_is_a_clear_error() {
     assert!(text.contains("RINGCAST_BOOTSTRAP"), "{text}");
 }
 
+/// A rendezvous host given by name is looked up (on a helper thread, within the timeout) and
+/// met at, as an address is.
+#[test]
+fn a_rendezvous_host_given_by_name_is_met_at() {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = port_of(&listener);
+    std::thread::scope(|s| {
+        let root = serve(s, 2, listener, Duration::from_secs(10));
+        let mut by_name = addr(port);
+        by_name.host = "localhost".into();
+        let mut r = Rendezvous::new(1, 2, by_name);
+        r.timeout = Duration::from_secs(10);
+        let table = r.run(b"control of 1").expect("met");
+        assert_eq!(root.join().expect("no panic").expect("met"), table);
+    });
+}
+
 /// A hello as `Rendezvous::join` sends it (wire.rs): `RCBS`, version 1, rank, world size, no
 /// local rank, job key, control blob.
 fn raw_hello(rank: u32, world: u32, job_key: u64, control: &[u8]) -> Vec<u8> {

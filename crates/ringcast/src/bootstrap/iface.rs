@@ -1,6 +1,7 @@
 //! Which local IPv4 interface a rank uses: `RINGCAST_IFNAME` in `NCCL_SOCKET_IFNAME` syntax,
 //! or by default the interface the kernel routes toward the rendezvous host.
 
+use super::lookup::LookupTimeout;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 
 /// A parsed `RINGCAST_IFNAME` value, in `NCCL_SOCKET_IFNAME` syntax: a comma-separated list of
@@ -110,6 +111,9 @@ pub enum InterfaceError {
         /// What the resolver said.
         detail: String,
     },
+    /// Looking up the rendezvous host's name took the whole rendezvous timeout.
+    #[error(transparent)]
+    Lookup(#[from] LookupTimeout),
     /// The rendezvous host resolves to a loopback address here although it was not written
     /// as one, and nothing says which other interface to use.
     #[error(

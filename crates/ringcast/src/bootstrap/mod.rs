@@ -43,11 +43,16 @@
 //!    goes on waiting for the job's own ranks. A rank of this job (the same non-zero job key)
 //!    with another world size fails the rendezvous at once instead: the job as started cannot
 //!    meet, and every rank waiting is told why.
+//!
+//! Steps 2 and 3 look the rendezvous host's name up within the rendezvous timeout (the
+//! system resolver has no timeout of its own): a lookup that gets no answer in time is a
+//! [`LookupTimeout`] naming the host and the variables it came from.
 
 mod env;
 mod env_error;
 mod hostlist;
 mod iface;
+mod lookup;
 mod rendezvous;
 mod server;
 mod wire;
@@ -67,10 +72,13 @@ pub use iface::{
     IfnameFilter, IfnameSyntaxError, InterfaceError, NetInterface, choose_interface,
     select_interface,
 };
+pub use lookup::LookupTimeout;
 pub use rendezvous::{Peer, PeerTable, Rendezvous, RendezvousError, single_rank_table};
 pub use wire::MAX_CONTROL_LEN;
 
-use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
+use lookup::{LookupError, lookup};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
 
 /// An administratively scoped group address, only routed to learn which interface the host
 /// sends multicast from.
@@ -105,14 +113,16 @@ impl JobEnv {
     pub fn interface(&self) -> Result<NetInterface, InterfaceError> {
         let toward = match &self.rendezvous {
             None => None,
-            Some(r) => match resolve(r) {
+            Some(r) => match resolve(r, self.timeout) {
                 Ok(ip) => Some(ip),
+                // The route toward it only breaks a tie among the interfaces it lets through.
                 Err(_) if self.ifname.is_some() => None,
-                Err(detail) => {
+                Err(LookupError::TimedOut(e)) => return Err(e.into()),
+                Err(LookupError::Failed(e)) => {
                     return Err(InterfaceError::Resolve {
                         host: r.host.clone(),
                         origin: r.origin,
-                        detail,
+                        detail: e.to_string(),
                     });
                 }
             },
@@ -162,15 +172,19 @@ impl JobEnv {
 /// the kernel routes toward the rendezvous host's IPv4 address (loopback when it has none),
 /// kept off a loopback the host was not written as ([`iface::off_loopback`]). `ifname`
 /// (`RINGCAST_IFNAME`) is read only then, so that a local job is chosen for exactly as before.
+/// The host's name is looked up within `timeout` (the rendezvous timeout): a name that does
+/// not resolve is left to the rendezvous to report, one that gets no answer in time is
+/// [`InterfaceError::Lookup`].
 pub(crate) fn interface_toward(
     addr: &RendezvousAddr,
+    timeout: Duration,
     ifname: impl FnOnce() -> Result<Option<IfnameFilter>, EnvError>,
 ) -> Result<NetInterface, BootstrapError> {
-    let ip = (addr.host.as_str(), addr.port)
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.find(|a| a.is_ipv4()))
-        .map(|a| a.ip());
+    let ip = match lookup(addr, timeout) {
+        Ok(addrs) => addrs.into_iter().find(|a| a.is_ipv4()).map(|a| a.ip()),
+        Err(LookupError::Failed(_)) => None,
+        Err(LookupError::TimedOut(e)) => return Err(InterfaceError::from(e).into()),
+    };
     let routed = select_interface(None, ip)?;
     if !routed.addr.is_loopback() || iface::names_loopback(&addr.host) {
         return Ok(routed);
@@ -239,19 +253,16 @@ fn multicast_source() -> Option<Ipv4Addr> {
     iface::route_source(IpAddr::V4(MULTICAST_PROBE)).ok()
 }
 
-/// The first IPv4 address of the rendezvous host, else its first address.
-fn resolve(r: &RendezvousAddr) -> Result<IpAddr, String> {
-    let addrs: Vec<IpAddr> = (r.host.as_str(), r.port)
-        .to_socket_addrs()
-        .map_err(|e| e.to_string())?
-        .map(|a| a.ip())
-        .collect();
+/// The first IPv4 address of the rendezvous host, else its first address, looked up within
+/// `timeout`.
+fn resolve(r: &RendezvousAddr, timeout: Duration) -> Result<IpAddr, LookupError> {
+    let addrs = lookup(r, timeout)?;
     addrs
         .iter()
         .find(|a| a.is_ipv4())
         .or(addrs.first())
-        .copied()
-        .ok_or_else(|| "no address".to_owned())
+        .map(|a| a.ip())
+        .ok_or_else(|| LookupError::Failed(std::io::Error::other("no address")))
 }
 
 #[cfg(test)]
@@ -272,7 +283,7 @@ mod tests {
     fn a_local_rendezvous_keeps_loopback_without_reading_ifname() {
         for host in ["127.0.0.1", "localhost"] {
             let bad = || Err(EnvError::BadIfname(IfnameSyntaxError("^".into())));
-            let i = interface_toward(&at(host), bad).expect(host);
+            let i = interface_toward(&at(host), DEFAULT_TIMEOUT, bad).expect(host);
             assert_eq!(i.addr, Ipv4Addr::LOCALHOST, "{host}");
         }
     }

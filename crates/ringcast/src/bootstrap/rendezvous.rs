@@ -5,9 +5,10 @@
 use super::env::{
     DEFAULT_TIMEOUT, JobEnv, MAX_WORLD_SIZE, RANK_VARIABLES, RendezvousAddr, SIZE_VARIABLES,
 };
+use super::lookup::{LookupError, LookupTimeout, lookup};
 use super::wire::{self, Hello, MAX_CONTROL_LEN, Reply, WireError};
 use std::io::{self, ErrorKind};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 /// A joining rank waits this much past its deadline for rank 0's answer, so that rank 0's own
@@ -137,6 +138,9 @@ pub enum RendezvousError {
         /// The variables the address came from.
         origin: &'static str,
     },
+    /// Looking up the rendezvous host's name took the whole timeout.
+    #[error(transparent)]
+    Lookup(#[from] LookupTimeout),
     /// Rank 0 accepted but never answered.
     #[error(
         "rank 0 at {addr} did not answer within {} s; see its log (RINGCAST_BOOTSTRAP_TIMEOUT \
@@ -388,6 +392,8 @@ impl Rendezvous {
     }
 
     /// Connects to rank 0, retrying with backoff (it may not listen yet) until `deadline`.
+    /// Each try looks the host up again (its address may not be published yet), within the
+    /// time left.
     fn connect(
         &self,
         addr: &str,
@@ -396,7 +402,10 @@ impl Rendezvous {
     ) -> Result<TcpStream, RendezvousError> {
         let mut backoff = CONNECT_BACKOFF.0;
         loop {
-            let last_error = match (self.addr.host.as_str(), self.addr.port).to_socket_addrs() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let last_error = match lookup(&self.addr, left) {
+                Err(LookupError::TimedOut(e)) => return Err(e.into()),
+                Err(LookupError::Failed(e)) => e,
                 Ok(addrs) => {
                     let mut last = io::Error::new(ErrorKind::NotFound, "the host has no address");
                     for a in addrs {
@@ -409,7 +418,6 @@ impl Rendezvous {
                     }
                     last
                 }
-                Err(e) => e,
             };
             if Instant::now() + backoff >= deadline {
                 return Err(RendezvousError::Unreachable {

@@ -593,7 +593,7 @@ impl CommBuilder {
             Peers::Rendezvous { addr, job_key } => {
                 let iface = match self.interface {
                     Some(a) => a,
-                    None => route_toward(&addr)?,
+                    None => route_toward(&addr, self.connect_timeout)?,
                 };
                 let (listener, blob) = listen(self.listener, iface)?;
                 let mut r = Rendezvous::new(rank, size, addr);
@@ -1035,14 +1035,14 @@ fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64, u16), BuildError>
 /// The interface to advertise when [`CommBuilder::interface`] was not called: see
 /// [`crate::bootstrap::interface_toward`] (never loopback for a host that was not written as
 /// one, unless this host has nothing else).
-fn route_toward(addr: &RendezvousAddr) -> Result<Ipv4Addr, BuildError> {
+fn route_toward(addr: &RendezvousAddr, timeout: Duration) -> Result<Ipv4Addr, BuildError> {
     let ifname = || {
         var("RINGCAST_IFNAME")
             .map(|v| v.parse::<IfnameFilter>())
             .transpose()
             .map_err(EnvError::BadIfname)
     };
-    Ok(bootstrap::interface_toward(addr, ifname)?.addr)
+    Ok(bootstrap::interface_toward(addr, timeout, ifname)?.addr)
 }
 
 /// The interface whose address is `iface`: its name and whether it is a loopback.
