@@ -633,6 +633,9 @@ fn a_hello_with_another_world_size_is_refused_and_the_job_goes_on() {
         let e = joiner(2, 5, port).expect_err("refused");
         assert!(matches!(e, RendezvousError::Refused { .. }), "{e}");
         let text = e.to_string();
+        // Refused, not failed, and rank 0's reason follows.
+        assert!(text.contains("refused by rank 0: rank 2 (from"), "{text}");
+        assert!(!text.contains("failed"), "{text}");
         assert!(
             text.contains("says the world has 5 ranks, rank 0 says 3"),
             "{text}"
@@ -910,6 +913,7 @@ fn another_jobs_rank_is_refused_and_the_job_goes_on() {
         let mut stranger = Rendezvous::new(1, 2, addr(port));
         stranger.job_key = 7;
         let text = stranger.run(b"stranger").expect_err("refused").to_string();
+        assert!(text.contains("refused by rank 0: rank 1 from"), "{text}");
         assert!(text.contains("belongs to another job"), "{text}");
         let mut member = Rendezvous::new(1, 2, addr(port));
         member.job_key = 9;
@@ -1182,6 +1186,35 @@ fn rendezvous_that_is_not_ours_is_named() {
         text.contains("does not speak ringcast's rendezvous"),
         "{text}"
     );
+    server.join().expect("no panic");
+}
+
+/// A rendezvous that closes the connection without an answer is not reported as a refusal
+/// (it gave no reason): the message says so and points at rank 0's log.
+#[test]
+fn a_connection_closed_without_an_answer_is_not_called_a_refusal() {
+    use std::io::Read;
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = port_of(&listener);
+    let server = std::thread::spawn(move || {
+        if let Ok((mut s, _)) = listener.accept() {
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf);
+        }
+    });
+    let mut r = Rendezvous::new(1, 2, addr(port));
+    r.timeout = Duration::from_secs(10);
+    let e = r.run(b"x").expect_err("closed");
+    assert!(
+        matches!(e, RendezvousError::ClosedWithoutAnswer { .. }),
+        "{e}"
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains("closed the connection without an answer"),
+        "{text}"
+    );
+    assert!(!text.contains("refused"), "{text}");
     server.join().expect("no panic");
 }
 

@@ -154,12 +154,19 @@ pub enum RendezvousError {
         waited: Duration,
     },
     /// Rank 0 refused this rank or gave up on the job; its text says why.
-    #[error("the rendezvous at {addr} failed: {message}")]
+    #[error("rendezvous at {addr}: refused by rank 0: {message}")]
     Refused {
         /// The rendezvous address.
         addr: String,
         /// Rank 0's explanation.
         message: String,
+    },
+    /// Rank 0 (or whatever listens there) closed the connection without an answer: it
+    /// stopped, or dropped this connection; its log says why.
+    #[error("rank 0 at {addr} closed the connection without an answer; see its log")]
+    ClosedWithoutAnswer {
+        /// The rendezvous address.
+        addr: String,
     },
     /// Something other than a ringcast rendezvous answered, or it broke the protocol.
     #[error(
@@ -367,10 +374,7 @@ impl Rendezvous {
                     ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset
                 ) =>
             {
-                Err(RendezvousError::Refused {
-                    addr,
-                    message: "rank 0 closed the connection without an answer; see its log".into(),
-                })
+                Err(RendezvousError::ClosedWithoutAnswer { addr })
             }
             Err(e) => Err(RendezvousError::Protocol {
                 addr,

@@ -355,13 +355,13 @@ impl<'a> Server<'a> {
         let replaced = match self.fits(&hello, peer) {
             Ok(replaced) => replaced,
             Err(e @ RendezvousError::WorldSizeMismatch { .. }) if same_job => {
-                refuse(&mut stream, &format!("rank 0 gave up on the job: {e}"));
+                refuse(&mut stream, &format!("the job cannot meet: {e}"));
                 return Err(e);
             }
             Err(e) => {
                 // This process alone is wrong (or a stray): it hears why at once, and the
                 // ranks that are right go on meeting.
-                refuse(&mut stream, &format!("rank 0 refused this process: {e}"));
+                refuse(&mut stream, &e.to_string());
                 tracing::warn!(%peer, rank = hello.rank, refused = self.rejects + 1, "rendezvous: {e}");
                 self.reject_rank(e.to_string());
                 return Ok(false);
@@ -489,7 +489,7 @@ impl<'a> Server<'a> {
     /// halfway through its hello hears why rather than a closed connection), why the job
     /// failed, and returns the error.
     fn fail(&mut self, e: RendezvousError) -> RendezvousError {
-        let text = format!("rank 0: {e}");
+        let text = format!("the job failed: {e}");
         for j in self.joined.values_mut() {
             refuse(&mut j.stream, &text);
         }
