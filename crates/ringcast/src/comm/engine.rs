@@ -763,7 +763,10 @@ impl Engine {
         let live = &mut self.live[i];
         live.verdict = Some(verdict);
         live.ended_at.get_or_insert_with(StdInstant::now);
-        let reshare = verdict.is_err() && live.fan_in > 1;
+        // It multicasts no more (what a peer still lacks it reads over TCP): the roots of the
+        // operations still sending share the rate without it from now, not once its buffer
+        // has drained.
+        let reshare = live.fan_in > 1;
         if let (Err(error), Some(told)) = (verdict, told) {
             // Answered now; the buffer waits for the transport's work on it to drain.
             if let Some(reply) = live.reply.take() {
@@ -898,13 +901,14 @@ impl Engine {
     }
 
     /// Shares the pacing rate by the largest fan-in among the operations in flight in which
-    /// this rank multicasts (1 when there is none). A failed operation multicasts no more
-    /// (its queued batches are dropped) while its buffer drains: it no longer counts.
+    /// this rank multicasts (1 when there is none). An operation with a verdict multicasts no
+    /// more (a failed one's queued batches are dropped; a completed one's peers read what
+    /// they lack over TCP) while its buffer drains: it no longer counts.
     fn reshare(&mut self) {
         let most = self
             .live
             .iter()
-            .filter(|l| !matches!(l.verdict, Some(Err(_))))
+            .filter(|l| l.verdict.is_none())
             .map(|l| l.fan_in)
             .max()
             .unwrap_or(1);
