@@ -31,17 +31,22 @@ fn all_targets(fuzz_dir: &Path) -> Result<Vec<String>, StepError> {
     Ok(targets)
 }
 
+/// Why there is no nightly toolchain here, if there is none (fuzzing and Miri need one).
+pub(crate) fn no_nightly(root: &Path) -> Option<String> {
+    // Through rustup's `cargo` proxy: `$CARGO` is a toolchain's own binary and knows no `+`.
+    let nightly = Step::new(root, "cargo", &["+nightly", "--version"], minutes(2));
+    (!nightly.probe()).then(|| {
+        "no nightly toolchain (`cargo +nightly --version` failed; \
+         install it with `rustup toolchain install nightly --profile minimal`)"
+            .to_owned()
+    })
+}
+
 /// Why fuzzing cannot run here, if it cannot: checks for nightly and cargo-fuzz, installing
 /// cargo-fuzz if it is missing.
 fn toolchain_missing(root: &Path) -> Option<String> {
-    // Through rustup's `cargo` proxy: `$CARGO` is a toolchain's own binary and knows no `+`.
-    let nightly = Step::new(root, "cargo", &["+nightly", "--version"], minutes(2));
-    if !nightly.probe() {
-        return Some(
-            "no nightly toolchain (`cargo +nightly --version` failed; \
-             install it with `rustup toolchain install nightly --profile minimal`)"
-                .to_owned(),
-        );
+    if let Some(why) = no_nightly(root) {
+        return Some(why);
     }
     let have_fuzz = || Step::new(root, "cargo", &["fuzz", "--version"], minutes(2)).probe();
     if have_fuzz() {

@@ -13,13 +13,8 @@ const UNDER_MIRI: &[(&str, &str)] = &[("ringcast-transport-rocev2-udp", "opbuf::
 /// Why Miri cannot run here, if it cannot: needs a nightly toolchain with the `miri` and
 /// `rust-src` components, which it adds if missing.
 fn toolchain_missing(root: &Path) -> Option<String> {
-    // Through rustup's `cargo` proxy: `$CARGO` is a toolchain's own binary and knows no `+`.
-    if !Step::new(root, "cargo", &["+nightly", "--version"], minutes(2)).probe() {
-        return Some(
-            "no nightly toolchain (`cargo +nightly --version` failed; \
-             install it with `rustup toolchain install nightly --profile minimal`)"
-                .to_owned(),
-        );
+    if let Some(why) = crate::fuzz::no_nightly(root) {
+        return Some(why);
     }
     let have = || {
         Step::new(
