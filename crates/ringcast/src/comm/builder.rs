@@ -433,7 +433,8 @@ impl CommBuilder {
     /// Link bandwidth in bytes per second: the cutoff timer `N / B + alpha`, and the pacer,
     /// which never sends a lane's multicast faster than twice it. By default the interface's
     /// speed as the kernel reports it (`/sys/class/net/<interface>/speed`, as NCCL reads it);
-    /// 20 Gbit/s on loopback, whose cost is memory copies, not a line rate; 10 Gbit/s where
+    /// 20 Gbit/s per lane on loopback, whose cost is memory copies on as many cores as there
+    /// are lanes, not a line rate; 10 Gbit/s where
     /// the kernel reports none (some virtual devices). `RINGCAST_LINK_GBPS` sets it from the
     /// environment (a veth reports a nominal 10 Gbit/s whatever it carries).
     pub fn link_bandwidth(mut self, bytes_per_sec: u64) -> Self {
@@ -713,7 +714,7 @@ impl CommBuilder {
         cfg.post_timeout = post;
         let cfg_link = self
             .link_bandwidth
-            .unwrap_or_else(|| default_link_bandwidth(iface));
+            .unwrap_or_else(|| default_link_bandwidth(iface, lanes));
         cfg.link_bandwidth = cfg_link;
         cfg.cutoff_alpha = self.cutoff_alpha;
         // Kernel UDP on shared cores runs below any configured link rate: end the fast path
@@ -1072,6 +1073,12 @@ const UNKNOWN_LINK: u64 = 10_000_000_000 / 8;
 /// (2.5 GB/s) a 64 MiB Broadcast of 4 ranks took 30-34 ms, at this rate 26-29 ms; at
 /// 100 Gbit/s the four roots of a 64 MiB Allgather overran their receivers, which fetched
 /// 22-48 MB each over TCP, and it took 195-266 ms instead of 145-218 (BENCHMARKS.md).
+///
+/// Per lane: on loopback the "link" is the cores that copy, and each lane adds a send worker
+/// and a receive worker on every rank. With 4 lanes on a 16-core host a Broadcast of 4 ranks
+/// ran into the pacer's ceiling at 20 Gbit/s (4.7 GB/s for 64 MiB); at 80 Gbit/s it took
+/// 12-13 ms instead of 14, and a 64 MiB-per-rank Allgather 50-53 ms instead of 55-69, with
+/// nothing fetched (BENCHMARKS.md, twenty-third round).
 const LOOPBACK_LINK: u64 = 20_000_000_000 / 8;
 
 /// `RINGCAST_LINK_GBPS`'s gigabits per second in bytes per second; `None` unless positive
@@ -1081,19 +1088,21 @@ fn link_gbps(g: f64) -> Option<u64> {
     (g.is_finite() && b >= 1.0 && b < u64::MAX as f64).then_some(b as u64)
 }
 
-/// The default [`CommBuilder::link_bandwidth`] for the interface at `iface`.
-fn default_link_bandwidth(iface: Ipv4Addr) -> u64 {
+/// The default [`CommBuilder::link_bandwidth`] for the interface at `iface`, for a job on
+/// `lanes` lanes.
+fn default_link_bandwidth(iface: Ipv4Addr, lanes: u16) -> u64 {
     match interface_of(iface) {
-        Some((name, lo)) => link_rate(lo, sysfs_net(&name, "speed").as_deref()),
+        Some((name, lo)) => link_rate(lo, sysfs_net(&name, "speed").as_deref(), lanes),
         None => UNKNOWN_LINK,
     }
 }
 
 /// The link rate of an interface, from whether it is a loopback and what its sysfs `speed`
-/// file says (megabits per second; `-1`, or unreadable, where the device has none).
-fn link_rate(loopback: bool, speed: Option<&str>) -> u64 {
+/// file says (megabits per second; `-1`, or unreadable, where the device has none): a
+/// loopback's, [`LOOPBACK_LINK`] per lane.
+fn link_rate(loopback: bool, speed: Option<&str>, lanes: u16) -> u64 {
     if loopback {
-        return LOOPBACK_LINK;
+        return LOOPBACK_LINK.saturating_mul(u64::from(lanes.max(1)));
     }
     speed
         .and_then(|s| s.parse::<u64>().ok())
@@ -1164,20 +1173,29 @@ mod tests {
     /// as 20 Gbit/s, and a device that reports none (`-1`, or no file) gets 10 Gbit/s.
     #[test]
     fn link_rates_follow_the_kernel_s_speed() {
-        assert_eq!(link_rate(false, Some("25000")), 25_000_000_000 / 8);
-        assert_eq!(link_rate(false, Some("100000")), 100_000_000_000 / 8);
-        assert_eq!(link_rate(false, Some("-1")), UNKNOWN_LINK);
-        assert_eq!(link_rate(false, Some("0")), UNKNOWN_LINK);
-        assert_eq!(link_rate(false, None), UNKNOWN_LINK);
-        assert_eq!(link_rate(true, None), LOOPBACK_LINK);
+        assert_eq!(link_rate(false, Some("25000"), 1), 25_000_000_000 / 8);
+        assert_eq!(link_rate(false, Some("100000"), 4), 100_000_000_000 / 8);
+        assert_eq!(link_rate(false, Some("-1"), 1), UNKNOWN_LINK);
+        assert_eq!(link_rate(false, Some("0"), 1), UNKNOWN_LINK);
+        assert_eq!(link_rate(false, None, 2), UNKNOWN_LINK);
+        assert_eq!(link_rate(true, None, 1), LOOPBACK_LINK);
+        // Loopback's cores grow with the lanes; a NIC's line rate does not.
+        assert_eq!(link_rate(true, None, 4), 4 * LOOPBACK_LINK);
         assert_eq!(link_gbps(100.0), Some(12_500_000_000));
         assert_eq!(link_gbps(0.5), Some(62_500_000));
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e30] {
             assert_eq!(link_gbps(bad), None, "{bad}");
         }
-        assert_eq!(default_link_bandwidth(Ipv4Addr::LOCALHOST), LOOPBACK_LINK);
         assert_eq!(
-            default_link_bandwidth(Ipv4Addr::new(192, 0, 2, 1)),
+            default_link_bandwidth(Ipv4Addr::LOCALHOST, 1),
+            LOOPBACK_LINK
+        );
+        assert_eq!(
+            default_link_bandwidth(Ipv4Addr::LOCALHOST, 2),
+            2 * LOOPBACK_LINK
+        );
+        assert_eq!(
+            default_link_bandwidth(Ipv4Addr::new(192, 0, 2, 1), 4),
             UNKNOWN_LINK
         );
     }

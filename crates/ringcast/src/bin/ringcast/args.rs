@@ -287,8 +287,8 @@ pub(crate) struct NetArgs {
     #[arg(long, value_parser = units::size)]
     pub(crate) chunk: Option<u64>,
     /// Link bandwidth the cutoff timer and the pacer assume: `10Gbps`, `1.25GB/s` (default:
-    /// the interface's speed as the kernel reports it; 20Gbps on loopback, 10Gbps where the
-    /// kernel reports none).
+    /// the interface's speed as the kernel reports it; 20Gbps per lane on loopback, 10Gbps
+    /// where the kernel reports none).
     #[arg(long, value_parser = units::bandwidth)]
     pub(crate) link_bandwidth: Option<u64>,
     /// How long a rank waits on a silent peer before failing the operation (a post timeout
