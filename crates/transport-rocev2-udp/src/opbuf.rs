@@ -24,6 +24,7 @@
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 /// The smallest stripe: 64 KiB, one GSO batch of 4 KiB chunks.
@@ -58,6 +59,9 @@ struct Inner {
     stripes: Box<[RwLock<()>]>,
     /// Changed only under every stripe's exclusive lock; read under at least one stripe's.
     parts: UnsafeCell<Parts>,
+    /// The vector's length as `with` last left it, for [`OpBuffer::len`] without a lock (a
+    /// send worker asks before every batch, and stripe 0's lock may be held by a receive).
+    len: AtomicUsize,
 }
 
 // SAFETY: `Inner` owns the vector its parts describe (a `Vec<u8>` is `Send` and `Sync`).
@@ -125,10 +129,7 @@ pub struct OpBuffer(Arc<Inner>);
 impl fmt::Debug for OpBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never waits: a thread that holds the whole buffer may print it.
-        let len = self.0.stripes[0].try_read().ok().map(|_lock| {
-            // SAFETY: a stripe's lock is held, so `with` is not changing the parts.
-            unsafe { (*self.0.parts.get()).len }
-        });
+        let len = self.len();
         f.debug_struct("OpBuffer")
             .field("len", &len)
             .field("stripes", &self.0.stripes.len())
@@ -160,6 +161,7 @@ impl OpBuffer {
         OpBuffer(Arc::new(Inner {
             shift,
             stripes: (0..count).map(|_| RwLock::new(())).collect(),
+            len: AtomicUsize::new(v.len()),
             parts: UnsafeCell::new(Parts::of(v)),
         }))
     }
@@ -180,9 +182,10 @@ impl OpBuffer {
                 // SAFETY: every stripe's exclusive lock is held (by `with`, which outlives
                 // this guard), so nothing else reads or writes the parts; the vector is
                 // taken out of the guard once, here, and not used after.
-                unsafe {
-                    *self.0.parts.get() = Parts::of(ManuallyDrop::take(&mut self.1));
-                }
+                let parts = unsafe { Parts::of(ManuallyDrop::take(&mut self.1)) };
+                self.0.len.store(parts.len, Ordering::Release);
+                // SAFETY: as above: every stripe's exclusive lock is held.
+                unsafe { *self.0.parts.get() = parts };
             }
         }
         // SAFETY: every stripe's exclusive lock is held, so no other thread reads the parts
@@ -238,13 +241,10 @@ impl OpBuffer {
         Arc::strong_count(&self.0)
     }
 
-    /// Length in bytes.
+    /// Length in bytes (what it was when asked: [`with`](Self::with) may change it at any
+    /// time after; every range is checked again when it is reached).
     pub fn len(&self) -> usize {
-        let _lock = self.0.stripes[0]
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
-        // SAFETY: a stripe's lock is held, so `with` is not changing the parts.
-        unsafe { (*self.0.parts.get()).len }
+        self.0.len.load(Ordering::Acquire)
     }
 
     /// Whether it holds no bytes.
@@ -372,9 +372,14 @@ mod tests {
     #[test]
     fn a_buffer_held_whole_is_printed_without_waiting() {
         let b = OpBuffer::zeroed(3);
-        assert_eq!(format!("{b:?}"), "OpBuffer { len: Some(3), stripes: 1 }");
-        let inside = b.with(|_| format!("{b:?}"));
-        assert_eq!(inside, "OpBuffer { len: None, stripes: 1 }");
+        assert_eq!(format!("{b:?}"), "OpBuffer { len: 3, stripes: 1 }");
+        let inside = b.with(|v| {
+            v.push(1);
+            format!("{b:?}")
+        });
+        // The length as `with` found it: what it does shows once it returns.
+        assert_eq!(inside, "OpBuffer { len: 3, stripes: 1 }");
+        assert_eq!(b.len(), 4);
     }
 
     #[test]

@@ -562,11 +562,16 @@ impl CommBuilder {
         let tcp_mesh = tcp_fallback || (self.tcp_threshold > 0 && size > 1);
         // Every mesh holds a connection to every peer: make sure this process may open them
         // before meeting anyone (the soft limit is raised as far as the hard one allows).
-        ensure_files(
-            size,
-            1 + u32::from(tcp_mesh),
-            self.lanes.unwrap_or(MAX_AUTO_LANES),
-        )?;
+        // Lanes left to the default: at most what the rendezvous may pick (an explicit peer
+        // table, or a job of one rank, gets 1).
+        let most_lanes = self.lanes.unwrap_or(
+            if size <= 1 || matches!(self.peers, Some(Peers::Table { .. })) {
+                1
+            } else {
+                MAX_AUTO_LANES
+            },
+        );
+        ensure_files(size, 1 + u32::from(tcp_mesh), most_lanes)?;
         let peers = self.peers.ok_or(BuildError::Missing(
             "peers",
             "call CommBuilder::peer_table or CommBuilder::rendezvous, or set RINGCAST_BOOTSTRAP",
@@ -993,8 +998,14 @@ fn parse_entry(e: &str) -> Option<(SocketAddr, Host)> {
 /// The lane count every rank of a job picks from the same entries: each rank gets the cores
 /// it may run on, at most its share of its host's (the most any rank there reports, over
 /// the ranks there), and the job the fewest any rank gets, between 1 and
-/// [`MAX_AUTO_LANES`]. Ranks whose host is not known count as alone on their address's.
+/// [`MAX_AUTO_LANES`] (1 for a job of one rank). Ranks whose host is not known count as
+/// alone on their address's. Ranks of one host in disjoint cpusets (containers with a few
+/// cores each) count as sharing the largest: fewer lanes than they could run, never more.
 fn auto_lanes(ranks: &[(SocketAddr, Host)]) -> u16 {
+    // A job of one rank multicasts nothing: one lane's sockets and workers are plenty.
+    if ranks.len() <= 1 {
+        return 1;
+    }
     let key = |(a, h): &(SocketAddr, Host)| match &h.id {
         Some(id) => format!("host {id}"),
         None => format!("address {}", a.ip()),
@@ -1269,7 +1280,8 @@ mod tests {
         assert_eq!(auto_lanes(&same(4, 16)), 4, "4 ranks on 16 cores");
         assert_eq!(auto_lanes(&same(8, 16)), 2, "8 ranks on 16 cores");
         assert_eq!(auto_lanes(&same(4, 2)), 1, "4 ranks on 2 cores");
-        assert_eq!(auto_lanes(&same(1, 64)), 4, "at most 4");
+        assert_eq!(auto_lanes(&same(2, 64)), 4, "at most 4");
+        assert_eq!(auto_lanes(&same(1, 64)), 1, "one rank multicasts nothing");
         assert_eq!(
             auto_lanes(&same(4, 1)),
             1,
@@ -1306,7 +1318,7 @@ mod tests {
             on("10.0.0.9:1", 8, None),
         ];
         assert_eq!(auto_lanes(&anon), 4);
-        assert_eq!(auto_lanes(&anon[..2]), 4);
+        assert_eq!(auto_lanes(&anon[1..]), 4);
         assert_eq!(
             auto_lanes(&[anon[0].clone(), anon[0].clone(), anon[0].clone()]),
             2

@@ -7,7 +7,8 @@
 //! | lane `l` receive (`-rx{l}`) | lane `l`'s [`LaneRx`](ringcast_core::lane::LaneRx) and [`UdpRx`](ringcast_transport_rocev2_udp::UdpRx) | `recvmmsg` batches, `handle_chunk`, the copy into the buffer, `commit` |
 //! | lane `l` send (`-tx{l}`) | lane `l`'s [`LaneTx`](ringcast_core::lane::LaneTx), [`UdpTx`](ringcast_transport_rocev2_udp::UdpTx) and [`Pacer`] | the root's multicasts, one GSO batch per pacer release |
 //!
-//! Buffers are shared through the transport's registry ([`OpBuffer`]: a mutex per buffer):
+//! Buffers are shared through the transport's registry ([`OpBuffer`]: a reader-writer lock
+//! per stripe of a buffer, so that workers reach disjoint parts of it at once):
 //! the workers find an operation's buffer by its id, per batch, so a buffer that was released
 //! is simply not found (the chunk is counted, never written). The transport adds one I/O thread
 //! for all of TCP, whatever the number of peers.
@@ -867,9 +868,9 @@ impl Engine {
     /// Releases the buffers of operations that are over and whose reads drained.
     ///
     /// Only reads are waited for: the lane workers look a buffer up per batch, so once it is
-    /// unregistered they cannot reach it, and a copy under way holds the buffer's lock (the
-    /// release takes the bytes under the same lock, leaving an empty buffer that every later
-    /// write misses).
+    /// unregistered they cannot reach it, and a copy under way holds the locks of the stripes
+    /// it covers (the release takes the bytes under every stripe's lock, leaving an empty
+    /// buffer that every later write misses).
     ///
     /// The pacing rate is shared again when one went.
     fn reap(&mut self) {
