@@ -282,10 +282,11 @@ fn check(comm: &Communicator, rounds: u64, inflight: usize, size: usize) -> Resu
         round(comm, r, inflight, size)?;
     }
     say(&format!(
-        "CHECKED rank={} ops={} ms={}",
+        "CHECKED rank={} ops={} ms={} lanes={}",
         comm.rank(),
         rounds * inflight as u64,
-        t.elapsed().as_millis()
+        t.elapsed().as_millis(),
+        comm.lanes()
     ));
     stats(comm, "after")
 }
