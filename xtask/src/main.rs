@@ -41,9 +41,10 @@ commands:
   netns [--ranks N] [--long] [--only NAME,...]
                               the namespace lab (needs root): N ranks (default 4, at most 8) on an
                               IGMPv3-snooping bridge: correctness, a random mix, a root running
-                              ahead, loss, three lanes, hostile traffic, failures, fallback, wire checks,
-                              mpirun; removes all it created, even on Ctrl-C; skips with a
-                              message where namespaces cannot be created; --long: longer runs
+                              ahead, loss, three lanes, hostile traffic, failures, fallback,
+                              wire checks, mpirun; removes all it created, even on Ctrl-C;
+                              skips with a message where namespaces cannot be created; --long:
+                              longer runs
                               (2 000-op random mix, more loss rates, tcp-block at 16 KiB too)
   bench-net [--ranks N] [--sizes B,..] [--iters N] [--warmup N] [--losses PCT,..]
             [--tcp-threshold B] [--quick] [--record]
