@@ -44,8 +44,8 @@ commands:
                               ahead, loss, three lanes, hostile traffic, failures, fallback,
                               wire checks, mpirun; removes all it created, even on Ctrl-C;
                               skips with a message where namespaces cannot be created; --long:
-                              longer runs
-                              (2 000-op random mix, more loss rates, tcp-block at 16 KiB too)
+                              longer runs (2 000-op random mix, more loss rates, tcp-block
+                              at 16 KiB too)
   bench-net [--ranks N] [--sizes B,..] [--iters N] [--warmup N] [--losses PCT,..]
             [--tcp-threshold B] [--quick] [--record]
                               ringcast vs Open MPI over TCP vs the raw multicast ceiling in the
