@@ -90,6 +90,8 @@ struct Output {
     json: bool,
     /// The job's multicast lanes, once rank 0 said.
     lanes: Option<u64>,
+    /// The table's column line, printed once right above the first row (after the lanes).
+    columns: Option<String>,
     rows: Vec<Value>,
     bar: ProgressBar,
     out: std::io::StdoutLock<'static>,
@@ -113,6 +115,7 @@ impl Output {
         let mut o = Output {
             json: a.json,
             lanes: None,
+            columns: None,
             rows: Vec::new(),
             bar,
             out: std::io::stdout().lock(),
@@ -153,7 +156,7 @@ impl Output {
                  included; TCP: data only); {peer}; `tcp`: the size ran over TCP \
                  (--tcp-threshold)"
             ))?;
-            o.line(&format!(
+            o.columns = Some(format!(
                 "{:<10}{:>18}{:>18}{:>18}{:>12}{:>14}{:>14}{:>14}{:>14}",
                 "# Size",
                 "Avg Latency(us)",
@@ -168,9 +171,17 @@ impl Output {
                 } else {
                     "ring(B)"
                 }
-            ))?;
+            ));
         }
         Ok(o)
+    }
+
+    /// The column line, if not printed yet.
+    fn columns(&mut self) -> Result<(), CmdError> {
+        match self.columns.take() {
+            Some(c) => self.line(&c),
+            None => Ok(()),
+        }
     }
 
     fn line(&mut self, s: &str) -> Result<(), CmdError> {
@@ -192,11 +203,13 @@ impl Output {
         }
         self.line(&format!(
             "# multicast lanes: {l} (--lanes or RINGCAST_LANES; by default from the cores)"
-        ))
+        ))?;
+        self.columns()
     }
 
     fn row(&mut self, v: Value) -> Result<(), CmdError> {
         if !self.json {
+            self.columns()?;
             let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
             let max_u = |k: &str| {
                 v[k].as_array()
