@@ -440,6 +440,28 @@ fn addr(port: u16) -> RendezvousAddr {
     }
 }
 
+/// A joiner whose time runs out while rank 0 is not there names the host it could not
+/// reach, not its resolver: the lookup on its last try is not cut to the few microseconds
+/// left, where "localhost" would have seemed to hang.
+#[test]
+fn a_joiner_out_of_time_blames_the_absent_rank_0_not_the_resolver() {
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let at = RendezvousAddr {
+        host: "localhost".into(),
+        port: closed,
+        origin: "RINGCAST_BOOTSTRAP",
+    };
+    let mut r = Rendezvous::new(1, 2, at);
+    r.timeout = Duration::ZERO;
+    match r.join(b"127.0.0.1:1") {
+        Err(RendezvousError::Unreachable { addr, .. }) => assert!(addr.contains("localhost")),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// Rank 0 serves on a listener bound to port 0; ranks `1..n` (listed in `joiners`, world size
 /// `sizes[i]`) join as threads. Returns rank 0's result and every joiner's.
 fn meet(

@@ -11,6 +11,10 @@ use std::io::{self, ErrorKind};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+/// The least time a joining rank's lookup of rank 0's host name is given, even past its
+/// deadline (see `Rendezvous::connect`).
+const MIN_LOOKUP: Duration = Duration::from_secs(1);
+
 /// A joining rank waits this much past its deadline for rank 0's answer, so that rank 0's own
 /// timeout report (which names the missing ranks) arrives first.
 const REPLY_GRACE: Duration = Duration::from_secs(2);
@@ -397,7 +401,8 @@ impl Rendezvous {
 
     /// Connects to rank 0, retrying with backoff (it may not listen yet) until `deadline`.
     /// Each try looks the host up again (its address may not be published yet), within the
-    /// time left.
+    /// time left but at least [`MIN_LOOKUP`]: a try that starts just before the deadline
+    /// would otherwise blame the resolver for the time the retries took.
     fn connect(
         &self,
         addr: &str,
@@ -407,7 +412,7 @@ impl Rendezvous {
         let mut backoff = CONNECT_BACKOFF.0;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let last_error = match lookup(&self.addr, left) {
+            let last_error = match lookup(&self.addr, left.max(MIN_LOOKUP)) {
                 Err(LookupError::TimedOut(e)) => return Err(e.into()),
                 Err(LookupError::Failed(e)) => e,
                 Ok(addrs) => {
