@@ -77,7 +77,7 @@ pub use rendezvous::{Peer, PeerTable, Rendezvous, RendezvousError, single_rank_t
 pub use wire::MAX_CONTROL_LEN;
 
 use lookup::{LookupError, lookup};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 /// An administratively scoped group address, only routed to learn which interface the host
@@ -111,13 +111,24 @@ impl JobEnv {
     /// lists them and says to set `RINGCAST_IFNAME`. A job on one host keeps what the route
     /// gives, loopback included.
     pub fn interface(&self) -> Result<NetInterface, InterfaceError> {
+        self.interface_by(lookup)
+    }
+
+    /// [`JobEnv::interface`], looking the rendezvous host up with `look` (tests inject one
+    /// that does not answer).
+    fn interface_by(
+        &self,
+        look: impl FnOnce(&RendezvousAddr, Duration) -> Result<Vec<SocketAddr>, LookupError>,
+    ) -> Result<NetInterface, InterfaceError> {
         let toward = match &self.rendezvous {
             None => None,
-            Some(r) => match resolve(r, self.timeout) {
+            Some(r) => match first_ip(look(r, self.timeout)) {
                 Ok(ip) => Some(ip),
+                // A resolver that does not answer in time will not answer the connect either:
+                // said now, rather than after a second timeout there.
+                Err(LookupError::TimedOut(e)) => return Err(e.into()),
                 // The route toward it only breaks a tie among the interfaces it lets through.
                 Err(_) if self.ifname.is_some() => None,
-                Err(LookupError::TimedOut(e)) => return Err(e.into()),
                 Err(LookupError::Failed(e)) => {
                     return Err(InterfaceError::Resolve {
                         host: r.host.clone(),
@@ -253,10 +264,9 @@ fn multicast_source() -> Option<Ipv4Addr> {
     iface::route_source(IpAddr::V4(MULTICAST_PROBE)).ok()
 }
 
-/// The first IPv4 address of the rendezvous host, else its first address, looked up within
-/// `timeout`.
-fn resolve(r: &RendezvousAddr, timeout: Duration) -> Result<IpAddr, LookupError> {
-    let addrs = lookup(r, timeout)?;
+/// The first IPv4 address of a lookup's answer, else its first address.
+fn first_ip(looked: Result<Vec<SocketAddr>, LookupError>) -> Result<IpAddr, LookupError> {
+    let addrs = looked?;
     addrs
         .iter()
         .find(|a| a.is_ipv4())
@@ -275,6 +285,42 @@ mod tests {
             port: 29500,
             origin: "CommBuilder::rendezvous",
         }
+    }
+
+    /// With `RINGCAST_IFNAME` set, a lookup of the rendezvous host that gets no answer in time
+    /// fails the interface at once: the connect's own lookup would wait the timeout again.
+    /// (A lookup that fails outright still leaves the choice to `RINGCAST_IFNAME`.)
+    #[test]
+    fn a_resolver_that_does_not_answer_fails_the_interface_even_with_ifname() {
+        let job = JobEnv {
+            launcher: Launcher::Explicit,
+            rank: 0,
+            world_size: 2,
+            local_rank: None,
+            local_size: Some(2),
+            rendezvous: Some(at("node0")),
+            job_id: None,
+            ifname: Some("lo".parse().expect("filter")),
+            timeout: Duration::from_millis(5),
+        };
+        let hung = |r: &RendezvousAddr, within: Duration| {
+            Err(LookupError::TimedOut(LookupTimeout {
+                host: r.host.clone(),
+                origin: r.origin,
+                waited: within,
+            }))
+        };
+        match job.interface_by(hung) {
+            Err(InterfaceError::Lookup(e)) => assert_eq!(e.host, "node0"),
+            other => panic!("{other:?}"),
+        }
+        let failed = |_: &RendezvousAddr, _: Duration| {
+            Err(LookupError::Failed(std::io::Error::other("no such host")))
+        };
+        let lo = job
+            .interface_by(failed)
+            .expect("RINGCAST_IFNAME=lo chooses");
+        assert!(lo.addr.is_loopback(), "{lo:?}");
     }
 
     /// A local job (the rendezvous host written as loopback) keeps loopback, and does not
