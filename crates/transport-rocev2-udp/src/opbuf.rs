@@ -64,13 +64,14 @@ struct Inner {
     len: AtomicUsize,
 }
 
-// SAFETY: `Inner` owns the vector its parts describe (a `Vec<u8>` is `Send` and `Sync`).
-// Its header (`parts`) is written only by `with`, which holds every stripe's exclusive lock,
-// and read only by holders of at least one stripe's lock, so no read meets a write. Its bytes
-// are reached only through `view` (shared locks of every stripe the range covers) and
-// `view_mut` (exclusive locks of the same) or `with` (every exclusive lock): two threads that
-// reach a common byte hold a common stripe's lock, so a byte is written by one thread at a
-// time and never while another reads it.
+// Why `Inner` may be sent and shared: it owns the vector its parts describe (a `Vec<u8>` is
+// `Send` and `Sync`). Its header (`parts`) is written only by `with`, which holds every
+// stripe's exclusive lock, and read only by holders of at least one stripe's lock, so no read
+// meets a write. Its bytes are reached only through `view` (shared locks of every stripe the
+// range covers) and `view_mut` (exclusive locks of the same) or `with` (every exclusive
+// lock): two threads that reach a common byte hold a common stripe's lock, so a byte is
+// written by one thread at a time and never while another reads it.
+// SAFETY: by the argument just above.
 unsafe impl Send for Inner {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Inner {}
@@ -226,10 +227,9 @@ impl OpBuffer {
         // SAFETY: a stripe's lock is held, so `with` is not changing the parts.
         let p = unsafe { &*self.0.parts.get() };
         let r = range(offset, len, p.len)?;
-        // SAFETY: `r` lies within the vector's `len` initialized bytes, and `ptr` came from
-        // the vector's own `as_mut_ptr`; every stripe covering it is locked exclusively, so
-        // no other thread reads or writes any of these bytes while the slice lives (it does
-        // not outlive the locks).
+        // SAFETY: `r` lies within the `len` initialized bytes at `ptr` (the vector's own
+        // `as_mut_ptr`), every stripe covering it is locked exclusively, and the slice does
+        // not outlive the locks: no other thread reads or writes these bytes meanwhile.
         let s = unsafe { std::slice::from_raw_parts_mut(p.ptr.add(r.start), r.len()) };
         Some(f(s))
     }
