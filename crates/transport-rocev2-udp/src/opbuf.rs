@@ -100,6 +100,23 @@ impl Inner {
         let end = offset.saturating_add(len.max(1) - 1);
         (stripe(offset), stripe(end))
     }
+
+    /// Takes the locks of the stripes a range of `len` bytes at `offset` covers (each by
+    /// `lock`, in ascending order), and finds where the range starts in the vector: `None`
+    /// (the locks taken all the same) when it does not lie in it.
+    fn locate<'a, G>(
+        &'a self,
+        offset: u64,
+        len: u64,
+        lock: impl Fn(&'a RwLock<()>) -> G,
+    ) -> (Held<G>, Option<*mut u8>) {
+        let (first, last) = self.span(offset, len);
+        let held = Held::each(&self.stripes[first..=last], lock);
+        // SAFETY: a stripe's lock is held, so `with` is not changing the parts.
+        let p = unsafe { &*self.parts.get() };
+        let at = range(offset, len, p.len).map(|r| p.ptr.wrapping_add(r.start));
+        (held, at)
+    }
 }
 
 /// Locks held on a range's stripes, released when dropped (one or two without allocating: a
@@ -203,34 +220,28 @@ impl OpBuffer {
     /// Runs `f` on the `len` bytes at `offset`, while no other thread writes them; `None`
     /// (and `f` not run) when the range does not lie in the buffer.
     pub fn view<R>(&self, offset: u64, len: u64, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
-        let (first, last) = self.0.span(offset, len);
-        let _locks = Held::each(&self.0.stripes[first..=last], |s| {
+        let (_locks, at) = self.0.locate(offset, len, |s| {
             s.read().unwrap_or_else(PoisonError::into_inner)
         });
-        // SAFETY: a stripe's lock is held, so `with` is not changing the parts.
-        let p = unsafe { &*self.0.parts.get() };
-        let r = range(offset, len, p.len)?;
-        // SAFETY: `r` lies within the vector's `len` initialized bytes; every stripe covering
-        // it is locked shared, so no thread writes any of these bytes while the slice lives
-        // (it does not outlive the locks).
-        let s = unsafe { std::slice::from_raw_parts(p.ptr.add(r.start), r.len()) };
+        let at = at?;
+        // SAFETY: `at` starts `len` of the vector's initialized bytes (checked under the
+        // locks); every stripe covering them is locked shared, and the slice does not outlive
+        // the locks: no thread writes these bytes meanwhile.
+        let s = unsafe { std::slice::from_raw_parts(at, len as usize) };
         Some(f(s))
     }
 
     /// Runs `f` on the `len` bytes at `offset`, while no other thread reads or writes them;
     /// `None` (and `f` not run) when the range does not lie in the buffer.
     pub fn view_mut<R>(&self, offset: u64, len: u64, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
-        let (first, last) = self.0.span(offset, len);
-        let _locks = Held::each(&self.0.stripes[first..=last], |s| {
+        let (_locks, at) = self.0.locate(offset, len, |s| {
             s.write().unwrap_or_else(PoisonError::into_inner)
         });
-        // SAFETY: a stripe's lock is held, so `with` is not changing the parts.
-        let p = unsafe { &*self.0.parts.get() };
-        let r = range(offset, len, p.len)?;
-        // SAFETY: `r` lies within the `len` initialized bytes at `ptr` (the vector's own
-        // `as_mut_ptr`), every stripe covering it is locked exclusively, and the slice does
-        // not outlive the locks: no other thread reads or writes these bytes meanwhile.
-        let s = unsafe { std::slice::from_raw_parts_mut(p.ptr.add(r.start), r.len()) };
+        let at = at?;
+        // SAFETY: `at` starts `len` of the vector's initialized bytes (checked under the
+        // locks; from its own `as_mut_ptr`), every stripe covering them is locked exclusively,
+        // and the slice does not outlive the locks: no other thread reaches them meanwhile.
+        let s = unsafe { std::slice::from_raw_parts_mut(at, len as usize) };
         Some(f(s))
     }
 
