@@ -63,24 +63,12 @@ pub(crate) fn run(root: &Path, mode: Mode) -> Result<(), StepError> {
             Mode::Required => Err(StepError::Other(format!("cannot run Miri: {why}"))),
         };
     }
-    // Its own target directory: Miri's builds do not mix with the normal ones.
-    let target = root.join("target").join("miri");
-    let target = target.to_string_lossy().into_owned();
     for (package, filter) in UNDER_MIRI {
         Step::new(
             root,
             "cargo",
             &[
-                "+nightly",
-                "miri",
-                "test",
-                "--target-dir",
-                &target,
-                "-p",
-                package,
-                "--lib",
-                "--",
-                filter,
+                "+nightly", "miri", "test", "-p", package, "--lib", "--", filter,
             ],
             // The sysroot and the dependencies' first build, then the interpreted tests.
             minutes(30),
