@@ -159,6 +159,16 @@ pub trait Lander: Send {
 /// Bytes a connection reads at first after a large message (see `IoPeer::peek`).
 const PEEK: usize = 256;
 
+/// The most a connection reads next: [`PEEK`] once after a large message (`peek`, which this
+/// clears), else as much as there is room for.
+fn read_limit(peek: &mut bool) -> usize {
+    if std::mem::take(peek) {
+        PEEK
+    } else {
+        usize::MAX
+    }
+}
+
 pub use crate::opbuf::OpBuffer;
 pub(crate) use crate::opbuf::range;
 
@@ -1075,11 +1085,7 @@ impl StreamDecoder {
                 }
                 continue;
             }
-            let max = if std::mem::take(&mut self.peek) {
-                PEEK
-            } else {
-                usize::MAX
-            };
+            let max = read_limit(&mut self.peek);
             let room = self.frames.room(max);
             let n = room.len().min(bytes.len());
             room[..n].copy_from_slice(&bytes[..n]);
@@ -2226,11 +2232,7 @@ impl Io {
                 }
                 continue;
             }
-            let max = if std::mem::take(&mut p.peek) {
-                PEEK
-            } else {
-                usize::MAX
-            };
+            let max = read_limit(&mut p.peek);
             let room = p.frames.room(max);
             let want = room.len();
             let drained = match (&p.link.stream).read(room) {
