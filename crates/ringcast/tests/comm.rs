@@ -1150,10 +1150,7 @@ fn dropping_with_small_operations_in_flight_returns_promptly() {
 /// and run. Without job ids the stranger would have joined as rank 1.
 #[test]
 fn a_job_id_keeps_two_jobs_on_one_rendezvous_port_apart() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = free_tcp_port();
     let at = format!("127.0.0.1:{port}");
     let rank = |r: u32, job: &str| {
         Communicator::builder()
@@ -1186,10 +1183,7 @@ fn ranks_left_to_the_default_agree_on_their_lanes() {
     const N: u32 = 3;
     let cpus = thread::available_parallelism().map_or(1, |n| n.get()) as u32;
     let want = (cpus / N).clamp(1, 4) as u16;
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = free_tcp_port();
     let at = format!("127.0.0.1:{port}");
     let udp = free_udp_port();
     let lanes: Vec<u16> = thread::scope(|s| {
