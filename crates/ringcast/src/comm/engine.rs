@@ -872,9 +872,8 @@ impl Engine {
     /// it covers (the release takes the bytes under every stripe's lock, leaving an empty
     /// buffer that every later write misses).
     ///
-    /// The pacing rate is shared again when one went.
+    /// The pacing share needs nothing here: an operation left it at its verdict.
     fn reap(&mut self) {
-        let live = self.live.len();
         let mut i = 0;
         while i < self.live.len() {
             let l = &self.live[i];
@@ -895,9 +894,6 @@ impl Engine {
                 self.completed += 1;
                 let _ = reply.send(Ok((bytes, stats)));
             }
-        }
-        if self.live.len() != live {
-            self.reshare();
         }
     }
 
