@@ -395,6 +395,18 @@ fn num(m: &HashMap<String, String>, k: &str) -> u64 {
 }
 
 /// Every rank exited 0 and printed `CHECKED`; `Err` with the first rank's story otherwise.
+/// The fields of a rank's `CHECKED` line (none if it printed none).
+fn checked(out: &str) -> HashMap<String, String> {
+    kv(out.lines().find(|l| l.starts_with("CHECKED")).unwrap_or(""))
+}
+
+/// Chunks fetched over TCP, summed over the ranks' `STATS when=after` lines.
+fn fetched_after(outs: &[String]) -> u64 {
+    outs.iter()
+        .filter_map(|o| stats(o).get("after").map(|m| num(m, "fetched")))
+        .sum()
+}
+
 fn all_checked(r: &Ranks, p: usize) -> Result<Vec<String>, String> {
     (0..p)
         .map(|i| {
@@ -462,10 +474,7 @@ fn correctness(ctx: &Ctx<'_>) -> Result<String, String> {
         return Err("ranks ran past 180 s".to_owned());
     }
     let group = joined?;
-    let ops = kv(outs[0]
-        .lines()
-        .find(|l| l.starts_with("CHECKED"))
-        .unwrap_or(""));
+    let ops = checked(&outs[0]);
     let wire = wire_checks(ctx, &pcap)?;
     // The datagrams just checked on the wire were gathered from the operations' buffers.
     let (sent, in_place) = sent_in_place(&outs);
@@ -502,17 +511,11 @@ fn lanes(ctx: &Ctx<'_>) -> Result<String, String> {
     if !done {
         return Err("ranks ran past 180 s".to_owned());
     }
-    let checked: Vec<HashMap<String, String>> = outs
-        .iter()
-        .map(|o| kv(o.lines().find(|l| l.starts_with("CHECKED")).unwrap_or("")))
-        .collect();
+    let checked: Vec<HashMap<String, String>> = outs.iter().map(|o| checked(o)).collect();
     if let Some(c) = checked.iter().find(|c| num(c, "lanes") != 3) {
         return Err(format!("a rank ran on {:?} lanes, not 3", c.get("lanes")));
     }
-    let fetched: u64 = outs
-        .iter()
-        .filter_map(|o| stats(o).get("after").map(|m| num(m, "fetched")))
-        .sum();
+    let fetched = fetched_after(&outs);
     if fetched == 0 {
         return Err("no chunk fetched at 1 % loss: the loss did not bite".to_owned());
     }
@@ -592,10 +595,7 @@ fn small_tcp(ctx: &Ctx<'_>) -> Result<String, String> {
     {
         return Err(format!("small operations switched a rank to TCP: {m:?}"));
     }
-    let ops = kv(outs[0]
-        .lines()
-        .find(|l| l.starts_with("CHECKED"))
-        .unwrap_or(""));
+    let ops = checked(&outs[0]);
     Ok(format!(
         "{} ops per rank byte for byte at 1 % loss: Allgathervs over TCP trees ({tcp} B \
          sent), Broadcasts and Allgathers over multicast ({datagrams} datagrams), still in \
@@ -630,12 +630,7 @@ fn random_mix(ctx: &Ctx<'_>) -> Result<String, String> {
     let (after, tcp, datagrams) =
         both_paths(ctx, &outs).map_err(|e| format!("seed {seed}: {e}"))?;
     let fetched = after.sum("fetched");
-    let ms = kv(outs[0]
-        .lines()
-        .find(|l| l.starts_with("CHECKED"))
-        .unwrap_or(""))
-    .remove("ms")
-    .unwrap_or_default();
+    let ms = checked(&outs[0]).remove("ms").unwrap_or_default();
     Ok(format!(
         "{ops} random operations per rank byte for byte at 1 % loss in {ms} ms (seed {seed}): \
          {datagrams} datagrams multicast, {tcp} B over TCP, {fetched} chunks fetched"
@@ -940,10 +935,7 @@ fn loss(ctx: &Ctx<'_>) -> Result<String, String> {
         if !done {
             return Err(format!("{pct}% loss: ranks ran past 180 s"));
         }
-        let fetched: u64 = outs
-            .iter()
-            .filter_map(|o| stats(o).get("after").map(|m| num(m, "fetched")))
-            .sum();
+        let fetched = fetched_after(&outs);
         if dropped == 0 || fetched == 0 {
             return Err(format!(
                 "{pct}% loss: nft dropped {dropped} datagrams, ranks fetched {fetched} chunks: \
