@@ -17,6 +17,12 @@
 //! it) with every stripe's exclusive lock. Two accesses whose bytes overlap share a stripe,
 //! so a byte is never written while another thread reads or writes it.
 //!
+//! A buffer may also be *lent* ([`OpBuffer::lend`]): it then reaches a caller's slice for as
+//! long as a closure runs, so that a blocking collective reads and writes the caller's memory
+//! instead of a copy of it. When the closure returns or unwinds, the buffer lets go of the
+//! slice under every stripe's exclusive lock: it keeps a copy of its bytes if another handle
+//! is left (an engine thread that has not let go yet), else nothing.
+//!
 //! This module's `unsafe` is the vector's raw parts: kept apart so that a range can be
 //! handed out without a reference to the whole vector, put back together under every lock.
 #![allow(unsafe_code)]
@@ -34,11 +40,14 @@ const MIN_STRIPE_SHIFT: u32 = 16;
 /// has larger stripes).
 pub(crate) const MAX_STRIPES: usize = 1024;
 
-/// A vector taken apart: what `Vec::from_raw_parts` needs.
+/// A vector taken apart (what `Vec::from_raw_parts` needs), or a lent slice.
 struct Parts {
     ptr: *mut u8,
     len: usize,
     cap: usize,
+    /// The bytes are a caller's slice ([`OpBuffer::lend`]), never freed here and never made
+    /// a vector: `cap` means nothing then.
+    lent: bool,
 }
 
 impl Parts {
@@ -48,6 +57,7 @@ impl Parts {
             ptr: v.as_mut_ptr(),
             len: v.len(),
             cap: v.capacity(),
+            lent: false,
         }
     }
 }
@@ -65,7 +75,8 @@ struct Inner {
 }
 
 // Why `Inner` may be sent and shared: it owns the vector its parts describe (a `Vec<u8>` is
-// `Send` and `Sync`). Its header (`parts`) is written only by `with`, which holds every
+// `Send` and `Sync`), or holds a lent `&mut [u8]` (`Send` and `Sync` too) that `lend` takes
+// back, under every stripe's exclusive lock, before its borrow ends. Its header (`parts`) is written only by `with`, which holds every
 // stripe's exclusive lock, and read only by holders of at least one stripe's lock, so no read
 // meets a write. Its bytes are reached only through `view` (shared locks of every stripe the
 // range covers) and `view_mut` (exclusive locks of the same) or `with` (every exclusive
@@ -84,6 +95,11 @@ impl std::panic::RefUnwindSafe for Inner {}
 impl Drop for Inner {
     fn drop(&mut self) {
         let p = self.parts.get_mut();
+        if p.lent {
+            // The caller's memory: `lend` holds a handle until it took the slice back, so
+            // this is not reached while lent; nothing to free in any case.
+            return;
+        }
         // SAFETY: the parts came from a `Vec<u8>` taken apart (`Parts::of`) and are not used
         // after this; `&mut self` means no other access is left.
         drop(unsafe { Vec::from_raw_parts(p.ptr, p.len, p.cap) });
@@ -91,6 +107,32 @@ impl Drop for Inner {
 }
 
 impl Inner {
+    /// Every stripe's exclusive lock, in order: nothing else reaches the parts or a byte while
+    /// they are held.
+    fn lock_all(&self) -> Vec<std::sync::RwLockWriteGuard<'_, ()>> {
+        self.stripes
+            .iter()
+            .map(|s| s.write().unwrap_or_else(PoisonError::into_inner))
+            .collect()
+    }
+
+    /// Replaces lent parts (a no-op for a vector's) by `v`: from here on the buffer no longer
+    /// reaches the lender's slice. Call it only with every stripe's exclusive lock held.
+    fn unlend_locked(&self, v: impl FnOnce(&[u8]) -> Vec<u8>) {
+        // SAFETY: the caller holds every stripe's exclusive lock, so no other thread reads or
+        // writes the parts or a byte meanwhile. Lent parts describe a live `&mut [u8]`: `lend`
+        // still borrows it (it calls this before returning), so the slice is valid.
+        unsafe {
+            let p = &mut *self.parts.get();
+            if !p.lent {
+                return;
+            }
+            let owned = v(std::slice::from_raw_parts(p.ptr, p.len));
+            *p = Parts::of(owned);
+            self.len.store(p.len, Ordering::Release);
+        }
+    }
+
     /// The stripes a range of `len` bytes at `offset` covers, first and last (at least one,
     /// clamped to those there are).
     fn span(&self, offset: u64, len: u64) -> (usize, usize) {
@@ -161,6 +203,12 @@ impl Default for OpBuffer {
     }
 }
 
+impl From<Vec<u8>> for OpBuffer {
+    fn from(v: Vec<u8>) -> Self {
+        Self::from_vec(v)
+    }
+}
+
 impl OpBuffer {
     /// A zeroed buffer of `len` bytes.
     pub fn zeroed(len: usize) -> Self {
@@ -169,7 +217,70 @@ impl OpBuffer {
 
     /// A buffer holding `v` (not copied).
     pub fn from_vec(v: Vec<u8>) -> Self {
-        let len = v.len() as u64;
+        Self::of_parts(Parts::of(v))
+    }
+
+    /// Runs `f` with a buffer over `bytes`, not copied: what the port and the threads that
+    /// share the handle read and write are the caller's bytes, while `f` runs. When `f`
+    /// returns or unwinds, the buffer lets go of `bytes` (once any access in progress is
+    /// over): a handle still held elsewhere then reaches a copy of them, made only in that
+    /// case, or nothing once [`take`](Self::take) was called. Nothing reaches `bytes` after
+    /// `lend` returns; a handle cannot outlive the borrow with it.
+    ///
+    /// What a blocking collective runs on: the caller's slice is the operation's buffer, as
+    /// with MPI, instead of a copy in and a copy out.
+    pub fn lend<R>(bytes: &mut [u8], f: impl FnOnce(&OpBuffer) -> R) -> R {
+        /// Takes the slice back when `lend` returns or unwinds.
+        struct Back(OpBuffer);
+        impl Drop for Back {
+            fn drop(&mut self) {
+                let inner = &self.0.0;
+                let _locks = inner.lock_all();
+                // One handle (this one): nobody else can reach the bytes, so none are kept.
+                // The count cannot rise meanwhile: only a holder of a handle makes another.
+                let alone = Arc::strong_count(inner) == 1;
+                inner.unlend_locked(|b| if alone { Vec::new() } else { b.to_vec() });
+            }
+        }
+        let back = Back(Self::of_parts(Parts {
+            ptr: bytes.as_mut_ptr(),
+            len: bytes.len(),
+            cap: 0,
+            lent: true,
+        }));
+        f(&back.0)
+    }
+
+    /// Whether the buffer reaches a lender's slice ([`lend`](Self::lend)) now.
+    pub fn is_lent(&self) -> bool {
+        let _lock = self.0.stripes[0]
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: a stripe's lock is held, so `with`, `take` and `lend` are not changing the
+        // parts.
+        unsafe { (*self.0.parts.get()).lent }
+    }
+
+    /// Takes the bytes out, leaving the buffer empty: the vector, or, for a lent buffer, an
+    /// empty vector (the bytes stay where they are, in the lender's slice, which the buffer
+    /// no longer reaches). Waits for any access in progress.
+    pub fn take(&self) -> Vec<u8> {
+        let _locks = self.0.lock_all();
+        self.0.unlend_locked(|_| Vec::new());
+        // SAFETY: every stripe's exclusive lock is held, so nothing else reads or writes the
+        // parts; they describe a vector (not lent: `unlend_locked` just made sure), which is
+        // taken out once and replaced by an empty one.
+        unsafe {
+            let p = &mut *self.0.parts.get();
+            let v = Vec::from_raw_parts(p.ptr, p.len, p.cap);
+            *p = Parts::of(Vec::new());
+            self.0.len.store(0, Ordering::Release);
+            v
+        }
+    }
+
+    fn of_parts(parts: Parts) -> Self {
+        let len = parts.len as u64;
         let mut shift = MIN_STRIPE_SHIFT;
         while len.div_ceil(1 << shift) > MAX_STRIPES as u64 {
             shift += 1;
@@ -179,20 +290,17 @@ impl OpBuffer {
         OpBuffer(Arc::new(Inner {
             shift,
             stripes: (0..count).map(|_| RwLock::new(())).collect(),
-            len: AtomicUsize::new(v.len()),
-            parts: UnsafeCell::new(Parts::of(v)),
+            len: AtomicUsize::new(parts.len),
+            parts: UnsafeCell::new(parts),
         }))
     }
 
     /// Runs `f` on the whole vector, which it may also resize or take, while no other thread
-    /// reaches any of it.
+    /// reaches any of it. A lent buffer first lets go of the lender's slice for a copy of it
+    /// (see [`lend`](Self::lend)); [`take`](Self::take) takes the bytes out without one.
     pub fn with<R>(&self, f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
-        let _locks: Vec<_> = self
-            .0
-            .stripes
-            .iter()
-            .map(|s| s.write().unwrap_or_else(PoisonError::into_inner))
-            .collect();
+        let _locks = self.0.lock_all();
+        self.0.unlend_locked(<[u8]>::to_vec);
         /// Puts the vector back into the parts when `f` returns or unwinds.
         struct Back<'a>(&'a Inner, ManuallyDrop<Vec<u8>>);
         impl Drop for Back<'_> {
@@ -207,8 +315,9 @@ impl OpBuffer {
             }
         }
         // SAFETY: every stripe's exclusive lock is held, so no other thread reads the parts
-        // or reaches a byte; the parts describe a live vector (they are put back by `Back`
-        // before the locks go, even if `f` unwinds, and nothing reads them meanwhile).
+        // or reaches a byte; the parts describe a live vector (not lent: `unlend_locked` just
+        // made sure; they are put back by `Back` before the locks go, even if `f` unwinds,
+        // and nothing reads them meanwhile).
         let v = unsafe {
             let p = &*self.0.parts.get();
             Vec::from_raw_parts(p.ptr, p.len, p.cap)
@@ -248,8 +357,13 @@ impl OpBuffer {
     /// How many handles to the buffer there are, this one included: more than the owner's
     /// while a mesh still has bytes of it to send
     /// ([`TcpControl::send_control_shared`](crate::control::TcpControl::send_control_shared)).
+    ///
+    /// A lent buffer's own handle (the one [`lend`](Self::lend) passes its closure, held until
+    /// `lend` returns) is not counted: once the caller's clone is the last one left, the count
+    /// is one, as for an owned buffer.
     pub fn holders(&self) -> usize {
-        Arc::strong_count(&self.0)
+        let n = Arc::strong_count(&self.0);
+        if self.is_lent() { n - 1 } else { n }
     }
 
     /// Length in bytes (what it was when asked: [`with`](Self::with) may change it at any
@@ -263,9 +377,16 @@ impl OpBuffer {
         self.len() == 0
     }
 
-    /// A copy of the bytes.
+    /// A copy of the bytes (a lent buffer stays lent).
     pub fn to_vec(&self) -> Vec<u8> {
-        self.with(|v| v.clone())
+        let _locks = self.0.lock_all();
+        // SAFETY: every stripe's exclusive lock is held, so the parts do not change and no
+        // byte is written meanwhile; they describe `len` initialized bytes (a vector's, or a
+        // lent slice that `lend` still borrows).
+        unsafe {
+            let p = &*self.0.parts.get();
+            std::slice::from_raw_parts(p.ptr, p.len).to_vec()
+        }
     }
 
     /// Writes `bytes` at `offset`; false (and nothing written) when the range does not fit.
@@ -378,6 +499,124 @@ mod tests {
         assert_eq!(taken.len(), 200_000);
         assert!(b.is_empty());
         assert_eq!(b.view(0, 1, |_| ()), None);
+    }
+
+    #[test]
+    fn a_lent_buffer_is_the_callers_bytes_and_a_handle_kept_past_it_a_copy() {
+        let mut mine = vec![0u8; 200_000];
+        let kept = OpBuffer::lend(&mut mine, |b| {
+            assert!(b.is_lent());
+            // The lender's own handle (`b`) is not counted.
+            assert_eq!(b.holders(), 0);
+            let c = b.clone();
+            assert_eq!(c.holders(), 1);
+            drop(c);
+            assert_eq!(b.len(), 200_000);
+            assert!(b.write_at(70_000, &[7; 10]));
+            assert!(!b.write_at(199_999, &[1, 2]));
+            assert_eq!(b.view(69_999, 12, <[u8]>::to_vec).map(|v| v[1]), Some(7));
+            b.clone()
+        });
+        assert_eq!(&mine[70_000..70_010], &[7; 10]);
+        // The handle kept reaches a copy, never the slice lent.
+        assert!(!kept.is_lent());
+        assert_eq!(kept.len(), 200_000);
+        assert_eq!(kept.view(70_000, 10, <[u8]>::to_vec), Some(vec![7; 10]));
+        assert!(kept.write_at(0, &[9; 4]));
+        assert_eq!(mine[..4], [0; 4]);
+        assert_eq!(kept.take().len(), 200_000);
+    }
+
+    #[test]
+    fn a_lent_buffer_taken_lets_go_of_the_slice_without_a_copy() {
+        let mut mine = vec![1u8; 5000];
+        let kept = OpBuffer::lend(&mut mine, |b| {
+            assert!(b.write_at(10, &[5; 5]));
+            // The bytes stay in the slice: the vector taken is empty.
+            assert!(b.take().is_empty());
+            assert!(!b.is_lent());
+            assert!(b.is_empty());
+            assert!(!b.write_at(0, &[6]));
+            b.clone()
+        });
+        assert!(kept.is_empty());
+        assert_eq!(&mine[8..16], &[1, 1, 5, 5, 5, 5, 5, 1]);
+    }
+
+    #[test]
+    fn with_on_a_lent_buffer_works_on_a_copy() {
+        let mut mine = vec![3u8; 100];
+        OpBuffer::lend(&mut mine, |b| {
+            assert!(b.write_at(0, &[4]));
+            assert_eq!(b.to_vec()[..2], [4, 3]);
+            assert!(b.is_lent(), "to_vec copies without letting go");
+            b.with(|v| v.push(8));
+            assert!(!b.is_lent());
+            assert!(b.write_at(1, &[4]));
+            assert_eq!(b.len(), 101);
+        });
+        assert_eq!(mine[..2], [4, 3]);
+        assert_eq!(mine.len(), 100);
+    }
+
+    #[test]
+    fn a_panic_inside_lend_still_lets_go_of_the_slice() {
+        let mut mine = vec![0u8; 64];
+        let stash = std::sync::Mutex::new(None);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            OpBuffer::lend(&mut mine, |b| {
+                assert!(b.write_at(0, &[2; 8]));
+                *stash.lock().unwrap() = Some(b.clone());
+                panic!("inside");
+            })
+        }));
+        assert!(r.is_err());
+        let kept = stash.lock().unwrap().take().expect("stashed");
+        assert!(!kept.is_lent());
+        assert!(kept.write_at(0, &[7; 8]));
+        assert_eq!(
+            kept.view(0, 9, <[u8]>::to_vec),
+            Some([vec![7; 8], vec![0]].concat())
+        );
+        assert_eq!(mine[..9], [2, 2, 2, 2, 2, 2, 2, 2, 0]);
+    }
+
+    #[test]
+    fn nothing_reaches_a_lent_slice_once_lend_returned() {
+        use std::sync::atomic::AtomicBool;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut mine = vec![0u8; 3 << 16];
+        let (started_tx, started_rx) = mpsc::channel();
+        let writer = OpBuffer::lend(&mut mine, |b| {
+            let (c, stop) = (b.clone(), stop.clone());
+            let writer = thread::spawn(move || {
+                let mut n = 0u8;
+                let mut wrote = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    n = n.wrapping_add(1).max(1);
+                    // Across a stripe's end.
+                    assert!(c.write_at((1 << 16) - 2, &[n; 4]));
+                    assert!(c.write_at(0, &[n]));
+                    wrote += 1;
+                    if wrote == 3 {
+                        started_tx.send(()).expect("started");
+                    }
+                    thread::yield_now();
+                }
+            });
+            started_rx.recv().expect("writer started");
+            writer
+        });
+        let seen = mine.clone();
+        assert_ne!(
+            seen[(1 << 16) - 2],
+            0,
+            "the writer reached the slice while lent"
+        );
+        thread::sleep(Duration::from_millis(20));
+        stop.store(true, Ordering::Relaxed);
+        writer.join().expect("writer");
+        assert_eq!(mine, seen, "a write reached the slice after lend returned");
     }
 
     #[test]

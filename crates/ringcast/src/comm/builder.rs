@@ -801,7 +801,6 @@ impl CommBuilder {
                 posts: None,
                 thread: None,
                 fallback: Some(handle),
-                pool: Default::default(),
             });
         }
         tracing::debug!(rank, elapsed = ?ex.elapsed, "start-up check: multicast reaches every rank");
@@ -877,7 +876,6 @@ impl CommBuilder {
             posts: Some(posts),
             thread: Some(thread),
             fallback,
-            pool: Default::default(),
         })
     }
 }

@@ -123,7 +123,9 @@ pub(crate) enum Kind {
 #[derive(Debug)]
 pub(crate) struct Post {
     pub(crate) kind: Kind,
-    pub(crate) buf: Vec<u8>,
+    /// The operation's buffer: the caller's vector, or its slice lent by a blocking call
+    /// ([`OpBuffer::lend`]), which the reply's [`OpBuffer::take`] lets go of.
+    pub(crate) buf: OpBuffer,
     pub(crate) reply: SyncSender<Completion>,
     pub(crate) span: tracing::Span,
     /// The communicator's index of this operation, when a router numbers them (the small
@@ -144,7 +146,7 @@ impl Post {
     pub(crate) fn forfeit(index: Option<u64>) -> Post {
         Post {
             kind: Kind::Broadcast { root: 0 },
-            buf: Vec::new(),
+            buf: OpBuffer::default(),
             // Nobody waits for it: the caller got its error already.
             reply: mpsc::sync_channel(1).0,
             span: tracing::Span::none(),
@@ -556,7 +558,7 @@ impl Engine {
             match started {
                 Ok(op) => {
                     let fan_in = rate::fan_in(&roots, me, self.session.config().ranks);
-                    let buf = OpBuffer::from_vec(p.buf);
+                    let buf = p.buf;
                     // Registered before its lane commands and its `Ready` leave this thread:
                     // no chunk or read of it can come earlier.
                     self.registry.register(op, buf.clone());
@@ -885,7 +887,7 @@ impl Engine {
             }
             let mut l = self.live.swap_remove(i);
             self.registry.unregister(l.op);
-            let bytes = l.buf.with(std::mem::take);
+            let bytes = l.buf.take();
             if let Some(reply) = l.reply.take() {
                 let stats = l.stats(&self.counters());
                 l.span.in_scope(
@@ -1049,7 +1051,7 @@ impl Engine {
         control.inner.close_blaming(mark, blamed.map(Rank), LINGER);
         // Nothing touches the buffers any more: every thread that could is joined.
         for (reply, buf, stats) in finished {
-            let _ = reply.send(Ok((buf.with(std::mem::take), stats)));
+            let _ = reply.send(Ok((buf.take(), stats)));
         }
         drop(live);
     }

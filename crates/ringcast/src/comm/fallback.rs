@@ -889,10 +889,11 @@ impl Handle {
     pub(crate) fn post<T: Pod>(
         &self,
         kind: Kind,
-        buf: Vec<u8>,
+        buf: impl Into<OpBuffer>,
         typed: Option<Vec<T>>,
         span: tracing::Span,
     ) -> Result<Request<T>, CommError> {
+        let buf = buf.into();
         let (reply, rx) = mpsc::sync_channel(1);
         let small = self.cfg.small(buf.len());
         let mut r = self.route();
@@ -2519,7 +2520,7 @@ impl Dispatcher {
             k,
             shape,
             fingerprint,
-            buf: OpBuffer::from_vec(p.buf),
+            buf: p.buf,
             len,
             reply: p.reply,
             span: p.span,
@@ -2778,7 +2779,7 @@ impl Dispatcher {
                 .fetch_add(1, Ordering::Relaxed);
             self.replied = true;
             // Nothing else holds the buffer any more (above).
-            let _ = op.reply.send(Ok((op.buf.with(std::mem::take), stats)));
+            let _ = op.reply.send(Ok((op.buf.take(), stats)));
         }
     }
 

@@ -50,11 +50,12 @@
 //! style of tokio-uring: the engine owns the bytes while the operation runs, so a dropped or
 //! leaked request can never let it write into freed memory. Element types are
 //! [`bytemuck::Pod`]; byte-aligned types move without a copy, others are copied once each way.
-//! Blocking calls run on a buffer of the communicator's own and copy once: a Broadcast's root
-//! copies its data in, the others copy the result out; an Allgather copies its block in and
-//! the result out. Those buffers are kept for the next blocking call (up to
-//! [`POOL_BYTES`] in all), so a loop of blocking calls does not map, fault in and zero fresh
-//! memory every time. The crate has no `unsafe`.
+//! Blocking calls run on the caller's slice itself, as MPI does: the engine reads and writes
+//! it while the call runs and lets go of it before the call returns, whatever the outcome
+//! (the transport's `OpBuffer::lend`, a scope in the manner of `std::thread::scope`). Nothing
+//! is copied but an Allgather's own block from `send` into place. A failed call may leave the
+//! slice partly written, as `MPI_Bcast`'s buffer is undefined after an error. The crate has no
+//! `unsafe`.
 //!
 //! ## Threads
 //! Each communicator runs a control thread (the core's [`Session`](ringcast_core::Session),
@@ -150,7 +151,7 @@ pub use probe::{ProbeFailure, Unheard};
 pub use request::Request;
 pub use stats::{CommStats, ControlCounters, Counters, OpStats};
 
-use std::sync::{Mutex, PoisonError, mpsc};
+use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -158,39 +159,7 @@ use bytemuck::Pod;
 
 use engine::{Command, Kind, Post, PostTx};
 use request::vec_to_bytes;
-
-/// Bytes of buffers a communicator keeps between blocking calls (see the module docs); a
-/// larger buffer is freed after its call.
-pub const POOL_BYTES: usize = 256 << 20;
-
-/// Buffers the blocking calls reuse.
-#[derive(Debug, Default)]
-struct Pool(Mutex<Vec<Vec<u8>>>);
-
-impl Pool {
-    /// A buffer of `len` bytes whose contents are unspecified (a former call's): the smallest
-    /// kept one that holds `len`, else the largest kept one (grown), else a new one.
-    fn take(&self, len: usize) -> Vec<u8> {
-        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let fits = (0..kept.len())
-            .filter(|&i| kept[i].capacity() >= len)
-            .min_by_key(|&i| kept[i].capacity());
-        let pick = fits.or_else(|| (0..kept.len()).max_by_key(|&i| kept[i].capacity()));
-        let mut v = pick.map(|i| kept.swap_remove(i)).unwrap_or_default();
-        drop(kept);
-        v.resize(len, 0);
-        v
-    }
-
-    /// Keeps `v` for a later call while the kept buffers stay within [`POOL_BYTES`].
-    fn put(&self, v: Vec<u8>) {
-        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let held: usize = kept.iter().map(Vec::capacity).sum();
-        if held + v.capacity() <= POOL_BYTES {
-            kept.push(v);
-        }
-    }
-}
+use ringcast_transport_rocev2_udp::OpBuffer;
 
 /// How long [`Communicator::stats`] waits for the engine.
 const STATS_WAIT: Duration = Duration::from_secs(10);
@@ -211,8 +180,6 @@ pub struct Communicator {
     /// With `fallback = tcp` or small operations over TCP: routes each post to the engine or
     /// to TCP.
     fallback: Option<fallback::Handle>,
-    /// Buffers of the blocking calls.
-    pool: Pool,
 }
 
 impl Communicator {
@@ -319,7 +286,7 @@ impl Communicator {
     fn post<T: Pod>(
         &self,
         kind: Kind,
-        bytes: Vec<u8>,
+        bytes: OpBuffer,
         typed: Option<Vec<T>>,
         span: tracing::Span,
     ) -> Result<Request<T>, CommError> {
@@ -342,21 +309,9 @@ impl Communicator {
     /// buffer holds the root's. Every rank passes the same length.
     pub fn ibroadcast<T: Pod>(&self, root: u32, buf: Vec<T>) -> Result<Request<T>, CommError> {
         self.elem::<T>()?;
-        if root >= self.size {
-            return self.refuse(CommError::RootOutOfRange {
-                root,
-                ranks: self.size,
-            });
-        }
-        let span = tracing::debug_span!(
-            "ringcast",
-            kind = "broadcast",
-            rank = self.rank,
-            root,
-            bytes = std::mem::size_of_val(buf.as_slice())
-        );
+        let span = self.broadcast_span(root, std::mem::size_of_val(buf.as_slice()))?;
         let (bytes, typed) = vec_to_bytes(buf);
-        self.post(Kind::Broadcast { root }, bytes, typed, span)
+        self.post(Kind::Broadcast { root }, bytes.into(), typed, span)
     }
 
     /// Starts an Allgather: `recv` (`send.len()` times the world size) comes back holding
@@ -420,9 +375,25 @@ impl Communicator {
         recv: Vec<T>,
         counts: &[usize],
     ) -> Result<Request<T>, CommError> {
+        let shape = self.allgatherv_shape(send, recv.len(), counts)?;
+        let (mut bytes, typed) = vec_to_bytes(recv);
+        shape.place(send, &mut bytes);
+        self.post(shape.kind, bytes.into(), typed, shape.span)
+    }
+
+    /// Checks an Allgatherv's buffers against `counts` (refusing it when they do not fit, see
+    /// [`Self::refuse`]): its kind, span, and where this rank's block goes.
+    fn allgatherv_shape<T: Pod>(
+        &self,
+        send: Option<&[T]>,
+        recv_len: usize,
+        counts: &[usize],
+    ) -> Result<GatherShape, CommError> {
         let elem = self.elem::<T>()?;
         self.check_counts(counts)?;
         let me = self.rank as usize;
+        let total = self.total_of(counts, 1)?;
+        self.total_of(counts, elem)?;
         if let Some(send) = send
             && send.len() != counts[me]
         {
@@ -432,12 +403,10 @@ impl Communicator {
                 required: counts[me],
             });
         }
-        let total = self.total_of(counts, 1)?;
-        self.total_of(counts, elem)?;
-        if recv.len() != total {
+        if recv_len != total {
             return self.refuse(CommError::BufferSize {
                 what: "recv",
-                got: recv.len(),
+                got: recv_len,
                 required: total,
             });
         }
@@ -447,14 +416,46 @@ impl Communicator {
             rank = self.rank,
             bytes = total * elem
         );
-        let (mut bytes, typed) = vec_to_bytes(recv);
-        if let Some(send) = send {
-            let at = counts[..me].iter().sum::<usize>() * elem;
-            let mine: &[u8] = bytemuck::cast_slice(send);
-            bytes[at..at + mine.len()].copy_from_slice(mine);
+        // No product overflows: their sum did not.
+        Ok(GatherShape {
+            kind: Kind::Allgather {
+                sizes: counts.iter().map(|&c| (c * elem) as u64).collect(),
+            },
+            at: counts[..me].iter().sum::<usize>() * elem,
+            span,
+        })
+    }
+
+    /// Runs an operation on the caller's `bytes` (lent, see the module docs) and waits for it.
+    fn run_lent(
+        &self,
+        kind: Kind,
+        bytes: &mut [u8],
+        span: tracing::Span,
+    ) -> Result<OpStats, CommError> {
+        OpBuffer::lend(bytes, |b| {
+            self.post::<u8>(kind, b.clone(), None, span)?
+                .wait_with_stats()
+                .map(|(_, stats)| stats)
+        })
+    }
+
+    /// The span of a Broadcast of `bytes` from `root`, refused (see [`Self::refuse`]) when
+    /// `root` is not a rank.
+    fn broadcast_span(&self, root: u32, bytes: usize) -> Result<tracing::Span, CommError> {
+        if root >= self.size {
+            return self.refuse(CommError::RootOutOfRange {
+                root,
+                ranks: self.size,
+            });
         }
-        let sizes = counts.iter().map(|&c| (c * elem) as u64).collect();
-        self.post(Kind::Allgather { sizes }, bytes, typed, span)
+        Ok(tracing::debug_span!(
+            "ringcast",
+            kind = "broadcast",
+            rank = self.rank,
+            root,
+            bytes
+        ))
     }
 
     /// Blocks until every rank called it (`MPI_Barrier`). It is a collective like the others
@@ -467,24 +468,14 @@ impl Communicator {
         self.allgather(&[1u8], &mut all).map(|_| ())
     }
 
-    /// Broadcast of `buf` from `root`, blocking. The root's `buf` is only read; the others'
-    /// is written once the operation completed (left as it was when it fails).
+    /// Broadcast of `buf` from `root`, blocking, on `buf` itself (see the module docs). The
+    /// root's `buf` is only read; the others' holds the root's bytes once it returns `Ok`,
+    /// and may be partly written when it fails.
     pub fn broadcast<T: Pod>(&self, root: u32, buf: &mut [T]) -> Result<OpStats, CommError> {
         self.elem::<T>()?;
         let bytes = bytemuck::cast_slice_mut::<T, u8>(buf);
-        let mut tmp = self.pool.take(bytes.len());
-        let is_root = root == self.rank;
-        if is_root {
-            tmp.copy_from_slice(bytes);
-        }
-        // The others' copy is written whole by a successful operation: what a former call
-        // left in it never reaches `buf`.
-        let (out, stats) = self.ibroadcast(root, tmp)?.wait_with_stats()?;
-        if !is_root {
-            bytes.copy_from_slice(&out);
-        }
-        self.pool.put(out);
-        Ok(stats)
+        let span = self.broadcast_span(root, bytes.len())?;
+        self.run_lent(Kind::Broadcast { root }, bytes, span)
     }
 
     /// Allgather, blocking: `recv` gets every rank's `send` in rank order.
@@ -501,76 +492,50 @@ impl Communicator {
         self.allgatherv_in_place(buf, &counts)
     }
 
-    /// Allgatherv in place, blocking: `buf` (`counts` summed) holds this rank's
-    /// `counts[rank]` elements at their place and gets every rank's block; left as it was
-    /// when the operation fails.
+    /// Allgatherv in place, blocking, on `buf` itself: `buf` (`counts` summed) holds this
+    /// rank's `counts[rank]` elements at their place and gets every rank's block; the other
+    /// blocks may be partly written when it fails.
     pub fn allgatherv_in_place<T: Pod>(
         &self,
         buf: &mut [T],
         counts: &[usize],
     ) -> Result<OpStats, CommError> {
-        let elem = self.elem::<T>()?;
-        self.check_counts(counts)?;
-        let total = self.total_of(counts, elem)?;
-        if std::mem::size_of_val(buf) != total {
-            return self.refuse(CommError::BufferSize {
-                what: "recv",
-                got: buf.len(),
-                required: counts.iter().sum(),
-            });
-        }
-        // No product overflows: their sum did not.
-        let byte_counts: Vec<usize> = counts.iter().map(|c| c * elem).collect();
-        let me = self.rank as usize;
-        let at: usize = byte_counts[..me].iter().sum();
-        let mine = at..at + byte_counts[me];
+        let shape = self.allgatherv_shape::<T>(None, buf.len(), counts)?;
         let bytes = bytemuck::cast_slice_mut::<T, u8>(buf);
-        let mut tmp = self.pool.take(total);
-        tmp[mine.clone()].copy_from_slice(&bytes[mine]);
-        // The other blocks are written by a successful operation.
-        let (out, stats) = self
-            .iallgatherv_in_place(tmp, &byte_counts)?
-            .wait_with_stats()?;
-        bytes.copy_from_slice(&out);
-        self.pool.put(out);
-        Ok(stats)
+        self.run_lent(shape.kind, bytes, shape.span)
     }
 
-    /// Allgatherv, blocking: rank `r` contributes `counts[r]` elements.
+    /// Allgatherv, blocking, on `recv` itself: rank `r` contributes `counts[r]` elements, this
+    /// rank's copied from `send` into place first (the only copy); the other blocks may be
+    /// partly written when it fails.
     pub fn allgatherv<T: Pod>(
         &self,
         send: &[T],
         recv: &mut [T],
         counts: &[usize],
     ) -> Result<OpStats, CommError> {
-        let elem = self.elem::<T>()?;
-        self.check_counts(counts)?;
-        let total = self.total_of(counts, elem)?;
-        // In elements, as the caller counts them (the post below counts bytes).
-        if send.len() != counts[self.rank as usize] {
-            return self.refuse(CommError::BufferSize {
-                what: "send",
-                got: send.len(),
-                required: counts[self.rank as usize],
-            });
+        let shape = self.allgatherv_shape(Some(send), recv.len(), counts)?;
+        let bytes = bytemuck::cast_slice_mut::<T, u8>(recv);
+        shape.place(Some(send), bytes);
+        self.run_lent(shape.kind, bytes, shape.span)
+    }
+}
+
+/// What [`Communicator::allgatherv_shape`] found.
+struct GatherShape {
+    kind: Kind,
+    /// Where this rank's block starts, in bytes.
+    at: usize,
+    span: tracing::Span,
+}
+
+impl GatherShape {
+    /// Copies `send` (when given) into its place in `recv`'s bytes.
+    fn place<T: Pod>(&self, send: Option<&[T]>, recv: &mut [u8]) {
+        if let Some(send) = send {
+            let mine: &[u8] = bytemuck::cast_slice(send);
+            recv[self.at..self.at + mine.len()].copy_from_slice(mine);
         }
-        let send_bytes: &[u8] = bytemuck::cast_slice(send);
-        // No product overflows: their sum did not.
-        let byte_counts: Vec<usize> = counts.iter().map(|c| c * elem).collect();
-        if std::mem::size_of_val(recv) != total {
-            return self.refuse(CommError::BufferSize {
-                what: "recv",
-                got: recv.len(),
-                required: counts.iter().sum(),
-            });
-        }
-        // Every block is written by a successful operation (this rank's by the post).
-        let (out, stats) = self
-            .iallgatherv(send_bytes, self.pool.take(total), &byte_counts)?
-            .wait_with_stats()?;
-        bytemuck::cast_slice_mut::<T, u8>(recv).copy_from_slice(&out);
-        self.pool.put(out);
-        Ok(stats)
     }
 }
 
@@ -603,40 +568,5 @@ impl Drop for Communicator {
         }
         // Joins the dispatcher.
         drop(fallback);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_pool_reuses_the_smallest_fitting_buffer_and_keeps_a_bounded_amount() {
-        let pool = Pool::default();
-        let a = pool.take(1000);
-        let b = pool.take(50_000);
-        assert_eq!((a.len(), b.len()), (1000, 50_000));
-        let pa = a.as_ptr();
-        pool.put(a);
-        pool.put(b);
-        // 900 bytes fit both: the smaller one comes back, cut to length.
-        let c = pool.take(900);
-        assert_eq!((c.as_ptr(), c.len()), (pa, 900));
-        // Nothing kept holds 60 000: the largest grows.
-        let d = pool.take(60_000);
-        assert_eq!(d.len(), 60_000);
-        assert!(d.capacity() >= 60_000);
-        let pd = d.as_ptr();
-        pool.put(c);
-        pool.put(d);
-        // Only the grown one holds 40 000 (the 1000-byte one stays kept).
-        let e = pool.take(40_000);
-        assert_eq!((e.as_ptr(), e.len()), (pd, 40_000));
-        // Beyond POOL_BYTES in all, a buffer is freed, not kept (capacity only: nothing is
-        // touched).
-        pool.put(Vec::with_capacity(POOL_BYTES));
-        let kept = |p: &Pool| p.0.lock().map(|v| v.len()).unwrap_or(0);
-        assert_eq!(kept(&pool), 1);
-        drop(e);
     }
 }
