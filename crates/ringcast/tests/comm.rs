@@ -153,6 +153,69 @@ fn broadcast_allgather_allgatherv_byte_for_byte() {
     });
 }
 
+/// A non-blocking call's vector of any element type is the operation's buffer and comes back
+/// as itself (the same allocation, no copy), over TCP (small) and over multicast alike; a
+/// blocking call writes into the caller's slice.
+#[test]
+fn typed_vectors_come_back_as_themselves() {
+    world_with(
+        81,
+        |b| b,
+        |comm| {
+            let me = comm.rank();
+            for (n, how) in [(1000usize, "over TCP"), (300_000, "over multicast")] {
+                let want: Vec<f64> = (0..n).map(|i| i as f64 * 0.25 + 1.0).collect();
+                let v = if me == 1 { want.clone() } else { vec![0f64; n] };
+                let at = v.as_ptr();
+                let got = comm.ibroadcast(1, v).map_err(e)?.wait().map_err(e)?;
+                if got.as_ptr() != at {
+                    return Err(format!("f64 Broadcast {how}: another vector came back"));
+                }
+                check(&format!("f64 Broadcast {how}"), &got, &want)?;
+                let block: Vec<u32> = (0..n / 4).map(|i| i as u32 ^ (me << 24)).collect();
+                let recv = Vec::with_capacity(block.len() * RANKS as usize + 7);
+                let mut recv = recv;
+                recv.resize(block.len() * RANKS as usize, 0u32);
+                let (at, cap) = (recv.as_ptr(), recv.capacity());
+                let got = comm
+                    .iallgather(&block, recv)
+                    .map_err(e)?
+                    .wait()
+                    .map_err(e)?;
+                if (got.as_ptr(), got.capacity()) != (at, cap) {
+                    return Err(format!("u32 Allgather {how}: another vector came back"));
+                }
+                let want: Vec<u32> = (0..RANKS)
+                    .flat_map(|r| (0..n / 4).map(move |i| i as u32 ^ (r << 24)))
+                    .collect();
+                check(&format!("u32 Allgather {how}"), &got, &want)?;
+                // Blocking, on a slice inside a larger vector: only the slice is written.
+                let mut outer = vec![7u16; n + 2];
+                let counts = vec![n / 4; RANKS as usize];
+                let mine: Vec<u16> = (0..n / 4)
+                    .map(|i| (i as u16).wrapping_add(me as u16))
+                    .collect();
+                comm.allgatherv(&mine, &mut outer[1..n + 1], &counts)
+                    .map_err(e)?;
+                let want: Vec<u16> = (0..RANKS)
+                    .flat_map(|r| (0..n / 4).map(move |i| (i as u16).wrapping_add(r as u16)))
+                    .collect();
+                if (outer[0], outer[n + 1]) != (7, 7) {
+                    return Err(format!(
+                        "blocking u16 Allgatherv {how}: wrote past the slice"
+                    ));
+                }
+                check(
+                    &format!("blocking u16 Allgatherv {how}"),
+                    &outer[1..n + 1],
+                    &want,
+                )?;
+            }
+            Ok(())
+        },
+    );
+}
+
 /// In-place Allgathers (`MPI_IN_PLACE`): a rank's block already in the buffer, nothing else
 /// written by it; small ones over TCP, large ones over multicast, several in flight.
 #[test]

@@ -169,8 +169,8 @@ fn read_limit(peek: &mut bool) -> usize {
     }
 }
 
-pub use crate::opbuf::OpBuffer;
 pub(crate) use crate::opbuf::range;
+pub use crate::opbuf::{OpBuffer, Taken};
 
 /// The operation buffers of one rank, by [`OpId`], shared by its control path and lanes.
 #[derive(Clone, Debug, Default)]

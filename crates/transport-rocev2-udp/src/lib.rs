@@ -60,7 +60,7 @@ pub mod tx;
 
 pub use control::{
     ControlConfig, ControlError, IoWait, IoWaker, Lander, Landing, OpBuffer, PeerLost, Registry,
-    SEND_LOW_WATER, TcpControl,
+    SEND_LOW_WATER, Taken, TcpControl,
 };
 pub use port::{PortError, UdpPort, UdpPortConfig, UdpRx, UdpTx};
 pub use rx::{Chunk, LaneReceiver, RxBatch, RxConfig, RxError, RxStats};

@@ -33,6 +33,8 @@ use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
+use bytemuck::Pod;
+
 /// The smallest stripe: 64 KiB, one GSO batch of 4 KiB chunks.
 const MIN_STRIPE_SHIFT: u32 = 16;
 
@@ -43,10 +45,15 @@ pub(crate) const MAX_STRIPES: usize = 1024;
 /// A vector taken apart (what `Vec::from_raw_parts` needs), or a lent slice.
 struct Parts {
     ptr: *mut u8,
+    /// Initialized bytes.
     len: usize,
+    /// Bytes allocated.
     cap: usize,
+    /// The alignment the bytes were allocated with: 1 for a `Vec<u8>`'s, `align_of::<T>()`
+    /// for a `Vec<T>`'s ([`OpBuffer::from_typed`]).
+    align: usize,
     /// The bytes are a caller's slice ([`OpBuffer::lend`]), never freed here and never made
-    /// a vector: `cap` means nothing then.
+    /// a vector: `cap` and `align` mean nothing then.
     lent: bool,
 }
 
@@ -57,8 +64,122 @@ impl Parts {
             ptr: v.as_mut_ptr(),
             len: v.len(),
             cap: v.capacity(),
+            align: 1,
             lent: false,
         }
+    }
+
+    /// A vector of any plain type, as bytes: moved, not copied.
+    fn of_typed<T: Pod>(v: Vec<T>) -> Self {
+        let size = std::mem::size_of::<T>();
+        if size == 0 {
+            // No bytes (and a capacity that means nothing).
+            return Parts::of(Vec::new());
+        }
+        let mut v = ManuallyDrop::new(v);
+        Parts {
+            ptr: v.as_mut_ptr().cast(),
+            len: v.len() * size,
+            cap: v.capacity() * size,
+            align: std::mem::align_of::<T>(),
+            lent: false,
+        }
+    }
+
+    /// A `Vec<u8>`'s parts (the storage every `with` works on).
+    fn is_byte_vec(&self) -> bool {
+        !self.lent && self.align == 1
+    }
+
+    /// Frees what the parts own.
+    ///
+    /// # Safety
+    /// The parts describe what they say (`Parts::of`, `of_typed`, or a lent slice) and are
+    /// not used after.
+    unsafe fn free(&mut self) {
+        if self.lent {
+            return;
+        }
+        if self.align == 1 {
+            // SAFETY: a `Vec<u8>`'s parts, or a `Vec<T>`'s with `T` of alignment 1: the same
+            // allocation (`cap` bytes, alignment 1) as a `Vec<u8>` of that capacity.
+            drop(unsafe { Vec::from_raw_parts(self.ptr, self.len, self.cap) });
+        } else if self.cap > 0 {
+            // SAFETY: a `Vec<T>`'s allocation (`of_typed`), of `cap` bytes at `align`: the
+            // layout the global allocator was asked for (`Layout::array::<T>`), which is
+            // valid, since it was.
+            unsafe {
+                std::alloc::dealloc(
+                    self.ptr,
+                    std::alloc::Layout::from_size_align_unchecked(self.cap, self.align),
+                )
+            }
+        }
+    }
+}
+
+/// An operation's bytes taken out of its buffer ([`OpBuffer::take`]): the allocation they
+/// came in, whatever vector that was, freed when dropped; [`Taken::into_vec`] makes it a
+/// vector again without a copy when the type matches the one it came as.
+pub struct Taken(Parts);
+
+// SAFETY: `Taken` owns its allocation alone (taken out of the buffer under every stripe's
+// lock, never lent), like the vector it came from, which is `Send`.
+unsafe impl Send for Taken {}
+
+impl fmt::Debug for Taken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Taken").field("len", &self.0.len).finish()
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        // SAFETY: the parts are the buffer's, taken out whole (`OpBuffer::take`), and not
+        // used after.
+        unsafe { self.0.free() }
+    }
+}
+
+impl Taken {
+    /// Bytes held.
+    pub fn len(&self) -> usize {
+        self.0.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.0.len == 0
+    }
+
+    /// The bytes as a `Vec<T>`: the same allocation when it came as a vector of a type of
+    /// `T`'s alignment and the lengths divide by `T`'s size (a vector of `T` handed to
+    /// [`OpBuffer::from_typed`] comes back as itself), else a copy (the last element padded
+    /// with zeros, should the bytes not fill it).
+    pub fn into_vec<T: Pod>(self) -> Vec<T> {
+        let size = std::mem::size_of::<T>();
+        let p = &self.0;
+        if size == 0 || p.len == 0 {
+            return Vec::new();
+        }
+        if p.align == std::mem::align_of::<T>()
+            && p.len.is_multiple_of(size)
+            && p.cap.is_multiple_of(size)
+        {
+            let this = ManuallyDrop::new(self);
+            let p = &this.0;
+            // SAFETY: the allocation (`cap` bytes at `align`, owned by `this`, which is not
+            // dropped) is what `Vec<T>` of capacity `cap / size` allocates: `T`'s alignment,
+            // `cap` bytes. Its first `len` bytes, `len / size` whole `T`s, are initialized,
+            // and any bytes are a valid `T` (`Pod`).
+            return unsafe { Vec::from_raw_parts(p.ptr.cast::<T>(), p.len / size, p.cap / size) };
+        }
+        // SAFETY: the parts' first `len` bytes are initialized and owned by `self`, which
+        // outlives the slice.
+        let bytes = unsafe { std::slice::from_raw_parts(p.ptr, p.len) };
+        let mut out = vec![T::zeroed(); p.len.div_ceil(size)];
+        bytemuck::cast_slice_mut::<T, u8>(&mut out)[..p.len].copy_from_slice(bytes);
+        out
     }
 }
 
@@ -74,14 +195,15 @@ struct Inner {
     len: AtomicUsize,
 }
 
-// Why `Inner` may be sent and shared: it owns the vector its parts describe (a `Vec<u8>` is
-// `Send` and `Sync`), or holds a lent `&mut [u8]` (`Send` and `Sync` too) that `lend` takes
-// back, under every stripe's exclusive lock, before its borrow ends. Its header (`parts`) is written only by `with`, which holds every
-// stripe's exclusive lock, and read only by holders of at least one stripe's lock, so no read
-// meets a write. Its bytes are reached only through `view` (shared locks of every stripe the
-// range covers) and `view_mut` (exclusive locks of the same) or `with` (every exclusive
-// lock): two threads that reach a common byte hold a common stripe's lock, so a byte is
-// written by one thread at a time and never while another reads it.
+// Why `Inner` may be sent and shared: it owns the vector its parts describe (a `Vec<u8>` or a
+// `Vec<T>` of a `Pod` type: `Send` and `Sync`), or holds a lent `&mut [u8]` (`Send` and `Sync`
+// too) that `lend` takes back, under every stripe's exclusive lock, before its borrow ends.
+// Its header (`parts`) is written only under every stripe's exclusive lock (`with`, `take`,
+// `lend`'s end), and read only by holders of at least one stripe's lock, so no read meets a
+// write. Its bytes are reached only through `view` (shared locks of every stripe the range
+// covers) and `view_mut` (exclusive locks of the same) or under every exclusive lock: two
+// threads that reach a common byte hold a common stripe's lock, so a byte is written by one
+// thread at a time and never while another reads it.
 // SAFETY: by the argument just above.
 unsafe impl Send for Inner {}
 // SAFETY: as for `Send`.
@@ -94,15 +216,10 @@ impl std::panic::RefUnwindSafe for Inner {}
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        let p = self.parts.get_mut();
-        if p.lent {
-            // The caller's memory: `lend` holds a handle until it took the slice back, so
-            // this is not reached while lent; nothing to free in any case.
-            return;
-        }
-        // SAFETY: the parts came from a `Vec<u8>` taken apart (`Parts::of`) and are not used
-        // after this; `&mut self` means no other access is left.
-        drop(unsafe { Vec::from_raw_parts(p.ptr, p.len, p.cap) });
+        // SAFETY: the parts describe what they say and are not used after this; `&mut self`
+        // means no other access is left. (Lent ones are not reached: `lend` holds a handle
+        // until it took the slice back; they would free nothing in any case.)
+        unsafe { self.parts.get_mut().free() }
     }
 }
 
@@ -116,18 +233,22 @@ impl Inner {
             .collect()
     }
 
-    /// Replaces lent parts (a no-op for a vector's) by `v`: from here on the buffer no longer
-    /// reaches the lender's slice. Call it only with every stripe's exclusive lock held.
-    fn unlend_locked(&self, v: impl FnOnce(&[u8]) -> Vec<u8>) {
+    /// Makes the parts a `Vec<u8>`'s, from here on: lent ones become `lent(bytes)` (the
+    /// buffer no longer reaches the lender's slice), a typed vector's a copy of its bytes.
+    /// Call it only with every stripe's exclusive lock held.
+    fn bytes_locked(&self, lent: impl FnOnce(&[u8]) -> Vec<u8>) {
         // SAFETY: the caller holds every stripe's exclusive lock, so no other thread reads or
         // writes the parts or a byte meanwhile. Lent parts describe a live `&mut [u8]`: `lend`
-        // still borrows it (it calls this before returning), so the slice is valid.
+        // still borrows it (it calls this before returning), so the slice is valid; owned
+        // ones are freed once copied, and replaced.
         unsafe {
             let p = &mut *self.parts.get();
-            if !p.lent {
+            if p.is_byte_vec() {
                 return;
             }
-            let owned = v(std::slice::from_raw_parts(p.ptr, p.len));
+            let bytes = std::slice::from_raw_parts(p.ptr, p.len);
+            let owned = if p.lent { lent(bytes) } else { bytes.to_vec() };
+            p.free();
             *p = Parts::of(owned);
             self.len.store(p.len, Ordering::Release);
         }
@@ -220,6 +341,13 @@ impl OpBuffer {
         Self::of_parts(Parts::of(v))
     }
 
+    /// A buffer holding the bytes of `v`, a vector of any plain type (moved, not copied: a
+    /// `Vec<f32>` cannot become a `Vec<u8>`, whose allocation would have another alignment,
+    /// but its bytes can be the buffer's). [`take`](Self::take) hands the vector back.
+    pub fn from_typed<T: Pod>(v: Vec<T>) -> Self {
+        Self::of_parts(Parts::of_typed(v))
+    }
+
     /// Runs `f` with a buffer over `bytes`, not copied: what the port and the threads that
     /// share the handle read and write are the caller's bytes, while `f` runs. When `f`
     /// returns or unwinds, the buffer lets go of `bytes` (once any access in progress is
@@ -239,13 +367,14 @@ impl OpBuffer {
                 // One handle (this one): nobody else can reach the bytes, so none are kept.
                 // The count cannot rise meanwhile: only a holder of a handle makes another.
                 let alone = Arc::strong_count(inner) == 1;
-                inner.unlend_locked(|b| if alone { Vec::new() } else { b.to_vec() });
+                inner.bytes_locked(|b| if alone { Vec::new() } else { b.to_vec() });
             }
         }
         let back = Back(Self::of_parts(Parts {
             ptr: bytes.as_mut_ptr(),
             len: bytes.len(),
             cap: 0,
+            align: 1,
             lent: true,
         }));
         f(&back.0)
@@ -261,21 +390,22 @@ impl OpBuffer {
         unsafe { (*self.0.parts.get()).lent }
     }
 
-    /// Takes the bytes out, leaving the buffer empty: the vector, or, for a lent buffer, an
-    /// empty vector (the bytes stay where they are, in the lender's slice, which the buffer
-    /// no longer reaches). Waits for any access in progress.
-    pub fn take(&self) -> Vec<u8> {
+    /// Takes the bytes out, leaving the buffer empty: the allocation they are in, or, for a
+    /// lent buffer, nothing (the bytes stay where they are, in the lender's slice, which the
+    /// buffer no longer reaches). Waits for any access in progress.
+    pub fn take(&self) -> Taken {
         let _locks = self.0.lock_all();
-        self.0.unlend_locked(|_| Vec::new());
         // SAFETY: every stripe's exclusive lock is held, so nothing else reads or writes the
-        // parts; they describe a vector (not lent: `unlend_locked` just made sure), which is
-        // taken out once and replaced by an empty one.
+        // parts; owned ones move out whole into the `Taken` (which frees them), lent ones are
+        // let go of; either way they are replaced by an empty vector's.
         unsafe {
             let p = &mut *self.0.parts.get();
-            let v = Vec::from_raw_parts(p.ptr, p.len, p.cap);
-            *p = Parts::of(Vec::new());
+            let parts = std::mem::replace(p, Parts::of(Vec::new()));
             self.0.len.store(0, Ordering::Release);
-            v
+            if parts.lent {
+                return Taken(Parts::of(Vec::new()));
+            }
+            Taken(parts)
         }
     }
 
@@ -300,7 +430,7 @@ impl OpBuffer {
     /// (see [`lend`](Self::lend)); [`take`](Self::take) takes the bytes out without one.
     pub fn with<R>(&self, f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
         let _locks = self.0.lock_all();
-        self.0.unlend_locked(<[u8]>::to_vec);
+        self.0.bytes_locked(<[u8]>::to_vec);
         /// Puts the vector back into the parts when `f` returns or unwinds.
         struct Back<'a>(&'a Inner, ManuallyDrop<Vec<u8>>);
         impl Drop for Back<'_> {
@@ -315,8 +445,8 @@ impl OpBuffer {
             }
         }
         // SAFETY: every stripe's exclusive lock is held, so no other thread reads the parts
-        // or reaches a byte; the parts describe a live vector (not lent: `unlend_locked` just
-        // made sure; they are put back by `Back` before the locks go, even if `f` unwinds,
+        // or reaches a byte; the parts describe a live `Vec<u8>` (`bytes_locked` just made
+        // sure; they are put back by `Back` before the locks go, even if `f` unwinds,
         // and nothing reads them meanwhile).
         let v = unsafe {
             let p = &*self.0.parts.get();
@@ -499,6 +629,60 @@ mod tests {
         assert_eq!(taken.len(), 200_000);
         assert!(b.is_empty());
         assert_eq!(b.view(0, 1, |_| ()), None);
+    }
+
+    #[test]
+    fn a_typed_vector_is_held_without_a_copy_and_comes_back_as_itself() {
+        let mut v: Vec<f64> = Vec::with_capacity(20_000);
+        v.extend((0..12_000).map(f64::from));
+        let at = v.as_ptr();
+        let b = OpBuffer::from_typed(v);
+        assert_eq!(b.len(), 96_000);
+        // Bytes across a stripe's end: element 8191 and the next.
+        assert!(b.write_at(65_528, &2.5f64.to_ne_bytes()));
+        assert_eq!(
+            b.view(65_536, 8, <[u8]>::to_vec),
+            Some(8192f64.to_ne_bytes().to_vec())
+        );
+        let back: Vec<f64> = b.take().into_vec();
+        assert!(b.is_empty());
+        assert_eq!(
+            (back.as_ptr(), back.len(), back.capacity()),
+            (at, 12_000, 20_000)
+        );
+        assert_eq!((back[8190], back[8191], back[8192]), (8190.0, 2.5, 8192.0));
+        // Dropped without taking: freed (Miri checks).
+        drop(OpBuffer::from_typed(vec![1u32; 5000]));
+        drop(OpBuffer::from_typed(Vec::<u64>::with_capacity(3)).take());
+    }
+
+    #[test]
+    fn bytes_taken_become_another_type_by_a_copy_only_where_they_must() {
+        let words = || (0..1000u32).collect::<Vec<u32>>();
+        // Same alignment: the same allocation.
+        let v = words();
+        let at = v.as_ptr() as usize;
+        let f: Vec<f32> = OpBuffer::from_typed(v).take().into_vec();
+        assert_eq!((f.as_ptr() as usize, f.len()), (at, 1000));
+        assert_eq!(f[7].to_bits(), 7);
+        // Another alignment: copied.
+        let bytes: Vec<u8> = OpBuffer::from_typed(words()).take().into_vec();
+        assert_eq!(
+            bytes[..8],
+            [0u32.to_ne_bytes(), 1u32.to_ne_bytes()].concat()
+        );
+        let wide: Vec<u64> = OpBuffer::from_typed(words()).take().into_vec();
+        assert_eq!(wide.len(), 500);
+        // Bytes that do not fill the last element: zeros after them.
+        let odd: Vec<u16> = OpBuffer::from_vec(vec![1, 2, 3]).take().into_vec();
+        assert_eq!(
+            odd,
+            [u16::from_ne_bytes([1, 2]), u16::from_ne_bytes([3, 0])]
+        );
+        // `with` works on a byte vector: a typed one becomes a copy first.
+        let b = OpBuffer::from_typed(words());
+        b.with(|v| v.truncate(8));
+        assert_eq!(b.take().into_vec::<u32>(), [0, 1]);
     }
 
     #[test]

@@ -890,7 +890,6 @@ impl Handle {
         &self,
         kind: Kind,
         buf: impl Into<OpBuffer>,
-        typed: Option<Vec<T>>,
         span: tracing::Span,
     ) -> Result<Request<T>, CommError> {
         let buf = buf.into();
@@ -918,10 +917,10 @@ impl Handle {
             r.publish();
             // Without a wake-up: the dispatcher takes it at its next turn.
             let _ = self.tx.tx.send(Msg::Elsewhere(k));
-            return Ok(Request::new(rx, typed).with_tap(&self.tap));
+            return Ok(Request::new(rx).with_tap(&self.tap));
         }
         r.next += 1;
-        let mut req = Request::new(rx, typed);
+        let mut req = Request::new(rx);
         // Its waiting thread may lead when it surely runs over TCP (a large post held for
         // a switch agreement may go to the engine, which answers on its channel alone).
         if small || r.switch_at.is_some_and(|s| k >= s) {
@@ -3270,7 +3269,7 @@ mod tests {
                 .iter()
                 .map(|h| {
                     let kind = Kind::Broadcast { root: 0 };
-                    h.post::<u8>(kind, vec![i as u8; 8], None, tracing::Span::none())
+                    h.post::<u8>(kind, vec![i as u8; 8], tracing::Span::none())
                         .expect("post")
                 })
                 .collect();
@@ -3402,7 +3401,6 @@ mod tests {
             .post::<u8>(
                 Kind::Broadcast { root: 0 },
                 vec![1; 100],
-                None,
                 tracing::Span::none(),
             )
             .expect("post");
@@ -3427,7 +3425,7 @@ mod tests {
         let data = |i: usize| vec![(i * 7 + 1) as u8; len];
         let bcast = |h: &Handle, buf: Vec<u8>| {
             let kind = Kind::Broadcast { root: 0 };
-            h.post::<u8>(kind, buf, None, tracing::Span::none())
+            h.post::<u8>(kind, buf, tracing::Span::none())
                 .expect("post")
         };
         let mut root: Vec<_> = (0..n).map(|i| bcast(&hs[0], data(i))).collect();
@@ -3482,7 +3480,7 @@ mod tests {
             let kind = Kind::Allgather {
                 sizes: vec![block as u64; p as usize],
             };
-            h.post::<u8>(kind, buf, None, tracing::Span::none())
+            h.post::<u8>(kind, buf, tracing::Span::none())
                 .expect("post")
         };
         let first: Vec<_> = (0..n).map(|i| gather(&hs[0], i, 0)).collect();
@@ -3559,7 +3557,7 @@ mod tests {
             .map(|i| {
                 let kind = Kind::Broadcast { root: 0 };
                 hs[0]
-                    .post::<u8>(kind, vec![i as u8; len], None, tracing::Span::none())
+                    .post::<u8>(kind, vec![i as u8; len], tracing::Span::none())
                     .expect("post")
             })
             .collect();
@@ -3607,7 +3605,6 @@ mod tests {
             .post::<u8>(
                 Kind::Broadcast { root: 0 },
                 vec![0; data.len()],
-                None,
                 tracing::Span::none(),
             )
             .expect("post");
@@ -3646,7 +3643,7 @@ mod tests {
             sizes: vec![S as u64; 2],
         };
         let req = zero
-            .post::<u8>(kind, buf, None, tracing::Span::none())
+            .post::<u8>(kind, buf, tracing::Span::none())
             .expect("post");
         let got = req.wait().expect("the allgather completes");
         assert!(got[..S] == mine[..], "rank 0's own block was overwritten");
@@ -3701,7 +3698,7 @@ mod tests {
         let handles = dispatchers(P, 4096);
         let post = |me: usize, kind: Kind, buf: Vec<u8>| {
             handles[me]
-                .post::<u8>(kind, buf, None, tracing::Span::none())
+                .post::<u8>(kind, buf, tracing::Span::none())
                 .expect("post")
         };
         let bcast = |me: usize, n: usize| {
@@ -3780,7 +3777,6 @@ mod tests {
             .post::<u8>(
                 Kind::Broadcast { root: 0 },
                 data.clone(),
-                None,
                 tracing::Span::none(),
             )
             .expect("post");
@@ -3833,7 +3829,6 @@ mod tests {
             h.post::<u8>(
                 Kind::Broadcast { root: 0 },
                 vec![1; len],
-                None,
                 tracing::Span::none(),
             )
             .expect("post")
@@ -4010,7 +4005,7 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let kind = Kind::Broadcast { root: 0 };
-            match h.post::<u8>(kind, vec![0; 1 << 20], None, tracing::Span::none()) {
+            match h.post::<u8>(kind, vec![0; 1 << 20], tracing::Span::none()) {
                 Ok(r) => return r,
                 Err(_) => assert!(Instant::now() < deadline, "never frozen"),
             }
@@ -4091,7 +4086,7 @@ mod tests {
         let zero = start(cfg(0, 3), m.pop().expect("rank 0"), None, FROM_START).expect("start");
         let bcast = |root: u32| {
             let kind = Kind::Broadcast { root };
-            zero.post::<u8>(kind, vec![0; B], None, tracing::Span::none())
+            zero.post::<u8>(kind, vec![0; B], tracing::Span::none())
                 .expect("post")
         };
         // Operation 0: a Broadcast from rank 2 (rank 0's parent in its tree).
@@ -4105,7 +4100,7 @@ mod tests {
             sizes: sizes.clone(),
         };
         let op1 = zero
-            .post::<u8>(kind, vec![0; 3 * B], None, tracing::Span::none())
+            .post::<u8>(kind, vec![0; 3 * B], tracing::Span::none())
             .expect("post");
         one.send_control(Rank(0), &round_from(0, 1, 1, &sizes, &[1; B]));
         two.send_control(Rank(0), &round_from(1, 2, 1, &sizes, &[2; B]));
@@ -4223,7 +4218,7 @@ mod tests {
         assert_eq!(failure(held), lost, "held");
         let kind = Kind::Broadcast { root: 0 };
         let later = one
-            .post::<u8>(kind, vec![0; 1 << 20], None, tracing::Span::none())
+            .post::<u8>(kind, vec![0; 1 << 20], tracing::Span::none())
             .expect("post");
         assert_eq!(failure(later), lost, "later");
         drop(one);
@@ -4358,7 +4353,6 @@ mod tests {
                 .post::<u8>(
                     Kind::Broadcast { root: 0 },
                     vec![0; 3000],
-                    None,
                     tracing::Span::none(),
                 )
                 .expect("post");
@@ -4442,7 +4436,7 @@ mod tests {
                     sizes: sizes.iter().map(|&s| s as u64).collect(),
                 };
                 let req = h
-                    .post::<u8>(kind, buf, None, tracing::Span::none())
+                    .post::<u8>(kind, buf, tracing::Span::none())
                     .expect("post");
                 reqs.push((me, op, req));
             }
@@ -4517,7 +4511,7 @@ mod tests {
                     let want: Vec<u8> = (0..p as usize)
                         .flat_map(|r| bytes((g * 100 + r) as u64, sizes[r]))
                         .collect();
-                    let req = h.post::<u8>(kind, buf, None, tracing::Span::none());
+                    let req = h.post::<u8>(kind, buf, tracing::Span::none());
                     reqs.push((format!("P={p} rank {me} allgatherv {sizes:?}"), req, want));
                 }
                 for root in 0..p {
@@ -4527,8 +4521,7 @@ mod tests {
                     } else {
                         vec![0; want.len()]
                     };
-                    let req =
-                        h.post::<u8>(Kind::Broadcast { root }, buf, None, tracing::Span::none());
+                    let req = h.post::<u8>(Kind::Broadcast { root }, buf, tracing::Span::none());
                     reqs.push((format!("P={p} rank {me} broadcast from {root}"), req, want));
                 }
             }
@@ -4573,7 +4566,6 @@ mod tests {
             .post::<u8>(
                 Kind::Broadcast { root: 1 },
                 vec![0; 8],
-                None,
                 tracing::Span::none(),
             )
             .expect("post");
@@ -4629,7 +4621,7 @@ mod tests {
             let kind = Kind::Allgather {
                 sizes: sizes.clone(),
             };
-            h.post::<u8>(kind, buf, None, tracing::Span::none())
+            h.post::<u8>(kind, buf, tracing::Span::none())
                 .expect("post")
         };
         // Operation 0 (Bruck: round 0 from the next rank, round 1 from the one after). The
@@ -4703,7 +4695,7 @@ mod tests {
             .collect();
         let bcast = |h: &Handle, buf: Vec<u8>| {
             let kind = Kind::Broadcast { root: 0 };
-            h.post::<u8>(kind, buf, None, tracing::Span::none())
+            h.post::<u8>(kind, buf, tracing::Span::none())
                 .expect("post")
         };
         // Down the chain 0 -> 1 -> 2 -> 3: the hung rank posted (its clear-to-send reaches
@@ -4797,7 +4789,7 @@ mod tests {
                     vec![0; len]
                 };
                 let req = h
-                    .post::<u8>(Kind::Broadcast { root }, buf, None, tracing::Span::none())
+                    .post::<u8>(Kind::Broadcast { root }, buf, tracing::Span::none())
                     .expect("post");
                 reqs.push((me, root, len, req));
             }
@@ -4820,13 +4812,8 @@ mod tests {
                 } else {
                     vec![0; len]
                 };
-                h.post::<u8>(
-                    Kind::Broadcast { root: 4 },
-                    buf,
-                    None,
-                    tracing::Span::none(),
-                )
-                .expect("post")
+                h.post::<u8>(Kind::Broadcast { root: 4 }, buf, tracing::Span::none())
+                    .expect("post")
             })
             .collect();
         for (me, req) in reqs.into_iter().enumerate() {
@@ -4851,7 +4838,7 @@ mod tests {
             vec![0; data.len()]
         };
         let kind = Kind::Broadcast { root };
-        h.post::<u8>(kind, buf, None, tracing::Span::none())
+        h.post::<u8>(kind, buf, tracing::Span::none())
             .expect("post")
     }
 
@@ -4987,7 +4974,7 @@ mod tests {
                     let kind = Kind::Allgather {
                         sizes: sizes.clone(),
                     };
-                    let req = h.post::<u8>(kind, buf, None, tracing::Span::none());
+                    let req = h.post::<u8>(kind, buf, tracing::Span::none());
                     reqs.push((me, op, req.expect("post")));
                 }
             }
@@ -5042,7 +5029,7 @@ mod tests {
         let kind = Kind::Allgather {
             sizes: vec![100, 100],
         };
-        let req = zero.post::<u8>(kind, buf, None, tracing::Span::none());
+        let req = zero.post::<u8>(kind, buf, tracing::Span::none());
         let got = req.expect("post").wait().expect("the allgather completes");
         assert!(got[..100].iter().all(|&b| b == 7), "rank 0's own block");
         assert!(got[100..] == theirs[..], "rank 1's block");

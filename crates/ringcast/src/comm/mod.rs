@@ -49,7 +49,8 @@
 //! Non-blocking calls take an owned `Vec<T>` and hand it back from [`Request::wait`], in the
 //! style of tokio-uring: the engine owns the bytes while the operation runs, so a dropped or
 //! leaked request can never let it write into freed memory. Element types are
-//! [`bytemuck::Pod`]; byte-aligned types move without a copy, others are copied once each way.
+//! [`bytemuck::Pod`], any alignment: the vector itself is the operation's buffer and comes back
+//! as itself, not copied (the transport's `OpBuffer::from_typed`).
 //! Blocking calls run on the caller's slice itself, as MPI does: the engine reads and writes
 //! it while the call runs and lets go of it before the call returns, whatever the outcome
 //! (the transport's `OpBuffer::lend`, a scope in the manner of `std::thread::scope`). Nothing
@@ -158,7 +159,6 @@ use std::time::Duration;
 use bytemuck::Pod;
 
 use engine::{Command, Kind, Post, PostTx};
-use request::vec_to_bytes;
 use ringcast_transport_rocev2_udp::OpBuffer;
 
 /// How long [`Communicator::stats`] waits for the engine.
@@ -287,11 +287,10 @@ impl Communicator {
         &self,
         kind: Kind,
         bytes: OpBuffer,
-        typed: Option<Vec<T>>,
         span: tracing::Span,
     ) -> Result<Request<T>, CommError> {
         if let Some(f) = &self.fallback {
-            return f.post(kind, bytes, typed, span);
+            return f.post(kind, bytes, span);
         }
         let (reply, rx) = mpsc::sync_channel(1);
         self.send(Command::Post(Post {
@@ -302,7 +301,7 @@ impl Communicator {
             index: None,
             forfeit: false,
         }))?;
-        Ok(Request::new(rx, typed))
+        Ok(Request::new(rx))
     }
 
     /// Starts a Broadcast of `buf` from `root`: on return of [`Request::wait`], every rank's
@@ -310,8 +309,7 @@ impl Communicator {
     pub fn ibroadcast<T: Pod>(&self, root: u32, buf: Vec<T>) -> Result<Request<T>, CommError> {
         self.elem::<T>()?;
         let span = self.broadcast_span(root, std::mem::size_of_val(buf.as_slice()))?;
-        let (bytes, typed) = vec_to_bytes(buf);
-        self.post(Kind::Broadcast { root }, bytes.into(), typed, span)
+        self.post(Kind::Broadcast { root }, OpBuffer::from_typed(buf), span)
     }
 
     /// Starts an Allgather: `recv` (`send.len()` times the world size) comes back holding
@@ -376,9 +374,9 @@ impl Communicator {
         counts: &[usize],
     ) -> Result<Request<T>, CommError> {
         let shape = self.allgatherv_shape(send, recv.len(), counts)?;
-        let (mut bytes, typed) = vec_to_bytes(recv);
-        shape.place(send, &mut bytes);
-        self.post(shape.kind, bytes.into(), typed, shape.span)
+        let mut recv = recv;
+        shape.place(send, bytemuck::cast_slice_mut(&mut recv));
+        self.post(shape.kind, OpBuffer::from_typed(recv), shape.span)
     }
 
     /// Checks an Allgatherv's buffers against `counts` (refusing it when they do not fit, see
@@ -434,7 +432,7 @@ impl Communicator {
         span: tracing::Span,
     ) -> Result<OpStats, CommError> {
         OpBuffer::lend(bytes, |b| {
-            self.post::<u8>(kind, b.clone(), None, span)?
+            self.post::<u8>(kind, b.clone(), span)?
                 .wait_with_stats()
                 .map(|(_, stats)| stats)
         })

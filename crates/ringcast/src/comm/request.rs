@@ -1,17 +1,20 @@
 //! Non-blocking operations' handles.
 
+use std::marker::PhantomData;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
+use ringcast_transport_rocev2_udp::Taken;
 
 use super::error::CommError;
 use super::fallback::{LossTap, Progress};
 use super::stats::OpStats;
 
-/// What the engine hands back: the operation's buffer, or why it failed.
-pub(crate) type Completion = Result<(Vec<u8>, OpStats), CommError>;
+/// What the engine hands back: the operation's bytes (the caller's vector, taken out of the
+/// operation's buffer), or why it failed.
+pub(crate) type Completion = Result<(Taken, OpStats), CommError>;
 
 /// What a request's channel holds: its end, if there (a channel whose sender is gone: the
 /// operation was cancelled).
@@ -35,8 +38,8 @@ pub struct Request<T: Pod = u8> {
     rx: Receiver<Completion>,
     /// Boxed: keeps a pending request small.
     got: Option<Box<Completion>>,
-    /// The caller's vector, when its bytes travelled as a copy (T aligned above 1).
-    typed: Option<Vec<T>>,
+    /// The element type the caller's vector comes back as.
+    elem: PhantomData<fn() -> T>,
     /// Told the operation's stats (the TCP fallback's loss window), when set. Weak, like
     /// `driver`: a leaked request must not keep the communicator's descriptors open.
     tap: Option<Weak<LossTap>>,
@@ -46,11 +49,11 @@ pub struct Request<T: Pod = u8> {
 }
 
 impl<T: Pod> Request<T> {
-    pub(crate) fn new(rx: Receiver<Completion>, typed: Option<Vec<T>>) -> Self {
+    pub(crate) fn new(rx: Receiver<Completion>) -> Self {
         Request {
             rx,
             got: None,
-            typed,
+            elem: PhantomData,
             tap: None,
             driver: None,
         }
@@ -142,28 +145,8 @@ impl<T: Pod> Request<T> {
         if let Some(tap) = self.tap.as_ref().and_then(Weak::upgrade) {
             tap.observe(&stats);
         }
-        let out = match self.typed.take() {
-            Some(mut v) => {
-                bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(&bytes);
-                v
-            }
-            None => bytes_to_vec(bytes),
-        };
+        // The caller's own vector, moved back (a copy only for a lent buffer's empty one).
+        let out = bytes.into_vec::<T>();
         Ok((out, stats))
-    }
-}
-
-/// `T`'s bytes as a byte vector: moved when `T` has byte alignment, else copied.
-pub(crate) fn vec_to_bytes<T: Pod>(v: Vec<T>) -> (Vec<u8>, Option<Vec<T>>) {
-    match bytemuck::allocation::try_cast_vec::<T, u8>(v) {
-        Ok(b) => (b, None),
-        Err((_, v)) => (bytemuck::cast_slice(&v).to_vec(), Some(v)),
-    }
-}
-
-fn bytes_to_vec<T: Pod>(b: Vec<u8>) -> Vec<T> {
-    match bytemuck::allocation::try_cast_vec::<u8, T>(b) {
-        Ok(v) => v,
-        Err((_, b)) => bytemuck::allocation::pod_collect_to_vec(&b),
     }
 }
