@@ -592,10 +592,10 @@ fn a_rendezvous_host_given_by_name_is_met_at() {
     });
 }
 
-/// A hello as `Rendezvous::join` sends it (wire.rs): `RCBS`, version 1, rank, world size, no
+/// A hello as `Rendezvous::join` sends it (wire.rs): `RCBS`, version 2, rank, world size, no
 /// local rank, job key, control blob.
 fn raw_hello(rank: u32, world: u32, job_key: u64, control: &[u8]) -> Vec<u8> {
-    let mut h = b"RCBS\x00\x01".to_vec();
+    let mut h = b"RCBS\x00\x02".to_vec();
     h.extend_from_slice(&rank.to_be_bytes());
     h.extend_from_slice(&world.to_be_bytes());
     h.extend_from_slice(&u32::MAX.to_be_bytes());
@@ -1170,8 +1170,8 @@ fn a_trickled_reply_does_not_keep_a_rank_past_its_deadline() {
             let (mut c, _) = listener.accept().expect("accept");
             let mut hello = [0u8; 64];
             let _ = c.read(&mut hello);
-            // "RCBS", version 1, status table, then a minute of the rest.
-            let mut reply = b"RCBS\x00\x01\x00".to_vec();
+            // "RCBS", version 2, status table, then a minute of the rest.
+            let mut reply = b"RCBS\x00\x02\x00".to_vec();
             reply.resize(60, 0);
             trickle(c, &reply, &stop)
         });

@@ -15,8 +15,9 @@ use std::time::Instant;
 
 /// First bytes of every message.
 pub(super) const MAGIC: [u8; 4] = *b"RCBS";
-/// Protocol version.
-pub(super) const VERSION: u16 = 1;
+/// Protocol version. 2: a control entry carries the rank's cores and its host's boot id after
+/// its addresses (`addr cpus=N host=ID`, for the lane count), which version 1 could not parse.
+pub(super) const VERSION: u16 = 2;
 /// Largest control blob a rank may send (it holds a few socket addresses).
 pub const MAX_CONTROL_LEN: usize = 4096;
 /// Longest hello: the fixed fields (30 bytes) and the longest control blob.
@@ -290,7 +291,7 @@ mod tests {
     use super::*;
 
     const HELLO: [u8; 33] = [
-        b'R', b'C', b'B', b'S', 0, 1, // magic, version
+        b'R', b'C', b'B', b'S', 0, 2, // magic, version
         0, 0, 0, 3, // rank
         0, 0, 0, 4, // world
         0xff, 0xff, 0xff, 0xff, // local rank unknown
@@ -331,7 +332,7 @@ mod tests {
             entries: vec![(Some(0), b"x".to_vec()), (None, vec![])],
         };
         let bytes: &[u8] = &[
-            b'R', b'C', b'B', b'S', 0, 1, 0, // header, status table
+            b'R', b'C', b'B', b'S', 0, 2, 0, // header, status table
             0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, // nonce
             0, 0, 0, 2, // entries
             0, 0, 0, 0, 0, 0, 0, 1, b'x', // rank 0: local 0, "x"
@@ -345,7 +346,7 @@ mod tests {
         ));
 
         let refused = Reply::Refused("no".into());
-        let bytes: &[u8] = &[b'R', b'C', b'B', b'S', 0, 1, 1, 0, 0, 0, 2, b'n', b'o'];
+        let bytes: &[u8] = &[b'R', b'C', b'B', b'S', 0, 2, 1, 0, 0, 0, 2, b'n', b'o'];
         assert_eq!(refused.encode(), bytes);
         assert_eq!(Reply::read(&mut &bytes[..], 9).expect("refusal"), refused);
     }
@@ -363,6 +364,12 @@ mod tests {
         assert!(matches!(
             Hello::read(&mut &wrong[..]),
             Err(WireError::Version(9))
+        ));
+        // A build from before the entries carried cores and a host id.
+        wrong[5] = 1;
+        assert!(matches!(
+            Hello::read(&mut &wrong[..]),
+            Err(WireError::Version(1))
         ));
         let mut wrong = HELLO;
         wrong[26..30].copy_from_slice(&u32::MAX.to_be_bytes());
