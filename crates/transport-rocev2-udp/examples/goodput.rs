@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release -p ringcast-transport-rocev2-udp --example goodput -- \
 //!     [--payload 4096] [--secs 2] [--rate-mbps 0 (unpaced)] [--mode all|gso|nogso|std] \
-//!     [--sched batch|other] [--deliver BYTES] [--source BYTES]
+//!     [--sched batch|other] [--deliver BYTES] [--source BYTES] [--lanes N]
 //! ```
 //! Prints, per mode, the sender's rate and each receiver's goodput (UDP payload bytes received
 //! per second, from the first send to the receiver's last datagram) and loss.
@@ -34,6 +34,13 @@
 //! `--source BYTES`: the sender takes its payloads in turn from a buffer of `BYTES` (say, a
 //! 64 MiB Broadcast's), as a Broadcast's root reads its buffer, instead of sending one
 //! payload that stays in cache over and over.
+//!
+//! `--lanes N` (the ringcast modes on loopback): as ringcast's lanes do, N groups, each with
+//! a sender thread of its own and, at every receiver, a receiving thread and socket of its
+//! own; a lane's sender takes its payloads from its Nth of the `--source` buffer and a lane's
+//! receiving thread keeps them in its Nth of the `--deliver` one. A receiver's goodput is the
+//! sum over its lanes: the ceiling of a Broadcast that runs on N lanes, where one sender
+//! thread no longer bounds it.
 
 #![allow(clippy::print_stdout)]
 
@@ -69,6 +76,8 @@ struct Args {
     deliver: usize,
     /// Bytes of the buffer the sender takes its payloads from (0: one payload, resent).
     source: usize,
+    /// Groups, each with its own sender and receiving threads.
+    lanes: usize,
 }
 
 /// Where a receiver copies its payloads with `--deliver` (round robin over the buffer).
@@ -115,7 +124,7 @@ fn receiver_sched(batch: bool) {
 
 const USAGE: &str = "usage: goodput [--payload BYTES] [--secs S] [--rate-mbps MB/s] \
 [--mode all|gso|nogso|std] [--sched batch|other] [--deliver BYTES] [--source BYTES] \
-[--role send|recv --iface IPv4 --port PORT]";
+[--lanes N] [--role send|recv --iface IPv4 --port PORT]";
 
 /// The arguments, or what is wrong with them.
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -130,6 +139,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         batch: true,
         deliver: 0,
         source: 0,
+        lanes: 1,
     };
     fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T, String> {
         v.parse().map_err(|_| format!("{k}: cannot read {v:?}"))
@@ -147,6 +157,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--port" => a.port = num(&k, &v)?,
             "--deliver" => a.deliver = num(&k, &v)?,
             "--source" => a.source = num(&k, &v)?,
+            "--lanes" => a.lanes = num(&k, &v)?,
             "--mode" if ["all", "gso", "nogso", "std"].contains(&v.as_str()) => a.mode = v,
             "--role" if v == "send" || v == "recv" => a.role = Some(v),
             "--sched" if v == "batch" || v == "other" => a.batch = v == "batch",
@@ -156,6 +167,12 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     }
     if a.payload == 0 {
         return Err("--payload: at least 1 byte".to_owned());
+    }
+    if !(1..=64).contains(&a.lanes) {
+        return Err("--lanes: 1 to 64".to_owned());
+    }
+    if a.lanes > 1 && a.role.is_some() {
+        return Err("--lanes: on loopback only, not with --role".to_owned());
     }
     Ok(a)
 }
@@ -254,31 +271,37 @@ fn charge(p: &mut Option<(Pacer, Instant)>, bytes: usize) {
 
 /// Lane 0's group and the job's addresses for `nonce` on UDP `port`.
 fn lane0(nonce: u64, port: u16) -> (JobAddrs, SocketAddrV4) {
+    let (job, groups) = lane_groups(nonce, port, 1);
+    (job, groups[0])
+}
+
+/// The job's addresses for `nonce` on UDP `port`, and its `lanes` groups.
+fn lane_groups(nonce: u64, port: u16, lanes: usize) -> (JobAddrs, Vec<SocketAddrV4>) {
     let job = JobAddrs::derive(
         nonce,
-        1,
+        lanes,
         &AddrConfig {
             port,
             ..AddrConfig::default()
         },
     )
     .expect("groups");
-    let group = job.group(0).expect("lane 0");
-    (job, group)
+    let groups = (0..lanes).map(|l| job.group(l).expect("lane")).collect();
+    (job, groups)
 }
 
-/// A ringcast sender to `group` as rank 0.
+/// A ringcast sender to lane `lane`'s `group` as rank 0.
 fn lane_sender(
     net: &SocketConfig,
     job: &JobAddrs,
-    group: SocketAddrV4,
+    (lane, group): (u16, SocketAddrV4),
     a: &Args,
     gso: bool,
 ) -> LaneSender {
     LaneSender::new(
         TxSocket::open(net).expect("tx socket"),
         TxConfig {
-            lane: 0,
+            lane,
             group,
             pkey: 0xFFFF,
             qkey: job.qkey(),
@@ -292,9 +315,9 @@ fn lane_sender(
 }
 
 /// Sends full 64-chunk batches (paced when `--rate-mbps` is set) until `a.secs` after `start`,
-/// their payloads in turn from a buffer of `--source` bytes (at least a payload).
-fn send_for(tx: &mut LaneSender, a: &Args, start: Instant) {
-    let source = vec![0xA5u8; a.source.max(a.payload)];
+/// their payloads in turn from a buffer of `source` bytes (at least a payload).
+fn send_for(tx: &mut LaneSender, a: &Args, start: Instant, source: usize) {
+    let source = vec![0xA5u8; source.max(a.payload)];
     let slots = source.len() / a.payload;
     let mut at = 0;
     let mut chunks: Vec<OutChunk<'_>> = Vec::with_capacity(64);
@@ -315,69 +338,112 @@ fn send_for(tx: &mut LaneSender, a: &Args, start: Instant) {
     }
 }
 
+/// One receiving thread's socket read until the sender is done and the socket stays quiet.
+fn receive_until_quiet(
+    mut rx: LaneReceiver,
+    done: &AtomicBool,
+    start: Instant,
+    a: (bool, usize),
+    udp_len: usize,
+) -> RxResult {
+    let (batch, bytes) = a;
+    receiver_sched(batch);
+    let mut sink = Sink::new(bytes);
+    let mut last = start;
+    let mut quiet_since = None::<Instant>;
+    loop {
+        let n = deliver(&mut sink, rx.recv(Duration::from_millis(20)).expect("recv"));
+        if n > 0 {
+            last = Instant::now();
+            quiet_since = None;
+        } else if done.load(Ordering::Acquire) {
+            let q = *quiet_since.get_or_insert_with(Instant::now);
+            if q.elapsed() > QUIET {
+                break;
+            }
+        }
+    }
+    let s = *rx.stats();
+    RxResult {
+        // Every chunk is full: UDP bytes = chunks x datagram length.
+        bytes: s.accepted * udp_len as u64,
+        datagrams: s.accepted,
+        last,
+        socket_drops: rx.socket().socket_drops().unwrap_or(0),
+    }
+}
+
 fn run_ringcast(a: &Args, nonce: u64, gso: bool) -> Run {
-    let (job, group) = lane0(nonce, free_port());
+    let lanes = a.lanes;
+    let (job, groups) = lane_groups(nonce, free_port(), lanes);
     let net = SocketConfig::loopback();
+    // Receiver r's lane l: its own socket and thread.
     let mut rxs = Vec::new();
     for _ in 0..RECEIVERS {
-        let sock = RxSocket::open(&net, group).expect("rx socket");
-        rxs.push(LaneReceiver::new(
-            sock,
-            RxConfig::new(0, 0xFFFF, job.qkey(), a.payload),
-        ));
+        for (l, &group) in groups.iter().enumerate() {
+            let sock = RxSocket::open(&net, group).expect("rx socket");
+            rxs.push(LaneReceiver::new(
+                sock,
+                RxConfig::new(l as u16, 0xFFFF, job.qkey(), a.payload),
+            ));
+        }
     }
     println!(
         "(receive buffer granted: {} B)",
         rxs[0].socket().granted_recv_buffer()
     );
-    let mut tx = lane_sender(&net, &job, group, a, gso);
+    let txs: Vec<LaneSender> = (0..lanes)
+        .map(|l| lane_sender(&net, &job, (l as u16, groups[l]), a, gso))
+        .collect();
     let udp_len = datagram_len(a.payload);
     let done = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
+    let rx_cfg = (a.batch, a.deliver / lanes);
     let workers: Vec<_> = rxs
         .into_iter()
-        .map(|mut rx| {
+        .map(|rx| {
             let done = done.clone();
-            let (batch, bytes) = (a.batch, a.deliver);
-            thread::spawn(move || {
-                receiver_sched(batch);
-                let mut sink = Sink::new(bytes);
-                let mut last = start;
-                let mut quiet_since = None::<Instant>;
-                loop {
-                    let n = deliver(&mut sink, rx.recv(Duration::from_millis(20)).expect("recv"));
-                    if n > 0 {
-                        last = Instant::now();
-                        quiet_since = None;
-                    } else if done.load(Ordering::Acquire) {
-                        let q = *quiet_since.get_or_insert_with(Instant::now);
-                        if q.elapsed() > QUIET {
-                            break;
-                        }
-                    }
-                }
-                let s = *rx.stats();
-                RxResult {
-                    // Every chunk is full: UDP bytes = chunks x datagram length.
-                    bytes: s.accepted * udp_len as u64,
-                    datagrams: s.accepted,
-                    last,
-                    socket_drops: rx.socket().socket_drops().unwrap_or(0),
-                }
-            })
+            thread::spawn(move || receive_until_quiet(rx, &done, start, rx_cfg, udp_len))
         })
         .collect();
-    send_for(&mut tx, a, start);
-    let send_secs = start.elapsed().as_secs_f64();
+    let source = a.source / lanes;
+    let (send_secs, sent) = thread::scope(|s| {
+        let senders: Vec<_> = txs
+            .into_iter()
+            .map(|mut tx| {
+                s.spawn(move || {
+                    send_for(&mut tx, a, start, source);
+                    (start.elapsed().as_secs_f64(), *tx.stats())
+                })
+            })
+            .collect();
+        let ends: Vec<_> = senders
+            .into_iter()
+            .map(|h| h.join().expect("sender"))
+            .collect();
+        let secs = ends.iter().map(|e| e.0).fold(0.0, f64::max);
+        let datagrams = ends.iter().map(|e| e.1.datagrams).sum::<u64>();
+        let bytes = ends.iter().map(|e| e.1.udp_bytes).sum::<u64>();
+        (secs, (datagrams, bytes))
+    });
     done.store(true, Ordering::Release);
-    let rx = workers
+    let per_lane: Vec<RxResult> = workers
         .into_iter()
         .map(|w| w.join().expect("receiver"))
         .collect();
-    let s = *tx.stats();
+    // A receiver is the sum of its lanes.
+    let rx = per_lane
+        .chunks(lanes)
+        .map(|ls| RxResult {
+            bytes: ls.iter().map(|r| r.bytes).sum(),
+            datagrams: ls.iter().map(|r| r.datagrams).sum(),
+            last: ls.iter().map(|r| r.last).max().unwrap_or(start),
+            socket_drops: ls.iter().map(|r| r.socket_drops).sum(),
+        })
+        .collect();
     Run {
-        sent_datagrams: s.datagrams,
-        sent_bytes: s.udp_bytes,
+        sent_datagrams: sent.0,
+        sent_bytes: sent.1,
         send_secs,
         start,
         rx,
@@ -525,9 +591,9 @@ fn run_role(a: &Args, role: &str) {
             );
         }
         "send" => {
-            let mut tx = lane_sender(&net, &job, group, a, true);
+            let mut tx = lane_sender(&net, &job, (0, group), a, true);
             let start = Instant::now();
-            send_for(&mut tx, a, start);
+            send_for(&mut tx, a, start, a.source);
             let s = *tx.stats();
             let secs = start.elapsed().as_secs_f64();
             println!(
@@ -551,9 +617,10 @@ fn main() {
     let udp_len = datagram_len(a.payload);
     let all = a.mode == "all";
     println!(
-        "1 sender -> {RECEIVERS} receivers on loopback, payload {} B, {} s, {}",
+        "1 sender -> {RECEIVERS} receivers on loopback, payload {} B, {} s, {} lane(s), {}",
         a.payload,
         a.secs,
+        a.lanes,
         if a.rate_mbps > 0.0 {
             format!("paced at {} MB/s", a.rate_mbps)
         } else {
