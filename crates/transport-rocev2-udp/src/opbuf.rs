@@ -159,7 +159,7 @@ impl Taken {
     pub fn into_vec<T: Pod>(self) -> Vec<T> {
         let size = std::mem::size_of::<T>();
         let p = &self.0;
-        if size == 0 || p.len == 0 {
+        if size == 0 {
             return Vec::new();
         }
         if p.align == std::mem::align_of::<T>()
@@ -170,8 +170,10 @@ impl Taken {
             let p = &this.0;
             // SAFETY: the allocation (`cap` bytes at `align`, owned by `this`, which is not
             // dropped) is what `Vec<T>` of capacity `cap / size` allocates: `T`'s alignment,
-            // `cap` bytes. Its first `len` bytes, `len / size` whole `T`s, are initialized,
-            // and any bytes are a valid `T` (`Pod`).
+            // `cap` bytes; with `cap` 0 nothing was allocated, and `ptr` is a vector's
+            // dangling one, non-null and aligned to `align`, `T`'s. Its first `len` bytes,
+            // `len / size` whole `T`s, are initialized, and any bytes are a valid `T` (`Pod`).
+            // An empty vector comes back so too, with its capacity.
             return unsafe { Vec::from_raw_parts(p.ptr.cast::<T>(), p.len / size, p.cap / size) };
         }
         // SAFETY: the parts' first `len` bytes are initialized and owned by `self`, which
@@ -654,6 +656,28 @@ mod tests {
         // Dropped without taking: freed (Miri checks).
         drop(OpBuffer::from_typed(vec![1u32; 5000]));
         drop(OpBuffer::from_typed(Vec::<u64>::with_capacity(3)).take());
+    }
+
+    #[test]
+    fn an_empty_vector_comes_back_as_itself_with_its_capacity() {
+        let v: Vec<f64> = Vec::with_capacity(100);
+        let at = v.as_ptr();
+        let back: Vec<f64> = OpBuffer::from_typed(v).take().into_vec();
+        assert_eq!((back.as_ptr(), back.len(), back.capacity()), (at, 0, 100));
+        let v: Vec<u8> = Vec::with_capacity(50);
+        let at = v.as_ptr();
+        let back: Vec<u8> = OpBuffer::from_vec(v).take().into_vec();
+        assert_eq!((back.as_ptr(), back.len(), back.capacity()), (at, 0, 50));
+        // Another alignment, or nothing allocated: an empty vector all the same.
+        let other: Vec<u32> = OpBuffer::from_typed(Vec::<u16>::with_capacity(8))
+            .take()
+            .into_vec();
+        assert!(other.is_empty());
+        let none: Vec<u64> = OpBuffer::from_typed(Vec::<u64>::new()).take().into_vec();
+        assert!(none.is_empty());
+        let mut mine = [1u8; 4];
+        let lent: Vec<u16> = OpBuffer::lend(&mut mine, OpBuffer::take).into_vec();
+        assert!(lent.is_empty());
     }
 
     #[test]
