@@ -729,6 +729,52 @@ fn a_rank_of_the_job_with_another_world_size_fails_the_rendezvous_at_once() {
     });
 }
 
+/// After the job failed at once (a world size mismatch), rank 0 stays a moment to tell the
+/// ranks that come late why (a rank of another job still hears that it is one), and leaves as
+/// soon as every rank of its world has been told: the late rank does not retry a closed port
+/// until its own timeout.
+#[test]
+fn ranks_that_come_after_the_job_failed_hear_why() {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = port_of(&listener);
+    std::thread::scope(|s| {
+        let root = s.spawn(move || {
+            let mut root = Rendezvous::new(0, 4, addr(port));
+            root.job_key = 9;
+            root.timeout = Duration::from_secs(30);
+            root.serve(listener, b"control of 0")
+        });
+        let _waiting = raw_join_of_job(port, 1, 4, 9, b"control of 1");
+        let mut wrong = Rendezvous::new(2, 5, addr(port));
+        wrong.job_key = 9;
+        wrong.timeout = Duration::from_secs(5);
+        wrong.run(b"control of 2").expect_err("refused");
+        // Another job's rank, then this job's rank 3, late.
+        let mut stray = Rendezvous::new(3, 4, addr(port));
+        stray.job_key = 7;
+        stray.timeout = Duration::from_secs(5);
+        let text = stray.run(b"stray").expect_err("refused").to_string();
+        assert!(text.contains("belongs to another job"), "{text}");
+        let mut late = Rendezvous::new(3, 4, addr(port));
+        late.job_key = 9;
+        // Without rank 0 telling it, it would retry the closed port this long and time out
+        // (another error).
+        late.timeout = Duration::from_secs(30);
+        let e = late.run(b"control of 3").expect_err("refused");
+        assert!(matches!(e, RendezvousError::Refused { .. }), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("the job failed") && text.contains("says the world has 5 ranks"),
+            "{text}"
+        );
+        let got = root.join().expect("no panic");
+        assert!(
+            matches!(got, Err(RendezvousError::WorldSizeMismatch { rank: 2, .. })),
+            "{got:?}"
+        );
+    });
+}
+
 /// A rank number beyond the world it agrees on is refused and named as such (not as a world
 /// size mismatch: "says the world has 2 ranks, rank 0 says 2"); the job goes on.
 #[test]

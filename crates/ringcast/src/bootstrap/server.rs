@@ -12,8 +12,10 @@
 //! and it is the same) but another world size: ranks of one launch disagree, so the job as
 //! started cannot meet, and rank 0 fails at once with [`RendezvousError::WorldSizeMismatch`],
 //! telling every rank that has joined or is sending its hello why, rather than waiting out
-//! its timeout. (Without a job key on both sides the hello may be another job's, and is
-//! refused alone.)
+//! its timeout; for up to [`LINGER`] after, it tells the job's ranks that come late why too
+//! (until each rank of its world has been told), rather than leave them to retry a closed
+//! port until their own timeout. (Without a job key on both sides the hello may be another
+//! job's, and is refused alone.)
 //!
 //! Of two claims to one rank the first is kept while its connection is open: rank 0 cannot
 //! tell which process is right, and the first has been waiting for the table since; a first
@@ -25,7 +27,7 @@
 use super::rendezvous::{PeerTable, Rendezvous, RendezvousError, job_nonce, table};
 use super::wire::{self, By, Hello, MAX_HELLO_LEN, Reply, WireError};
 use mio::{Events, Interest, Poll, Token};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{self, ErrorKind, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -41,6 +43,9 @@ const MAX_PENDING: usize = 256;
 /// Refused connections a timeout's message lists (a flood of strays makes it no longer); as
 /// many again of this job's refused hellos, which come first.
 const REJECTED_KEPT: usize = 16;
+/// How long rank 0 stays after the job failed at once (ranks disagree on the world size) to
+/// tell the ranks that come late why.
+pub(super) const LINGER: Duration = Duration::from_secs(5);
 /// The listener's token; pending connections count up from 0.
 const LISTENER: Token = Token(usize::MAX);
 
@@ -96,6 +101,9 @@ pub(super) struct Server<'a> {
     rejected: Vec<String>,
     /// Connections refused or dropped, those in neither list included.
     rejects: usize,
+    /// The job failed at once: what rank 0 tells every rank of it that comes late
+    /// ([`Server::linger`]), and the ranks told so far.
+    failed: Option<(String, BTreeSet<u32>)>,
 }
 
 impl<'a> Server<'a> {
@@ -125,6 +133,7 @@ impl<'a> Server<'a> {
             refused: Vec::new(),
             rejected: Vec::new(),
             rejects: 0,
+            failed: None,
         })
     }
 
@@ -164,7 +173,13 @@ impl<'a> Server<'a> {
                 match self.read_hello(event.token()) {
                     Ok(true) => waiting -= 1,
                     Ok(false) => {}
-                    Err(e) => return Err(self.fail(e)),
+                    Err(e) => {
+                        let e = self.fail(e);
+                        if let RendezvousError::WorldSizeMismatch { rank, .. } = &e {
+                            self.linger(&e, *rank);
+                        }
+                        return Err(e);
+                    }
                 }
             }
             if waiting == 0 {
@@ -351,6 +366,12 @@ impl<'a> Server<'a> {
             self.reject(why);
             return Ok(false);
         }
+        if let Some((text, told)) = &mut self.failed {
+            refuse(&mut stream, text);
+            told.insert(hello.rank);
+            tracing::debug!(rank = hello.rank, %peer, "rendezvous: told a late rank why the job failed");
+            return Ok(false);
+        }
         let same_job = ours != 0 && hello.job_key == ours;
         let replaced = match self.fits(&hello, peer) {
             Ok(replaced) => replaced,
@@ -482,6 +503,57 @@ impl<'a> Server<'a> {
             missing,
             origin: self.cfg.addr.origin,
             rejected,
+        }
+    }
+
+    /// After the job failed at once with `e` (`culprit` the rank whose hello showed it, told
+    /// already, as the joined ranks were): for up to [`LINGER`], or until every rank of rank
+    /// 0's world has been told, reads the hellos of ranks that come late and tells each why
+    /// (a process of another job still hears that it is one).
+    fn linger(&mut self, e: &RendezvousError, culprit: u32) {
+        let mut told: BTreeSet<u32> = self.joined.keys().copied().collect();
+        told.insert(culprit);
+        self.joined.clear();
+        self.failed = Some((format!("the job failed: {e}"), told));
+        let until = Instant::now() + LINGER;
+        let mut events = Events::with_capacity(MAX_PENDING + 1);
+        let world = self.cfg.world_size;
+        let all_told = |s: &Self| {
+            s.failed
+                .as_ref()
+                .is_some_and(|(_, told)| (1..world).all(|r| r == s.cfg.rank || told.contains(&r)))
+        };
+        while !all_told(self) {
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            self.expire(now);
+            if self.accept().is_err() {
+                break;
+            }
+            match self.poll.poll(&mut events, Some(until - now)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+            for event in &events {
+                if event.token() != LISTENER {
+                    // Never an error: `admit` refuses every hello once the job failed.
+                    let _ = self.read_hello(event.token());
+                }
+            }
+        }
+        let text = self
+            .failed
+            .as_ref()
+            .map(|(t, _)| t.clone())
+            .unwrap_or_default();
+        for p in std::mem::take(&mut self.pending).into_values() {
+            let mut stream = TcpStream::from(p.stream);
+            if stream.set_nonblocking(false).is_ok() {
+                refuse(&mut stream, &text);
+            }
         }
     }
 
