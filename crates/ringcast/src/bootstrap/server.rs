@@ -549,10 +549,16 @@ impl<'a> Server<'a> {
             .as_ref()
             .map(|(t, _)| t.clone())
             .unwrap_or_default();
+        self.refuse_pending(&text);
+    }
+
+    /// Tells every connection whose hello is still coming `text` (a rank halfway through its
+    /// hello hears why rather than a closed connection), and drops it.
+    fn refuse_pending(&mut self, text: &str) {
         for p in std::mem::take(&mut self.pending).into_values() {
             let mut stream = TcpStream::from(p.stream);
             if stream.set_nonblocking(false).is_ok() {
-                refuse(&mut stream, &text);
+                refuse(&mut stream, text);
             }
         }
     }
@@ -565,12 +571,7 @@ impl<'a> Server<'a> {
         for j in self.joined.values_mut() {
             refuse(&mut j.stream, &text);
         }
-        for p in std::mem::take(&mut self.pending).into_values() {
-            let mut stream = TcpStream::from(p.stream);
-            if stream.set_nonblocking(false).is_ok() {
-                refuse(&mut stream, &text);
-            }
-        }
+        self.refuse_pending(&text);
         tracing::error!("rendezvous: {e}");
         e
     }
