@@ -945,9 +945,19 @@ const MAX_AUTO_LANES: u16 = 4;
 struct Host {
     /// Cores this rank may run on (its affinity mask and cgroup quota).
     cpus: u32,
+    /// The cores of its affinity mask (sorted, no repeats), if known: ranks of one host bound
+    /// to disjoint cores (`srun --cpu-bind`, `mpirun --map-by slot:PE=4`) each have theirs to
+    /// themselves, where ranks that share a mask share its cores.
+    set: Option<Vec<u32>>,
     /// The host's kernel (its boot id: network namespaces share it), if known.
     id: Option<String>,
 }
+
+/// Most cores a set in an entry may name, and the longest list written: a larger mask is
+/// left out (its rank's cores then count as shared with the others of its host), and a
+/// larger one read is not understood.
+const MAX_SET_CPUS: usize = 4096;
+const MAX_SET_LEN: usize = 1024;
 
 impl Host {
     fn here() -> Self {
@@ -960,17 +970,77 @@ impl Host {
                     && s.len() <= 64
                     && s.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
             });
+        // The kernel's own list of the mask (`0-3,8-11`), as `taskset -c` writes it.
+        let set = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|st| {
+                st.lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .map(|l| l.trim().to_owned())
+            })
+            .and_then(|l| parse_cpu_list(&l));
         Host {
             cpus: u32::try_from(cpus).unwrap_or(u32::MAX),
+            set,
             id,
         }
     }
 }
 
+/// A cpu list (`0-3,8,10-11`) as its sorted cores; `None` if it is not one, is empty, or
+/// names more than [`MAX_SET_CPUS`].
+fn parse_cpu_list(l: &str) -> Option<Vec<u32>> {
+    let mut set = Vec::new();
+    for part in l.split(',') {
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<u32>().ok()?, b.parse::<u32>().ok()?),
+            None => {
+                let c = part.parse::<u32>().ok()?;
+                (c, c)
+            }
+        };
+        if hi < lo || (hi - lo) as usize >= MAX_SET_CPUS - set.len().min(MAX_SET_CPUS) {
+            return None;
+        }
+        set.extend(lo..=hi);
+    }
+    set.sort_unstable();
+    set.dedup();
+    (!set.is_empty()).then_some(set)
+}
+
+/// Sorted cores as a cpu list (`0-3,8,10-11`).
+fn cpu_list(set: &[u32]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < set.len() {
+        let mut j = i;
+        while j + 1 < set.len() && set[j + 1] == set[j] + 1 {
+            j += 1;
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        out.push_str(&set[i].to_string());
+        if j > i {
+            out.push('-');
+            out.push_str(&set[j].to_string());
+        }
+        i = j + 1;
+    }
+    out
+}
+
 /// A rank's rendezvous entry: its control address, then its host's facts
-/// (`10.0.0.2:41234 cpus=16 host=6f0b...`).
+/// (`10.0.0.2:41234 cpus=16 set=0-15 host=6f0b...`).
 fn entry(control: SocketAddr, host: &Host) -> String {
     let mut e = format!("{control} cpus={}", host.cpus);
+    if let Some(list) = host.set.as_deref().map(cpu_list)
+        && list.len() <= MAX_SET_LEN
+    {
+        e.push_str(" set=");
+        e.push_str(&list);
+    }
     if let Some(id) = &host.id {
         e.push_str(" host=");
         e.push_str(id);
@@ -979,14 +1049,20 @@ fn entry(control: SocketAddr, host: &Host) -> String {
 }
 
 /// An entry's control address and host facts. A rank's facts that are missing or not
-/// understood count as one core on a host of its own address.
+/// understood count as one core on a host of its own address (a set not understood, as no
+/// set).
 fn parse_entry(e: &str) -> Option<(SocketAddr, Host)> {
     let mut words = e.split_ascii_whitespace();
     let control: SocketAddr = words.next()?.parse().ok()?;
-    let mut host = Host { cpus: 1, id: None };
+    let mut host = Host {
+        cpus: 1,
+        set: None,
+        id: None,
+    };
     for w in words {
         match w.split_once('=') {
             Some(("cpus", n)) => host.cpus = n.parse().unwrap_or(1),
+            Some(("set", l)) if l.len() <= MAX_SET_LEN => host.set = parse_cpu_list(l),
             Some(("host", id)) => host.id = Some(id.to_owned()),
             _ => {}
         }
@@ -995,11 +1071,16 @@ fn parse_entry(e: &str) -> Option<(SocketAddr, Host)> {
 }
 
 /// The lane count every rank of a job picks from the same entries: each rank gets the cores
-/// it may run on, at most its share of its host's (the most any rank there reports, over
-/// the ranks there), and the job the fewest any rank gets, between 1 and
-/// [`MAX_AUTO_LANES`] (1 for a job of one rank). Ranks whose host is not known count as
-/// alone on their address's. Ranks of one host in disjoint cpusets (containers with a few
-/// cores each) count as sharing the largest: fewer lanes than they could run, never more.
+/// it has to itself, and the job the fewest any rank gets, between 1 and [`MAX_AUTO_LANES`]
+/// (1 for a job of one rank). Ranks whose host is not known count as alone on their
+/// address's.
+///
+/// What a rank has to itself: where every rank of its host told its set, each of its cores
+/// counted as a share (one over the ranks of the host whose set holds it), so that ranks in
+/// disjoint sets have theirs and ranks that share a set share it; at most the cores it may
+/// run on (a cgroup quota). Otherwise its cores, at most its share of its host's (the most
+/// any rank there reports, over the ranks there): ranks in disjoint sets then count as
+/// sharing the largest, fewer lanes than they could run, never more.
 fn auto_lanes(ranks: &[(SocketAddr, Host)]) -> u16 {
     // A job of one rank multicasts nothing: one lane's sockets and workers are plenty.
     if ranks.len() <= 1 {
@@ -1009,17 +1090,43 @@ fn auto_lanes(ranks: &[(SocketAddr, Host)]) -> u16 {
         Some(id) => format!("host {id}"),
         None => format!("address {}", a.ip()),
     };
-    let mut hosts: std::collections::HashMap<String, (u32, u32)> = Default::default();
+    #[derive(Default)]
+    struct Seen {
+        most_cpus: u32,
+        ranks: u32,
+        /// Per core, the ranks whose set holds it; `None` once a rank told no set.
+        sharers: Option<std::collections::HashMap<u32, u32>>,
+    }
+    let mut hosts: std::collections::HashMap<String, Seen> = Default::default();
     for r in ranks {
-        let e = hosts.entry(key(r)).or_default();
-        e.0 = e.0.max(r.1.cpus);
-        e.1 += 1;
+        let e = hosts.entry(key(r)).or_insert_with(|| Seen {
+            sharers: Some(Default::default()),
+            ..Default::default()
+        });
+        e.most_cpus = e.most_cpus.max(r.1.cpus);
+        e.ranks += 1;
+        match (&mut e.sharers, &r.1.set) {
+            (Some(sharers), Some(set)) => {
+                for &c in set {
+                    *sharers.entry(c).or_default() += 1;
+                }
+            }
+            (sharers, _) => *sharers = None,
+        }
     }
     let fewest = ranks
         .iter()
         .map(|r| {
-            let (cpus, n) = hosts[&key(r)];
-            r.1.cpus.min(cpus / n.max(1))
+            let seen = &hosts[&key(r)];
+            let own = match (&seen.sharers, &r.1.set) {
+                (Some(sharers), Some(set)) => {
+                    let share: f64 = set.iter().map(|c| 1.0 / f64::from(sharers[c])).sum();
+                    // Within a rounding error of a whole core counts as one.
+                    (share + 1e-9).floor() as u32
+                }
+                _ => seen.most_cpus / seen.ranks.max(1),
+            };
+            r.1.cpus.min(own)
         })
         .min()
         .unwrap_or(1);
@@ -1263,9 +1370,95 @@ mod tests {
             addr.parse().expect("address"),
             Host {
                 cpus,
+                set: None,
                 id: id.map(str::to_owned),
             },
         )
+    }
+
+    /// [`on`], with an affinity mask.
+    fn bound(addr: &str, set: std::ops::Range<u32>, id: &str) -> (SocketAddr, Host) {
+        let set: Vec<u32> = set.collect();
+        (
+            addr.parse().expect("address"),
+            Host {
+                cpus: set.len() as u32,
+                set: Some(set),
+                id: Some(id.to_owned()),
+            },
+        )
+    }
+
+    /// Ranks bound to cores of their own each get theirs; ranks that share a mask share its
+    /// cores; a rank that told no set makes its host count as before.
+    #[test]
+    fn lanes_follow_the_cores_of_each_rank_s_mask() {
+        let disjoint: Vec<_> = (0..4u32)
+            .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), r * 4..r * 4 + 4, "a"))
+            .collect();
+        assert_eq!(auto_lanes(&disjoint), 4, "4 ranks with 4 cores each");
+        let two_each: Vec<_> = (0..4u32)
+            .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), r * 2..r * 2 + 2, "a"))
+            .collect();
+        assert_eq!(auto_lanes(&two_each), 2);
+        let shared: Vec<_> = (0..4u32)
+            .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), 0..16, "a"))
+            .collect();
+        assert_eq!(auto_lanes(&shared), 4, "16 shared cores over 4 ranks");
+        let crowded: Vec<_> = (0..8u32)
+            .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), 0..16, "a"))
+            .collect();
+        assert_eq!(auto_lanes(&crowded), 2);
+        // Two ranks overlapping on 4 of 8 cores each: 4 + 4 / 2 = 6 (at most 4).
+        let overlap = [
+            bound("10.0.0.1:1", 0..8, "a"),
+            bound("10.0.0.1:2", 4..12, "a"),
+        ];
+        assert_eq!(auto_lanes(&overlap), 4);
+        // One core each, three ranks on one, one alone on another: the fewest, 1.
+        let uneven = [
+            bound("10.0.0.1:1", 0..1, "a"),
+            bound("10.0.0.1:2", 0..1, "a"),
+            bound("10.0.0.1:3", 0..1, "a"),
+            bound("10.0.0.1:4", 1..2, "a"),
+        ];
+        assert_eq!(auto_lanes(&uneven), 1);
+        // A cgroup quota below the mask bounds it.
+        let mut quota = disjoint.clone();
+        quota[2].1.cpus = 2;
+        assert_eq!(auto_lanes(&quota), 2);
+        // A rank of the host without a set (an entry from elsewhere): the host counts as
+        // sharing its largest count, as before (16 / 4).
+        let mut unknown = disjoint.clone();
+        unknown[0].1.set = None;
+        unknown[0].1.cpus = 16;
+        assert_eq!(auto_lanes(&unknown), 4);
+        unknown[0].1.cpus = 8;
+        assert_eq!(auto_lanes(&unknown), 2);
+    }
+
+    #[test]
+    fn cpu_lists_read_and_write_as_the_kernel_writes_them() {
+        assert_eq!(
+            parse_cpu_list("0-3,8,10-11"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
+        assert_eq!(parse_cpu_list("5"), Some(vec![5]));
+        assert_eq!(parse_cpu_list("3,1-2,2"), Some(vec![1, 2, 3]));
+        for bad in ["", "a", "3-1", "1-", "-1", "0-4294967295", "1,,2"] {
+            assert_eq!(parse_cpu_list(bad), None, "{bad:?}");
+        }
+        assert_eq!(parse_cpu_list("0-4095").map(|s| s.len()), Some(4096));
+        assert_eq!(parse_cpu_list("0-4096"), None, "more than MAX_SET_CPUS");
+        assert_eq!(cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        assert_eq!(cpu_list(&[7]), "7");
+        assert_eq!(cpu_list(&[]), "");
+        // This process's own mask reads back.
+        let here = Host::here();
+        if let Some(set) = &here.set {
+            assert!(set.len() as u32 >= here.cpus || here.cpus == 1, "{here:?}");
+            assert_eq!(parse_cpu_list(&cpu_list(set)).as_ref(), Some(set));
+        }
     }
 
     /// The lanes every rank picks: a lane per core each rank has to itself, 1 to 4.
@@ -1330,10 +1523,36 @@ mod tests {
         let e = entry(addr, &host);
         assert_eq!(e, "10.1.2.3:4567 cpus=12 host=0c1d-ab");
         assert_eq!(parse_entry(&e), Some((addr, host)));
-        let no_id = Host { cpus: 3, id: None };
+        let (_, with_set) = bound("10.1.2.3:4567", 4..8, "0c1d-ab");
+        let e = entry(addr, &with_set);
+        assert_eq!(e, "10.1.2.3:4567 cpus=4 set=4-7 host=0c1d-ab");
+        assert_eq!(parse_entry(&e), Some((addr, with_set.clone())));
+        // A set not understood, or too long to be sent: none.
+        let no_set = Host {
+            set: None,
+            ..with_set.clone()
+        };
+        assert_eq!(
+            parse_entry("10.1.2.3:4567 cpus=4 set=7-4 host=0c1d-ab"),
+            Some((addr, no_set.clone()))
+        );
+        let wide = Host {
+            set: Some((0..4096).step_by(2).collect()),
+            ..with_set
+        };
+        assert!(!entry(addr, &wide).contains("set="));
+        let no_id = Host {
+            cpus: 3,
+            set: None,
+            id: None,
+        };
         assert_eq!(parse_entry(&entry(addr, &no_id)), Some((addr, no_id)));
         // A bare address (an older entry) or facts not understood: one core.
-        let one = Host { cpus: 1, id: None };
+        let one = Host {
+            cpus: 1,
+            set: None,
+            id: None,
+        };
         assert_eq!(parse_entry("10.1.2.3:4567"), Some((addr, one.clone())));
         assert_eq!(parse_entry("10.1.2.3:4567 cpus=lots x"), Some((addr, one)));
         assert_eq!(parse_entry("not an address cpus=4"), None);
