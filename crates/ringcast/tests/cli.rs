@@ -410,6 +410,11 @@ fn bench_and_demo_refuse_bad_flags_before_spawning() {
     refused(&bench(&["--timeout", "0ns"]), "--timeout");
     // Silently ignored --sizes.
     refused(&["demo", "--quick", "--sizes", "1"], "--quick");
+    // A size that is not a whole number of elements.
+    refused(
+        &bench(&["--dtype", "f64", "--sizes", "4KiB,1001"]),
+        "--sizes 1001: not a multiple of --dtype f64's 8 bytes",
+    );
     // Blamed RINGCAST_CHUNK_SIZE; or let every rank start to refuse a chunk no datagram holds.
     refused(&bench(&["--chunk", "0"]), "--chunk 0");
     refused(

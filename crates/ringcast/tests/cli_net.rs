@@ -177,6 +177,48 @@ fn bench_allgatherv_after_a_double_dash_reports_a_ring_s_bytes() {
     assert_eq!(counts(row, "p2p_per_rank"), [32, 28, 24, 36], "{row}");
 }
 
+/// `--dtype` runs the calls on vectors and slices of that type (aligned above a byte), each
+/// size verified byte for byte first: uneven Allgatherv blocks of whole elements, blocking
+/// and not, over multicast and over TCP.
+#[test]
+fn bench_typed_buffers_are_verified() {
+    for (dtype, more) in [
+        ("f32", None),
+        ("f64", Some("--blocking")),
+        ("bf16", Some("--in-place")),
+    ] {
+        let mut args = vec![
+            "bench",
+            "allgatherv",
+            "--local",
+            "3",
+            "--sizes",
+            "8,4KiB,300KiB",
+            "--iters",
+            "2",
+            "--dtype",
+            dtype,
+            "--json",
+        ];
+        args.extend(more);
+        let out = run_bounded(command(&args));
+        assert!(out.status.success(), "{dtype}: {}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+        assert_eq!(v["dtype"], dtype);
+        let elem = match dtype {
+            "bf16" => 2,
+            "f32" => 4,
+            _ => 8,
+        };
+        for row in v["results"].as_array().expect("results") {
+            assert_eq!(row["verified"], true, "{row}");
+            for b in row["blocks"].as_array().expect("blocks") {
+                assert_eq!(b.as_u64().expect("bytes") % elem, 0, "{row}");
+            }
+        }
+    }
+}
+
 /// `--in-place` times the in-place Allgatherv, over multicast and over TCP, each size
 /// verified byte for byte first; it conflicts with `--blocking`.
 #[test]

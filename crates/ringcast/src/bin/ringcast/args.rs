@@ -248,11 +248,15 @@ pub(crate) struct BenchArgs {
     /// Print one JSON document instead of the table (no progress bar).
     #[arg(long)]
     pub(crate) json: bool,
-    /// Time the blocking calls (`broadcast(&mut [T])`, `allgatherv(&[T], &mut [T])`, which
-    /// copy into and out of the communicator's buffers) instead of the non-blocking ones on
-    /// owned vectors.
+    /// Time the blocking calls (`broadcast(&mut [T])`, `allgatherv(&[T], &mut [T])`, on the
+    /// caller's slices) instead of the non-blocking ones on owned vectors.
     #[arg(long)]
     pub(crate) blocking: bool,
+    /// Element type of the buffers (nccl-tests' `-d`): the calls take `Vec<T>` / `&mut [T]`
+    /// of it. Collectives move bytes, so only its size and alignment matter; every size must
+    /// be a multiple of its size.
+    #[arg(long, value_enum, default_value = "u8")]
+    pub(crate) dtype: Dtype,
     /// Time the in-place Allgather(v) (`iallgatherv_in_place`, `MPI_IN_PLACE`: this rank's
     /// block is already in the receive buffer, nothing is copied in); a Broadcast is always
     /// in place.
@@ -260,6 +264,50 @@ pub(crate) struct BenchArgs {
     pub(crate) in_place: bool,
     #[command(flatten)]
     pub(crate) net: NetArgs,
+}
+
+/// `ringcast bench --dtype`: the element type of the buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Dtype {
+    /// Bytes (`u8`).
+    U8,
+    /// Half precision, carried as `u16` (2 bytes, 2-aligned).
+    F16,
+    /// bfloat16, carried as `u16`.
+    Bf16,
+    /// `f32`.
+    F32,
+    /// `f64`.
+    F64,
+    /// `i32`.
+    I32,
+    /// `i64`.
+    I64,
+}
+
+impl Dtype {
+    /// Its size in bytes.
+    pub(crate) fn size(self) -> u64 {
+        match self {
+            Dtype::U8 => 1,
+            Dtype::F16 | Dtype::Bf16 => 2,
+            Dtype::F32 | Dtype::I32 => 4,
+            Dtype::F64 | Dtype::I64 => 8,
+        }
+    }
+
+    /// Its name, as `--dtype` takes it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Dtype::U8 => "u8",
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+            Dtype::F32 => "f32",
+            Dtype::F64 => "f64",
+            Dtype::I32 => "i32",
+            Dtype::I64 => "i64",
+        }
+    }
 }
 
 /// What `ringcast bench` times.

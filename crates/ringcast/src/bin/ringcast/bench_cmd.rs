@@ -8,10 +8,11 @@
 //! bytes each rank injected come from its transport counters around each timed iteration.
 
 use crate::CmdError;
-use crate::args::{BenchArgs, Collective};
+use crate::args::{BenchArgs, Collective, Dtype};
 use crate::demo_cmd::typed;
 use crate::local::{self, LocalRanks};
 use crate::net::{self, Injected, Step};
+use bytemuck::Pod;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ringcast::{CommError, Communicator};
 use serde_json::{Value, json};
@@ -38,6 +39,14 @@ fn check(a: &BenchArgs) -> Result<(), CmdError> {
     }
     if let Some(c) = a.net.chunk {
         net::chunk(c)?;
+    }
+    let elem = a.dtype.size();
+    if let Some(&size) = a.sizes.iter().find(|&&s| s % elem != 0) {
+        return Err(format!(
+            "--sizes {size}: not a multiple of --dtype {}'s {elem} bytes",
+            a.dtype.name()
+        )
+        .into());
     }
     Ok(())
 }
@@ -134,12 +143,13 @@ impl Output {
             };
             o.line(&format!(
                 "# ringcast bench {}: {ranks} ranks ({launch}), {} verified + {} warm-up + {} \
-                 timed iterations per size, {} calls",
+                 timed iterations per size, {} calls on {} buffers",
                 name(a.collective),
                 1,
                 a.warmup,
                 a.iters,
-                calls(a)
+                calls(a),
+                a.dtype.name()
             ))?;
             o.line(
                 "# Latency: per iteration the slowest rank's time; avg/min/max over iterations",
@@ -252,6 +262,7 @@ impl Output {
             "warmup": a.warmup,
             "blocking": a.blocking,
             "in_place": a.in_place,
+            "dtype": a.dtype.name(),
             "iters": a.iters,
             "lanes": self.lanes,
             "latency": "per iteration the slowest rank's time (us); avg/min/max over iterations",
@@ -363,7 +374,15 @@ fn rank(a: &BenchArgs, child: bool) -> Result<(), CmdError> {
     for (si, &size) in a.sizes.iter().enumerate() {
         sink.emit("SIZE", &crate::units::human(size))?;
         let what = format!("{} of {size} B per rank", name(a.collective));
-        let row = one_size(&comm, a, si as u64, size, &mut sink).map_err(|e| match e {
+        let row = match a.dtype {
+            Dtype::U8 => one_size::<u8>(&comm, a, si as u64, size, &mut sink),
+            Dtype::F16 | Dtype::Bf16 => one_size::<u16>(&comm, a, si as u64, size, &mut sink),
+            Dtype::F32 => one_size::<f32>(&comm, a, si as u64, size, &mut sink),
+            Dtype::F64 => one_size::<f64>(&comm, a, si as u64, size, &mut sink),
+            Dtype::I32 => one_size::<i32>(&comm, a, si as u64, size, &mut sink),
+            Dtype::I64 => one_size::<i64>(&comm, a, si as u64, size, &mut sink),
+        };
+        let row = row.map_err(|e| match e {
             Step::Comm(e) => CmdError::Run(typed(&what, &e)),
             Step::Cmd(e) => e,
         })?;
@@ -377,17 +396,17 @@ fn rank(a: &BenchArgs, child: bool) -> Result<(), CmdError> {
     Ok(())
 }
 
-/// The buffers of one collective, reused across iterations.
-enum Bufs {
-    Bcast(Vec<u8>),
+/// The buffers of one collective, reused across iterations; `counts` in elements.
+enum Bufs<T> {
+    Bcast(Vec<T>),
     Gather {
-        send: Vec<u8>,
-        recv: Vec<u8>,
+        send: Vec<T>,
+        recv: Vec<T>,
         counts: Vec<usize>,
     },
 }
 
-impl Bufs {
+impl<T: Pod> Bufs<T> {
     fn run(self, comm: &Communicator, a: &BenchArgs) -> Result<Self, CommError> {
         if a.blocking {
             return Ok(match self {
@@ -431,7 +450,7 @@ fn calls(a: &BenchArgs) -> &'static str {
 }
 
 /// One size on this rank; rank 0 returns the row.
-fn one_size(
+fn one_size<T: Pod>(
     comm: &Communicator,
     a: &BenchArgs,
     salt: u64,
@@ -439,41 +458,57 @@ fn one_size(
     sink: &mut Sink,
 ) -> Result<Option<Value>, Step> {
     let (me, p) = (comm.rank(), comm.size());
+    // Every size is a multiple of it (`check`).
+    let elem = std::mem::size_of::<T>() as u64;
     // Every size was checked against the ranks (`check_for`): the total fits in a buffer.
     let total = net::held_bytes(size, p, a.collective != Collective::Bcast)?;
     let blocks: Vec<u64> = match a.collective {
         Collective::Bcast => vec![size],
         Collective::Allgather => vec![size; p as usize],
-        Collective::Allgatherv => {
-            net::uneven_blocks(p, size).ok_or_else(|| format!("--sizes {size}: too large"))?
-        }
+        Collective::Allgatherv => net::uneven_blocks(p, size / elem)
+            .ok_or_else(|| format!("--sizes {size}: too large"))?
+            .into_iter()
+            .map(|b| b * elem)
+            .collect(),
     };
+    // In bytes (what is verified), and in elements (what the calls take).
     let counts: Vec<usize> = blocks.iter().map(|&b| b as usize).collect();
+    let elems: Vec<usize> = counts.iter().map(|&b| b / elem as usize).collect();
     // The verified run.
     let mut bufs = match a.collective {
         Collective::Bcast => Bufs::Bcast(if me == 0 {
-            net::pattern(salt, 0, size)?
+            typed_pattern::<T>(salt, 0, size)?
         } else {
-            net::buffer(size, 0)?
+            typed_buffer::<T>(size)?
         }),
         _ => {
-            let send = net::pattern(salt, me, blocks[me as usize])?;
-            let mut recv = net::buffer(total, 0)?;
+            let send = typed_pattern::<T>(salt, me, blocks[me as usize])?;
+            let mut recv = typed_buffer::<T>(total)?;
             if a.in_place {
-                let at: usize = counts[..me as usize].iter().sum();
+                let at: usize = elems[..me as usize].iter().sum();
                 recv[at..at + send.len()].copy_from_slice(&send);
             }
             Bufs::Gather {
                 send,
                 recv,
-                counts: counts.clone(),
+                counts: elems,
             }
         }
     };
     bufs = bufs.run(comm, a)?;
     let checked = match &bufs {
-        Bufs::Bcast(b) => net::verify("bcast", b, &net::pattern(salt, 0, size)?, &counts),
-        Bufs::Gather { recv, .. } => net::verify_gathered(name(a.collective), recv, salt, &counts),
+        Bufs::Bcast(b) => net::verify(
+            "bcast",
+            bytemuck::cast_slice(b),
+            &net::pattern(salt, 0, size)?,
+            &counts,
+        ),
+        Bufs::Gather { recv, .. } => net::verify_gathered(
+            name(a.collective),
+            bytemuck::cast_slice(recv),
+            salt,
+            &counts,
+        ),
     };
     checked.map_err(CmdError::Run)?;
     sink.emit("TICK", "")?;
@@ -518,6 +553,25 @@ fn one_size(
         return Ok(None);
     }
     Ok(Some(summarize(a, p, size, total, &blocks, &all)))
+}
+
+/// A zeroed buffer of `bytes` (a multiple of `T`'s size) as `T`s, or an error naming
+/// `--sizes` where memory is short.
+fn typed_buffer<T: Pod>(bytes: u64) -> Result<Vec<T>, String> {
+    let n = bytes / std::mem::size_of::<T>() as u64;
+    net::try_filled(n, T::zeroed()).ok_or_else(|| {
+        format!(
+            "cannot allocate a buffer of {} ({bytes} B) on this rank: use smaller --sizes",
+            crate::units::human(bytes)
+        )
+    })
+}
+
+/// [`net::pattern`]'s bytes in a buffer of `T`s.
+fn typed_pattern<T: Pod>(salt: u64, rank: u32, bytes: u64) -> Result<Vec<T>, String> {
+    let mut v = typed_buffer::<T>(bytes)?;
+    net::pattern_into(salt, rank, bytemuck::cast_slice_mut(&mut v));
+    Ok(v)
 }
 
 /// Rank 0's row from every rank's timings and counters.
