@@ -23,8 +23,14 @@
 //! slice under every stripe's exclusive lock: it keeps a copy of its bytes if another handle
 //! is left (an engine thread that has not let go yet), else nothing.
 //!
-//! This module's `unsafe` is the vector's raw parts: kept apart so that a range can be
-//! handed out without a reference to the whole vector, put back together under every lock.
+//! A buffer may hold a vector of any plain type ([`OpBuffer::from_typed`]: a `Vec<f32>`'s
+//! bytes, its allocation kept with its alignment), which [`OpBuffer::take`] hands back as a
+//! [`Taken`] that becomes the same vector again: a non-blocking call's vector is moved, never
+//! copied.
+//!
+//! This module's `unsafe` is the vector's raw parts (with the alignment it was allocated
+//! with), or a lent slice's: kept apart so that a range can be handed out without a
+//! reference to the whole vector, put back together under every lock.
 #![allow(unsafe_code)]
 
 use std::cell::UnsafeCell;
@@ -277,7 +283,8 @@ impl Inner {
     ) -> (Held<G>, Option<*mut u8>) {
         let (first, last) = self.span(offset, len);
         let held = Held::each(&self.stripes[first..=last], lock);
-        // SAFETY: a stripe's lock is held, so `with` is not changing the parts.
+        // SAFETY: a stripe's lock is held, so nothing changes the parts (that takes every
+        // stripe's exclusive lock: `with`, `take`, the end of `lend`).
         let p = unsafe { &*self.parts.get() };
         let at = range(offset, len, p.len).map(|r| p.ptr.wrapping_add(r.start));
         (held, at)
