@@ -1077,8 +1077,9 @@ fn parse_entry(e: &str) -> Option<(SocketAddr, Host)> {
 ///
 /// What a rank has to itself: where every rank of its host told its set, each of its cores
 /// counted as a share (one over the ranks of the host whose set holds it), so that ranks in
-/// disjoint sets have theirs and ranks that share a set share it; at most the cores it may
-/// run on (a cgroup quota). Otherwise its cores, at most its share of its host's (the most
+/// disjoint sets have theirs and ranks that share a set share it; where it may run on fewer
+/// cores than its set names (a cgroup quota, which ranks of one container share; CPUs of the
+/// mask not online), that share of those. Otherwise its cores, at most its share of its host's (the most
 /// any rank there reports, over the ranks there): ranks in disjoint sets then count as
 /// sharing the largest, fewer lanes than they could run, never more.
 fn auto_lanes(ranks: &[(SocketAddr, Host)]) -> u16 {
@@ -1121,6 +1122,11 @@ fn auto_lanes(ranks: &[(SocketAddr, Host)]) -> u16 {
             let own = match (&seen.sharers, &r.1.set) {
                 (Some(sharers), Some(set)) => {
                     let share: f64 = set.iter().map(|c| 1.0 / f64::from(sharers[c])).sum();
+                    // Fewer cores to run on than the set names (a cgroup quota, which the
+                    // ranks of one container share; CPUs of the mask not online): the
+                    // rank's share of them, as of its set, not all of them.
+                    let len = set.len() as f64;
+                    let share = share * (f64::from(r.1.cpus) / len).min(1.0);
                     // Within a rounding error of a whole core counts as one.
                     (share + 1e-9).floor() as u32
                 }
@@ -1435,6 +1441,37 @@ mod tests {
         assert_eq!(auto_lanes(&unknown), 4);
         unknown[0].1.cpus = 8;
         assert_eq!(auto_lanes(&unknown), 2);
+    }
+
+    /// A rank's `cpus` below its set's size (a cgroup quota that ranks of one container
+    /// share, or a mask that names CPUs not online, as the default mask does on a VM whose
+    /// possible CPUs outnumber its online ones) bounds its share of its set, not only the
+    /// rank: ranks sharing a quota must not each get all of it.
+    #[test]
+    fn a_quota_below_the_mask_is_shared_like_the_mask() {
+        let with = |n: u32, set: std::ops::Range<u32>, cpus: u32| -> Vec<_> {
+            (0..n)
+                .map(|r| {
+                    let mut b = bound(&format!("10.0.0.1:{}", 1 + r), set.clone(), "a");
+                    b.1.cpus = cpus;
+                    b
+                })
+                .collect()
+        };
+        // `docker run --cpus=2` around 4 ranks, unbound on a 16-core host: half a core each
+        // (before sets, 2 / 4: 1 lane).
+        assert_eq!(auto_lanes(&with(4, 0..16, 2)), 1);
+        // 8 unbound ranks on a VM with 16 CPUs online of 64 possible: 2 each.
+        assert_eq!(auto_lanes(&with(8, 0..64, 16)), 2);
+        assert_eq!(auto_lanes(&with(4, 0..64, 16)), 4);
+        // Ranks bound to cores of their own, with a quota each: the quota.
+        let mut own: Vec<_> = (0..4u32)
+            .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), r * 4..r * 4 + 4, "a"))
+            .collect();
+        for r in &mut own {
+            r.1.cpus = 3;
+        }
+        assert_eq!(auto_lanes(&own), 3);
     }
 
     #[test]
