@@ -775,6 +775,53 @@ fn ranks_that_come_after_the_job_failed_hear_why() {
     });
 }
 
+/// A rank of the job whose hello is still coming when the job fails (its bytes read in part,
+/// or not yet read) hears why at once, and counts as told: rank 0, with every rank of its
+/// world told, leaves at once rather than lingering out the whole time for it.
+#[test]
+fn a_rank_halfway_through_its_hello_when_the_job_failed_counts_as_told() {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let port = port_of(&listener);
+    std::thread::scope(|s| {
+        let root = s.spawn(move || {
+            let mut root = Rendezvous::new(0, 3, addr(port));
+            root.job_key = 9;
+            root.timeout = Duration::from_secs(30);
+            root.serve(listener, b"control of 0")
+        });
+        // Rank 1's hello but its last byte: its rank and job key are there.
+        let hello = raw_hello(1, 3, 9, b"control of 1");
+        let mut halfway =
+            std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect");
+        halfway.write_all(&hello[..hello.len() - 1]).expect("hello");
+        std::thread::sleep(Duration::from_millis(300));
+        let mut wrong = Rendezvous::new(2, 5, addr(port));
+        wrong.job_key = 9;
+        wrong.timeout = Duration::from_secs(5);
+        wrong.run(b"control of 2").expect_err("refused");
+        let failed = std::time::Instant::now();
+        let got = root.join().expect("no panic");
+        assert!(
+            matches!(got, Err(RendezvousError::WorldSizeMismatch { rank: 2, .. })),
+            "{got:?}"
+        );
+        let waited = failed.elapsed();
+        assert!(
+            waited < Duration::from_secs(3),
+            "rank 0 lingered {waited:?}"
+        );
+        halfway
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut reply = Vec::new();
+        let _ = halfway.read_to_end(&mut reply);
+        assert_eq!(reply.get(6), Some(&1), "{reply:?}");
+        let told = String::from_utf8_lossy(&reply);
+        assert!(told.contains("the job failed"), "{told}");
+    });
+}
+
 /// A rank number beyond the world it agrees on is refused and named as such (not as a world
 /// size mismatch: "says the world has 2 ranks, rank 0 says 2"); the job goes on.
 #[test]

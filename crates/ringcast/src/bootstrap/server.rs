@@ -150,7 +150,10 @@ impl<'a> Server<'a> {
                 return Err(self.fail(self.timeout_error()));
             }
             self.expire(now);
-            self.accept()?;
+            if let Err(source) = self.accept() {
+                let addr = self.addr.clone();
+                return Err(self.fail(RendezvousError::Io { addr, source }));
+            }
             // Until the next hello could time out, the deadline at the latest.
             let wake = self
                 .pending
@@ -174,9 +177,15 @@ impl<'a> Server<'a> {
                     Ok(true) => waiting -= 1,
                     Ok(false) => {}
                     Err(e) => {
+                        // Ranks whose hello is still coming hear why at once, below; those
+                        // whose bytes already name them count as told.
+                        let halfway = match &e {
+                            RendezvousError::WorldSizeMismatch { .. } => self.pending_ranks(),
+                            _ => Vec::new(),
+                        };
                         let e = self.fail(e);
                         if let RendezvousError::WorldSizeMismatch { rank, .. } = &e {
-                            self.linger(&e, *rank);
+                            self.linger(&e, *rank, halfway);
                         }
                         return Err(e);
                     }
@@ -230,8 +239,9 @@ impl<'a> Server<'a> {
         Ok(table(nonce, entries))
     }
 
-    /// Accepts connections while there is room for them.
-    fn accept(&mut self) -> Result<(), RendezvousError> {
+    /// Accepts connections while there is room for them; an error the listener cannot go on
+    /// from.
+    fn accept(&mut self) -> io::Result<()> {
         while self.pending.len() < MAX_PENDING {
             match self.listener.accept() {
                 Ok((mut stream, peer)) => {
@@ -259,13 +269,32 @@ impl<'a> Server<'a> {
                         e.kind(),
                         ErrorKind::Interrupted | ErrorKind::ConnectionAborted
                     ) => {}
-                Err(source) => {
-                    let addr = self.addr.clone();
-                    return Err(self.fail(RendezvousError::Io { addr, source }));
-                }
+                Err(e) => return Err(e),
             }
         }
         Ok(())
+    }
+
+    /// The ranks of this job (or of none: no job key) whose hello, still coming, already
+    /// names them: what each pending connection sent so far is read first.
+    fn pending_ranks(&mut self) -> Vec<u32> {
+        let ours = self.cfg.job_key;
+        let mut ranks = Vec::new();
+        for p in self.pending.values_mut() {
+            // Best effort: what it sent before an error still counts.
+            let _ = read_some(&mut p.stream, &mut p.hello);
+            let h = &p.hello;
+            // magic, version, rank, world, local rank, job key: 26 bytes.
+            if h.len() < 26 || h[..4] != wire::MAGIC || h[4..6] != wire::VERSION.to_be_bytes() {
+                continue;
+            }
+            let be32 = |at: usize| u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+            let key = (u64::from(be32(18)) << 32) | u64::from(be32(22));
+            if key == 0 || ours == 0 || key == ours {
+                ranks.push(be32(6));
+            }
+        }
+        ranks
     }
 
     /// Drops the connections that sent no whole hello within [`HELLO_TIMEOUT`].
@@ -507,12 +536,14 @@ impl<'a> Server<'a> {
     }
 
     /// After the job failed at once with `e` (`culprit` the rank whose hello showed it, told
-    /// already, as the joined ranks were): for up to [`LINGER`], or until every rank of rank
-    /// 0's world has been told, reads the hellos of ranks that come late and tells each why
-    /// (a process of another job still hears that it is one).
-    fn linger(&mut self, e: &RendezvousError, culprit: u32) {
+    /// already, as the joined ranks and those `halfway` through their hello were): for up to
+    /// [`LINGER`], or until every rank of rank 0's world has been told, reads the hellos of
+    /// ranks that come late and tells each why (a process of another job still hears that it
+    /// is one).
+    fn linger(&mut self, e: &RendezvousError, culprit: u32, halfway: Vec<u32>) {
         let mut told: BTreeSet<u32> = self.joined.keys().copied().collect();
         told.insert(culprit);
+        told.extend(halfway);
         self.joined.clear();
         self.failed = Some((format!("the job failed: {e}"), told));
         let until = Instant::now() + LINGER;
@@ -529,7 +560,9 @@ impl<'a> Server<'a> {
                 break;
             }
             self.expire(now);
-            if self.accept().is_err() {
+            if let Err(e) = self.accept() {
+                // The job has failed (and said so) already: no second error.
+                tracing::debug!(error = %e, "rendezvous: no more late ranks told");
                 break;
             }
             match self.poll.poll(&mut events, Some(until - now)) {
