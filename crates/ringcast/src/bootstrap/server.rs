@@ -283,15 +283,10 @@ impl<'a> Server<'a> {
         for p in self.pending.values_mut() {
             // Best effort: what it sent before an error still counts.
             let _ = read_some(&mut p.stream, &mut p.hello);
-            let h = &p.hello;
-            // magic, version, rank, world, local rank, job key: 26 bytes.
-            if h.len() < 26 || h[..4] != wire::MAGIC || h[4..6] != wire::VERSION.to_be_bytes() {
-                continue;
-            }
-            let be32 = |at: usize| u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
-            let key = (u64::from(be32(18)) << 32) | u64::from(be32(22));
-            if key == 0 || ours == 0 || key == ours {
-                ranks.push(be32(6));
+            if let Some((rank, key)) = Hello::rank_and_key(&p.hello)
+                && (key == 0 || ours == 0 || key == ours)
+            {
+                ranks.push(rank);
             }
         }
         ranks

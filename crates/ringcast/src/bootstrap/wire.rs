@@ -118,6 +118,19 @@ impl Hello {
             control: bytes(r, "control address", MAX_CONTROL_LEN)?,
         })
     }
+
+    /// The rank and job key of a hello of this version whose fixed fields have come, from
+    /// its first bytes (the control address may still be on its way); `None` before that.
+    pub(super) fn rank_and_key(partial: &[u8]) -> Option<(u32, u64)> {
+        let mut r = partial;
+        if header(&mut r).ok()? != VERSION {
+            return None;
+        }
+        let rank = u32_be(&mut r).ok()?;
+        let _world = u32_be(&mut r).ok()?;
+        let _local = u32_be(&mut r).ok()?;
+        Some((rank, u64_be(&mut r).ok()?))
+    }
 }
 
 impl Reply {
@@ -323,6 +336,20 @@ mod tests {
     fn hello_fixed_vector() {
         assert_eq!(hello().encode(), HELLO);
         assert_eq!(Hello::read(&mut &HELLO[..]).expect("hello"), hello());
+    }
+
+    #[test]
+    fn a_partial_hello_names_its_rank_and_key_once_they_came() {
+        let want = Some((3, 0x0102_0304_0506_0708));
+        assert_eq!(Hello::rank_and_key(&HELLO), want);
+        assert_eq!(Hello::rank_and_key(&HELLO[..26]), want);
+        assert_eq!(Hello::rank_and_key(&HELLO[..25]), None);
+        let mut other = HELLO;
+        other[5] = 1;
+        assert_eq!(Hello::rank_and_key(&other), None, "another version");
+        other = HELLO;
+        other[0] = b'X';
+        assert_eq!(Hello::rank_and_key(&other), None, "not a hello");
     }
 
     #[test]
