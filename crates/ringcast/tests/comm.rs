@@ -373,12 +373,11 @@ fn several_in_flight_complete_out_of_order() {
     });
 }
 
-/// Blocking calls run on the communicator's own buffers, kept between calls: whatever a
-/// former call left in one never shows. Roots and sizes change from call to call (a kept
-/// buffer holds the last call's data at every rank), typed and byte slices, Allgatherv with
-/// zero blocks after a larger Allgather.
+/// Blocking calls, one after the other on the callers' slices: roots and sizes change from
+/// call to call, typed and byte slices, Allgatherv with zero blocks after a larger
+/// Allgather; every byte right each time.
 #[test]
-fn blocking_calls_reuse_buffers_and_deliver_every_byte() {
+fn blocking_calls_one_after_another_deliver_every_byte() {
     world(5, |comm| {
         let me = comm.rank();
         for (i, len) in [300_000usize, 300_000, 300_000, 70_000, 1 << 20]
