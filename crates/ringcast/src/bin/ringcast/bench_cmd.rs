@@ -477,13 +477,13 @@ fn one_size<T: Pod>(
     // The verified run.
     let mut bufs = match a.collective {
         Collective::Bcast => Bufs::Bcast(if me == 0 {
-            typed_pattern::<T>(salt, 0, size)?
+            net::pattern::<T>(salt, 0, size)?
         } else {
-            typed_buffer::<T>(size)?
+            net::zeroed::<T>(size)?
         }),
         _ => {
-            let send = typed_pattern::<T>(salt, me, blocks[me as usize])?;
-            let mut recv = typed_buffer::<T>(total)?;
+            let send = net::pattern::<T>(salt, me, blocks[me as usize])?;
+            let mut recv = net::zeroed::<T>(total)?;
             if a.in_place {
                 let at: usize = elems[..me as usize].iter().sum();
                 recv[at..at + send.len()].copy_from_slice(&send);
@@ -500,7 +500,7 @@ fn one_size<T: Pod>(
         Bufs::Bcast(b) => net::verify(
             "bcast",
             bytemuck::cast_slice(b),
-            &net::pattern(salt, 0, size)?,
+            &net::pattern::<u8>(salt, 0, size)?,
             &counts,
         ),
         Bufs::Gather { recv, .. } => net::verify_gathered(
@@ -553,25 +553,6 @@ fn one_size<T: Pod>(
         return Ok(None);
     }
     Ok(Some(summarize(a, p, size, total, &blocks, &all)))
-}
-
-/// A zeroed buffer of `bytes` (a multiple of `T`'s size) as `T`s, or an error naming
-/// `--sizes` where memory is short.
-fn typed_buffer<T: Pod>(bytes: u64) -> Result<Vec<T>, String> {
-    let n = bytes / std::mem::size_of::<T>() as u64;
-    net::try_filled(n, T::zeroed()).ok_or_else(|| {
-        format!(
-            "cannot allocate a buffer of {} ({bytes} B) on this rank: use smaller --sizes",
-            crate::units::human(bytes)
-        )
-    })
-}
-
-/// [`net::pattern`]'s bytes in a buffer of `T`s.
-fn typed_pattern<T: Pod>(salt: u64, rank: u32, bytes: u64) -> Result<Vec<T>, String> {
-    let mut v = typed_buffer::<T>(bytes)?;
-    net::pattern_into(salt, rank, bytemuck::cast_slice_mut(&mut v));
-    Ok(v)
 }
 
 /// Rank 0's row from every rank's timings and counters.

@@ -4,6 +4,7 @@
 use crate::CmdError;
 use crate::args::NetArgs;
 use crate::units::{MAX_SIZE, human};
+use bytemuck::Pod;
 use ringcast::comm::{CommBuilder, CommStats};
 use ringcast::{BuildError, CommError, Communicator};
 use std::net::Ipv4Addr;
@@ -101,7 +102,18 @@ pub(crate) fn try_filled<T: Clone>(len: u64, fill: T) -> Option<Vec<T>> {
 
 /// A buffer of `len` bytes of `fill`, or an error naming `--sizes` where memory is short.
 pub(crate) fn buffer(len: u64, fill: u8) -> Result<Vec<u8>, String> {
-    try_filled(len, fill).ok_or_else(|| {
+    filled(len, len, fill)
+}
+
+/// A zeroed buffer of `len` bytes (a multiple of `T`'s size) as `T`s, or an error naming
+/// `--sizes` where memory is short.
+pub(crate) fn zeroed<T: Pod>(len: u64) -> Result<Vec<T>, String> {
+    filled(len, len / std::mem::size_of::<T>() as u64, T::zeroed())
+}
+
+/// `n` copies of `fill`, `len` bytes in all, or the error of [`buffer`].
+fn filled<T: Clone>(len: u64, n: u64, fill: T) -> Result<Vec<T>, String> {
+    try_filled(n, fill).ok_or_else(|| {
         format!(
             "cannot allocate a buffer of {} ({len} B) on this rank: use smaller --sizes",
             human(len)
@@ -125,10 +137,11 @@ pub(crate) fn held_bytes(size: u64, ranks: u32, gather: bool) -> Result<u64, Str
 }
 
 /// Rank `rank`'s data for `salt`: every 8-byte word differs, so a chunk placed at the wrong
-/// offset or taken from the wrong rank is caught. Allocated fallibly (see [`buffer`]).
-pub(crate) fn pattern(salt: u64, rank: u32, len: u64) -> Result<Vec<u8>, String> {
-    let mut v = buffer(len, 0)?;
-    pattern_into(salt, rank, &mut v);
+/// offset or taken from the wrong rank is caught. Allocated fallibly (see [`buffer`]), as
+/// `T`s (`len` a multiple of their size).
+pub(crate) fn pattern<T: Pod>(salt: u64, rank: u32, len: u64) -> Result<Vec<T>, String> {
+    let mut v = zeroed::<T>(len)?;
+    pattern_into(salt, rank, bytemuck::cast_slice_mut(&mut v));
     Ok(v)
 }
 
@@ -359,7 +372,7 @@ mod tests {
         // Refused without touching memory: no process gets 2^62 bytes.
         let e = buffer(1 << 62, 0).expect_err("2^62 B");
         assert!(e.contains("--sizes"), "{e}");
-        assert!(pattern(0, 0, u64::MAX).is_err());
+        assert!(pattern::<u8>(0, 0, u64::MAX).is_err());
         assert!(try_filled(u64::MAX / 2, 0f64).is_none());
         assert_eq!(buffer(3, 7), Ok(vec![7; 3]));
         assert_eq!(held_bytes(1 << 20, 4, true), Ok(4 << 20));
@@ -395,8 +408,8 @@ mod tests {
     fn gathered_is_the_patterns_in_order() {
         let g = gathered(3, &[5, 0, 9]).expect("small");
         assert_eq!(g.len(), 14);
-        assert_eq!(&g[..5], &pattern(3, 0, 5).expect("small")[..]);
-        assert_eq!(&g[5..], &pattern(3, 2, 9).expect("small")[..]);
+        assert_eq!(&g[..5], &pattern::<u8>(3, 0, 5).expect("small")[..]);
+        assert_eq!(&g[5..], &pattern::<u8>(3, 2, 9).expect("small")[..]);
         assert!(gathered(3, &[u64::MAX, 1]).is_err());
     }
 
