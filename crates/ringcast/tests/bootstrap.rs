@@ -729,6 +729,22 @@ fn a_rank_of_the_job_with_another_world_size_fails_the_rendezvous_at_once() {
     });
 }
 
+/// Rank 0 of a `world`-rank job of key 9, served on `listener` (30 s to meet).
+fn rank_0_of_job_9(world: u32, listener: TcpListener) -> Result<PeerTable, RendezvousError> {
+    let mut root = Rendezvous::new(0, world, addr(port_of(&listener)));
+    root.job_key = 9;
+    root.timeout = Duration::from_secs(30);
+    root.serve(listener, b"control of 0")
+}
+
+/// Rank 2 of job 9 saying the world has 5 ranks: refused (and the job failed with it).
+fn rank_2_of_a_5_rank_world_is_refused(port: u16) {
+    let mut wrong = Rendezvous::new(2, 5, addr(port));
+    wrong.job_key = 9;
+    wrong.timeout = Duration::from_secs(5);
+    wrong.run(b"control of 2").expect_err("refused");
+}
+
 /// After the job failed at once (a world size mismatch), rank 0 stays a moment to tell the
 /// ranks that come late why (a rank of another job still hears that it is one), and leaves as
 /// soon as every rank of its world has been told: the late rank does not retry a closed port
@@ -738,17 +754,9 @@ fn ranks_that_come_after_the_job_failed_hear_why() {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
     let port = port_of(&listener);
     std::thread::scope(|s| {
-        let root = s.spawn(move || {
-            let mut root = Rendezvous::new(0, 4, addr(port));
-            root.job_key = 9;
-            root.timeout = Duration::from_secs(30);
-            root.serve(listener, b"control of 0")
-        });
+        let root = s.spawn(move || rank_0_of_job_9(4, listener));
         let _waiting = raw_join_of_job(port, 1, 4, 9, b"control of 1");
-        let mut wrong = Rendezvous::new(2, 5, addr(port));
-        wrong.job_key = 9;
-        wrong.timeout = Duration::from_secs(5);
-        wrong.run(b"control of 2").expect_err("refused");
+        rank_2_of_a_5_rank_world_is_refused(port);
         // Another job's rank, then this job's rank 3, late.
         let mut stray = Rendezvous::new(3, 4, addr(port));
         stray.job_key = 7;
@@ -784,22 +792,14 @@ fn a_rank_halfway_through_its_hello_when_the_job_failed_counts_as_told() {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
     let port = port_of(&listener);
     std::thread::scope(|s| {
-        let root = s.spawn(move || {
-            let mut root = Rendezvous::new(0, 3, addr(port));
-            root.job_key = 9;
-            root.timeout = Duration::from_secs(30);
-            root.serve(listener, b"control of 0")
-        });
+        let root = s.spawn(move || rank_0_of_job_9(3, listener));
         // Rank 1's hello but its last byte: its rank and job key are there.
         let hello = raw_hello(1, 3, 9, b"control of 1");
         let mut halfway =
             std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect");
         halfway.write_all(&hello[..hello.len() - 1]).expect("hello");
         std::thread::sleep(Duration::from_millis(300));
-        let mut wrong = Rendezvous::new(2, 5, addr(port));
-        wrong.job_key = 9;
-        wrong.timeout = Duration::from_secs(5);
-        wrong.run(b"control of 2").expect_err("refused");
+        rank_2_of_a_5_rank_world_is_refused(port);
         let failed = std::time::Instant::now();
         let got = root.join().expect("no panic");
         assert!(
