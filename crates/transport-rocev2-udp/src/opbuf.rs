@@ -100,8 +100,8 @@ impl Parts {
     /// Frees what the parts own.
     ///
     /// # Safety
-    /// The parts describe what they say (`Parts::of`, `of_typed`, or a lent slice) and are
-    /// not used after.
+    /// A caller's SAFETY argument shows that the parts describe what they say
+    /// (`Parts::of`, `of_typed`, or a lent slice) and are not used after.
     unsafe fn free(&mut self) {
         if self.lent {
             return;
@@ -174,12 +174,12 @@ impl Taken {
         {
             let this = ManuallyDrop::new(self);
             let p = &this.0;
-            // SAFETY: the allocation (`cap` bytes at `align`, owned by `this`, which is not
-            // dropped) is what `Vec<T>` of capacity `cap / size` allocates: `T`'s alignment,
-            // `cap` bytes; with `cap` 0 nothing was allocated, and `ptr` is a vector's
-            // dangling one, non-null and aligned to `align`, `T`'s. Its first `len` bytes,
-            // `len / size` whole `T`s, are initialized, and any bytes are a valid `T` (`Pod`).
-            // An empty vector comes back so too, with its capacity.
+            // The allocation (`cap` bytes at `align`, owned by `this`, which is not dropped)
+            // is what `Vec<T>` of capacity `cap / size` allocates: `T`'s alignment, `cap`
+            // bytes; with `cap` 0 nothing was allocated, and `ptr` is a vector's dangling one,
+            // non-null and aligned to `align`, `T`'s. An empty vector comes back so too.
+            // SAFETY: so the parts are a `Vec<T>`'s; its first `len` bytes, `len / size`
+            // whole `T`s, are initialized, and any bytes are a valid `T` (`Pod`).
             return unsafe { Vec::from_raw_parts(p.ptr.cast::<T>(), p.len / size, p.cap / size) };
         }
         // SAFETY: the parts' first `len` bytes are initialized and owned by `self`, which
@@ -245,10 +245,11 @@ impl Inner {
     /// buffer no longer reaches the lender's slice), a typed vector's a copy of its bytes.
     /// Call it only with every stripe's exclusive lock held.
     fn bytes_locked(&self, lent: impl FnOnce(&[u8]) -> Vec<u8>) {
-        // SAFETY: the caller holds every stripe's exclusive lock, so no other thread reads or
-        // writes the parts or a byte meanwhile. Lent parts describe a live `&mut [u8]`: `lend`
-        // still borrows it (it calls this before returning), so the slice is valid; owned
-        // ones are freed once copied, and replaced.
+        // Lent parts describe a live `&mut [u8]`: `lend` still borrows it (it calls this
+        // before returning), so the slice is valid; owned ones are freed once copied, and
+        // replaced.
+        // SAFETY: the caller holds every stripe's exclusive lock, so no other thread reads
+        // or writes the parts or a byte meanwhile; the parts are valid (above).
         unsafe {
             let p = &mut *self.parts.get();
             if p.is_byte_vec() {
@@ -453,10 +454,11 @@ impl OpBuffer {
                 unsafe { *self.0.parts.get() = parts };
             }
         }
+        // The parts describe a live `Vec<u8>` (`bytes_locked` just made sure); they are put
+        // back by `Back` before the locks go, even if `f` unwinds, and nothing reads them
+        // meanwhile.
         // SAFETY: every stripe's exclusive lock is held, so no other thread reads the parts
-        // or reaches a byte; the parts describe a live `Vec<u8>` (`bytes_locked` just made
-        // sure; they are put back by `Back` before the locks go, even if `f` unwinds,
-        // and nothing reads them meanwhile).
+        // or reaches a byte, and the parts are a `Vec<u8>`'s (above).
         let v = unsafe {
             let p = &*self.0.parts.get();
             Vec::from_raw_parts(p.ptr, p.len, p.cap)

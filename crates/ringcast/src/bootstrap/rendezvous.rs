@@ -11,6 +11,8 @@ use std::io::{self, ErrorKind};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+/// [`Rendezvous::linger`]'s default.
+const DEFAULT_LINGER: Duration = Duration::from_secs(5);
 /// The least time a joining rank's lookup of rank 0's host name is given, even past its
 /// deadline (see `Rendezvous::connect`).
 const MIN_LOOKUP: Duration = Duration::from_secs(1);
@@ -268,6 +270,10 @@ pub struct Rendezvous {
     pub job_key: u64,
     /// How long to wait for everyone.
     pub timeout: Duration,
+    /// Rank 0 only: how long it stays after the job failed at once (ranks disagree on the
+    /// world size) to tell the job's ranks that come late why, unless every rank has been
+    /// told sooner. Default 5 s.
+    pub linger: Duration,
 }
 
 impl Rendezvous {
@@ -280,6 +286,7 @@ impl Rendezvous {
             addr,
             job_key: 0,
             timeout: DEFAULT_TIMEOUT,
+            linger: DEFAULT_LINGER,
         }
     }
 
@@ -292,6 +299,7 @@ impl Rendezvous {
             addr: addr.clone(),
             job_key: job.job_key(),
             timeout: job.timeout,
+            linger: DEFAULT_LINGER,
         })
     }
 

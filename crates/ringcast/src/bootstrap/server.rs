@@ -12,7 +12,7 @@
 //! and it is the same) but another world size: ranks of one launch disagree, so the job as
 //! started cannot meet, and rank 0 fails at once with [`RendezvousError::WorldSizeMismatch`],
 //! telling every rank that has joined or is sending its hello why, rather than waiting out
-//! its timeout; for up to [`LINGER`] after, it tells the job's ranks that come late why too
+//! its timeout; for up to [`Rendezvous::linger`] after, it tells the job's ranks that come late why too
 //! (until each rank of its world has been told), rather than leave them to retry a closed
 //! port until their own timeout. (Without a job key on both sides the hello may be another
 //! job's, and is refused alone.)
@@ -43,9 +43,6 @@ const MAX_PENDING: usize = 256;
 /// Refused connections a timeout's message lists (a flood of strays makes it no longer); as
 /// many again of this job's refused hellos, which come first.
 const REJECTED_KEPT: usize = 16;
-/// How long rank 0 stays after the job failed at once (ranks disagree on the world size) to
-/// tell the ranks that come late why.
-pub(super) const LINGER: Duration = Duration::from_secs(5);
 /// The listener's token; pending connections count up from 0.
 const LISTENER: Token = Token(usize::MAX);
 
@@ -532,7 +529,7 @@ impl<'a> Server<'a> {
 
     /// After the job failed at once with `e` (`culprit` the rank whose hello showed it, told
     /// already, as the joined ranks and those `halfway` through their hello were): for up to
-    /// [`LINGER`], or until every rank of rank 0's world has been told, reads the hellos of
+    /// [`Rendezvous::linger`], or until every rank of rank 0's world has been told, reads the hellos of
     /// ranks that come late and tells each why (a process of another job still hears that it
     /// is one).
     fn linger(&mut self, e: &RendezvousError, culprit: u32, halfway: Vec<u32>) {
@@ -541,7 +538,7 @@ impl<'a> Server<'a> {
         told.extend(halfway);
         self.joined.clear();
         self.failed = Some((format!("the job failed: {e}"), told));
-        let until = Instant::now() + LINGER;
+        let until = Instant::now() + self.cfg.linger.min(ringcast_core::MAX_TIMEOUT);
         let mut events = Events::with_capacity(MAX_PENDING + 1);
         let world = self.cfg.world_size;
         let all_told = |s: &Self| {
