@@ -23,20 +23,27 @@
 //! slice under every stripe's exclusive lock: it keeps a copy of its bytes if another handle
 //! is left (an engine thread that has not let go yet), else nothing.
 //!
+//! A lent buffer may also have a *source* ([`OpBuffer::lend_with`]): a second, read-only
+//! slice whose bytes belong at a range of the first, copied in one stripe at a time, the first
+//! time any access reaches that stripe, and whatever is left when the closure returns. A
+//! blocking Allgather's own block is so copied by the send workers just before they send it
+//! (the copy then leaves it in their cache), rather than by the caller before the operation
+//! starts, which delayed every rank's first send by a copy of its whole block.
+//!
 //! A buffer may hold a vector of any plain type ([`OpBuffer::from_typed`]: a `Vec<f32>`'s
 //! bytes, its allocation kept with its alignment), which [`OpBuffer::take`] hands back as a
 //! [`Taken`] that becomes the same vector again: a non-blocking call's vector is moved, never
 //! copied.
 //!
 //! This module's `unsafe` is the vector's raw parts (with the alignment it was allocated
-//! with), or a lent slice's: kept apart so that a range can be handed out without a
+//! with), or a lent slice's, and a source's: kept apart so that a range can be handed out without a
 //! reference to the whole vector, put back together under every lock.
 #![allow(unsafe_code)]
 
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use bytemuck::Pod;
@@ -201,14 +208,33 @@ struct Inner {
     /// The vector's length as `with` last left it, for [`OpBuffer::len`] without a lock (a
     /// send worker asks before every batch, and stripe 0's lock may be held by a receive).
     len: AtomicUsize,
+    /// A lender's read-only bytes that belong in the buffer ([`OpBuffer::lend_with`]), copied
+    /// in stripe by stripe; `None` once every stripe has its part. Changed only under every
+    /// stripe's exclusive lock; read under at least one stripe's.
+    source: UnsafeCell<Option<Source>>,
+    /// Per stripe: whether its part of the source is in place (true where the source has
+    /// none). Set only under the stripe's exclusive lock.
+    staged: Box<[AtomicBool]>,
+    /// Stripes whose part of the source is not in place yet: with none, an access looks at
+    /// no flag.
+    unstaged: AtomicUsize,
+}
+
+/// A lent read-only slice whose `len` bytes belong at byte `at` of the buffer.
+struct Source {
+    ptr: *const u8,
+    len: usize,
+    at: usize,
 }
 
 // Why `Inner` may be sent and shared: it owns the vector its parts describe (a `Vec<u8>` or a
 // `Vec<T>` of a `Pod` type: `Send` and `Sync`), or holds a lent `&mut [u8]` (`Send` and `Sync`
-// too) that `lend` takes back, under every stripe's exclusive lock, before its borrow ends.
-// Its header (`parts`) is written only under every stripe's exclusive lock (`with`, `take`,
-// `lend`'s end), and read only by holders of at least one stripe's lock, so no read meets a
-// write. Its bytes are reached only through `view` (shared locks of every stripe the range
+// too) that `lend` takes back, under every stripe's exclusive lock, before its borrow ends,
+// and maybe a lent `&[u8]` (its source, `Send` and `Sync`, only read) that it lets go of at
+// the same time. Its headers (`parts`, `source`) are written only under every stripe's
+// exclusive lock (`with`, `take`, `to_vec`, `lend`'s end), and read only by holders of at
+// least one stripe's lock, so no read meets a write. A stripe's part of the source is copied
+// in under that stripe's exclusive lock, like any write. Its bytes are reached only through `view` (shared locks of every stripe the range
 // covers) and `view_mut` (exclusive locks of the same) or under every exclusive lock: two
 // threads that reach a common byte hold a common stripe's lock, so a byte is written by one
 // thread at a time and never while another reads it.
@@ -241,10 +267,70 @@ impl Inner {
             .collect()
     }
 
+    /// Copies stripe `s`'s part of the source in, if it is not in place yet. Takes the
+    /// stripe's exclusive lock to do so: call it holding no stripe's lock.
+    fn stage(&self, s: usize) {
+        if self.staged[s].load(Ordering::Acquire) {
+            return;
+        }
+        let _lock = self.stripes[s]
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.stage_locked(s);
+    }
+
+    /// Copies stripe `s`'s part of the source in, if it is not in place yet. Call it only with
+    /// stripe `s`'s exclusive lock held.
+    fn stage_locked(&self, s: usize) {
+        if self.staged[s].load(Ordering::Acquire) {
+            return;
+        }
+        // Stripe `s`'s bytes: from `s << shift` to the next stripe's (the last, to the end).
+        let start = s << self.shift;
+        let end = if s + 1 == self.stripes.len() {
+            usize::MAX
+        } else {
+            (s + 1) << self.shift
+        };
+        // SAFETY: stripe `s`'s exclusive lock is held, so nothing changes the headers (that
+        // takes every stripe's exclusive lock) and no other thread reaches the stripe's
+        // bytes. A source was checked to lie within the parts' bytes when lent, and is there
+        // until every stripe is staged (`stage_all_locked`, before the parts change): the
+        // copy's two ranges lie in a live, initialized source and in stripe `s`'s bytes of
+        // the parts. The source is a shared borrow and the parts the lender's exclusive one,
+        // so the two do not overlap.
+        unsafe {
+            if let Some(src) = &*self.source.get() {
+                let lo = start.max(src.at);
+                let hi = end.min(src.at + src.len);
+                if lo < hi {
+                    let p = &*self.parts.get();
+                    std::ptr::copy_nonoverlapping(src.ptr.add(lo - src.at), p.ptr.add(lo), hi - lo);
+                }
+            }
+        }
+        self.staged[s].store(true, Ordering::Release);
+        self.unstaged.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Copies every part of the source not in place yet in, and lets go of the source. Call
+    /// it only with every stripe's exclusive lock held.
+    fn stage_all_locked(&self) {
+        if self.unstaged.load(Ordering::Acquire) > 0 {
+            for s in 0..self.stripes.len() {
+                self.stage_locked(s);
+            }
+        }
+        // SAFETY: every stripe's exclusive lock is held, so no other thread reads the header;
+        // every stripe has its part, so nothing needs the source again.
+        unsafe { *self.source.get() = None };
+    }
+
     /// Makes the parts a `Vec<u8>`'s, from here on: lent ones become `lent(bytes)` (the
     /// buffer no longer reaches the lender's slice), a typed vector's a copy of its bytes.
     /// Call it only with every stripe's exclusive lock held.
     fn bytes_locked(&self, lent: impl FnOnce(&[u8]) -> Vec<u8>) {
+        self.stage_all_locked();
         // Lent parts describe a live `&mut [u8]`: `lend` still borrows it (it calls this
         // before returning), so the slice is valid; owned ones are freed once copied, and
         // replaced.
@@ -283,6 +369,9 @@ impl Inner {
         lock: impl Fn(&'a RwLock<()>) -> G,
     ) -> (Held<G>, Option<*mut u8>) {
         let (first, last) = self.span(offset, len);
+        if self.unstaged.load(Ordering::Acquire) > 0 {
+            (first..=last).for_each(|s| self.stage(s));
+        }
         let held = Held::each(&self.stripes[first..=last], lock);
         // SAFETY: a stripe's lock is held, so nothing changes the parts (that takes every
         // stripe's exclusive lock: `with`, `take`, the end of `lend`).
@@ -368,6 +457,33 @@ impl OpBuffer {
     /// What a blocking collective runs on: the caller's slice is the operation's buffer, as
     /// with MPI, instead of a copy in and a copy out.
     pub fn lend<R>(bytes: &mut [u8], f: impl FnOnce(&OpBuffer) -> R) -> R {
+        Self::lend_with(bytes, &[], 0, f)
+    }
+
+    /// [`lend`](Self::lend), with `source`'s bytes belonging at byte `at` of `bytes`: each
+    /// stripe's part of them is copied in the first time any access reaches that stripe, and
+    /// whatever is left when `f` returns or unwinds (or at [`take`](Self::take),
+    /// [`to_vec`](Self::to_vec) or [`with`](Self::with)). Every access sees them in place,
+    /// as if they had been copied in before. `source` is only read.
+    ///
+    /// What a blocking Allgather runs on: the caller's receive buffer, and its send buffer as
+    /// the source of its own block, copied in by the send workers as they send it.
+    ///
+    /// # Panics
+    /// If `source` does not fit in `bytes` at `at`.
+    pub fn lend_with<R>(
+        bytes: &mut [u8],
+        source: &[u8],
+        at: usize,
+        f: impl FnOnce(&OpBuffer) -> R,
+    ) -> R {
+        assert!(
+            at.checked_add(source.len())
+                .is_some_and(|end| end <= bytes.len()),
+            "a source of {} bytes at {at} does not fit in {} bytes",
+            source.len(),
+            bytes.len()
+        );
         /// Takes the slice back when `lend` returns or unwinds.
         struct Back(OpBuffer);
         impl Drop for Back {
@@ -380,13 +496,19 @@ impl OpBuffer {
                 inner.bytes_locked(|b| if alone { Vec::new() } else { b.to_vec() });
             }
         }
-        let back = Back(Self::of_parts(Parts {
+        let parts = Parts {
             ptr: bytes.as_mut_ptr(),
             len: bytes.len(),
             cap: 0,
             align: 1,
             lent: true,
-        }));
+        };
+        let source = (!source.is_empty()).then_some(Source {
+            ptr: source.as_ptr(),
+            len: source.len(),
+            at,
+        });
+        let back = Back(Self::with_source(parts, source));
         f(&back.0)
     }
 
@@ -405,6 +527,7 @@ impl OpBuffer {
     /// buffer no longer reaches). Waits for any access in progress.
     pub fn take(&self) -> Taken {
         let _locks = self.0.lock_all();
+        self.0.stage_all_locked();
         // SAFETY: every stripe's exclusive lock is held, so nothing else reads or writes the
         // parts; owned ones move out whole into the `Taken` (which frees them), lent ones are
         // let go of; either way they are replaced by an empty vector's.
@@ -420,6 +543,11 @@ impl OpBuffer {
     }
 
     fn of_parts(parts: Parts) -> Self {
+        Self::with_source(parts, None)
+    }
+
+    /// A buffer of `parts`, with `source` (which lies within them) still to copy in.
+    fn with_source(parts: Parts, source: Option<Source>) -> Self {
         let len = parts.len as u64;
         let mut shift = MIN_STRIPE_SHIFT;
         while len.div_ceil(1 << shift) > MAX_STRIPES as u64 {
@@ -427,11 +555,23 @@ impl OpBuffer {
         }
         let count = usize::try_from(len.div_ceil(1 << shift))
             .map_or(MAX_STRIPES, |c| c.clamp(1, MAX_STRIPES));
+        // Stripe `s` has a part of the source if the source starts before the next stripe
+        // (the last: at all) and ends after `s` starts.
+        let stage = |s: usize| {
+            source.as_ref().is_some_and(|src| {
+                (s + 1 == count || src.at < (s + 1) << shift) && src.at + src.len > s << shift
+            })
+        };
+        let staged: Box<[AtomicBool]> = (0..count).map(|s| AtomicBool::new(!stage(s))).collect();
+        let unstaged = (0..count).filter(|&s| stage(s)).count();
         OpBuffer(Arc::new(Inner {
             shift,
             stripes: (0..count).map(|_| RwLock::new(())).collect(),
             len: AtomicUsize::new(parts.len),
             parts: UnsafeCell::new(parts),
+            source: UnsafeCell::new(source),
+            staged,
+            unstaged: AtomicUsize::new(unstaged),
         }))
     }
 
@@ -521,6 +661,7 @@ impl OpBuffer {
     /// A copy of the bytes (a lent buffer stays lent).
     pub fn to_vec(&self) -> Vec<u8> {
         let _locks = self.0.lock_all();
+        self.0.stage_all_locked();
         // SAFETY: every stripe's exclusive lock is held, so the parts do not change and no
         // byte is written meanwhile; they describe `len` initialized bytes (a vector's, or a
         // lent slice that `lend` still borrows).
@@ -834,6 +975,95 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         writer.join().expect("writer");
         assert_eq!(mine, seen, "a write reached the slice after lend returned");
+    }
+
+    /// 100 000 bytes that differ from their neighbours and from zero.
+    fn own_block() -> Vec<u8> {
+        (0..100_000u32).map(|i| (i % 251 + 1) as u8).collect()
+    }
+
+    #[test]
+    fn a_source_is_in_place_for_every_access_and_in_the_slice_after() {
+        let src = own_block();
+        // Four stripes; the source covers stripe 0's end to stripe 2's middle.
+        let mut mine = vec![0u8; 200_000];
+        OpBuffer::lend_with(&mut mine, &src, 50_000, |b| {
+            assert_eq!(b.0.unstaged.load(Ordering::Relaxed), 3);
+            assert_eq!(b.view(49_998, 4, <[u8]>::to_vec), Some(vec![0, 0, 1, 2]));
+            assert_eq!(b.0.unstaged.load(Ordering::Relaxed), 2, "stripe 0 only");
+            // A write where the source is still to come stays written.
+            assert!(b.write_at(140_000, &[0; 3]));
+            assert_eq!(b.0.unstaged.load(Ordering::Relaxed), 1, "and stripe 2");
+            assert_eq!(
+                b.view(139_999, 5, <[u8]>::to_vec),
+                Some(vec![src[89_999], 0, 0, 0, src[90_003]])
+            );
+            // A read that lies beyond the source copies nothing.
+            assert_eq!(b.view(180_000, 2, <[u8]>::to_vec), Some(vec![0, 0]));
+            assert_eq!(b.0.unstaged.load(Ordering::Relaxed), 1);
+        });
+        // Stripe 1 was never reached: copied in as `lend_with` let go.
+        let mut want = vec![0u8; 200_000];
+        want[50_000..150_000].copy_from_slice(&src);
+        want[140_000..140_003].fill(0);
+        assert_eq!(mine, want);
+    }
+
+    #[test]
+    fn a_source_is_in_place_when_taken_copied_or_kept() {
+        let src = own_block();
+        let mut want = vec![9u8; 150_000];
+        want[20_000..120_000].copy_from_slice(&src);
+        // Taken at once: every stripe copied in, the slice let go of.
+        let mut mine = vec![9u8; 150_000];
+        OpBuffer::lend_with(&mut mine, &src, 20_000, |b| {
+            assert!(b.take().is_empty());
+            assert_eq!(b.0.unstaged.load(Ordering::Relaxed), 0);
+        });
+        assert_eq!(mine, want);
+        // Copied, and a handle kept past the lender: both see the source.
+        let mut mine = vec![9u8; 150_000];
+        let kept = OpBuffer::lend_with(&mut mine, &src, 20_000, |b| {
+            assert_eq!(b.to_vec(), want);
+            b.clone()
+        });
+        assert_eq!(mine, want);
+        assert_eq!(kept.to_vec(), want);
+        // An empty source, or one at the very end, is no source.
+        let mut mine = vec![9u8; 10];
+        OpBuffer::lend_with(&mut mine, &[], 10, |b| {
+            assert_eq!(b.0.unstaged.load(Ordering::Relaxed), 0);
+        });
+    }
+
+    #[test]
+    #[should_panic(expected = "does not fit")]
+    fn a_source_that_does_not_fit_is_refused() {
+        let mut mine = vec![0u8; 10];
+        OpBuffer::lend_with(&mut mine, &[1; 4], 7, |_| ());
+    }
+
+    #[test]
+    fn threads_that_reach_a_source_at_once_each_see_it_whole() {
+        let src = own_block();
+        let mut mine = vec![0u8; 100_000];
+        OpBuffer::lend_with(&mut mine, &src, 0, |b| {
+            thread::scope(|s| {
+                for t in 0..3u64 {
+                    let b = b.clone();
+                    let src = &src;
+                    s.spawn(move || {
+                        // Each from its own place, across both stripes.
+                        for k in 0..8u64 {
+                            let at = (t * 11_000 + k * 10_000) % 90_000;
+                            let got = b.view(at, 9_000, <[u8]>::to_vec).expect("in range");
+                            assert_eq!(got, src[at as usize..at as usize + 9_000]);
+                        }
+                    });
+                }
+            });
+        });
+        assert_eq!(mine, src);
     }
 
     #[test]

@@ -54,7 +54,8 @@
 //! Blocking calls run on the caller's slice itself, as MPI does: the engine reads and writes
 //! it while the call runs and lets go of it before the call returns, whatever the outcome
 //! (the transport's `OpBuffer::lend`, a scope in the manner of `std::thread::scope`). Nothing
-//! is copied but an Allgather's own block from `send` into place. A failed call may leave the
+//! is copied but an Allgather's own block from `send` into place, and that by the send
+//! workers as they send it (the transport's `OpBuffer::lend_with`). A failed call may leave the
 //! slice partly written, as `MPI_Bcast`'s buffer is undefined after an error. The crate has no
 //! `unsafe`.
 //!
@@ -424,14 +425,18 @@ impl Communicator {
         })
     }
 
-    /// Runs an operation on the caller's `bytes` (lent, see the module docs) and waits for it.
+    /// Runs an operation on the caller's `bytes` (lent, see the module docs) and waits for it;
+    /// `own`, when given, is this rank's block and where it goes in `bytes`, copied in as the
+    /// operation reaches it ([`OpBuffer::lend_with`]).
     fn run_lent(
         &self,
         kind: Kind,
         bytes: &mut [u8],
+        own: Option<(&[u8], usize)>,
         span: tracing::Span,
     ) -> Result<OpStats, CommError> {
-        OpBuffer::lend(bytes, |b| {
+        let (source, at) = own.unwrap_or_default();
+        OpBuffer::lend_with(bytes, source, at, |b| {
             self.post::<u8>(kind, b.clone(), span)?
                 .wait_with_stats()
                 .map(|(_, stats)| stats)
@@ -473,7 +478,7 @@ impl Communicator {
         self.elem::<T>()?;
         let bytes = bytemuck::cast_slice_mut::<T, u8>(buf);
         let span = self.broadcast_span(root, bytes.len())?;
-        self.run_lent(Kind::Broadcast { root }, bytes, span)
+        self.run_lent(Kind::Broadcast { root }, bytes, None, span)
     }
 
     /// Allgather, blocking: `recv` gets every rank's `send` in rank order.
@@ -500,12 +505,14 @@ impl Communicator {
     ) -> Result<OpStats, CommError> {
         let shape = self.allgatherv_shape::<T>(None, buf.len(), counts)?;
         let bytes = bytemuck::cast_slice_mut::<T, u8>(buf);
-        self.run_lent(shape.kind, bytes, shape.span)
+        self.run_lent(shape.kind, bytes, None, shape.span)
     }
 
-    /// Allgatherv, blocking, on `recv` itself: rank `r` contributes `counts[r]` elements, this
-    /// rank's copied from `send` into place first (the only copy); the other blocks may be
-    /// partly written when it fails.
+    /// Allgatherv, blocking, on `recv` itself: rank `r` contributes `counts[r]` elements; the
+    /// other blocks may be partly written when it fails. This rank's block is copied from
+    /// `send` into place (the only copy) piece by piece as the operation sends it, not all
+    /// before it starts; it is whole in `recv` when the call returns, unless the call was
+    /// refused before it started.
     pub fn allgatherv<T: Pod>(
         &self,
         send: &[T],
@@ -514,8 +521,8 @@ impl Communicator {
     ) -> Result<OpStats, CommError> {
         let shape = self.allgatherv_shape(Some(send), recv.len(), counts)?;
         let bytes = bytemuck::cast_slice_mut::<T, u8>(recv);
-        shape.place(Some(send), bytes);
-        self.run_lent(shape.kind, bytes, shape.span)
+        let own = (bytemuck::cast_slice::<T, u8>(send), shape.at);
+        self.run_lent(shape.kind, bytes, Some(own), shape.span)
     }
 }
 
