@@ -1,7 +1,8 @@
 //! `cargo xtask bench-loopback`: issue 7's side by side on loopback, in one run, 4 local
-//! ranks: `ringcast bench {bcast,allgather} --local 4`, as is and with everything over its TCP
-//! path (`--tcp-threshold 1GiB`: what a network without multicast gets); Open MPI's `MPI_Bcast` /
-//! `MPI_Allgather` (`xtask/src/lab/mpi_bench.c`, timed the same way) over TCP and over shared
+//! ranks: `ringcast bench {bcast,allgather} --blocking --local 4` (the blocking calls on the
+//! caller's buffers, `MPI_Bcast`'s and `MPI_Allgather`'s contract), as is and with everything
+//! over its TCP path (`--tcp-threshold 1GiB`: what a network without multicast gets); Open
+//! MPI's `MPI_Bcast` / `MPI_Allgather` (`xtask/src/lab/mpi_bench.c`, timed the same way) over TCP and over shared
 //! memory (vader); and the raw multicast ceiling (`goodput --mode gso`: one sender to three
 //! receivers, same datagram size), as is and as a Broadcast's: the sender taking its payloads
 //! from, and each receiver copying them into, a buffer of the largest size (`--source`,
@@ -192,6 +193,7 @@ impl Bench<'_> {
             let args = [
                 "bench",
                 coll,
+                "--blocking",
                 "--local",
                 "4",
                 "--sizes",

@@ -4,8 +4,8 @@
 //!
 //! Per loss point (0 % and 1 % by default, nftables dropping that share of the data packets at
 //! random on every receiver's input):
-//! * `ringcast bench {bcast,allgather} --json`, one process per namespace, bootstrapped from
-//!   `RINGCAST_*`;
+//! * `ringcast bench {bcast,allgather} --blocking --json` (the blocking calls on the caller's
+//!   buffers, as MPI's), one process per namespace, bootstrapped from `RINGCAST_*`;
 //! * Open MPI's `MPI_Bcast` / `MPI_Allgather` (`xtask/src/lab/mpi_bench.c`, timed the same way)
 //!   over its TCP BTL, under mpirun with the lab's rsh agent;
 //! * the ceiling: the transport's raw GSO sender (`goodput --role send`) in the first namespace
@@ -396,8 +396,19 @@ impl Bench<'_> {
     fn ringcast(&self, coll: &str, sizes: &str, warmup: u32, iters: u32) -> Result<String, String> {
         let (w, i) = (warmup.to_string(), iters.to_string());
         let t = self.o.tcp_threshold.map(|t| t.to_string());
+        // The blocking calls, on the caller's buffers: `MPI_Bcast`'s and `MPI_Allgather`'s
+        // contract.
         let mut args = vec![
-            "bench", coll, "--sizes", sizes, "--warmup", &w, "--iters", &i, "--json",
+            "bench",
+            coll,
+            "--blocking",
+            "--sizes",
+            sizes,
+            "--warmup",
+            &w,
+            "--iters",
+            &i,
+            "--json",
         ];
         if let Some(t) = &t {
             args.extend(["--tcp-threshold", t]);
