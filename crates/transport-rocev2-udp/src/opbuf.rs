@@ -36,8 +36,8 @@
 //! copied.
 //!
 //! This module's `unsafe` is the vector's raw parts (with the alignment it was allocated
-//! with), or a lent slice's, and a source's: kept apart so that a range can be handed out without a
-//! reference to the whole vector, put back together under every lock.
+//! with), or a lent slice's, and a source's: kept apart so that a range can be handed out
+//! without a reference to the whole vector, put back together under every lock.
 #![allow(unsafe_code)]
 
 use std::cell::UnsafeCell;
@@ -233,11 +233,12 @@ struct Source {
 // and maybe a lent `&[u8]` (its source, `Send` and `Sync`, only read) that it lets go of at
 // the same time. Its headers (`parts`, `source`) are written only under every stripe's
 // exclusive lock (`with`, `take`, `to_vec`, `lend`'s end), and read only by holders of at
-// least one stripe's lock, so no read meets a write. A stripe's part of the source is copied
-// in under that stripe's exclusive lock, like any write. Its bytes are reached only through `view` (shared locks of every stripe the range
-// covers) and `view_mut` (exclusive locks of the same) or under every exclusive lock: two
-// threads that reach a common byte hold a common stripe's lock, so a byte is written by one
-// thread at a time and never while another reads it.
+// least one stripe's lock, so no read meets a write. Its bytes are reached only through
+// `view` (shared locks of every stripe the range covers) and `view_mut` (exclusive locks of
+// the same) or under every exclusive lock, and a stripe's part of the source is copied in
+// under that stripe's exclusive lock: two threads that reach a common byte hold a common
+// stripe's lock, so a byte is written by one thread at a time and never while another reads
+// it.
 // SAFETY: by the argument just above.
 unsafe impl Send for Inner {}
 // SAFETY: as for `Send`.
