@@ -377,6 +377,14 @@ impl InPlace<'_> {
         recv: &mut LaneReceiver,
         predict: &mut impl FnMut(Rank, u32, u32) -> Option<Run>,
     ) -> std::io::Result<usize> {
+        // Where the last read went on to, when all of it landed in place: a sender's GSO
+        // batches follow each other (the next one, if it is not that, is only copied: see
+        // `recv_into`), so it is read without a peek, a system call a datagram.
+        if let Some((src_qp, imm)) = recv.follow()
+            && let Some(n) = self.read_run(recv, predict, src_qp, imm, true)?
+        {
+            return Ok(n);
+        }
         // This rank's own multicast comes back empty (trimmed), between its peers' chunks:
         // taken alone, so that the chunks behind it still land in place.
         let mut skipped = 0;
@@ -395,14 +403,32 @@ impl InPlace<'_> {
                 _ => return recv.read_batch(),
             }
         };
+        match self.read_run(recv, predict, src_qp, imm, false)? {
+            Some(n) => Ok(n),
+            None => recv.read_batch(),
+        }
+    }
+
+    /// One read straight into the operation's buffer, of the run `predict` gives from
+    /// `src_qp`'s chunk with immediate `imm` on (`guess`: the receiver's
+    /// [`follow`](LaneReceiver::follow), not a peeked header): the datagrams read, or `None`
+    /// (nothing read) when there is no such run or it cannot be read in place.
+    fn read_run(
+        &mut self,
+        recv: &mut LaneReceiver,
+        predict: &mut impl FnMut(Rank, u32, u32) -> Option<Run>,
+        src_qp: u32,
+        imm: u32,
+        guess: bool,
+    ) -> std::io::Result<Option<usize>> {
         let Some(run) = predict(Rank(src_qp), imm, self.max as u32) else {
-            return recv.read_batch();
+            return Ok(None);
         };
         if self.cache.as_ref().is_none_or(|(o, _)| *o != run.op) {
             *self.cache = self.registry.get(run.op).map(|b| (run.op, b));
         }
         let Some((_, buf)) = self.cache.as_ref() else {
-            return recv.read_batch();
+            return Ok(None);
         };
         // `predict` gives at most `max` chunks; a longer run is refused by `recv_into`.
         let expect = Expect {
@@ -416,16 +442,13 @@ impl InPlace<'_> {
         // Allgather's own block) and the read service reach the rest meanwhile.
         let read = buf
             .view_mut(run.offset, expect.bytes() as u64, |t| {
-                recv.recv_into(t, expect)
+                recv.recv_into(t, expect, guess)
             })
             .unwrap_or(Ok(None))?;
-        match read {
-            Some(n) => {
-                *self.landed = Some((run.op, run.offset));
-                Ok(n)
-            }
-            None => recv.read_batch(),
+        if read.is_some() {
+            *self.landed = Some((run.op, run.offset));
         }
+        Ok(read)
     }
 }
 

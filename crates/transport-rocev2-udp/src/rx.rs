@@ -15,9 +15,13 @@
 //! for RDMA hardware. Checking it also has to guess the IP ID, which a UDP socket cannot see
 //! (see [`crate::icrc`]): it accepts any ID a GSO sender produces.
 //!
-//! A crate-internal read, for [`UdpRx::wait_with`](crate::UdpRx::wait_with), reads one datagram with its chunks' payloads scattered straight into a caller's buffer,
-//! their headers and ICRCs into the receiver's own: the same checks, from the headers, and
-//! every segment that missed its place gathered and checked whole.
+//! A crate-internal read, for [`UdpRx::wait_with`](crate::UdpRx::wait_with), reads one
+//! datagram with its chunks' payloads scattered straight into a caller's buffer, their headers
+//! and ICRCs into the receiver's own: the same checks, from the headers, and every segment
+//! that missed its place gathered and checked whole. Where the chunks go is known from a peek
+//! at the datagram's header, or guessed without one: after a read that landed all in place,
+//! the sender's next GSO batch most likely goes on where it ended (see
+//! [`RxStats::guessed`]), a guess made while few such guesses miss.
 //!
 //! Buffers are allocated once (one 64 KiB slot per message, enough for any IPv4 datagram or
 //! GRO super-packet, so nothing is ever truncated by the kernel and oversize is always seen);
@@ -87,6 +91,12 @@ pub struct RxStats {
     /// Of those, chunks whose payload the kernel wrote straight into the operation's buffer
     /// ([`UdpRx::wait_with`](crate::UdpRx::wait_with)): no copy in user space.
     pub direct: u64,
+    /// Reads straight into an operation's buffer made without peeking at the datagram first,
+    /// on the guess that it goes on where the last read ended, that found a datagram; and,
+    /// of those, the reads where it did not (its datagram copied instead).
+    pub guessed: u64,
+    /// See [`guessed`](Self::guessed).
+    pub guessed_wrong: u64,
     /// Payload bytes accepted.
     pub payload_bytes: u64,
     /// Shorter than the headers and ICRC (or than the pad they announce).
@@ -273,6 +283,58 @@ pub struct LaneReceiver {
     stats: RxStats,
     /// The last read found nothing queued (see [`found_empty`](Self::found_empty)).
     found_empty: bool,
+    /// After a [`recv_into`](Self::recv_into) whose every datagram landed on its place and was
+    /// accepted there: the sender and the immediate its next chunk would carry, where the
+    /// next datagram is likely to go on ([`follow`](Self::follow)).
+    follow: Option<(u32, u32)>,
+    /// How following has gone: see [`Follow`].
+    followed: Follow,
+}
+
+/// How reads on a [`LaneReceiver::follow`] guess went: a guess is offered while few of the
+/// recent ones missed, else one opportunity in [`Follow::PROBE`], so that a run of hits can
+/// bring it back. A Broadcast's receiver sees one sender, whose GSO batches follow each other:
+/// every guess but an operation's last hits. An Allgather's sees several senders' batches
+/// interleaved, and a guess misses whenever the sender changes (a fifth of the time with 4
+/// ranks, more with 8), each miss a copy of the datagram where a peek was a system call.
+#[derive(Clone, Copy, Debug, Default)]
+struct Follow {
+    /// Reads on a guess that found a datagram, and those whose datagram was not all on its
+    /// place; both halved every [`Follow::WINDOW`] reads.
+    tries: u32,
+    misses: u32,
+    /// Opportunities passed over since the last guess offered.
+    passed: u32,
+}
+
+impl Follow {
+    /// Reads over which the counts are kept (then halved).
+    const WINDOW: u32 = 64;
+    /// At most one miss in this many reads keeps guessing.
+    const MISS_RATIO: u32 = 16;
+    /// While guessing is off, one opportunity in this many is taken all the same.
+    const PROBE: u32 = 16;
+
+    /// Whether to guess at this opportunity.
+    fn offer(&mut self) -> bool {
+        let good = self.misses * Self::MISS_RATIO <= self.tries;
+        self.passed += 1;
+        let offer = good || self.passed >= Self::PROBE;
+        if offer {
+            self.passed = 0;
+        }
+        offer
+    }
+
+    /// A read on a guess found a datagram: `hit` if all of it landed on its place.
+    fn count(&mut self, hit: bool) {
+        self.tries += 1;
+        self.misses += u32::from(!hit);
+        if self.tries >= Self::WINDOW {
+            self.tries /= 2;
+            self.misses /= 2;
+        }
+    }
 }
 
 impl LaneReceiver {
@@ -291,7 +353,18 @@ impl LaneReceiver {
             checker: IcrcChecker::default(),
             stats: RxStats::default(),
             found_empty: false,
+            follow: None,
+            followed: Follow::default(),
         }
+    }
+
+    /// Where the last [`recv_into`](Self::recv_into) says the next datagram likely goes on
+    /// (its sender and the immediate of its first chunk): set when every datagram of that read
+    /// landed on its place and was accepted, cleared by any other read. Reading on from it
+    /// without a peek costs a copy of that datagram if it was wrong (see `recv_into`), so it
+    /// is offered only while few guesses miss ([`Follow`]): a `recv_into` on it says so.
+    pub(crate) fn follow(&mut self) -> Option<(u32, u32)> {
+        self.follow.filter(|_| self.followed.offer())
     }
 
     /// Whether the last read found the socket empty (nothing queued), as opposed to reading
@@ -384,6 +457,7 @@ impl LaneReceiver {
     pub(crate) fn read_batch(&mut self) -> io::Result<usize> {
         self.accepted.clear();
         self.found_empty = false;
+        self.follow = None;
         let msgs = {
             let mut slots = self.buf.chunks_mut(SLOT);
             let mut bufs: [IoSliceMut<'_>; BATCH_SIZE] =
@@ -521,10 +595,14 @@ impl LaneReceiver {
     /// Chunks with a pad (a payload length not a multiple of 4), or a receiver that checks
     /// ICRCs, take the batched read instead: returns `Ok(None)` without reading. Otherwise
     /// the datagrams read (empty ones included, 0 when nothing was queued).
+    ///
+    /// `on_guess`: `expect` is [`follow`](Self::follow)'s guess, not a peeked header's: how
+    /// the read goes is counted for the next offers.
     pub(crate) fn recv_into(
         &mut self,
         target: &mut [u8],
         expect: Expect,
+        on_guess: bool,
     ) -> io::Result<Option<usize>> {
         let n = expect.n;
         if self.cfg.verify_icrc
@@ -538,6 +616,7 @@ impl LaneReceiver {
         }
         self.accepted.clear();
         self.found_empty = false;
+        let follow = self.follow.take();
         let got = {
             let (heads, tails) = (&mut self.heads, &mut self.tails);
             let spare = &mut self.buf[..SLOT];
@@ -561,6 +640,8 @@ impl LaneReceiver {
             match crate::sys::recv_scatter(self.sock.udp(), &mut bufs[..k + 1], &mut self.control) {
                 Ok(g) => g,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Nothing read: where the next datagram goes on is as it was.
+                    self.follow = follow;
                     self.found_empty = true;
                     return Ok(Some(0));
                 }
@@ -569,6 +650,8 @@ impl LaneReceiver {
         };
         self.stats.recv_calls += 1;
         if got.len == 0 {
+            // This rank's own trimmed multicast, between a peer's datagrams: nothing placed.
+            self.follow = follow;
             self.stats.empty += 1;
             return Ok(Some(1));
         }
@@ -606,6 +689,18 @@ impl LaneReceiver {
             i += 1;
         }
         self.stats.datagrams += datagrams as u64;
+        let hit = self.accepted.len() == datagrams && self.accepted.iter().all(|a| a.direct);
+        if on_guess {
+            self.followed.count(hit);
+            self.stats.guessed += 1;
+            self.stats.guessed_wrong += u64::from(!hit);
+        }
+        if hit {
+            self.follow = Some((
+                expect.src_qp,
+                expect.first_imm.wrapping_add(datagrams as u32),
+            ));
+        }
         Ok(Some(datagrams))
     }
 
@@ -856,7 +951,7 @@ pub(crate) mod tests {
             assert!(t0.elapsed() < Duration::from_secs(10), "nothing arrived");
             rx.sock.wait_readable(Duration::from_millis(50)).unwrap();
         }
-        assert!(rx.recv_into(target, expect).unwrap().unwrap() > 0);
+        assert!(rx.recv_into(target, expect, false).unwrap().unwrap() > 0);
         let out: Vec<_> = rx
             .last_batch()
             .iter()
@@ -899,6 +994,45 @@ pub(crate) mod tests {
         assert_eq!((p.rx.stats().direct, p.rx.stats().accepted), (15, 15));
     }
 
+    /// A read all in place says where the sender's next batch goes on; a read on that guess
+    /// that misses (another sender's batch, here a jump) says nothing, and is copied whole.
+    #[test]
+    fn a_read_all_in_place_says_where_the_next_goes_on() {
+        let mut p = pair(0xD1_0005);
+        assert_eq!(p.rx.follow(), None);
+        send(&mut p.tx, 100..115, CS);
+        let mut target = vec![0u8; 15 * CS];
+        assert_eq!(read(&mut p.rx, &mut target, expect(100, 15, CS)).len(), 15);
+        assert_eq!(p.rx.follow(), Some((2, 115)));
+        // The sender jumps ahead: the guess (115 on) misses, the chunks are still whole.
+        send(&mut p.tx, 130..145, CS);
+        let got = read(&mut p.rx, &mut target, expect(115, 15, CS));
+        assert_eq!(got.len(), 15);
+        for (i, (imm, placed, bytes)) in got.iter().enumerate() {
+            assert_eq!((*imm, *placed), (130 + i as u32, None));
+            assert!(*bytes == payload(*imm, CS), "chunk {imm}");
+        }
+        assert_eq!(p.rx.follow(), None);
+        assert_eq!(p.rx.stats().direct, 15);
+    }
+
+    /// Guesses are offered while few miss; once a fifth miss, one opportunity in
+    /// [`Follow::PROBE`], until hits bring the share down again.
+    #[test]
+    fn guesses_stop_while_they_miss_and_come_back_with_hits() {
+        let mut f = Follow::default();
+        let offered = |f: &mut Follow, n: u32| (0..n).filter(|_| f.offer()).count() as u32;
+        assert_eq!(offered(&mut f, 10), 10);
+        for i in 0..40 {
+            f.count(i % 5 != 0);
+        }
+        assert_eq!(offered(&mut f, 4 * Follow::PROBE), 4);
+        for _ in 0..Follow::WINDOW * 4 {
+            f.count(true);
+        }
+        assert_eq!(offered(&mut f, 10), 10);
+    }
+
     /// A batch the prediction missed (shifted by two chunks), or only partly covered, is
     /// gathered and handed out whole: nothing is lost, only copied.
     #[test]
@@ -938,7 +1072,8 @@ pub(crate) mod tests {
 
         let mut odd = vec![0u8; 1001];
         assert_eq!(
-            p.rx.recv_into(&mut odd, expect(300, 1, 1001)).unwrap(),
+            p.rx.recv_into(&mut odd, expect(300, 1, 1001), false)
+                .unwrap(),
             None
         );
 

@@ -191,6 +191,8 @@ pub(crate) fn add_rx(a: &mut RxStats, b: &RxStats) {
     f(&mut a.unknown_source, b.unknown_source);
     f(&mut a.bad_icrc, b.bad_icrc);
     f(&mut a.direct, b.direct);
+    f(&mut a.guessed, b.guessed);
+    f(&mut a.guessed_wrong, b.guessed_wrong);
 }
 
 pub(crate) fn add_tx(a: &mut TxStats, b: &TxStats) {
