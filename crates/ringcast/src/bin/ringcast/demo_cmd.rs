@@ -122,7 +122,8 @@ fn one(
     let (me, p) = (comm.rank(), comm.size());
     // `run` checked that size x ranks fits in a buffer.
     let n = op.size as usize;
-    comm.barrier()?;
+    // Every buffer is made before the barrier: made after it, a rank that made its buffers
+    // sooner would start its clock and then wait for the others' to be made.
     if op.broadcast {
         let want = net::pattern(salt, op.root, op.size)?;
         let buf = if me == op.root {
@@ -130,6 +131,7 @@ fn one(
         } else {
             net::buffer(op.size, UNTOUCHED)?
         };
+        comm.barrier()?;
         let s0 = comm.stats()?;
         let t0 = Instant::now();
         let got = comm.ibroadcast(op.root, buf)?.wait()?;
@@ -139,6 +141,7 @@ fn one(
     } else {
         let mine = net::pattern(salt, me, op.size)?;
         let recv = net::buffer(net::held_bytes(op.size, p, true)?, UNTOUCHED)?;
+        comm.barrier()?;
         let s0 = comm.stats()?;
         let t0 = Instant::now();
         let got = comm.iallgather(&mine, recv)?.wait()?;
