@@ -431,7 +431,9 @@ impl CommBuilder {
     }
 
     /// Link bandwidth in bytes per second: the cutoff timer `N / B + alpha`, and the pacer,
-    /// which never sends a lane's multicast faster than twice it. By default the interface's
+    /// which never sends a lane's multicast faster than four times it (a link reported slower
+    /// than the path, such as a veth's, holds no root below what the path carries; a real
+    /// NIC's line rate holds it first). By default the interface's
     /// speed as the kernel reports it (`/sys/class/net/<interface>/speed`, as NCCL reads it);
     /// 20 Gbit/s per lane on loopback, whose cost is memory copies on as many cores as there
     /// are lanes, not a line rate; 10 Gbit/s where
@@ -1191,8 +1193,9 @@ const DEFAULT_POST_TIMEOUT: Duration = Duration::from_secs(600);
 /// Link rate (bytes per second) where the kernel reports none.
 const UNKNOWN_LINK: u64 = 10_000_000_000 / 8;
 /// Link rate (bytes per second) taken for loopback, whose cost is memory copies, not a line
-/// rate: the pacer's ceiling (twice it, 5 GB/s) is about the raw multicast ceiling measured
-/// on loopback (4.4-5.8 GB/s per receiver on this 2-vCPU VM). Under the 10 Gbit/s default
+/// rate: the pacer's ceiling, twice it when this was chosen (5 GB/s; four times since the
+/// twenty-fifth round), was about the raw multicast ceiling measured on loopback (4.4-5.8
+/// GB/s per receiver on this 2-vCPU VM). Under the 10 Gbit/s default
 /// (2.5 GB/s) a 64 MiB Broadcast of 4 ranks took 30-34 ms, at this rate 26-29 ms; at
 /// 100 Gbit/s the four roots of a 64 MiB Allgather overran their receivers, which fetched
 /// 22-48 MB each over TCP, and it took 195-266 ms instead of 145-218 (BENCHMARKS.md).

@@ -86,23 +86,30 @@ pub(super) fn decode(bytes: &[u8]) -> Option<ReceiverReport> {
 /// operation, where a paced one fetches well under 1 MB). Doubling every report round
 /// (reports come every few ms) reaches the link within four rounds.
 ///
-/// The ceiling is twice the link rate, not the link rate: the pacer is there to slow a root
-/// for its receivers, while the link (or the kernel path, on a veth) limits it by itself.
-/// A configured link rate below what the path really carries (the default 10 Gb/s on the
-/// namespace lab's veths, which carry more) would otherwise cap every root below it. Sending
-/// faster than the configured rate only ends the fast path before the core's cutoff, which
-/// is timed from that rate.
+/// The ceiling is [`CEILING_TIMES_LINK`] times the link rate, not the link rate: the pacer is
+/// there to slow a root for its receivers, while the link (or the kernel path, on a veth)
+/// limits it by itself. A configured link rate below what the path really carries (the
+/// default 10 Gb/s on the namespace lab's veths, which carry more) would otherwise cap every
+/// root below it. Sending faster than the configured rate only ends the fast path before the
+/// core's cutoff, which is timed from that rate.
 pub(super) fn config(link: u64) -> RateConfig {
     let link = link.max(1);
     RateConfig {
         initial: (link / 16).max(1),
         floor: (link / 100).clamp(1, 10_000_000),
-        ceiling: link.saturating_mul(2),
+        ceiling: link.saturating_mul(CEILING_TIMES_LINK),
         increase: (link / 50).max(1),
         slow_start: true,
         ..RateConfig::default()
     }
 }
+
+/// The pacer's ceiling over the link rate. Twice it held the namespace lab's Broadcast to
+/// 2.5 GB/s (its veths report 10 Gbit/s; the kernel path carries 2.6-4 GB/s there), 10-25 %
+/// slower than with pacing off and nothing fetched either way (BENCHMARKS.md, twenty-fifth
+/// round). On a real NIC the line rate holds a root first, whatever the ceiling; an
+/// Allgather's roots share it by their fan-in ([`Rates::set_share`]).
+pub(super) const CEILING_TIMES_LINK: u64 = 4;
 
 /// Where `me` is among an operation's `roots` (the ranks with data to multicast, of
 /// `ranks`), the most of them any one receiver hears at once: every root but itself when all
