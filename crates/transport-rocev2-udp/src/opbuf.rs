@@ -293,13 +293,14 @@ impl Inner {
         } else {
             (s + 1) << self.shift
         };
+        // A source was checked to lie within the parts' bytes when lent, and is there until
+        // every stripe is staged (`stage_all_locked`, before the parts change): the copy's
+        // two ranges lie in a live, initialized source and in stripe `s`'s bytes of the
+        // parts. The source is a shared borrow and the parts the lender's exclusive one, so
+        // the two do not overlap.
         // SAFETY: stripe `s`'s exclusive lock is held, so nothing changes the headers (that
-        // takes every stripe's exclusive lock) and no other thread reaches the stripe's
-        // bytes. A source was checked to lie within the parts' bytes when lent, and is there
-        // until every stripe is staged (`stage_all_locked`, before the parts change): the
-        // copy's two ranges lie in a live, initialized source and in stripe `s`'s bytes of
-        // the parts. The source is a shared borrow and the parts the lender's exclusive one,
-        // so the two do not overlap.
+        // takes every stripe's exclusive lock) and no other thread reaches the stripe's bytes;
+        // the ranges are valid (above).
         unsafe {
             if let Some(src) = &*self.source.get() {
                 let lo = start.max(src.at);

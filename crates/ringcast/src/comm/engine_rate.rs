@@ -109,7 +109,7 @@ pub(super) fn config(link: u64) -> RateConfig {
 /// slower than with pacing off and nothing fetched either way (BENCHMARKS.md, twenty-fifth
 /// round). On a real NIC the line rate holds a root first, whatever the ceiling; an
 /// Allgather's roots share it by their fan-in ([`Rates::set_share`]).
-pub(super) const CEILING_TIMES_LINK: u64 = 4;
+const CEILING_TIMES_LINK: u64 = 4;
 
 /// Where `me` is among an operation's `roots` (the ranks with data to multicast, of
 /// `ranks`), the most of them any one receiver hears at once: every root but itself when all
