@@ -690,10 +690,7 @@ fn a_rank_of_the_job_with_another_world_size_fails_the_rendezvous_at_once() {
             root.serve(listener, b"control of 0")
         });
         let mut waiting = raw_join_of_job(port, 1, 3, 9, b"control of 1");
-        let mut wrong = Rendezvous::new(2, 5, addr(port));
-        wrong.job_key = 9;
-        wrong.timeout = Duration::from_secs(5);
-        let e = wrong.run(b"control of 2").expect_err("refused");
+        let e = rank_2_of_a_5_rank_world_is_refused(port);
         assert!(matches!(e, RendezvousError::Refused { .. }), "{e}");
         let text = e.to_string();
         assert!(
@@ -737,12 +734,13 @@ fn rank_0_of_job_9(world: u32, listener: TcpListener) -> Result<PeerTable, Rende
     root.serve(listener, b"control of 0")
 }
 
-/// Rank 2 of job 9 saying the world has 5 ranks: refused (and the job failed with it).
-fn rank_2_of_a_5_rank_world_is_refused(port: u16) {
+/// Rank 2 of job 9 saying the world has 5 ranks: refused (and the job failed with it); the
+/// refusal.
+fn rank_2_of_a_5_rank_world_is_refused(port: u16) -> RendezvousError {
     let mut wrong = Rendezvous::new(2, 5, addr(port));
     wrong.job_key = 9;
     wrong.timeout = Duration::from_secs(5);
-    wrong.run(b"control of 2").expect_err("refused");
+    wrong.run(b"control of 2").expect_err("refused")
 }
 
 /// After the job failed at once (a world size mismatch), rank 0 stays a moment to tell the
