@@ -174,12 +174,10 @@ pub(crate) fn gathered(salt: u64, blocks: &[u64]) -> Result<Vec<u8>, String> {
     Ok(v)
 }
 
-/// SplitMix64's step (the patterns' generator, and `local`'s port picks).
-pub(crate) fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// SplitMix64's step (the patterns' generator, and `local`'s port picks): the core's
+/// finaliser after the golden-ratio increment.
+pub(crate) fn splitmix(z: u64) -> u64 {
+    ringcast::core::port::mix(z.wrapping_add(0x9E37_79B9_7F4A_7C15))
 }
 
 /// [`verify`] of an Allgather(v) of `blocks` against every rank's pattern ([`pattern`]),
