@@ -46,6 +46,11 @@ const REJECTED_KEPT: usize = 16;
 /// The listener's token; pending connections count up from 0.
 const LISTENER: Token = Token(usize::MAX);
 
+/// Whether a hello's job key and rank 0's may be one job's: equal, or either unknown (0).
+fn may_be_one_job(theirs: u64, ours: u64) -> bool {
+    theirs == 0 || ours == 0 || theirs == ours
+}
+
 /// A joined rank, waiting for the table.
 struct Joined {
     peer: SocketAddr,
@@ -281,7 +286,7 @@ impl<'a> Server<'a> {
             // Best effort: what it sent before an error still counts.
             let _ = read_some(&mut p.stream, &mut p.hello);
             if let Some((rank, key)) = Hello::rank_and_key(&p.hello)
-                && (key == 0 || ours == 0 || key == ours)
+                && may_be_one_job(key, ours)
             {
                 ranks.push(rank);
             }
@@ -374,7 +379,7 @@ impl<'a> Server<'a> {
         hello: Hello,
     ) -> Result<bool, RendezvousError> {
         let ours = self.cfg.job_key;
-        if hello.job_key != 0 && ours != 0 && hello.job_key != ours {
+        if !may_be_one_job(hello.job_key, ours) {
             let why = format!(
                 "rank {} from {peer} belongs to another job (job key {:016x}, rank 0's is {ours:016x})",
                 hello.rank, hello.job_key
