@@ -1029,17 +1029,19 @@ impl Engine {
                 let _ = reply.send(Err(CommError::Cancelled));
             }
         }
-        let s = self.stats();
-        tracing::debug!(
-            rank = self.rank(),
-            reads = s.rx.recv_calls,
-            datagrams = s.rx.datagrams,
-            in_place = s.rx.direct,
-            guessed = s.rx.guessed,
-            guessed_wrong = s.rx.guessed_wrong,
-            socket_drops = s.socket_drops,
-            "receive totals"
-        );
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let s = self.stats();
+            tracing::debug!(
+                rank = self.rank(),
+                reads = s.rx.recv_calls,
+                datagrams = s.rx.datagrams,
+                in_place = s.rx.direct,
+                guessed = s.rx.guessed,
+                guessed_wrong = s.rx.guessed_wrong,
+                socket_drops = s.socket_drops,
+                "receive totals"
+            );
+        }
         tracing::debug!(rank = self.rank(), mark, "engine stopping");
         let rank = self.rank();
         let Engine {
