@@ -9,8 +9,8 @@
 // A command-line tool: printing to the terminal is its job.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-use plotters::coord::Shift;
-use plotters::prelude::*;
+use ringcast_charts::plotters::prelude::*;
+use ringcast_charts::{Area, COLORS, Scales, line_chart};
 use ringcast_loopback_sim::TopologySpec;
 use ringcast_loopback_sim::baselines::study::{self, LossRow, TimeRow, TrafficRow};
 use std::fmt::Write as _;
@@ -184,29 +184,22 @@ fn short(spec: TopologySpec) -> &'static str {
     }
 }
 
-const COLORS: [RGBColor; 6] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-];
-
-type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
-
 fn svg(
     size: (u32, u32),
     draw: impl FnOnce(&Area<'_>) -> Result<(), String>,
 ) -> Result<String, StepError> {
-    let mut out = String::new();
-    {
-        let area = SVGBackend::with_string(&mut out, size).into_drawing_area();
-        area.fill(&WHITE).map_err(err)?;
-        draw(&area).map_err(err)?;
-        area.present().map_err(err)?;
-    }
-    Ok(out)
+    ringcast_charts::svg(size, draw).map_err(err)
+}
+
+/// A line plot of named series, x log-scaled, y too when `y_log`.
+fn lines(
+    caption: &str,
+    axes: (&str, &str),
+    series: &[(String, Vec<(f64, f64)>)],
+    y_log: bool,
+    x_fmt: &dyn Fn(&f64) -> String,
+) -> Result<String, StepError> {
+    line_chart(caption, axes, series, Scales { x_log: true, y_log }, x_fmt).map_err(err)
 }
 
 fn traffic_svg(caption: &str, rows: &[TrafficRow]) -> Result<String, StepError> {
@@ -289,83 +282,6 @@ fn traffic_panel(area: &Area<'_>, collective: &str, rows: &[&TrafficRow]) -> Res
         .map_err(|e| e.to_string())
 }
 
-/// A log-log (or log-x) line plot of named series.
-fn lines(
-    caption: &str,
-    x_desc: &str,
-    y_desc: &str,
-    series: &[(String, Vec<(f64, f64)>)],
-    y_log: bool,
-    x_fmt: &dyn Fn(&f64) -> String,
-) -> Result<String, StepError> {
-    let legend = if y_log {
-        SeriesLabelPosition::UpperLeft
-    } else {
-        SeriesLabelPosition::LowerLeft
-    };
-    let pts = series.iter().flat_map(|s| s.1.iter());
-    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for &(x, y) in pts {
-        x0 = x0.min(x);
-        x1 = x1.max(x);
-        y0 = y0.min(y);
-        y1 = y1.max(y);
-    }
-    if x0 > x1 {
-        (x0, x1, y0, y1) = (1.0, 10.0, 1.0, 10.0);
-    }
-    svg((900, 560), |area| {
-        let mut b = ChartBuilder::on(area);
-        b.caption(caption, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70);
-        macro_rules! finish {
-            ($chart:expr) => {{
-                let mut chart = $chart;
-                chart
-                    .configure_mesh()
-                    .x_desc(x_desc)
-                    .y_desc(y_desc)
-                    .x_label_formatter(x_fmt)
-                    .draw()
-                    .map_err(|e| e.to_string())?;
-                for (i, (name, p)) in series.iter().enumerate() {
-                    let color = COLORS[i % COLORS.len()];
-                    chart
-                        .draw_series(LineSeries::new(p.iter().copied(), color.stroke_width(2)))
-                        .map_err(|e| e.to_string())?
-                        .label(name.clone())
-                        .legend(move |(x, y)| {
-                            PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-                        });
-                    chart
-                        .draw_series(p.iter().map(|&q| Circle::new(q, 3, color.filled())))
-                        .map_err(|e| e.to_string())?;
-                }
-                chart
-                    .configure_series_labels()
-                    .position(legend)
-                    .background_style(WHITE)
-                    .border_style(BLACK)
-                    .draw()
-                    .map_err(|e| e.to_string())
-            }};
-        }
-        if y_log {
-            finish!(
-                b.build_cartesian_2d((x0..x1).log_scale(), (y0 * 0.8..y1 * 1.25).log_scale())
-                    .map_err(|e| e.to_string())?
-            )
-        } else {
-            finish!(
-                b.build_cartesian_2d((x0..x1).log_scale(), 0f64..(y1 * 1.1).max(1.05))
-                    .map_err(|e| e.to_string())?
-            )
-        }
-    })
-}
-
 fn size_label(x: &f64) -> String {
     study::bytes(x.round() as u64)
 }
@@ -392,8 +308,7 @@ fn write_sizes(dir: &Path, spec: TopologySpec, rows: &[TimeRow]) -> Result<(), S
         let name = format!("sizes-{collective}.svg");
         let svg = lines(
             &format!("{collective}, {}", title(spec)),
-            "message size",
-            "completion (us)",
+            ("message size", "completion (us)"),
             &series,
             true,
             &size_label,
@@ -432,8 +347,10 @@ fn write_loss(dir: &Path, rows: &[LossRow]) -> Result<(), StepError> {
     }
     let svg = lines(
         "128 MiB Broadcast under loss",
-        "loss probability per link",
-        "throughput / loss-free throughput",
+        (
+            "loss probability per link",
+            "throughput / loss-free throughput",
+        ),
         &series,
         false,
         &|x| format!("{x:.0e}"),

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use plotters::prelude::*;
+use ringcast_charts::{Scales, line_chart};
 use serde_json::{Value, json};
 
 /// UDP payload of one ringcast datagram with a full chunk: BTH 12 + DETH 8 + ImmDt 4 + ICRC 4.
@@ -575,17 +575,6 @@ impl Run {
     }
 }
 
-const COLORS: [RGBColor; 8] = [
-    RGBColor(0x1f, 0x77, 0xb4),
-    RGBColor(0xd6, 0x27, 0x28),
-    RGBColor(0x2c, 0xa0, 0x2c),
-    RGBColor(0xff, 0x7f, 0x0e),
-    RGBColor(0x94, 0x67, 0xbd),
-    RGBColor(0x8c, 0x56, 0x4b),
-    RGBColor(0x17, 0xbe, 0xcf),
-    RGBColor(0x7f, 0x7f, 0x7f),
-];
-
 /// An axis tick in bytes, decimal (the log axis puts ticks at powers of ten).
 fn tick_bytes(x: &f64) -> String {
     match *x {
@@ -594,86 +583,6 @@ fn tick_bytes(x: &f64) -> String {
         x if x >= 1e3 => format!("{} kB", x / 1e3),
         x => format!("{x} B"),
     }
-}
-
-/// A line plot of named series; x log-scaled when `x_log`, y log-scaled when `y_log`.
-fn plot(
-    caption: &str,
-    x_desc: &str,
-    y_desc: &str,
-    series: &[(String, Vec<(f64, f64)>)],
-    (x_log, y_log): (bool, bool),
-    x_fmt: &dyn Fn(&f64) -> String,
-) -> Result<String, String> {
-    let pts: Vec<(f64, f64)> = series.iter().flat_map(|s| s.1.iter().copied()).collect();
-    let (x0, x1) = pts
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
-    let (y0, y1) = pts
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
-    if pts.is_empty() {
-        return Err(format!("{caption}: nothing to plot"));
-    }
-    let mut out = String::new();
-    {
-        let area = SVGBackend::with_string(&mut out, (900, 560)).into_drawing_area();
-        area.fill(&WHITE).map_err(|e| e.to_string())?;
-        let mut b = ChartBuilder::on(&area);
-        b.caption(caption, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70);
-        macro_rules! finish {
-            ($chart:expr) => {{
-                let mut chart = $chart.map_err(|e| e.to_string())?;
-                chart
-                    .configure_mesh()
-                    .x_desc(x_desc)
-                    .y_desc(y_desc)
-                    .x_label_formatter(x_fmt)
-                    .draw()
-                    .map_err(|e| e.to_string())?;
-                for (i, (name, p)) in series.iter().enumerate() {
-                    let color = COLORS[i % COLORS.len()];
-                    chart
-                        .draw_series(LineSeries::new(p.iter().copied(), color.stroke_width(2)))
-                        .map_err(|e| e.to_string())?
-                        .label(name.clone())
-                        .legend(move |(x, y)| {
-                            PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-                        });
-                    chart
-                        .draw_series(p.iter().map(|&q| Circle::new(q, 3, color.filled())))
-                        .map_err(|e| e.to_string())?;
-                }
-                chart
-                    .configure_series_labels()
-                    .position(SeriesLabelPosition::UpperLeft)
-                    .background_style(WHITE)
-                    .border_style(BLACK)
-                    .draw()
-                    .map_err(|e| e.to_string())?;
-            }};
-        }
-        let (xa, xb) = if x0 < x1 {
-            (x0, x1)
-        } else {
-            (x0 - 1.0, x0 + 1.0)
-        };
-        match (x_log, y_log) {
-            (true, true) => finish!(
-                b.build_cartesian_2d((xa..xb).log_scale(), (y0 * 0.8..y1 * 1.25).log_scale())
-            ),
-            (true, false) => finish!(b.build_cartesian_2d((xa..xb).log_scale(), 0f64..y1 * 1.15)),
-            (false, true) => {
-                finish!(b.build_cartesian_2d(xa..xb, (y0 * 0.8..y1 * 1.25).log_scale()))
-            }
-            (false, false) => finish!(b.build_cartesian_2d(xa..xb, 0f64..y1 * 1.15)),
-        }
-        area.present().map_err(|e| e.to_string())?;
-    }
-    Ok(out)
 }
 
 fn svgs(run: &Run) -> Result<Vec<(&'static str, String)>, String> {
@@ -694,15 +603,17 @@ fn svgs(run: &Run) -> Result<Vec<(&'static str, String)>, String> {
         lat.push((format!("ringcast Allgather{suffix}"), ms(&a.rc_allgather)));
         lat.push((format!("Open MPI Allgather{suffix}"), ms(&a.mpi_allgather)));
     }
-    let latency = plot(
+    let latency = line_chart(
         &format!(
             "Latency against size, {} ranks in namespaces on a bridge (TCP for Open MPI)",
             run.p()
         ),
-        "bytes per rank",
-        "latency (ms)",
+        ("bytes per rank", "latency (ms)"),
         &lat,
-        (true, true),
+        Scales {
+            x_log: true,
+            y_log: true,
+        },
         &tick_bytes,
     )?;
     let size = run
@@ -720,16 +631,18 @@ fn svgs(run: &Run) -> Result<Vec<(&'static str, String)>, String> {
         }
         ceiling.push((*loss, Run::ceiling_gbs(a, run.payload())));
     }
-    let goodput = plot(
+    let goodput = line_chart(
         &format!("Broadcast goodput against loss, {}", size_label(size)),
-        "random loss at every receiver (%)",
-        "goodput (GB/s)",
+        ("random loss at every receiver (%)", "goodput (GB/s)"),
         &[
             ("ringcast".to_owned(), rc),
             ("Open MPI (TCP)".to_owned(), mpi),
             ("raw multicast ceiling".to_owned(), ceiling),
         ],
-        (false, false),
+        Scales {
+            x_log: false,
+            y_log: false,
+        },
         &|x| format!("{x}"),
     )?;
     Ok(vec![

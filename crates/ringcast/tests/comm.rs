@@ -21,8 +21,8 @@ use ringcast::{BuildError, CommError, Communicator};
 mod common;
 
 use common::{
-    broadcast_checked, check, control_listeners, e, free_tcp_port, free_udp_port, ibroadcast_of,
-    nonce, pattern, random_ops, soak_ops,
+    broadcast_checked, check, e, free_tcp_port, free_udp_port, ibroadcast_of, nonce, pattern,
+    random_ops, soak_ops, thread_world,
 };
 
 const RANKS: u32 = 4;
@@ -44,52 +44,15 @@ fn world_with<R: Send + 'static>(
     tweak: impl Fn(CommBuilder) -> CommBuilder + Send + Sync + Clone + 'static,
     f: impl Fn(Communicator) -> Result<R, String> + Send + Sync + Clone + 'static,
 ) -> Vec<R> {
-    let nonce = nonce(salt);
-    let port = free_udp_port();
-    let (listeners, table) = control_listeners(RANKS);
-    let (tx, rx) = mpsc::channel();
-    for (r, l) in listeners.into_iter().enumerate() {
-        let (table, tx, f, tweak) = (table.clone(), tx.clone(), f.clone(), tweak.clone());
-        thread::Builder::new()
-            .name(format!("test-rank{r}"))
-            .spawn(move || {
-                let b = Communicator::builder()
-                    .rank(r as u32)
-                    .world_size(RANKS)
-                    .peer_table(table, nonce)
-                    .control_listener(l)
-                    .interface(std::net::Ipv4Addr::LOCALHOST)
-                    .udp_port(port)
-                    .lanes(2)
-                    .peer_timeout(Duration::from_secs(10))
-                    // Ends once every rank is heard: the default 2 s only bounds a failure,
-                    // and a rank starved that long on a loaded machine failed the check.
-                    .startup_check(Duration::from_secs(6))
-                    .link_bandwidth(100_000_000)
-                    .cutoff_alpha(Duration::from_millis(20));
-                let comm = tweak(b)
-                    .build()
-                    .map_err(|e| format!("rank {r}: build: {e}"));
-                let _ = tx.send((r, comm.and_then(&f)));
-            })
-            .expect("spawn");
-    }
-    drop(tx);
-    let end = Instant::now() + DEADLINE;
-    let mut out: Vec<Option<R>> = (0..RANKS).map(|_| None).collect();
-    let mut errors = Vec::new();
-    for _ in 0..RANKS {
-        let left = end.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok((r, Ok(v))) => out[r] = Some(v),
-            Ok((r, Err(e))) => errors.push(format!("rank {r}: {e}")),
-            Err(_) => panic!("ranks did not finish within {DEADLINE:?}: {errors:?}"),
-        }
-    }
-    assert!(errors.is_empty(), "{errors:#?}");
-    out.into_iter()
-        .map(|v| v.expect("every rank reported"))
-        .collect()
+    thread_world(
+        RANKS,
+        salt,
+        DEADLINE,
+        // The start-up check ends once every rank is heard: the default 2 s only bounds a
+        // failure, and a rank starved that long on a loaded machine failed the check.
+        move |_, b, _| tweak(b.startup_check(Duration::from_secs(6))),
+        move |_, comm| f(comm.map_err(|e| format!("build: {e}"))?),
+    )
 }
 
 #[test]

@@ -7,9 +7,6 @@
 //! Every test draws its own nonce, TCP and UDP ports; every wait has a deadline.
 #![cfg(feature = "rocev2-udp")]
 
-use std::net::Ipv4Addr;
-use std::sync::mpsc;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use ringcast::Communicator;
@@ -18,8 +15,8 @@ use ringcast::comm::{BuildError, CommBuilder, Fallback, FallbackReason, OpStats,
 mod common;
 
 use common::{
-    broadcast_checked, check, control_listeners, e, free_udp_port, ibroadcast_of, nonce, pattern,
-    random_ops, soak_ops,
+    RankFn, Setup, broadcast_checked, check, e, ibroadcast_of, nonce, pattern, random_ops,
+    soak_ops, thread_world,
 };
 
 const RANKS: u32 = 4;
@@ -27,59 +24,15 @@ const DEADLINE: Duration = Duration::from_secs(120);
 
 /// Builds `RANKS` communicators on threads (`setup` adds settings per rank) and runs `f` on
 /// each build's result; fails at the deadline.
-fn world<R: Send + 'static>(
-    salt: u64,
-    setup: impl Fn(u32, CommBuilder, u16) -> CommBuilder + Send + Sync + Clone + 'static,
-    f: impl Fn(u32, Result<Communicator, BuildError>) -> Result<R, String>
-    + Send
-    + Sync
-    + Clone
-    + 'static,
-) -> Vec<R> {
-    let nonce = nonce(salt);
-    let port = free_udp_port();
-    let (listeners, table) = control_listeners(RANKS);
-    let (tx, rx) = mpsc::channel();
-    for (r, l) in listeners.into_iter().enumerate() {
-        let (table, tx, f, setup) = (table.clone(), tx.clone(), f.clone(), setup.clone());
-        thread::Builder::new()
-            .name(format!("test-rank{r}"))
-            .spawn(move || {
-                let r = r as u32;
-                let b = Communicator::builder()
-                    .rank(r)
-                    .world_size(RANKS)
-                    .peer_table(table, nonce)
-                    .control_listener(l)
-                    .interface(Ipv4Addr::LOCALHOST)
-                    .udp_port(port)
-                    .lanes(2)
-                    .peer_timeout(Duration::from_secs(10))
-                    .link_bandwidth(100_000_000)
-                    .cutoff_alpha(Duration::from_millis(20))
-                    // What runs where is these tests' subject: no small operation bypasses.
-                    .tcp_threshold(0);
-                let out = f(r, setup(r, b, port).build());
-                let _ = tx.send((r, out));
-            })
-            .expect("spawn");
-    }
-    drop(tx);
-    let end = Instant::now() + DEADLINE;
-    let mut out: Vec<Option<R>> = (0..RANKS).map(|_| None).collect();
-    let mut errors = Vec::new();
-    for _ in 0..RANKS {
-        let left = end.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok((r, Ok(v))) => out[r as usize] = Some(v),
-            Ok((r, Err(e))) => errors.push(format!("rank {r}: {e}")),
-            Err(_) => panic!("ranks did not finish within {DEADLINE:?}: {errors:?}"),
-        }
-    }
-    assert!(errors.is_empty(), "{errors:#?}");
-    out.into_iter()
-        .map(|v| v.expect("every rank reported"))
-        .collect()
+fn world<R: Send + 'static>(salt: u64, setup: impl Setup, f: impl RankFn<R>) -> Vec<R> {
+    // What runs where is these tests' subject: no small operation bypasses.
+    thread_world(
+        RANKS,
+        salt,
+        DEADLINE,
+        move |r, b, port| setup(r, b.tcp_threshold(0), port),
+        f,
+    )
 }
 
 /// Rank 3 binds its lanes to another UDP port: nobody hears it, it hears nobody.

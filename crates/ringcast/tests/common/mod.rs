@@ -2,9 +2,12 @@
 // Each test binary uses its own subset.
 #![allow(dead_code)]
 
-use ringcast::comm::OpStats;
-use ringcast::{CommError, Communicator};
-use std::net::{TcpListener, UdpSocket};
+use ringcast::comm::{CommBuilder, OpStats};
+use ringcast::{BuildError, CommError, Communicator};
+use std::net::{Ipv4Addr, TcpListener, UdpSocket};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
 
 /// `n` control listeners on loopback, and their addresses: a peer table.
 pub(crate) fn control_listeners(n: u32) -> (Vec<TcpListener>, Vec<std::net::SocketAddr>) {
@@ -16,6 +19,83 @@ pub(crate) fn control_listeners(n: u32) -> (Vec<TcpListener>, Vec<std::net::Sock
         .map(|l| l.local_addr().expect("addr"))
         .collect();
     (listeners, table)
+}
+
+/// What finishes a rank's builder in [`thread_world`]: `(rank, builder, udp_port)`.
+pub(crate) trait Setup:
+    Fn(u32, CommBuilder, u16) -> CommBuilder + Send + Sync + Clone + 'static
+{
+}
+impl<F: Fn(u32, CommBuilder, u16) -> CommBuilder + Send + Sync + Clone + 'static> Setup for F {}
+
+/// What a rank of [`thread_world`] runs on its build's result.
+pub(crate) trait RankFn<R>:
+    Fn(u32, Result<Communicator, BuildError>) -> Result<R, String> + Send + Sync + Clone + 'static
+{
+}
+impl<R, F> RankFn<R> for F where
+    F: Fn(u32, Result<Communicator, BuildError>) -> Result<R, String>
+        + Send
+        + Sync
+        + Clone
+        + 'static
+{
+}
+
+/// Builds `ranks` communicators, each on a thread of its own, runs `f` on each build's
+/// result, and returns what the ranks return, in rank order. Every rank starts from one
+/// builder (an explicit peer table of fresh control listeners, a nonce drawn from `salt`,
+/// loopback multicast on a fresh UDP port, 2 lanes, a 10 s peer timeout, 100 Mbit/s, a 20 ms
+/// cutoff), which `setup(rank, builder, udp_port)` finishes. Panics with every rank's error,
+/// or at `deadline` with those so far: a test fails, never hangs.
+pub(crate) fn thread_world<R: Send + 'static>(
+    ranks: u32,
+    salt: u64,
+    deadline: Duration,
+    setup: impl Setup,
+    f: impl RankFn<R>,
+) -> Vec<R> {
+    let nonce = nonce(salt);
+    let port = free_udp_port();
+    let (listeners, table) = control_listeners(ranks);
+    let (tx, rx) = mpsc::channel();
+    for (r, l) in (0..ranks).zip(listeners) {
+        let (table, tx, f, setup) = (table.clone(), tx.clone(), f.clone(), setup.clone());
+        thread::Builder::new()
+            .name(format!("test-rank{r}"))
+            .spawn(move || {
+                let b = Communicator::builder()
+                    .rank(r)
+                    .world_size(ranks)
+                    .peer_table(table, nonce)
+                    .control_listener(l)
+                    .interface(Ipv4Addr::LOCALHOST)
+                    .udp_port(port)
+                    .lanes(2)
+                    .peer_timeout(Duration::from_secs(10))
+                    .link_bandwidth(100_000_000)
+                    .cutoff_alpha(Duration::from_millis(20));
+                let out = f(r, setup(r, b, port).build());
+                let _ = tx.send((r, out));
+            })
+            .expect("spawn");
+    }
+    drop(tx);
+    let end = Instant::now() + deadline;
+    let mut out: Vec<Option<R>> = (0..ranks).map(|_| None).collect();
+    let mut errors = Vec::new();
+    for _ in 0..ranks {
+        let left = end.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((r, Ok(v))) => out[r as usize] = Some(v),
+            Ok((r, Err(e))) => errors.push(format!("rank {r}: {e}")),
+            Err(_) => panic!("ranks did not finish within {deadline:?}: {errors:?}"),
+        }
+    }
+    assert!(errors.is_empty(), "{errors:#?}");
+    out.into_iter()
+        .map(|v| v.expect("every rank reported"))
+        .collect()
 }
 
 /// A UDP port nobody holds now.
