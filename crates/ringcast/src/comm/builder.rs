@@ -915,8 +915,8 @@ fn ensure_files(ranks: u32, meshes: u32, lanes: u16) -> Result<(), BuildError> {
 /// How long a rank whose build fails lets its last control frames flush.
 const PROBE_LINGER: Duration = Duration::from_secs(1);
 
-/// The longest message on the TCP fallback's mesh: a piece and its header.
-const FALLBACK_MAX_MESSAGE: usize = fallback::PIECE + 64;
+/// The longest message on the TCP fallback's mesh: a chain's largest piece and its header.
+const FALLBACK_MAX_MESSAGE: usize = fallback::PIECE * fallback::MAX_PIECE_TIMES + 64;
 
 /// Tells the fallback mesh's hellos from the control mesh's.
 const FALLBACK_NONCE: u64 = 0x6661_6c6c_6261_636b; // "fallback"

@@ -32,7 +32,7 @@
 //! dispatcher thread. That thread still runs what nobody waits for (a non-blocking operation's
 //! pieces to pass on), and everything on a mesh still read by an I/O thread (one whose thread
 //! ended before it could hand over, every peer then lost). Data moves in pieces of
-//! [`PIECE`] bytes, each a message `0xF1, 0, 0, 0, block u32, op u64, offset u64, shape u32,
+//! [`PIECE`] bytes (a chain's grow with its Broadcast: [`chain_piece`]), each a message `0xF1, 0, 0, 0, block u32, op u64, offset u64, shape u32,
 //! bytes` (`shape`: the sender's fingerprint of the operation, see below):
 //! * **Allgather(v)** with a block of more than one piece: a pipelined ring. Each rank sends
 //!   its block to its right neighbour; every piece received from the left is written in
@@ -41,7 +41,8 @@
 //! * **Broadcast** of more than one piece: a pipelined chain in ring order from the root
 //!   (`root, root+1, ...`): each rank writes and passes every piece on, the last one
 //!   (`root - 1`) keeps it. The root completes once its pieces are queued (which waits for
-//!   its next hop: below).
+//!   its next hop: below). Its pieces are of up to 1 MiB, fewer hops' costs for a long
+//!   Broadcast, and smaller on a long chain, whose pipeline fills a piece per hop.
 //! * Both pipelines are **rendezvous**, as MPI's large messages are: a rank sends its left
 //!   neighbour a clear-to-send (`0xF7, 0, 0, 0, shape u32, op u64`) when it starts the
 //!   operation, and the neighbour sends it nothing of that operation before; what it has for
@@ -180,8 +181,31 @@ use super::error::CommError;
 use super::request::{Completion, Request, end_of};
 use super::stats::{CommStats, Counters, OpStats};
 
-/// Bytes of data per TCP piece.
+/// Bytes of data per TCP piece: what an operation must exceed to be pipelined, and the
+/// pieces of the ring's blocks, the trees and Bruck's rounds. A chain's pieces grow with the
+/// Broadcast ([`chain_piece`]), up to [`MAX_PIECE_TIMES`] times this.
 pub(crate) const PIECE: usize = 256 << 10;
+/// The largest piece of a chain, in [`FallbackConfig::piece`]s.
+pub(crate) const MAX_PIECE_TIMES: usize = 4;
+/// The piece size of a chain Broadcast of `len` bytes on `size` ranks, for a base piece of
+/// `base` bytes: the `S` that minimises a pipelined chain's time, `(len / S + size - 2)` piece
+/// times of `a + S / B` each (`a` a piece's fixed cost: a system call and a wake-up at each
+/// hop, taken as worth `base` bytes at the link's rate `B`), that is
+/// `sqrt(len * base / (size - 2))`, between `base` and [`MAX_PIECE_TIMES`] `* base` and a
+/// multiple of 4 KiB (of `base` below it). Every rank of the chain cuts its pieces alike, but
+/// none relies on that: pieces land wherever their offsets say.
+///
+/// Measured on loopback (4 ranks, 2 cores, BENCHMARKS.md, twenty-sixth round): pieces of
+/// 1 MiB ran a 16 MiB Broadcast 10-20 % faster than pieces of 256 KiB, and 64 or 128 KiB ones
+/// slower; with many ranks the pipeline's fill (`size - 2` pieces) keeps them small.
+pub(crate) fn chain_piece(len: u64, size: u32, base: usize) -> usize {
+    let hops_behind = u64::from(size.saturating_sub(2).max(1));
+    let best = ((len as f64) * (base as f64) / hops_behind as f64).sqrt() as usize;
+    let best = best.clamp(base, base.saturating_mul(MAX_PIECE_TIMES));
+    let align = base.clamp(1, 4096);
+    (best / align * align).max(base)
+}
+
 /// Chunks a loss window must hold before it is judged.
 pub(crate) const MIN_SAMPLE: u64 = 64;
 /// TCP operations remembered as ended (see `Dispatcher::ended`).
@@ -1174,6 +1198,9 @@ struct TcpOp {
     awaiting_cts: bool,
     /// Chain and ring: bytes of each block (by index) passed on to the next hop.
     fwd: Vec<u64>,
+    /// Chain and ring: the most bytes a piece passed on carries ([`chain_piece`] for a chain,
+    /// the configured piece for a ring).
+    piece: u64,
     /// Chain and ring: bytes the next hop takes from this rank in all (every block but its
     /// own; nothing past the chain's end). The operation is not over before they are queued.
     to_right: u64,
@@ -2356,7 +2383,6 @@ impl Dispatcher {
             scratch,
             mesh,
             shared,
-            cfg,
             ..
         } = self;
         let op = &mut active[i];
@@ -2377,7 +2403,7 @@ impl Dispatcher {
             let have = op.have(me, b);
             while op.fwd[b as usize] < have && mesh.queued(Rank(to)) < WINDOW {
                 let off = op.fwd[b as usize];
-                let n = (have - off).min(cfg.piece as u64);
+                let n = (have - off).min(op.piece);
                 piece_header(scratch, b, op.k, off, op.fingerprint);
                 let s = (base + off) as usize;
                 // Straight from the operation's buffer; what the socket does not take waits in
@@ -2515,6 +2541,10 @@ impl Dispatcher {
             }
             Shape::Tree { .. } | Shape::Trees { .. } | Shape::Bruck { .. } => (0, false),
         };
+        let piece = match &shape {
+            Shape::Chain { .. } => chain_piece(len, size, self.cfg.piece) as u64,
+            _ => self.cfg.piece as u64,
+        };
         let op = TcpOp {
             k,
             shape,
@@ -2536,6 +2566,7 @@ impl Dispatcher {
             } else {
                 Vec::new()
             },
+            piece,
             gated: 0,
             probe: None,
             late_seen: false,
@@ -4924,6 +4955,32 @@ mod tests {
         drop(one);
         let got = waiter.join().expect("waiter").expect("answered in time");
         assert_eq!(got, Err(CommError::Cancelled));
+    }
+
+    /// A chain's pieces: `sqrt(len * base / (size - 2))`, between `base` and four times it, a
+    /// multiple of 4 KiB; larger for longer Broadcasts, smaller for longer chains.
+    #[test]
+    fn chain_pieces_grow_with_the_broadcast_and_shrink_with_the_chain() {
+        const K: usize = 1 << 10;
+        let base = PIECE;
+        assert_eq!(chain_piece(16 << 20, 4, base), 4 * base);
+        assert_eq!(chain_piece(4 << 20, 4, base), 181 * 4 * K);
+        assert_eq!(chain_piece(16 << 20, 64, base), 65 * 4 * K);
+        assert_eq!(chain_piece(1 << 20, 2, base), 512 * K);
+        assert_eq!(chain_piece(base as u64 + 1, 64, base), base);
+        assert_eq!(chain_piece(0, 0, base), base);
+        // A small base (the tests' 4 KiB pieces) scales alike.
+        assert_eq!(chain_piece(1 << 20, 4, 4 * K), 16 * K);
+        assert_eq!(chain_piece(u64::MAX, u32::MAX, 1000), 4000);
+        let mut last = 0;
+        for len in (0..30).map(|i| 1u64 << i) {
+            let p = chain_piece(len, 8, base);
+            assert!(p >= last && (base..=4 * base).contains(&p) && p.is_multiple_of(4 * K));
+            last = p;
+        }
+        for size in 3..200 {
+            assert!(chain_piece(16 << 20, size + 1, base) <= chain_piece(16 << 20, size, base));
+        }
     }
 
     /// Bruck's rounds: `ceil(log2 P)` of them, each rank sending `P - 1` blocks in all.
