@@ -75,20 +75,31 @@ pub(crate) fn typed(what: &str, e: &CommError) -> String {
 fn child(a: &DemoArgs) -> Result<(), CmdError> {
     // The demo shows multicast at every size: small operations stay on it too.
     let comm = net::connect(&a.net, Some(0))?;
-    for (k, op) in ops(a).into_iter().enumerate() {
-        let what = if op.broadcast {
+    let ops = ops(a);
+    let what = |op: &Op| {
+        if op.broadcast {
             format!("broadcast of {} from rank {}", human(op.size), op.root)
         } else {
             format!("allgather of {} per rank", human(op.size))
-        };
-        // A verified warm-up first: in a single run the first touch of fresh buffers and the
-        // pacer's start would weigh more than the transfer.
-        let step = |e| match e {
+        }
+    };
+    let step = |op: &Op| {
+        let what = what(op);
+        move |e| match e {
             Step::Comm(e) => CmdError::Run(typed(&what, &e)),
             Step::Cmd(e) => e,
-        };
-        let (_, _, warm) = one(&comm, 2 * k as u64, op).map_err(step)?;
-        let (secs, inj, check) = one(&comm, 2 * k as u64 + 1, op).map_err(step)?;
+        }
+    };
+    // A verified warm-up of every collective before any is timed: in a single run the first
+    // touch of fresh buffers, and the pacer's slow start (its rate doubles per round of
+    // receiver reports, a few milliseconds each, from a sixteenth of the link), would weigh
+    // more than the transfer; the larger operations' warm-ups bring the rate up for all.
+    let mut warm = Vec::with_capacity(ops.len());
+    for (k, op) in ops.iter().enumerate() {
+        warm.push(one(&comm, 2 * k as u64, *op).map_err(step(op))?.2);
+    }
+    for ((k, op), warm) in ops.iter().enumerate().zip(warm) {
+        let (secs, inj, check) = one(&comm, 2 * k as u64 + 1, *op).map_err(step(op))?;
         let check = warm.and(check);
         let body = json!({
             "op": k,
@@ -110,6 +121,14 @@ fn child(a: &DemoArgs) -> Result<(), CmdError> {
 /// kernel's copy would first fault every page in), and not zero, so that a byte never written
 /// shows.
 const UNTOUCHED: u8 = 0xA5;
+
+/// Waits for every rank to be done with the collective before this one checks its buffer:
+/// a rank checking (a CPU-bound pass over the buffer) while another still waits for its last
+/// control message took the CPU that message needed (4 ranks on 2 cores: a final `FIN` 2 ms
+/// late, twice a 1 MiB Broadcast's time).
+fn settle(comm: &Communicator) -> Result<(), Step> {
+    Ok(comm.barrier()?)
+}
 
 /// Runs one collective after a barrier: its time on this rank, what this rank injected, and
 /// whether its buffer holds what it must. Buffers are allocated fallibly: a size this rank
@@ -137,6 +156,7 @@ fn one(
         let got = comm.ibroadcast(op.root, buf)?.wait()?;
         let secs = t0.elapsed().as_secs_f64();
         let inj = Injected::between(&s0, &comm.stats()?);
+        settle(comm)?;
         Ok((secs, inj, net::verify("broadcast", &got, &want, &[n])))
     } else {
         let mine = net::pattern(salt, me, op.size)?;
@@ -147,6 +167,7 @@ fn one(
         let got = comm.iallgather(&mine, recv)?.wait()?;
         let secs = t0.elapsed().as_secs_f64();
         let inj = Injected::between(&s0, &comm.stats()?);
+        settle(comm)?;
         let sizes = vec![n; p as usize];
         Ok((
             secs,
@@ -224,8 +245,9 @@ fn parent(a: &DemoArgs) -> Result<ExitCode, CmdError> {
         worst_overhead * 100.0
     ))?;
     put(
-        "time: the slowest rank's, from a barrier, after one verified warm-up run of each (also \
-         checked above); algbw = bytes a rank ends with / time \
+        "time: the slowest rank's, from a barrier to its completion, after a verified warm-up \
+         run of every collective (also checked above; it brings the pacer past its slow start); \
+         algbw = bytes a rank ends with / time \
          (1 GB/s = 1e9 B/s; Allgather: all P blocks, as nccl-tests counts)."
             .into(),
     )?;
