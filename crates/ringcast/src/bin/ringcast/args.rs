@@ -239,7 +239,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_delimiter = ',', value_parser = units::size,
           default_value = "64KiB,256KiB,1MiB,4MiB,16MiB,64MiB")]
     pub(crate) sizes: Vec<u64>,
-    /// Untimed iterations per size, after the verified one (at most 10^7).
+    /// Untimed iterations per size, after the verified one (at most 10^7). Above 0, the
+    /// largest size also runs untimed for 100 ms before the first: the pacer's slow start.
     #[arg(long, default_value_t = 2)]
     pub(crate) warmup: u32,
     /// Timed iterations per size (1 to 10^7).

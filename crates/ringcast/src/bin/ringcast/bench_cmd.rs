@@ -1,6 +1,8 @@
 //! `ringcast bench {bcast,allgather,allgatherv}`: OSU-style latency table with nccl-tests'
 //! algbw/busbw, under a launcher or with `--local N` rank processes.
 //!
+//! With `--warmup` above 0 the collective first runs at the largest size for
+//! [`PACER_WARMUP`] (untimed), so that no size is timed while the pacer is in its slow start.
 //! Every size runs once verified byte for byte, then `--warmup` untimed iterations, then
 //! `--iters` timed ones, each after a barrier (a one-byte Allgather, untimed). An iteration's
 //! latency is the slowest rank's time: every rank's times reach rank 0 through an Allgather of
@@ -18,10 +20,15 @@ use ringcast::{CommError, Communicator};
 use serde_json::{Value, json};
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Counters appended to each rank's timings in the gather.
 const EXTRA: usize = 6;
+
+/// How long the pacer's warm-up runs the largest size (see [`warm_pacer`]).
+const PACER_WARMUP: Duration = Duration::from_millis(100);
+/// The most operations the pacer's warm-up runs.
+const PACER_WARMUP_OPS: u32 = 200;
 
 /// Most iterations `--iters` and `--warmup` may ask for each (every rank keeps a time per
 /// timed iteration, and every rank gathers every rank's).
@@ -151,6 +158,13 @@ impl Output {
                 calls(a),
                 a.dtype.name()
             ))?;
+            if a.warmup > 0 {
+                o.line(&format!(
+                    "# Before the first size: the largest for {} ms, untimed (the pacer's slow \
+                     start)",
+                    PACER_WARMUP.as_millis()
+                ))?;
+            }
             o.line(
                 "# Latency: per iteration the slowest rank's time; avg/min/max over iterations",
             )?;
@@ -260,6 +274,7 @@ impl Output {
             "ranks": ranks,
             "launch": launch,
             "warmup": a.warmup,
+            "pacer_warmup_ms": if a.warmup > 0 { PACER_WARMUP.as_millis() } else { 0 },
             "blocking": a.blocking,
             "in_place": a.in_place,
             "dtype": a.dtype.name(),
@@ -371,6 +386,12 @@ fn rank(a: &BenchArgs, child: bool) -> Result<(), CmdError> {
         _ => Sink::Quiet,
     };
     sink.emit("LANES", &comm.lanes().to_string())?;
+    if a.warmup > 0 {
+        warm_pacer(&comm, a).map_err(|e| match e {
+            Step::Comm(e) => CmdError::Run(typed("the pacer's warm-up", &e)),
+            Step::Cmd(e) => e,
+        })?;
+    }
     for (si, &size) in a.sizes.iter().enumerate() {
         sink.emit("SIZE", &crate::units::human(size))?;
         let what = format!("{} of {size} B per rank", name(a.collective));
@@ -449,14 +470,24 @@ fn calls(a: &BenchArgs) -> &'static str {
     }
 }
 
-/// One size on this rank; rank 0 returns the row.
-fn one_size<T: Pod>(
+/// One size's buffers on this rank, and their shape.
+struct Sized<T> {
+    bufs: Bufs<T>,
+    /// The whole buffer's bytes.
+    total: u64,
+    /// Every block's bytes.
+    blocks: Vec<u64>,
+    /// The same, as counts (what is verified).
+    counts: Vec<usize>,
+}
+
+/// The buffers of `size` (per rank) for this rank, its data drawn from `salt`.
+fn buffers<T: Pod>(
     comm: &Communicator,
     a: &BenchArgs,
     salt: u64,
     size: u64,
-    sink: &mut Sink,
-) -> Result<Option<Value>, Step> {
+) -> Result<Sized<T>, Step> {
     let (me, p) = (comm.rank(), comm.size());
     // Every size is a multiple of it (`check`).
     let elem = std::mem::size_of::<T>() as u64;
@@ -474,8 +505,7 @@ fn one_size<T: Pod>(
     // In bytes (what is verified), and in elements (what the calls take).
     let counts: Vec<usize> = blocks.iter().map(|&b| b as usize).collect();
     let elems: Vec<usize> = counts.iter().map(|&b| b / elem as usize).collect();
-    // The verified run.
-    let mut bufs = match a.collective {
+    let bufs = match a.collective {
         Collective::Bcast => Bufs::Bcast(if me == 0 {
             net::pattern::<T>(salt, 0, size)?
         } else {
@@ -495,6 +525,55 @@ fn one_size<T: Pod>(
             }
         }
     };
+    Ok(Sized {
+        bufs,
+        total,
+        blocks,
+        counts,
+    })
+}
+
+/// Takes the pacer past its slow start before anything is timed: a communicator's multicast
+/// starts at a sixteenth of the link rate and doubles per round of receiver reports (one
+/// every 5 ms), a one-off cost of its first traffic, as connection set-up is an MPI job's.
+/// Untimed, it would be paid by whichever sizes come first (a 256 KiB Broadcast timed at
+/// twice its warm time on loopback, BENCHMARKS.md, twenty-sixth round). Runs the collective
+/// at the largest size for [`PACER_WARMUP`] by rank 0's clock (at most [`PACER_WARMUP_OPS`]
+/// times), rank 0 telling the others after each run whether to go on.
+fn warm_pacer(comm: &Communicator, a: &BenchArgs) -> Result<(), Step> {
+    let Some(&size) = a.sizes.iter().max() else {
+        return Ok(());
+    };
+    let mut bufs = buffers::<u8>(comm, a, u64::MAX, size)?.bufs;
+    let t0 = Instant::now();
+    for n in 1.. {
+        bufs = bufs.run(comm, a)?;
+        let mut go = [u8::from(
+            t0.elapsed() < PACER_WARMUP && n < PACER_WARMUP_OPS,
+        )];
+        comm.broadcast(0, &mut go)?;
+        if go[0] == 0 {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// One size on this rank; rank 0 returns the row.
+fn one_size<T: Pod>(
+    comm: &Communicator,
+    a: &BenchArgs,
+    salt: u64,
+    size: u64,
+    sink: &mut Sink,
+) -> Result<Option<Value>, Step> {
+    let (me, p) = (comm.rank(), comm.size());
+    let Sized {
+        mut bufs,
+        total,
+        blocks,
+        counts,
+    } = buffers::<T>(comm, a, salt, size)?;
     bufs = bufs.run(comm, a)?;
     let checked = match &bufs {
         Bufs::Bcast(b) => net::verify(
