@@ -121,7 +121,10 @@ fn bench_allgather_json_has_the_fields() {
     assert_eq!(v["ranks"], 4);
     assert_eq!(v["iters"], 3);
     // The default warm-up (2 per size) comes with the pacer's: the largest size for 100 ms.
-    assert_eq!((&v["warmup"], &v["pacer_warmup_ms"]), (&2.into(), &100.into()));
+    assert_eq!(
+        (&v["warmup"], &v["pacer_warmup_ms"]),
+        (&2.into(), &100.into())
+    );
     let rows = v["results"].as_array().expect("results");
     assert_eq!(rows.len(), 2);
     for (row, size) in rows.iter().zip([4096u64, 65536]) {

@@ -471,7 +471,7 @@ fn calls(a: &BenchArgs) -> &'static str {
 }
 
 /// One size's buffers on this rank, and their shape.
-struct Sized<T> {
+struct SizeBufs<T> {
     bufs: Bufs<T>,
     /// The whole buffer's bytes.
     total: u64,
@@ -487,7 +487,7 @@ fn buffers<T: Pod>(
     a: &BenchArgs,
     salt: u64,
     size: u64,
-) -> Result<Sized<T>, Step> {
+) -> Result<SizeBufs<T>, Step> {
     let (me, p) = (comm.rank(), comm.size());
     // Every size is a multiple of it (`check`).
     let elem = std::mem::size_of::<T>() as u64;
@@ -525,7 +525,7 @@ fn buffers<T: Pod>(
             }
         }
     };
-    Ok(Sized {
+    Ok(SizeBufs {
         bufs,
         total,
         blocks,
@@ -568,7 +568,7 @@ fn one_size<T: Pod>(
     sink: &mut Sink,
 ) -> Result<Option<Value>, Step> {
     let (me, p) = (comm.rank(), comm.size());
-    let Sized {
+    let SizeBufs {
         mut bufs,
         total,
         blocks,
