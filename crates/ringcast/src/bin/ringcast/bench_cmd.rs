@@ -7,7 +7,9 @@
 //! `--iters` timed ones, each after a barrier (a one-byte Allgather, untimed). An iteration's
 //! latency is the slowest rank's time: every rank's times reach rank 0 through an Allgather of
 //! `f64`s over the communicator itself; avg/min/max are over iterations of that maximum. The
-//! bytes each rank injected come from its transport counters around each timed iteration.
+//! bytes each rank injected come from its transport counters around the untimed iterations
+//! (the verified one and the warm-ups), so that nothing but the barrier comes between a timed
+//! iteration and the one before.
 
 use crate::CmdError;
 use crate::args::{BenchArgs, Collective, Dtype};
@@ -176,8 +178,8 @@ impl Output {
                 }
             ))?;
             o.line(&format!(
-                "# inject(B): the busiest rank's bytes on the wire per iteration (headers \
-                 included; TCP: data only); {peer}; `tcp`: the size ran over TCP \
+                "# inject(B): the busiest rank's bytes on the wire per iteration, counted over \
+                 the untimed ones (headers included; TCP: data only); {peer}; `tcp`: the size ran over TCP \
                  (--tcp-threshold)"
             ))?;
             o.columns = Some(format!(
@@ -281,6 +283,8 @@ impl Output {
             "iters": a.iters,
             "lanes": self.lanes,
             "latency": "per iteration the slowest rank's time (us); avg/min/max over iterations",
+            "injected": "bytes per iteration each rank put on the wire, counted over the \
+                         untimed iterations (the verified one and the warm-ups)",
             "algbw": "S / avg latency in GB/s (1e9 B/s); S = the buffer (bcast) or all blocks",
             "busbw": match a.collective {
                 Collective::Bcast => "algbw",
@@ -574,6 +578,10 @@ fn one_size<T: Pod>(
         blocks,
         counts,
     } = buffers::<T>(comm, a, salt, size)?;
+    // What this rank puts on the wire is counted over the untimed runs (the verified one and
+    // the warm-ups): counting it around a timed one took a round trip to the engine between
+    // the barrier and the clock's start, which staggered the ranks' starts by up to 0.2 ms.
+    let s0 = comm.stats()?;
     bufs = bufs.run(comm, a)?;
     let checked = match &bufs {
         Bufs::Bcast(b) => net::verify(
@@ -595,6 +603,8 @@ fn one_size<T: Pod>(
         bufs = bufs.run(comm, a)?;
         sink.emit("TICK", "")?;
     }
+    let inj = Injected::between(&s0, &comm.stats()?);
+    let counted = f64::from(a.warmup) + 1.0;
     let per = u64::from(a.iters) + EXTRA as u64;
     let timings = |n: u64| {
         net::try_filled(n, 0f64).ok_or_else(|| {
@@ -608,24 +618,20 @@ fn one_size<T: Pod>(
     let mut all = timings(per * u64::from(p))?;
     let mut mine = timings(per)?;
     mine.clear();
-    let mut inj = Injected::default();
     for _ in 0..a.iters {
         comm.barrier()?;
-        let s0 = comm.stats()?;
         let t0 = Instant::now();
         bufs = bufs.run(comm, a)?;
         mine.push(t0.elapsed().as_secs_f64());
-        inj.add(&Injected::between(&s0, &comm.stats()?));
         sink.emit("TICK", "")?;
     }
-    let iters = f64::from(a.iters);
     mine.extend([
-        inj.wire as f64 / iters,
-        inj.payload as f64 / iters,
-        inj.datagrams as f64 / iters,
-        inj.served as f64 / iters,
-        inj.fetched as f64 / iters,
-        inj.tcp as f64 / iters,
+        inj.wire as f64 / counted,
+        inj.payload as f64 / counted,
+        inj.datagrams as f64 / counted,
+        inj.served as f64 / counted,
+        inj.fetched as f64 / counted,
+        inj.tcp as f64 / counted,
     ]);
     comm.allgather(&mine, &mut all)?;
     if me != 0 {

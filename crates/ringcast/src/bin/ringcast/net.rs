@@ -281,15 +281,6 @@ impl Injected {
                 .saturating_sub(a.counters.bytes_fetched),
         }
     }
-
-    pub(crate) fn add(&mut self, o: &Injected) {
-        self.datagrams += o.datagrams;
-        self.payload += o.payload;
-        self.wire += o.wire;
-        self.tcp += o.tcp;
-        self.served += o.served;
-        self.fetched += o.fetched;
-    }
 }
 
 /// Bytes each rank sends in a binomial-tree Broadcast of `n` bytes from `root` (MPICH's tree):
