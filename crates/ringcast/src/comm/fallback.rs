@@ -3567,11 +3567,11 @@ mod tests {
     }
 
     /// As Bruck's rounds, for Allgathers whose blocks each fit in a piece but not the whole
-    /// buffer (one binomial tree per block): a rank that posts them ahead, non-blocking, sends a rank that
-    /// has not posted them blocks of at most a window of operations, and every one completes
-    /// byte for byte once all ranks posted. Without the window, every block went at once, and
-    /// past [`EARLY_PER_PEER`] bytes of them the late rank dropped the rest: those operations
-    /// then failed.
+    /// buffer (one binomial tree per block): a rank that posts them ahead, non-blocking,
+    /// sends a rank that has not posted them blocks of at most a window of operations, and
+    /// every one completes byte for byte once all ranks posted. Without the window, every
+    /// block went at once, and past [`EARLY_PER_PEER`] bytes of them the late rank dropped
+    /// the rest: those operations then failed.
     #[test]
     fn a_rank_running_ahead_sends_tree_allgather_blocks_of_at_most_a_window() {
         // Rank 0's block goes to rank 1, its child in rank 0's tree.
