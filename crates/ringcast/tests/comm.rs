@@ -386,6 +386,12 @@ fn small_operations_run_over_tcp_beside_multicast() {
         6,
         |b| b.tcp_threshold(T),
         |comm| {
+            if comm.tcp_threshold() != T {
+                return Err(format!(
+                    "threshold {}, want the one set",
+                    comm.tcp_threshold()
+                ));
+            }
             let me = comm.rank();
             let small_b = pattern(30, 1, 4096);
             let edge_b = pattern(31, 3, T as usize);
@@ -436,6 +442,43 @@ fn small_operations_run_over_tcp_beside_multicast() {
             }
             if comm.transport_mode().is_tcp() {
                 return Err("small operations must not switch the communicator to TCP".into());
+            }
+            Ok(())
+        },
+    );
+}
+
+/// With no TCP threshold given and every rank on one host (control addresses all 127.0.0.1),
+/// the communicator picks the one-host default: a Broadcast of exactly that many bytes runs
+/// over TCP, one byte more over multicast; the counters say which.
+#[test]
+fn the_default_threshold_is_the_one_hosts_on_one_host() {
+    const T: usize = ringcast::comm::ONE_HOST_TCP_THRESHOLD as usize;
+    world_with(
+        72,
+        |b| b,
+        |comm| {
+            if comm.tcp_threshold() != T as u64 {
+                return Err(format!("threshold {}, want {T}", comm.tcp_threshold()));
+            }
+            for (len, tcp) in [(T, true), (T + 1, false)] {
+                let want = pattern(72, 1, len);
+                let mut buf = if comm.rank() == 1 {
+                    want.clone()
+                } else {
+                    vec![0; len]
+                };
+                let st = comm.broadcast(1, &mut buf).map_err(e)?;
+                check(&format!("broadcast of {len} B"), &buf, &want)?;
+                let c = &st.counters;
+                let by_tcp = c.tcp_bytes_sent + c.tcp_bytes_received;
+                let by_mcast = c.chunks_sent + c.chunks_received + c.chunks_fetched;
+                if (by_tcp > 0, by_mcast > 0) != (tcp, !tcp) {
+                    return Err(format!(
+                        "{len} B: want it over {}, counters {c:?}",
+                        if tcp { "TCP" } else { "multicast" }
+                    ));
+                }
             }
             Ok(())
         },

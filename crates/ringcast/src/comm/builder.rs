@@ -120,7 +120,8 @@ pub struct CommBuilder {
     probe_window: Duration,
     loss_threshold: f64,
     verify_icrc: bool,
-    tcp_threshold: u64,
+    /// `None`: by where the ranks are ([`default_tcp_threshold`]).
+    tcp_threshold: Option<u64>,
     /// [`job_id`](Self::job_id).
     job_id: Option<String>,
 }
@@ -146,7 +147,7 @@ impl Default for CommBuilder {
             probe_window: Duration::from_secs(2),
             loss_threshold: 0.10,
             verify_icrc: false,
-            tcp_threshold: DEFAULT_TCP_THRESHOLD,
+            tcp_threshold: None,
             job_id: None,
         }
     }
@@ -238,7 +239,7 @@ impl CommBuilder {
             b.loss_threshold = l;
         }
         if let Some(t) = parse_var::<u64>("RINGCAST_TCP_THRESHOLD")? {
-            b.tcp_threshold = t;
+            b.tcp_threshold = Some(t);
         }
         if let Some(v) = var("RINGCAST_VERIFY_ICRC") {
             b.verify_icrc = match v.trim() {
@@ -415,8 +416,11 @@ impl CommBuilder {
 
     /// Operations of at most `bytes` (a Broadcast's buffer; an Allgather's whole receive
     /// buffer, every block summed) run over TCP even while multicast works, as NCCL and Open
-    /// MPI pick another algorithm for short messages; like `RINGCAST_TCP_THRESHOLD`. Default
-    /// [`DEFAULT_TCP_THRESHOLD`]; 0 sends every operation to multicast.
+    /// MPI pick another algorithm for short messages; like `RINGCAST_TCP_THRESHOLD`. 0 sends
+    /// every operation to multicast. By default [`DEFAULT_TCP_THRESHOLD`], or
+    /// [`ONE_HOST_TCP_THRESHOLD`] where every rank's control address is the same (one host:
+    /// no wire for multicast to spare, only copies, so TCP's shorter start wins up to larger
+    /// sizes), as NCCL's tuner picks by the node count.
     ///
     /// A multicast operation pays a round of control messages before its data (the barrier
     /// that makes sure every receiver is ready) and one after (the FIN ring): for a few
@@ -426,7 +430,7 @@ impl CommBuilder {
     /// [`Fallback::Tcp`]), so the engine's control messages never wait behind them. Every
     /// rank must use the same value: the start-up check compares them.
     pub fn tcp_threshold(mut self, bytes: u64) -> Self {
-        self.tcp_threshold = bytes;
+        self.tcp_threshold = Some(bytes);
         self
     }
 
@@ -561,7 +565,8 @@ impl CommBuilder {
         }
         // With fallback = tcp or small operations over TCP, a second TCP mesh.
         let tcp_fallback = self.fallback == Fallback::Tcp && size > 1;
-        let tcp_mesh = tcp_fallback || (self.tcp_threshold > 0 && size > 1);
+        // Both defaults are above 0.
+        let tcp_mesh = tcp_fallback || (self.tcp_threshold != Some(0) && size > 1);
         // Every mesh holds a connection to every peer: make sure this process may open them
         // before meeting anyone (the soft limit is raised as far as the hard one allows).
         // Lanes left to the default: at most what the rendezvous may pick (an explicit peer
@@ -659,6 +664,11 @@ impl CommBuilder {
             });
         }
         let chunk = self.chunk_size.unwrap_or_else(|| default_chunk(iface));
+        // Every rank holds the same table, so every rank picks the same default (the start-up
+        // check compares them all the same).
+        let tcp_threshold = self
+            .tcp_threshold
+            .unwrap_or_else(|| default_tcp_threshold(&control));
         // The second mesh's listener, on the control address; its address travels in the
         // start-up reports.
         let fb_listener = if tcp_mesh {
@@ -748,7 +758,7 @@ impl CommBuilder {
             window: self.probe_window,
             report_wait: self.peer_timeout.max(Duration::from_secs(2)),
             fallback_tcp: tcp_fallback,
-            tcp_threshold: self.tcp_threshold,
+            tcp_threshold,
             chunk_size: chunk,
             extra: fb_extra,
         };
@@ -772,7 +782,7 @@ impl CommBuilder {
             peer_timeout: self.peer_timeout,
             post_timeout: post,
             piece: fallback::PIECE,
-            tcp_threshold: self.tcp_threshold,
+            tcp_threshold,
         };
         if let Some(failure) = ex.failure {
             if !tcp_fallback {
@@ -800,6 +810,7 @@ impl CommBuilder {
                 rank,
                 size,
                 lanes,
+                tcp_threshold,
                 posts: None,
                 thread: None,
                 fallback: Some(handle),
@@ -869,12 +880,15 @@ impl CommBuilder {
             chunk,
             lanes,
             link_bandwidth = cfg_link,
+            tcp_threshold,
             "communicator ready"
         );
         Ok(Communicator {
             rank,
             size,
             lanes,
+            // Without the second mesh (a threshold of 0, or one rank) nothing goes to TCP.
+            tcp_threshold: if fallback.is_some() { tcp_threshold } else { 0 },
             posts: Some(posts),
             thread: Some(thread),
             fallback,
@@ -885,6 +899,21 @@ impl CommBuilder {
 /// Default of [`CommBuilder::tcp_threshold`]: operations of at most this many bytes run
 /// over TCP (BENCHMARKS.md, "Small operations over TCP").
 pub const DEFAULT_TCP_THRESHOLD: u64 = 64 << 10;
+
+/// Default of [`CommBuilder::tcp_threshold`] where every rank is on one host (every control
+/// address the same): operations of at most this many bytes run over TCP (BENCHMARKS.md,
+/// "One host: TCP up to 256 KiB").
+pub const ONE_HOST_TCP_THRESHOLD: u64 = 256 << 10;
+
+/// The TCP threshold when none is given: [`ONE_HOST_TCP_THRESHOLD`] if every control address
+/// in `control` is the same (ranks in one host's network namespace), else
+/// [`DEFAULT_TCP_THRESHOLD`].
+fn default_tcp_threshold(control: &[SocketAddr]) -> u64 {
+    match control.split_first() {
+        Some((first, rest)) if rest.iter().all(|a| a.ip() == first.ip()) => ONE_HOST_TCP_THRESHOLD,
+        _ => DEFAULT_TCP_THRESHOLD,
+    }
+}
 
 /// File descriptors a rank holds: `meshes` TCP meshes of a connection to every peer, a
 /// receive and a send socket per lane, and room for listeners, eventfds, epoll and the
@@ -1270,6 +1299,23 @@ mod tests {
         let mut b = CommBuilder::new().rank(job.rank).world_size(job.world_size);
         b.peers = Some(Peers::Env(Box::new(job)));
         b
+    }
+
+    /// Ranks that all share one control address are on one host and get the larger
+    /// default; one address apart (another host, or another network namespace) and the
+    /// default is the fabric's.
+    #[test]
+    fn the_default_tcp_threshold_follows_where_the_ranks_are() {
+        let at = |ip: [u8; 4], port| SocketAddr::from((ip, port));
+        let one_host = [at([10, 0, 0, 1], 5000), at([10, 0, 0, 1], 5001)];
+        assert_eq!(default_tcp_threshold(&one_host), ONE_HOST_TCP_THRESHOLD);
+        assert_eq!(
+            default_tcp_threshold(&one_host[..1]),
+            ONE_HOST_TCP_THRESHOLD
+        );
+        let two_hosts = [one_host[0], one_host[1], at([10, 0, 0, 2], 5000)];
+        assert_eq!(default_tcp_threshold(&two_hosts), DEFAULT_TCP_THRESHOLD);
+        const { assert!(ONE_HOST_TCP_THRESHOLD > DEFAULT_TCP_THRESHOLD) };
     }
 
     /// A peer timeout longer than the default post timeout raises it (`ringcast bench

@@ -146,7 +146,7 @@ pub(crate) fn fuzz_report(b: &[u8]) -> bool {
     probe::fuzz_report(b)
 }
 
-pub use builder::{CommBuilder, DEFAULT_TCP_THRESHOLD, Fallback};
+pub use builder::{CommBuilder, DEFAULT_TCP_THRESHOLD, Fallback, ONE_HOST_TCP_THRESHOLD};
 pub use error::{BuildError, CommError};
 pub use fallback::{FallbackReason, TransportMode};
 pub use probe::{ProbeFailure, Unheard};
@@ -175,6 +175,8 @@ pub struct Communicator {
     size: u32,
     /// Multicast lanes (see [`CommBuilder::lanes`]).
     lanes: u16,
+    /// See [`Communicator::tcp_threshold`].
+    tcp_threshold: u64,
     /// The multicast engine (`None` when the start-up check sent every operation to TCP).
     posts: Option<PostTx>,
     thread: Option<JoinHandle<()>>,
@@ -208,6 +210,14 @@ impl Communicator {
     /// rank picked from its host's cores.
     pub fn lanes(&self) -> u16 {
         self.lanes
+    }
+
+    /// Operations of at most this many bytes (the whole buffer) run over TCP while multicast
+    /// works: [`CommBuilder::tcp_threshold`]'s, or the default the job's layout picked
+    /// ([`DEFAULT_TCP_THRESHOLD`], or [`ONE_HOST_TCP_THRESHOLD`] with every rank on one host);
+    /// 0 when none do.
+    pub fn tcp_threshold(&self) -> u64 {
+        self.tcp_threshold
     }
 
     /// Every counter of this communicator (asks the engine; socket drops read `/proc`), the

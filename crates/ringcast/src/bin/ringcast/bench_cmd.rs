@@ -108,6 +108,8 @@ struct Output {
     json: bool,
     /// The job's multicast lanes, once rank 0 said.
     lanes: Option<u64>,
+    /// The TCP threshold in effect, said with the lanes.
+    tcp_threshold: Option<u64>,
     /// The table's column line, printed once right above the first row (after the lanes).
     columns: Option<String>,
     rows: Vec<Value>,
@@ -133,6 +135,7 @@ impl Output {
         let mut o = Output {
             json: a.json,
             lanes: None,
+            tcp_threshold: None,
             columns: None,
             rows: Vec::new(),
             bar,
@@ -218,17 +221,24 @@ impl Output {
         })
     }
 
-    /// Rank 0's lane count (`body`), printed before the first row.
+    /// Rank 0's lane count and TCP threshold (`body`: `LANES THRESHOLD`), printed before the
+    /// first row.
     fn lanes(&mut self, body: &str) -> Result<(), CmdError> {
-        let l = body
-            .parse()
-            .map_err(|_| format!("bad lane count {body:?}"))?;
-        self.lanes = Some(l);
+        let bad = || format!("bad lane count and TCP threshold {body:?}");
+        let (l, t) = body.split_once(' ').ok_or_else(bad)?;
+        let (l, t): (u64, u64) = (l.parse().map_err(|_| bad())?, t.parse().map_err(|_| bad())?);
+        (self.lanes, self.tcp_threshold) = (Some(l), Some(t));
         if self.json {
             return Ok(());
         }
         self.line(&format!(
             "# multicast lanes: {l} (--lanes or RINGCAST_LANES; by default from the cores)"
+        ))?;
+        self.line(&format!(
+            "# over TCP: operations of at most {t} B (--tcp-threshold or \
+             RINGCAST_TCP_THRESHOLD; by default {} with every rank on one host, else {})",
+            crate::units::human(ringcast::comm::ONE_HOST_TCP_THRESHOLD),
+            crate::units::human(ringcast::comm::DEFAULT_TCP_THRESHOLD),
         ))?;
         self.columns()
     }
@@ -282,6 +292,7 @@ impl Output {
             "dtype": a.dtype.name(),
             "iters": a.iters,
             "lanes": self.lanes,
+            "tcp_threshold": self.tcp_threshold,
             "latency": "per iteration the slowest rank's time (us); avg/min/max over iterations",
             "injected": "bytes per iteration each rank put on the wire, counted over the \
                          untimed iterations (the verified one and the warm-ups)",
@@ -389,7 +400,10 @@ fn rank(a: &BenchArgs, child: bool) -> Result<(), CmdError> {
         (0, false) => Sink::Render(Box::new(Output::new(a, comm.size(), launch)?)),
         _ => Sink::Quiet,
     };
-    sink.emit("LANES", &comm.lanes().to_string())?;
+    sink.emit(
+        "LANES",
+        &format!("{} {}", comm.lanes(), comm.tcp_threshold()),
+    )?;
     if a.warmup > 0 {
         warm_pacer(&comm, a).map_err(|e| match e {
             Step::Comm(e) => CmdError::Run(typed("the pacer's warm-up", &e)),
