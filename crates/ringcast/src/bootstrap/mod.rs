@@ -52,6 +52,7 @@ mod env;
 mod env_error;
 mod hostlist;
 mod iface;
+mod local_port;
 mod lookup;
 mod rendezvous;
 mod server;
@@ -72,6 +73,7 @@ pub use iface::{
     IfnameFilter, IfnameSyntaxError, InterfaceError, NetInterface, choose_interface,
     select_interface,
 };
+pub use local_port::{LOCAL_PORTS_FROM, PortKind, free_local_port};
 pub use lookup::LookupTimeout;
 pub use rendezvous::{Peer, PeerTable, Rendezvous, RendezvousError, single_rank_table};
 pub use wire::MAX_CONTROL_LEN;

@@ -2,9 +2,10 @@
 // Each test binary uses its own subset.
 #![allow(dead_code)]
 
+use ringcast::bootstrap::{PortKind, free_local_port};
 use ringcast::comm::{CommBuilder, OpStats};
 use ringcast::{BuildError, CommError, Communicator};
-use std::net::{Ipv4Addr, TcpListener, UdpSocket};
+use std::net::{Ipv4Addr, TcpListener};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -98,38 +99,16 @@ pub(crate) fn thread_world<R: Send + 'static>(
         .collect()
 }
 
-/// A UDP port nobody holds now.
+/// A UDP port nobody holds now, below the kernel's ephemeral range (as the `ringcast` tool's
+/// local runs pick theirs).
 pub(crate) fn free_udp_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    free_local_port(PortKind::Udp).expect("a free UDP port")
 }
 
 /// A TCP port nobody holds now, for a rendezvous bound a moment later: below the kernel's
-/// ephemeral range, where no outgoing connection (another test's) can be given it meanwhile
-/// (the `ringcast` tool's local runs pick theirs the same way).
+/// ephemeral range, where no outgoing connection (another test's) can be given it meanwhile.
 pub(crate) fn free_tcp_port() -> u16 {
-    let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768)
-        .max(20_001);
-    let span = u64::from(first_ephemeral - 20_000);
-    let mut x = nonce(u64::from(std::process::id()));
-    for _ in 0..64 {
-        x = splitmix(x);
-        let port = 20_000 + (x % span) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    free_local_port(PortKind::Tcp).expect("a free TCP port")
 }
 
 /// One splitmix64 step (the core's mixer).

@@ -5,8 +5,8 @@
 //! has a deadline: ranks silent for too long are killed.
 
 use crate::CmdError;
+use ringcast::bootstrap::{PortKind, free_local_port};
 use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, UdpSocket};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread;
@@ -226,68 +226,15 @@ fn wait_until(c: &mut Child, deadline: Instant) -> Option<ExitStatus> {
     }
 }
 
-/// A port free now for the local ranks, which rank 0 (the rendezvous) or every rank (the
-/// multicast data) binds a moment later. Taken below the kernel's ephemeral range
-/// (`ip_local_port_range`), from which the kernel gives ports to outgoing connections and
-/// unbound sockets: a port of that range, found free and let go, could be given to any of
-/// them before rank 0 binds it (a test run beside this one once took the rendezvous port so).
-/// Below it only an explicit bind takes a port; random, so that concurrent runs keep apart.
-/// The kernel's choice (port 0) when no port there is free.
+/// A port free now for the local ranks ([`ringcast::bootstrap::free_local_port`]).
 fn free_port(udp: bool) -> Result<u16, String> {
-    let bindable = |port: u16| {
-        if udp {
-            UdpSocket::bind(("127.0.0.1", port)).and_then(|s| s.local_addr())
-        } else {
-            TcpListener::bind(("127.0.0.1", port)).and_then(|s| s.local_addr())
-        }
-    };
-    let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
-    let below = PRIVATE_PORTS_FROM..first_ephemeral.max(PRIVATE_PORTS_FROM + 1);
-    let span = u64::from(below.end - below.start);
-    let mut x = u64::from(std::process::id())
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-    for _ in 0..64 {
-        x = crate::net::splitmix(x);
-        // Below `span` (at most 2^16), so it fits.
-        let port = below.start + (x % span) as u16;
-        if bindable(port).is_ok() {
-            return Ok(port);
-        }
-    }
-    bindable(0)
-        .map(|a| a.port())
-        .map_err(|e| format!("finding a free port: {e}"))
+    let kind = if udp { PortKind::Udp } else { PortKind::Tcp };
+    free_local_port(kind).map_err(|e| format!("finding a free port: {e}"))
 }
-
-/// Where [`free_port`] starts looking: above the ports services commonly listen on.
-const PRIVATE_PORTS_FROM: u16 = 20_000;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn local_ports_are_free_and_below_the_ephemeral_range() {
-        let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-            .ok()
-            .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok());
-        for udp in [false, true] {
-            let port = free_port(udp).expect("a free port");
-            if let Some(first) = first_ephemeral.filter(|&f| f > PRIVATE_PORTS_FROM + 64) {
-                assert!((PRIVATE_PORTS_FROM..first).contains(&port), "{port}");
-            }
-            if udp {
-                UdpSocket::bind(("127.0.0.1", port)).expect("still free");
-            } else {
-                TcpListener::bind(("127.0.0.1", port)).expect("still free");
-            }
-        }
-    }
 
     #[test]
     fn meminfo_s_available_memory_is_read_in_bytes() {
