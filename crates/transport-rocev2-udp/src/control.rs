@@ -1587,12 +1587,18 @@ impl TcpControl {
         })
     }
 
-    /// Unpark `owner` whenever something arrives for [`poll_control`](ControlPort::poll_control)
-    /// (a message, a read's data or refusal, a lost peer), so that a thread that parks between
-    /// polls hears of it at once instead of at its next timeout. Set once; later calls are
-    /// ignored.
+    /// Unpark `owner` whenever the I/O thread has something for
+    /// [`poll_control`](ControlPort::poll_control) (a message, a read's data or refusal, a lost
+    /// peer), so that a thread that parks between polls hears of it at once instead of at its
+    /// next timeout. Set once; later calls are ignored. Nothing on an inline mesh
+    /// ([`ControlConfig::inline_io`]): what arrives there is read by a thread that is awake
+    /// already (the one in [`poll_io`](Self::poll_io) or
+    /// [`poll_control`](ControlPort::poll_control)), and an unpark per frame would only wake
+    /// `owner` for nothing (and have it contend for whatever the reader holds).
     pub fn wake_on_arrival(&self, owner: Thread) {
-        let _ = self.waker.set(owner);
+        if let IoMode::Thread(_) = self.io {
+            let _ = self.waker.set(owner);
+        }
     }
 
     /// Bytes queued for `peer` that its connection has not taken yet (0 for a lost or
@@ -2705,6 +2711,24 @@ mod tests {
         let waiter = thread::spawn(move || w.wait(Duration::from_secs(600)));
         waker.wake();
         waiter.join().expect("woken");
+    }
+
+    /// `wake_on_arrival` names a thread for the I/O thread to unpark; an inline mesh, read
+    /// by a thread that is awake already, unparks nobody (it woke the TCP path's dispatcher
+    /// on every frame its leader read, for nothing), also once made inline.
+    #[test]
+    fn only_an_io_thread_unparks_on_arrival() {
+        let mut m = mesh_io(3, 88, |r| r == 0);
+        let mut two = m.pop().expect("rank 2");
+        let one = m.pop().expect("rank 1");
+        let zero = m.pop().expect("rank 0");
+        zero.wake_on_arrival(thread::current());
+        assert!(zero.waker.get().is_none(), "inline");
+        one.wake_on_arrival(thread::current());
+        assert!(one.waker.get().is_some(), "an I/O thread's");
+        two.make_inline();
+        two.wake_on_arrival(thread::current());
+        assert!(two.waker.get().is_none(), "made inline");
     }
 
     /// An owner that waits in `poll_io` while a long queue drains (its peer reads at last) is
