@@ -26,8 +26,9 @@
 //! I/O itself ([`ControlConfig::inline_io`](ringcast_transport_rocev2_udp::ControlConfig::inline_io)),
 //! and not only from its own thread ([`Progress`]): a post runs at once on the posting thread
 //! (a tree's root sends its pieces from there), and the application thread that waits for a
-//! TCP request *leads*: it waits on the mesh itself ([`IoWait`]) and handles what arrives, so
-//! the piece it waits for wakes it directly, as a rank that polls in `MPI_Wait` is. A small
+//! TCP request *leads*: it waits on the mesh itself ([`IoWait`], after polling it for a moment:
+//! [`LEAD_SPIN`]) and handles what arrives, so the piece it waits for wakes it directly, as a
+//! rank that polls in `MPI_Wait` is. A small
 //! Broadcast then costs one thread wake-up per hop, where it cost two or three through the
 //! dispatcher thread. That thread still runs what nobody waits for (a non-blocking operation's
 //! pieces to pass on), and everything on a mesh still read by an I/O thread (one whose thread
@@ -414,6 +415,13 @@ const _: () = assert!(
 const BUSY_WAIT: Duration = Duration::from_millis(2);
 /// With nothing in flight, the longest it parks.
 const IDLE_WAIT: Duration = Duration::from_millis(20);
+/// How long a leader (a thread waiting for its TCP operation) polls the mesh, yielding its
+/// core between looks, once nothing moved, before it sleeps on the mesh: as a rank in
+/// `MPI_Wait` polls. The next piece usually comes within it, and a thread that slept for it
+/// pays a wake-up, on a loaded host often the most of a small operation's time. Measured on
+/// loopback (4 ranks on 2 cores, BENCHMARKS.md, "The waiting thread polls before it sleeps"):
+/// 64 KiB to 4 MiB 10-40 % faster; each time something moves it polls anew.
+const LEAD_SPIN: Duration = Duration::from_micros(100);
 /// How long queued frames may take to flush when the communicator is dropped.
 const LINGER: Duration = Duration::from_secs(1);
 
@@ -743,6 +751,8 @@ impl Progress {
             return None;
         }
         let lead = Leading(&self.leader);
+        // Since when nothing moved (see `LEAD_SPIN`).
+        let mut idle_since: Option<Instant> = None;
         let got = loop {
             if let Some(c) = end_of(rx) {
                 break Some(c);
@@ -755,6 +765,12 @@ impl Progress {
                 break Some(c);
             }
             if moved {
+                idle_since = None;
+                continue;
+            }
+            let now = Instant::now();
+            if now.duration_since(*idle_since.get_or_insert(now)) < LEAD_SPIN {
+                thread::yield_now();
                 continue;
             }
             let left = match deadline {
