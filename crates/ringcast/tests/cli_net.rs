@@ -259,7 +259,7 @@ fn bench_in_place_allgathers_are_verified() {
     );
 }
 
-/// At the default TCP threshold (256 KiB: local ranks share one host, which the JSON says) a
+/// At the default TCP threshold (512 KiB: local ranks share one host, which the JSON says) a
 /// 4 KiB-per-rank Allgather (16 KiB in all) runs over TCP: no datagram, every rank sends its
 /// block P - 1 times (one tree per block), and the table marks the row (here of a blocking
 /// Broadcast) under a header naming the threshold.
@@ -278,7 +278,7 @@ fn bench_runs_small_operations_over_tcp_by_default() {
     ]));
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
-    assert_eq!(v["tcp_threshold"], 256 << 10);
+    assert_eq!(v["tcp_threshold"], 512 << 10);
     let row = &v["results"][0];
     for r in 0..4 {
         assert_eq!(row["payload_per_rank"][r], 0, "{row}");
@@ -303,7 +303,7 @@ fn bench_runs_small_operations_over_tcp_by_default() {
         .unwrap_or_else(|| panic!("no 4096 row in {table}"));
     assert!(line.ends_with(" tcp"), "{line}");
     assert!(
-        table.contains("# over TCP: operations of at most 262144 B"),
+        table.contains("# over TCP: operations of at most 524288 B"),
         "{table}"
     );
 }

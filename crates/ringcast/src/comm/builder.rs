@@ -902,8 +902,8 @@ pub const DEFAULT_TCP_THRESHOLD: u64 = 64 << 10;
 
 /// Default of [`CommBuilder::tcp_threshold`] where every rank is on one host (every control
 /// address the same): operations of at most this many bytes run over TCP (BENCHMARKS.md,
-/// "One host: TCP up to 256 KiB").
-pub const ONE_HOST_TCP_THRESHOLD: u64 = 256 << 10;
+/// "One host: TCP up to 512 KiB").
+pub const ONE_HOST_TCP_THRESHOLD: u64 = 512 << 10;
 
 /// The TCP threshold when none is given: [`ONE_HOST_TCP_THRESHOLD`] if every control address
 /// in `control` is the same (ranks in one host's network namespace), else

@@ -346,7 +346,7 @@ pub(crate) struct NetArgs {
     pub(crate) peer_timeout: Option<Duration>,
     /// Operations of at most this many bytes (a Broadcast's buffer, an Allgather's blocks
     /// summed) run over TCP instead of multicast; 0 sends all to multicast. Default: the
-    /// library's for `bench` (RINGCAST_TCP_THRESHOLD, or 256 KiB with every rank on one host,
+    /// library's for `bench` (RINGCAST_TCP_THRESHOLD, or 512 KiB with every rank on one host,
     /// 64 KiB otherwise), 0 for `demo`.
     #[arg(long, value_parser = units::size)]
     pub(crate) tcp_threshold: Option<u64>,
