@@ -419,8 +419,8 @@ const IDLE_WAIT: Duration = Duration::from_millis(20);
 /// core between looks, once nothing moved, before it sleeps on the mesh: as a rank in
 /// `MPI_Wait` polls. The next piece usually comes within it, and a thread that slept for it
 /// pays a wake-up, on a loaded host often the most of a small operation's time. Measured on
-/// loopback (4 ranks on 2 cores, BENCHMARKS.md, "The waiting thread polls before it sleeps"):
-/// 64 KiB to 4 MiB 10-40 % faster; each time something moves it polls anew.
+/// loopback (4 ranks on 2 cores, BENCHMARKS.md, twenty-seventh round, "The TCP path's
+/// waiting thread"): 16 KiB to 4 MiB 10-40 % faster; each time something moves it polls anew.
 const LEAD_SPIN: Duration = Duration::from_micros(100);
 /// How long queued frames may take to flush when the communicator is dropped.
 const LINGER: Duration = Duration::from_secs(1);
