@@ -11,6 +11,27 @@
 //! The price is one `recvmmsg` per lane instead of one for all lanes, which the per-lane threads
 //! pay in parallel anyway.
 //!
+//! **Not one receive socket per sender** (a design left open, BENCHMARKS.md, twenty-sixth and
+//! twenty-seventh rounds). Every send socket has a source port of its own, so a receive socket
+//! `connect()`ed to one peer's send socket would take that peer's multicast only. Per lane and
+//! peer, that would end two costs of an Allgather on a shared host. One is this rank's own
+//! datagrams, which `IP_MULTICAST_LOOP` hands back and the filter trims: a build that dropped
+//! them in the filter instead ran a 16 MiB-per-rank Allgather on loopback 5 % faster. The other
+//! is the peeks that tell interleaved senders apart, about 4 % of its cycles; one sender per
+//! socket would make every read-ahead guess right. Against it:
+//! * a datagram from anyone else (another job, a hostile sender: what the receive checks count
+//!   by reason) reaches no connected socket. A catch-all socket would have to stay, its filter
+//!   dropping the members' sources. Those drops are counted on that socket, not on the data
+//!   sockets, so the pacer could still read the data sockets' drops as overruns;
+//! * the kernel walks every socket bound to the port for each datagram: ranks x peers of them
+//!   on a host (an 8-rank host of a 512-rank job: about 4 000), and each joins the group;
+//! * a receive worker would wait on `P - 1` sockets per lane instead of one, and the
+//!   start-up check would have to carry every rank's send ports.
+//!
+//! So it pays on hosts that run several ranks of a small job, the loopback benchmark's case,
+//! and costs most where multicast matters most (many hosts, one rank each, where the own
+//! datagrams do not come back at all). Not built.
+//!
 //! Setup order (NET-NOTES): socket2 options first, then quinn-udp's `UdpSocketState::new`
 //! (non-blocking, `IP_PKTINFO`, `UDP_GRO`, `IP_PMTUDISC_PROBE` so DF is set), then `bind`, then
 //! the membership. The send socket is bound to the interface address (a known ICRC source
