@@ -28,14 +28,13 @@
 //! (a tree's root sends its pieces from there), and the application thread that waits for a
 //! TCP request *leads*: it waits on the mesh itself ([`IoWait`], after polling it for a moment:
 //! [`LEAD_SPIN`]) and handles what arrives, so the piece it waits for wakes it directly, as a
-//! rank that polls in `MPI_Wait` is. A small
-//! Broadcast then costs one thread wake-up per hop, where it cost two or three through the
-//! dispatcher thread. That thread still runs what nobody waits for (a non-blocking operation's
-//! pieces to pass on), and everything on a mesh still read by an I/O thread (one whose thread
-//! ended before it could hand over, every peer then lost). Data moves in pieces of
-//! [`PIECE`] bytes (a chain's grow with its Broadcast: [`chain_piece`]), each a message
-//! `0xF1, 0, 0, 0, block u32, op u64, offset u64, shape u32, bytes` (`shape`: the sender's
-//! fingerprint of the operation, see below):
+//! rank that polls in `MPI_Wait` is. A small Broadcast then costs one thread wake-up per hop,
+//! where it cost two or three through the dispatcher thread. That thread still runs what
+//! nobody waits for (a non-blocking operation's pieces to pass on), and everything on a mesh
+//! still read by an I/O thread (one whose thread ended before it could hand over, every peer
+//! then lost). Data moves in pieces of [`PIECE`] bytes (a chain's grow with its Broadcast:
+//! [`chain_piece`]), each a message `0xF1, 0, 0, 0, block u32, op u64, offset u64, shape u32,
+//! bytes` (`shape`: the sender's fingerprint of the operation, see below):
 //! * **Allgather(v)** with a block of more than one piece: a pipelined ring. Each rank sends
 //!   its block to its right neighbour; every piece received from the left is written in
 //!   place and passed on to the right unless the right neighbour is the block's owner.

@@ -174,9 +174,9 @@ pub(crate) fn gathered(salt: u64, blocks: &[u64]) -> Result<Vec<u8>, String> {
     Ok(v)
 }
 
-/// SplitMix64's step (the patterns' generator, and `local`'s port picks): the core's
-/// finaliser after the golden-ratio increment.
-pub(crate) fn splitmix(z: u64) -> u64 {
+/// SplitMix64's step (the patterns' generator): the core's finaliser after the golden-ratio
+/// increment.
+fn splitmix(z: u64) -> u64 {
     ringcast::core::port::mix(z.wrapping_add(0x9E37_79B9_7F4A_7C15))
 }
 
