@@ -26,7 +26,7 @@
 //! after starting it on the node and before the next `pump`.
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 
 use ringcast_core::Rank;
 use ringcast_core::lane::{Multicast, Run};
@@ -106,6 +106,42 @@ pub enum PortError {
     Tx(#[from] TxError),
 }
 
+/// The first address of the range [`loopback_source`] hands out (127.77.0.1).
+const LOOPBACK_SOURCES: u32 = 0x7F4D_0001;
+
+/// The address a rank's send sockets bind to when its interface is a loopback address (and
+/// multicast loops back to the ranks it shares the host with): an address of its own in 127.0.0.0/8 (all of which is local), from
+/// 127.77.0.1 on by rank, so that its receive sockets can turn away its own multicast by
+/// source address (`IP_BLOCK_SOURCE`, [`RxSocket::block_source`]). `None` for any other
+/// interface (there, ranks on one host share its address, and blocking it would turn away
+/// every one of them) and for ranks past the range's end (from rank 11 730 942 on).
+///
+/// Two jobs on one host may use the same addresses: their groups differ (the job nonce), and
+/// a membership's block covers its own group only.
+pub fn loopback_source(interface: Ipv4Addr, rank: u32) -> Option<Ipv4Addr> {
+    // Up to 127.255.255.254: 127.255.255.255 is 127.0.0.0/8's broadcast address.
+    let a = LOOPBACK_SOURCES.checked_add(rank)?;
+    (interface.is_loopback() && a < 0x7FFF_FFFF).then(|| Ipv4Addr::from(a))
+}
+
+/// Keeps `tx`'s own multicast, which `IP_MULTICAST_LOOP` hands back, out of `rx`: blocked by
+/// source address where the send socket has an address of its own (`interface`: the one the
+/// membership was made on), so the kernel skips the socket for it before cloning or queueing
+/// anything; otherwise trimmed by a socket filter ([`RxSocket::ignore_source`]), so that the
+/// read that follows copies nothing. Without either the rank still works: it reads its own
+/// datagrams and the core drops them as its own.
+fn ignore_own(rx: &RxSocket, tx: &TxSocket, interface: Option<Ipv4Addr>, lane: u16) {
+    if let Some(interface) = interface {
+        match rx.block_source(interface, *tx.local_addr().ip()) {
+            Ok(()) => return,
+            Err(e) => tracing::debug!(error = %e, lane, "own multicast not blocked by source"),
+        }
+    }
+    if let Err(e) = rx.ignore_source(tx.local_addr()) {
+        tracing::warn!(error = %e, lane, "own multicast not filtered");
+    }
+}
+
 /// A rank's whole transport: lanes' sockets and the control mesh.
 #[derive(Debug)]
 pub struct UdpPort {
@@ -126,14 +162,22 @@ impl UdpPort {
         let mut tx = Vec::with_capacity(lanes);
         for l in 0..cfg.lanes {
             let group = job.group(usize::from(l)).ok_or(PortError::NoGroup(l))?;
-            let tsock = TxSocket::open(&cfg.socket)?;
+            let own = cfg
+                .socket
+                .multicast_loop
+                .then(|| loopback_source(cfg.socket.interface, cfg.rank))
+                .flatten();
+            let (tsock, own) = match own.map(|a| TxSocket::open_from(&cfg.socket, a)) {
+                Some(Ok(t)) => (t, own),
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, lane = l, "no send address of its own");
+                    (TxSocket::open(&cfg.socket)?, None)
+                }
+                None => (TxSocket::open(&cfg.socket)?, None),
+            };
             let rsock = RxSocket::open(&cfg.socket, group)?;
             if cfg.socket.multicast_loop {
-                // Without the filter the rank still works: it reads its own datagrams and the
-                // core drops them as its own.
-                if let Err(e) = rsock.ignore_source(tsock.local_addr()) {
-                    tracing::warn!(error = %e, lane = l, "own multicast not filtered");
-                }
+                ignore_own(&rsock, &tsock, own.map(|_| cfg.socket.interface), l);
             }
             let recv = LaneReceiver::new(
                 rsock,
@@ -728,5 +772,33 @@ impl LaneTxPort for UdpTx {
             self.flush_one();
         }
         self.done.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_sources_are_ranks_own_and_only_on_loopback() {
+        let lo = Ipv4Addr::LOCALHOST;
+        assert_eq!(loopback_source(lo, 0), Some(Ipv4Addr::new(127, 77, 0, 1)));
+        assert_eq!(loopback_source(lo, 256), Some(Ipv4Addr::new(127, 77, 1, 1)));
+        // Any loopback interface address, not only 127.0.0.1.
+        assert_eq!(
+            loopback_source(Ipv4Addr::new(127, 0, 1, 1), 5),
+            Some(Ipv4Addr::new(127, 77, 0, 6))
+        );
+        // The last rank whose address stays in 127.0.0.0/8, and the first past it.
+        let last = 0x7FFF_FFFE - LOOPBACK_SOURCES;
+        assert_eq!(last, 11_730_941);
+        assert_eq!(
+            loopback_source(lo, last),
+            Some(Ipv4Addr::new(127, 255, 255, 254))
+        );
+        assert_eq!(loopback_source(lo, last + 1), None);
+        assert_eq!(loopback_source(lo, u32::MAX), None);
+        // A real interface: ranks on the host share its address.
+        assert_eq!(loopback_source(Ipv4Addr::new(10, 77, 0, 2), 0), None);
     }
 }

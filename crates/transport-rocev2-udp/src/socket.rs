@@ -18,7 +18,9 @@
 //! datagrams, which `IP_MULTICAST_LOOP` hands back and the filter trims: a build that dropped
 //! them in the filter instead ran a 16 MiB-per-rank Allgather on loopback 5 % faster. The other
 //! is the peeks that tell interleaved senders apart, about 4 % of its cycles; one sender per
-//! socket would make every read-ahead guess right. Against it:
+//! socket would make every read-ahead guess right. (On loopback the first is now gone another
+//! way: each rank sends from an address of its own and its receive sockets block it,
+//! [`RxSocket::block_source`].) Against it:
 //! * a datagram from anyone else (another job, a hostile sender: what the receive checks count
 //!   by reason) reaches no connected socket. A catch-all socket would have to stay, its filter
 //!   dropping the members' sources. Those drops are counted on that socket, not on the data
@@ -34,8 +36,9 @@
 //!
 //! Setup order (NET-NOTES): socket2 options first, then quinn-udp's `UdpSocketState::new`
 //! (non-blocking, `IP_PKTINFO`, `UDP_GRO`, `IP_PMTUDISC_PROBE` so DF is set), then `bind`, then
-//! the membership. The send socket is bound to the interface address (a known ICRC source
-//! address) and never `connect()`ed: a connected socket numbers IP IDs with a counter, which
+//! the membership. The send socket is bound to the interface address, or on loopback to an
+//! address of the rank's own ([`TxSocket::open_from`]): a known ICRC source address. It is
+//! never `connect()`ed: a connected socket numbers IP IDs with a counter, which
 //! would break the ICRC computed before sending.
 
 use std::io;
@@ -52,7 +55,8 @@ use socket2::{Domain, InterfaceIndexOrAddress, Protocol, SockFilter, SockRef, So
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SocketConfig {
     /// Address of the interface multicast leaves and is joined on (`127.0.0.1` for loopback).
-    /// Also the send socket's bound address, hence the ICRC's source address.
+    /// Also the send socket's bound address, hence the ICRC's source address (unless it is
+    /// opened [`from`](TxSocket::open_from) another).
     pub interface: Ipv4Addr,
     /// Multicast TTL (1 keeps it on the local subnet).
     pub ttl: u32,
@@ -309,6 +313,18 @@ impl RxSocket {
             .map_err(io_err("SO_ATTACH_FILTER"))
     }
 
+    /// Stops this socket from taking in any datagram whose IPv4 source address is `source`
+    /// (`IP_BLOCK_SOURCE` on its membership, made on the interface with address
+    /// `interface`): the kernel skips the socket for them before cloning or queueing
+    /// anything, and counts no drop. Unlike [`ignore_source`](Self::ignore_source), which
+    /// trims them after they were cloned for the socket, nothing of them reaches it; but it
+    /// goes by address only, so it fits a send socket whose address no other rank on the
+    /// host sends from ([`loopback_source`](crate::port::loopback_source)).
+    pub fn block_source(&self, interface: Ipv4Addr, source: Ipv4Addr) -> Result<(), SocketError> {
+        crate::sys::block_source(&self.sock, *self.group.ip(), interface, source)
+            .map_err(io_err("IP_BLOCK_SOURCE"))
+    }
+
     /// The socket, for this crate's own reads ([`crate::sys`]).
     pub(crate) fn udp(&self) -> &UdpSocket {
         &self.sock
@@ -399,6 +415,13 @@ impl TxSocket {
     ///
     /// It is left blocking: a send worker waits for socket buffer space instead of spinning.
     pub fn open(cfg: &SocketConfig) -> Result<Self, SocketError> {
+        Self::open_from(cfg, cfg.interface)
+    }
+
+    /// As [`open`](Self::open), bound to `source` instead of the interface's address (an
+    /// address of the rank's own on loopback, [`loopback_source`](crate::port::loopback_source));
+    /// multicast still leaves by `cfg.interface`.
+    pub fn open_from(cfg: &SocketConfig, source: Ipv4Addr) -> Result<Self, SocketError> {
         if cfg.interface.is_unspecified() {
             return Err(SocketError::UnspecifiedInterface);
         }
@@ -413,7 +436,7 @@ impl TxSocket {
             .map_err(io_err("SO_SNDBUF"))?;
         let granted_send_buffer = sock.send_buffer_size().map_err(io_err("SO_SNDBUF"))?;
         let state = UdpSocketState::new((&sock).into()).map_err(io_err("quinn-udp setup"))?;
-        bind(&sock, SocketAddrV4::new(cfg.interface, 0))?;
+        bind(&sock, SocketAddrV4::new(source, 0))?;
         sock.set_nonblocking(false).map_err(io_err("O_NONBLOCK"))?;
         let local = sock
             .local_addr()

@@ -24,7 +24,10 @@
 //! And a `recv` into a vector's spare capacity ([`recv_spare`]), for a large frame of the TCP
 //! mesh read straight into the vector that carries it on.
 //!
-//! This is the crate's only `unsafe`: five FFI calls with buffers they own, that view, that
+//! And `IP_BLOCK_SOURCE` ([`block_source`]), which turns a membership away from one source
+//! address: socket2 wraps source-specific joins, not blocks.
+//!
+//! This is the crate's only `unsafe`: six FFI calls with buffers they own, that view, that
 //! control message, and that vector's length.
 #![allow(unsafe_code)]
 
@@ -276,6 +279,45 @@ pub(crate) fn send_gathered(
         std::ptr::write_unaligned(libc::CMSG_DATA(hdr).cast::<u16>(), segment);
     }
     sock.sendmsg(&msg.with_control(&control.0[..SEGMENT_SPACE]), 0)
+}
+
+/// Stops `sock`, a member of `group` on the interface with address `interface`, from taking
+/// in datagrams whose IPv4 source is `source` (`IP_BLOCK_SOURCE`: the membership turns into
+/// exclude mode). The kernel then skips the socket for them before cloning or queueing
+/// anything, and counts no drop.
+pub(crate) fn block_source(
+    sock: &impl AsFd,
+    group: std::net::Ipv4Addr,
+    interface: std::net::Ipv4Addr,
+    source: std::net::Ipv4Addr,
+) -> io::Result<()> {
+    let mreq = libc::ip_mreq_source {
+        imr_multiaddr: libc::in_addr {
+            s_addr: u32::from(group).to_be(),
+        },
+        imr_interface: libc::in_addr {
+            s_addr: u32::from(interface).to_be(),
+        },
+        imr_sourceaddr: libc::in_addr {
+            s_addr: u32::from(source).to_be(),
+        },
+    };
+    let fd = sock.as_fd().as_raw_fd();
+    // SAFETY: `fd` is an open socket borrowed for the call; `mreq` is a live `ip_mreq_source`
+    // whose size is the length passed, and the kernel only reads it during the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_BLOCK_SOURCE,
+            (&raw const mreq).cast(),
+            std::mem::size_of_val(&mreq) as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Turns the UDP checksum off on `sock` (`SO_NO_CHECK`), which makes the kernel refuse GSO

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use ringcast_transport_rocev2_udp::addr::{AddrConfig, JobAddrs};
 use ringcast_transport_rocev2_udp::icrc::FlowIcrc;
+use ringcast_transport_rocev2_udp::port::loopback_source;
 use ringcast_transport_rocev2_udp::{
     LaneReceiver, LaneSender, OutChunk, RxConfig, RxSocket, RxStats, SocketConfig, SocketError,
     TxConfig, TxSocket,
@@ -43,7 +44,22 @@ fn job(nonce: u64, port: u16) -> (JobAddrs, SocketAddrV4) {
 }
 
 fn sender(job: &JobAddrs, group: SocketAddrV4, rank: u32, gso: bool) -> LaneSender {
-    let sock = TxSocket::open(&SocketConfig::loopback()).unwrap();
+    lane_sender(
+        TxSocket::open(&SocketConfig::loopback()).unwrap(),
+        job,
+        group,
+        rank,
+        gso,
+    )
+}
+
+fn lane_sender(
+    sock: TxSocket,
+    job: &JobAddrs,
+    group: SocketAddrV4,
+    rank: u32,
+    gso: bool,
+) -> LaneSender {
     LaneSender::new(
         sock,
         TxConfig {
@@ -525,4 +541,71 @@ fn own_multicast_is_filtered_and_others_pass() {
     assert_eq!(s.empty, 3, "one empty datagram per own send");
     assert_eq!((s.datagrams, s.accepted, s.dropped()), (1, 1, 0));
     assert_eq!(rx.socket().socket_drops().unwrap(), 0);
+}
+
+/// On loopback a rank's send socket has an address of its own, and its receive socket blocks
+/// that address: the rank's own datagrams (GSO batches and single ones) never reach the
+/// socket, not even as empty ones, while another sender's do; a second receive socket on the
+/// same group, which blocks nothing, still takes every datagram of both. Nothing counts as a
+/// kernel drop.
+#[test]
+fn own_multicast_is_blocked_by_its_source_address() {
+    let (job, group) = job(0x0F11_7E21, free_port());
+    let cfg = SocketConfig::loopback();
+    let (own_at, other_at) = (
+        loopback_source(cfg.interface, 0).expect("an address for rank 0"),
+        loopback_source(cfg.interface, 1).expect("an address for rank 1"),
+    );
+    assert_ne!(own_at, other_at);
+    let open = |at| TxSocket::open_from(&cfg, at).expect("send socket on its own address");
+    let mut own = lane_sender(open(own_at), &job, group, 0, true);
+    let mut other = lane_sender(open(other_at), &job, group, 1, true);
+    assert_eq!(*own.socket().local_addr().ip(), own_at);
+    let mut rx = receiver(&job, group, |_| {});
+    let mut peer = receiver(&job, group, |_| {});
+    rx.socket()
+        .block_source(cfg.interface, own_at)
+        .expect("source blocked");
+    let data: Vec<Vec<u8>> = (0..8).map(|k| payload(k, 100)).collect();
+    let chunks: Vec<OutChunk<'_>> = data
+        .iter()
+        .enumerate()
+        .map(|(k, p)| OutChunk {
+            imm: k as u32,
+            payload: p,
+        })
+        .collect();
+    assert_eq!(own.send_batch(&chunks).unwrap().chunks, 8);
+    assert_eq!(own.send_batch(&chunks[7..]).unwrap().chunks, 1);
+    assert_eq!(other.send_batch(&chunks[7..]).unwrap().chunks, 1);
+    assert_eq!(own.send_batch(&chunks[..1]).unwrap().chunks, 1);
+    // The peer takes all 11 chunks; the other sender's chunk was sent after all but the last
+    // own datagram, so once the peer has every chunk, the blocking socket has had its chance
+    // at every own datagram that came before the other's (one queue, in order on loopback).
+    let mut at_peer = 0;
+    let start = Instant::now();
+    while at_peer < 11 && start.elapsed() < DEADLINE {
+        at_peer += peer.recv(Duration::from_millis(20)).unwrap().len();
+    }
+    assert_eq!(at_peer, 11, "the peer blocks nothing");
+    let mut got = Vec::new();
+    let start = Instant::now();
+    while got.is_empty() && start.elapsed() < DEADLINE {
+        let batch = rx.recv(Duration::from_millis(20)).unwrap();
+        got.extend(
+            batch
+                .iter()
+                .map(|c| (c.rank, c.imm, c.payload == data[7].as_slice())),
+        );
+    }
+    // And the own datagram sent last is not queued behind it.
+    let after = rx.recv(Duration::from_millis(100)).unwrap().len();
+    let s: RxStats = *rx.stats();
+    eprintln!("{s:?}");
+    assert_eq!(got, vec![(1, 7, true)], "only the other sender's chunk");
+    assert_eq!(after, 0);
+    assert_eq!(s.empty, 0, "no own datagram reached the socket");
+    assert_eq!((s.datagrams, s.accepted, s.dropped()), (1, 1, 0));
+    assert_eq!(rx.socket().socket_drops().unwrap(), 0);
+    assert_eq!(peer.socket().socket_drops().unwrap(), 0);
 }
