@@ -9,10 +9,7 @@ pub(crate) struct Rng {
 
 /// One step of splitmix64 (the core's one implementation): a good 64-bit mixer, also used
 /// for fingerprints.
-#[inline]
-pub(crate) fn splitmix64(x: u64) -> u64 {
-    ringcast_core::port::mix(x.wrapping_add(0x9E37_79B9_7F4A_7C15))
-}
+pub(crate) use ringcast_core::port::splitmix64;
 
 impl Rng {
     /// A generator for `seed`; distinct `stream`s give independent sequences.

@@ -17,7 +17,7 @@
 mod fault;
 pub mod mailbox;
 
-pub use fault::{Faults, FaultyRx, FaultyToken, FaultyTx, SplitMix64, inject, mix};
+pub use fault::{Faults, FaultyRx, FaultyToken, FaultyTx, SplitMix64, inject, mix, splitmix64};
 
 use crate::config::Rank;
 use crate::event::{Event, OpId, Placement, ReadError, ReadId, Transmit};

@@ -41,11 +41,12 @@ pub fn free_local_port(kind: PortKind) -> io::Result<u16> {
     let end = first_ephemeral.max(LOCAL_PORTS_FROM + 1);
     let span = u64::from(end - LOCAL_PORTS_FROM);
     // Without entropy the walk starts at the process id: still apart from most other runs.
-    let mut x = getrandom::u64().unwrap_or(u64::from(std::process::id()));
+    let mut rng = ringcast_core::port::SplitMix64::new(
+        getrandom::u64().unwrap_or(u64::from(std::process::id())),
+    );
     for _ in 0..TRIES {
-        x = ringcast_core::port::mix(x.wrapping_add(0x9E37_79B9_7F4A_7C15));
         // Below `span` (at most 2^16), so it fits.
-        let port = LOCAL_PORTS_FROM + (x % span) as u16;
+        let port = LOCAL_PORTS_FROM + rng.below(span) as u16;
         if bindable(port).is_ok() {
             return Ok(port);
         }

@@ -111,10 +111,8 @@ pub(crate) fn free_tcp_port() -> u16 {
     free_local_port(PortKind::Tcp).expect("a free TCP port")
 }
 
-/// One splitmix64 step (the core's mixer).
-pub(crate) fn splitmix(z: u64) -> u64 {
-    ringcast::core::port::mix(z.wrapping_add(0x9E37_79B9_7F4A_7C15))
-}
+/// One splitmix64 step (the core's).
+pub(crate) use ringcast::core::port::splitmix64 as splitmix;
 
 /// A job nonce no other test run draws.
 pub(crate) fn nonce(salt: u64) -> u64 {

@@ -6,6 +6,8 @@ use crate::args::NetArgs;
 use crate::units::{MAX_SIZE, human};
 use bytemuck::Pod;
 use ringcast::comm::{CommBuilder, CommStats};
+// SplitMix64's step: the patterns' generator.
+use ringcast::core::port::splitmix64 as splitmix;
 use ringcast::{BuildError, CommError, Communicator};
 use std::net::Ipv4Addr;
 
@@ -172,12 +174,6 @@ pub(crate) fn gathered(salt: u64, blocks: &[u64]) -> Result<Vec<u8>, String> {
         at += b;
     }
     Ok(v)
-}
-
-/// SplitMix64's step (the patterns' generator): the core's finaliser after the golden-ratio
-/// increment.
-fn splitmix(z: u64) -> u64 {
-    ringcast::core::port::mix(z.wrapping_add(0x9E37_79B9_7F4A_7C15))
 }
 
 /// [`verify`] of an Allgather(v) of `blocks` against every rank's pattern ([`pattern`]),
