@@ -27,7 +27,8 @@
 //! And `IP_BLOCK_SOURCE` ([`block_source`]), which turns a membership away from one source
 //! address: socket2 wraps source-specific joins, not blocks.
 //!
-//! This is the crate's only `unsafe`: six FFI calls with buffers they own, that view, that
+//! This is the crate's only `unsafe`: four FFI calls (`getsockopt`, one `setsockopt` that
+//! serves three options, `sched_setscheduler`, `poll`) with buffers they own, that view, that
 //! control message, and that vector's length.
 #![allow(unsafe_code)]
 
@@ -80,17 +81,28 @@ pub(crate) fn socket_drops(sock: &impl AsFd) -> io::Result<u64> {
 /// `PermissionDenied` without `CAP_NET_ADMIN`.
 pub(crate) fn force_recv_buffer(sock: &impl AsFd, bytes: usize) -> io::Result<()> {
     let val = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    set_option(sock, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &val)
+}
+
+/// `setsockopt(level, name)` on `sock` with `value`, a plain C value the option takes.
+fn set_option<T: Copy>(
+    sock: &impl AsFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
     let fd = sock.as_fd().as_raw_fd();
-    // SAFETY: `fd` is an open socket borrowed for the call (`AsFd`); `val` is a live `c_int`
-    // and the length passed is exactly its size; the kernel only reads it, and nothing is
-    // retained after the call returns.
+    // SAFETY: `fd` is an open socket borrowed for the call (`AsFd`); `value` is a live `T`
+    // and the length passed is exactly its size; the kernel only reads it during the call,
+    // and nothing is retained after it returns. (A `T` the option does not take is refused
+    // with `EINVAL` or read as the bytes it is: every caller passes the option's C type.)
     let rc = unsafe {
         libc::setsockopt(
             fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            (&raw const val).cast(),
-            std::mem::size_of_val(&val) as libc::socklen_t,
+            level,
+            name,
+            std::ptr::from_ref(value).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
         )
     };
     if rc != 0 {
@@ -302,45 +314,19 @@ pub(crate) fn block_source(
             s_addr: u32::from(source).to_be(),
         },
     };
-    let fd = sock.as_fd().as_raw_fd();
-    // SAFETY: `fd` is an open socket borrowed for the call; `mreq` is a live `ip_mreq_source`
-    // whose size is the length passed, and the kernel only reads it during the call.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_IP,
-            libc::IP_BLOCK_SOURCE,
-            (&raw const mreq).cast(),
-            std::mem::size_of_val(&mreq) as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    set_option(sock, libc::IPPROTO_IP, libc::IP_BLOCK_SOURCE, &mreq)
 }
 
 /// Turns the UDP checksum off on `sock` (`SO_NO_CHECK`), which makes the kernel refuse GSO
 /// sends with `EINVAL`: a way to exercise the fallback without a device that cannot segment.
 #[cfg(test)]
 pub(crate) fn no_udp_checksum(sock: &impl AsFd) -> io::Result<()> {
-    let on: libc::c_int = 1;
-    let fd = sock.as_fd().as_raw_fd();
-    // SAFETY: `fd` is an open socket borrowed for the call; `on` is a live `c_int` whose size
-    // is the length passed, and the kernel only reads it during the call.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_NO_CHECK,
-            (&raw const on).cast(),
-            std::mem::size_of_val(&on) as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    set_option(
+        sock,
+        libc::SOL_SOCKET,
+        libc::SO_NO_CHECK,
+        &1 as &libc::c_int,
+    )
 }
 
 #[cfg(test)]

@@ -86,6 +86,17 @@ fn receiver(job: &JobAddrs, group: SocketAddrV4, cfg: impl FnOnce(&mut RxConfig)
 }
 
 /// Chunk `k`'s payload: full chunks, a few odd lengths (pad), and a short last chunk.
+/// A chunk per payload, numbered from 0 by its immediate.
+fn numbered(data: &[Vec<u8>]) -> Vec<OutChunk<'_>> {
+    data.iter()
+        .enumerate()
+        .map(|(k, p)| OutChunk {
+            imm: k as u32,
+            payload: p,
+        })
+        .collect()
+}
+
 fn payload(k: usize, n: usize) -> Vec<u8> {
     let len = match k {
         _ if k == n - 1 => 1_001,
@@ -512,14 +523,7 @@ fn own_multicast_is_filtered_and_others_pass() {
         .ignore_source(own.socket().local_addr())
         .expect("filter attached");
     let data: Vec<Vec<u8>> = (0..8).map(|k| payload(k, 100)).collect();
-    let chunks: Vec<OutChunk<'_>> = data
-        .iter()
-        .enumerate()
-        .map(|(k, p)| OutChunk {
-            imm: k as u32,
-            payload: p,
-        })
-        .collect();
+    let chunks = numbered(&data);
     // A GSO batch of 8 (chunk 7, short, ends it), then single datagrams.
     assert_eq!(own.send_batch(&chunks).unwrap().chunks, 8);
     assert_eq!(own.send_batch(&chunks[7..]).unwrap().chunks, 1);
@@ -567,14 +571,7 @@ fn own_multicast_is_blocked_by_its_source_address() {
         .block_source(cfg.interface, own_at)
         .expect("source blocked");
     let data: Vec<Vec<u8>> = (0..8).map(|k| payload(k, 100)).collect();
-    let chunks: Vec<OutChunk<'_>> = data
-        .iter()
-        .enumerate()
-        .map(|(k, p)| OutChunk {
-            imm: k as u32,
-            payload: p,
-        })
-        .collect();
+    let chunks = numbered(&data);
     assert_eq!(own.send_batch(&chunks).unwrap().chunks, 8);
     assert_eq!(own.send_batch(&chunks[7..]).unwrap().chunks, 1);
     assert_eq!(other.send_batch(&chunks[7..]).unwrap().chunks, 1);
