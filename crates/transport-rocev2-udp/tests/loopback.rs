@@ -510,6 +510,19 @@ fn a_waker_ends_a_long_wait_and_reception_goes_on() {
     assert_eq!(t.join().expect("receiver thread"), 1);
 }
 
+/// `own` sends a GSO batch of 8 chunks (chunk 7, short, ends it) and a single datagram,
+/// `other` its chunk 7, `own` one more: 10 own chunks in 3 sends, and another's between.
+/// Returns the payloads, by chunk.
+fn own_then_other(own: &mut LaneSender, other: &mut LaneSender) -> Vec<Vec<u8>> {
+    let data: Vec<Vec<u8>> = (0..8).map(|k| payload(k, 100)).collect();
+    let chunks = numbered(&data);
+    assert_eq!(own.send_batch(&chunks).unwrap().chunks, 8);
+    assert_eq!(own.send_batch(&chunks[7..]).unwrap().chunks, 1);
+    assert_eq!(other.send_batch(&chunks[7..]).unwrap().chunks, 1);
+    assert_eq!(own.send_batch(&chunks[..1]).unwrap().chunks, 1);
+    data
+}
+
 /// A receive socket told to ignore its rank's own send socket reads that socket's datagrams
 /// (GSO batches and single ones) as empty, never as chunks, and still takes every datagram of
 /// another sender on the same group; none of it counts as a kernel drop.
@@ -522,13 +535,7 @@ fn own_multicast_is_filtered_and_others_pass() {
     rx.socket()
         .ignore_source(own.socket().local_addr())
         .expect("filter attached");
-    let data: Vec<Vec<u8>> = (0..8).map(|k| payload(k, 100)).collect();
-    let chunks = numbered(&data);
-    // A GSO batch of 8 (chunk 7, short, ends it), then single datagrams.
-    assert_eq!(own.send_batch(&chunks).unwrap().chunks, 8);
-    assert_eq!(own.send_batch(&chunks[7..]).unwrap().chunks, 1);
-    assert_eq!(other.send_batch(&chunks[7..]).unwrap().chunks, 1);
-    assert_eq!(own.send_batch(&chunks[..1]).unwrap().chunks, 1);
+    let data = own_then_other(&mut own, &mut other);
     let mut got = Vec::new();
     let start = Instant::now();
     while rx.stats().empty < 3 && start.elapsed() < DEADLINE {
@@ -570,12 +577,7 @@ fn own_multicast_is_blocked_by_its_source_address() {
     rx.socket()
         .block_source(cfg.interface, own_at)
         .expect("source blocked");
-    let data: Vec<Vec<u8>> = (0..8).map(|k| payload(k, 100)).collect();
-    let chunks = numbered(&data);
-    assert_eq!(own.send_batch(&chunks).unwrap().chunks, 8);
-    assert_eq!(own.send_batch(&chunks[7..]).unwrap().chunks, 1);
-    assert_eq!(other.send_batch(&chunks[7..]).unwrap().chunks, 1);
-    assert_eq!(own.send_batch(&chunks[..1]).unwrap().chunks, 1);
+    let data = own_then_other(&mut own, &mut other);
     // The peer takes all 11 chunks; the other sender's chunk was sent after all but the last
     // own datagram, so once the peer has every chunk, the blocking socket has had its chance
     // at every own datagram that came before the other's (one queue, in order on loopback).
