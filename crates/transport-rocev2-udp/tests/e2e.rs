@@ -580,3 +580,60 @@ fn receive_half_reads_a_predicted_run_in_place_once() {
     // Nothing more is queued: a wait hands out nothing.
     assert_eq!(rx.wait_with(Duration::from_millis(20), predict), 0);
 }
+
+/// On loopback a rank's port sends from an address of its own (127.77.0.1 on, by rank) and
+/// its receive half blocks it: the rank's own multicast never reaches its receive half, not
+/// even as empty datagrams, while another member of the group takes every chunk.
+#[test]
+fn a_ports_own_multicast_never_reaches_its_receive_half_on_loopback() {
+    use ringcast_core::lane::Multicast;
+    use ringcast_transport_rocev2_udp::{LaneReceiver, RxConfig, RxSocket, SocketConfig};
+
+    let nonce = nonce(79);
+    let cfg = UdpPortConfig::loopback(0, 2, 1, nonce, free_udp_port());
+    let (port, registry) = lone_port(&cfg);
+    let Ports { mut tx, mut rx, .. } = ringcast_core::port::Port::into_ports(port);
+    let (mut tx, mut own) = (tx.remove(0), rx.remove(0));
+    assert_eq!(
+        tx.sender().socket().local_addr().ip().octets(),
+        [127, 77, 0, 1],
+        "rank 0's own address"
+    );
+    let job = ringcast_transport_rocev2_udp::addr::JobAddrs::derive(nonce, 1, &cfg.addr).unwrap();
+    let mut peer = LaneReceiver::new(
+        RxSocket::open(&SocketConfig::loopback(), job.group(0).unwrap()).unwrap(),
+        RxConfig::new(0, 0xFFFF, job.qkey(), 4096),
+    );
+    let data = pattern(79, 0, 20 * 4096);
+    let op = OpId(4);
+    registry.register(op, OpBuffer::from_vec(data.clone()));
+    for k in 0..20u32 {
+        tx.post_multicast(&Multicast {
+            op,
+            lane: 0,
+            imm: k,
+            chunk: k,
+            offset: u64::from(k) * 4096,
+            len: 4096,
+        });
+    }
+    let deadline = StdInstant::now() + DEADLINE;
+    while tx.queued() > 0 && StdInstant::now() < deadline {
+        tx.send_one_batch();
+    }
+    let mut got = 0;
+    while got < 20 && StdInstant::now() < deadline {
+        let b = peer.recv(Duration::from_millis(50)).unwrap();
+        for c in b.iter() {
+            let at = c.imm as usize * 4096;
+            assert_eq!((c.rank, c.payload), (0, &data[at..at + 4096]));
+            got += 1;
+        }
+    }
+    assert_eq!(got, 20, "the peer takes every chunk");
+    // Everything the rank sent reached the peer; none of it is queued at its own half.
+    assert_eq!(own.wait(Duration::from_millis(100)), 0);
+    let s = own.receiver().stats();
+    assert_eq!((s.datagrams, s.empty, s.recv_calls), (0, 0, 0));
+    assert_eq!(own.receiver().socket().socket_drops().unwrap(), 0);
+}
