@@ -779,6 +779,43 @@ impl LaneTxPort for UdpTx {
 mod tests {
     use super::*;
 
+    /// Where the block cannot be set (here: asked for on an address no interface has), the
+    /// rank's own multicast is trimmed instead: it reaches the socket as empty
+    /// datagrams, never as chunks.
+    #[test]
+    fn a_block_refused_falls_back_to_the_trimming_filter() {
+        let cfg = SocketConfig::loopback();
+        // A port nobody else has (the group is this test's alone).
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .and_then(|s| s.local_addr())
+            .unwrap()
+            .port();
+        let group = std::net::SocketAddrV4::new(Ipv4Addr::new(239, 77, 0, 9), port);
+        let own = loopback_source(cfg.interface, 0).unwrap();
+        let tx = TxSocket::open_from(&cfg, own).unwrap();
+        let rx = RxSocket::open(&cfg, group).unwrap();
+        let elsewhere = Ipv4Addr::new(192, 0, 2, 1); // TEST-NET-1: no interface has it
+        assert!(
+            rx.block_source(elsewhere, own).is_err(),
+            "no interface there"
+        );
+        ignore_own(&rx, &tx, Some(elsewhere), 0);
+        tx.raw().send_to(&[1; 64], &group.into()).unwrap();
+        let mut buf = [std::mem::MaybeUninit::new(0u8); 128];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let n = loop {
+            match socket2::SockRef::from(rx.udp()).recv_from(&mut buf) {
+                Ok((n, _)) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    assert!(std::time::Instant::now() < deadline, "nothing came");
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert_eq!(n, 0, "trimmed to its UDP header");
+    }
+
     #[test]
     fn loopback_sources_are_ranks_own_and_only_on_loopback() {
         let lo = Ipv4Addr::LOCALHOST;
