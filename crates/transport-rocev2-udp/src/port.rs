@@ -110,11 +110,12 @@ pub enum PortError {
 const LOOPBACK_SOURCES: u32 = 0x7F4D_0001;
 
 /// The address a rank's send sockets bind to when its interface is a loopback address (and
-/// multicast loops back to the ranks it shares the host with): an address of its own in 127.0.0.0/8 (all of which is local), from
-/// 127.77.0.1 on by rank, so that its receive sockets can turn away its own multicast by
-/// source address (`IP_BLOCK_SOURCE`, [`RxSocket::block_source`]). `None` for any other
-/// interface (there, ranks on one host share its address, and blocking it would turn away
-/// every one of them) and for ranks past the range's end (from rank 11 730 942 on).
+/// multicast loops back to the ranks it shares the host with): an address of its own in
+/// 127.0.0.0/8 (all of which is local), from 127.77.0.1 on by rank, so that its receive
+/// sockets can turn away its own multicast by source address (`IP_BLOCK_SOURCE`,
+/// [`RxSocket::block_source`]). `None` for any other interface (there, ranks on one host
+/// share its address, and blocking it would turn away every one of them) and for ranks past
+/// the range's end (from rank 11 730 942 on).
 ///
 /// Two jobs on one host may use the same addresses: their groups differ (the job nonce), and
 /// a membership's block covers its own group only.
