@@ -92,10 +92,10 @@ fn set_option<T: Copy>(
     value: &T,
 ) -> io::Result<()> {
     let fd = sock.as_fd().as_raw_fd();
+    // Every caller passes the option's C type; another `T` would be refused (`EINVAL`) or
+    // read as the bytes it is, never past them.
     // SAFETY: `fd` is an open socket borrowed for the call (`AsFd`); `value` is a live `T`
-    // and the length passed is exactly its size; the kernel only reads it during the call,
-    // and nothing is retained after it returns. (A `T` the option does not take is refused
-    // with `EINVAL` or read as the bytes it is: every caller passes the option's C type.)
+    // and the length passed is exactly its size; the kernel only reads it during the call.
     let rc = unsafe {
         libc::setsockopt(
             fd,
