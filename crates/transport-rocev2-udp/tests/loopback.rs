@@ -86,6 +86,16 @@ fn receiver(job: &JobAddrs, group: SocketAddrV4, cfg: impl FnOnce(&mut RxConfig)
 }
 
 /// Chunk `k`'s payload: full chunks, a few odd lengths (pad), and a short last chunk.
+fn payload(k: usize, n: usize) -> Vec<u8> {
+    let len = match k {
+        _ if k == n - 1 => 1_001,
+        7 => 3,
+        8 => 0,
+        _ => MAX_PAYLOAD,
+    };
+    (0..len).map(|i| (k * 31 + i * 7) as u8).collect()
+}
+
 /// A chunk per payload, numbered from 0 by its immediate.
 fn numbered(data: &[Vec<u8>]) -> Vec<OutChunk<'_>> {
     data.iter()
@@ -95,16 +105,6 @@ fn numbered(data: &[Vec<u8>]) -> Vec<OutChunk<'_>> {
             payload: p,
         })
         .collect()
-}
-
-fn payload(k: usize, n: usize) -> Vec<u8> {
-    let len = match k {
-        _ if k == n - 1 => 1_001,
-        7 => 3,
-        8 => 0,
-        _ => MAX_PAYLOAD,
-    };
-    (0..len).map(|i| (k * 31 + i * 7) as u8).collect()
 }
 
 /// One sender, three receivers in threads; the sender sends windows and waits for every
