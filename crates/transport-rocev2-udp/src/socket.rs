@@ -36,7 +36,8 @@
 //!
 //! Setup order (NET-NOTES): socket2 options first, then quinn-udp's `UdpSocketState::new`
 //! (non-blocking, `IP_PKTINFO`, `UDP_GRO`, `IP_PMTUDISC_PROBE` so DF is set), then `bind`, then
-//! the membership. The send socket is bound to the interface address, or on loopback to an
+//! the membership. A receive socket turns `IP_PKTINFO` back off: bound to its group, it knows
+//! every datagram's destination, and the kernel would look it up for each one it delivers. The send socket is bound to the interface address, or on loopback to an
 //! address of the rank's own ([`TxSocket::open_from`]): a known ICRC source address. It is
 //! never `connect()`ed: a connected socket numbers IP IDs with a counter, which
 //! would break the ICRC computed before sending.
@@ -221,6 +222,8 @@ impl RxSocket {
             );
         }
         let state = UdpSocketState::new((&sock).into()).map_err(io_err("quinn-udp setup"))?;
+        // The socket is bound to its group, so every datagram's destination is known.
+        crate::sys::no_packet_info(&sock).map_err(io_err("IP_PKTINFO"))?;
         bind(&sock, group)?;
         sock.join_multicast_v4_n(group.ip(), &InterfaceIndexOrAddress::Address(cfg.interface))
             .map_err(io_err("IP_ADD_MEMBERSHIP"))?;
@@ -508,6 +511,37 @@ mod tests {
         assert_eq!(udp_drops(TABLE, 5555), Some(0));
         assert_eq!(udp_drops(TABLE, 1), None);
         assert_eq!(udp_drops("", 1), None);
+    }
+
+    #[test]
+    fn a_receive_socket_is_not_told_each_datagrams_destination() {
+        // A group of this test's own (a random port): nobody else sends to it.
+        let port = UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let group = SocketAddrV4::new(Ipv4Addr::new(239, 77, 1, 9), port);
+        let cfg = SocketConfig::loopback();
+        let mut rx = RxSocket::open(&cfg, group).unwrap();
+        let tx = TxSocket::open(&cfg).unwrap();
+        tx.raw().send_to(b"hello", &group.into()).unwrap();
+        let mut buf = [0u8; 64];
+        let mut meta = [RecvMeta::default()];
+        let n = loop {
+            match rx.recv(&mut [io::IoSliceMut::new(&mut buf)], &mut meta) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    rx.wait_readable(Duration::from_secs(5)).unwrap();
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert_eq!((n, meta[0].len), (1, 5));
+        assert_eq!(&buf[..5], b"hello");
+        // quinn-udp turns IP_PKTINFO on; the kernel then looks up each datagram's
+        // destination as it delivers it, for nothing: the group is the socket's.
+        assert_eq!(meta[0].dst_ip, None);
     }
 
     #[test]

@@ -317,6 +317,13 @@ pub(crate) fn block_source(
     set_option(sock, libc::IPPROTO_IP, libc::IP_BLOCK_SOURCE, &mreq)
 }
 
+/// Stops `sock` from reporting each datagram's destination (`IP_PKTINFO` off), which
+/// quinn-udp turns on: for every datagram it delivers to such a socket the kernel looks up
+/// the address it arrived on (`fib_compute_spec_dst`), in the sender's softirq on loopback.
+pub(crate) fn no_packet_info(sock: &impl AsFd) -> io::Result<()> {
+    set_option(sock, libc::IPPROTO_IP, libc::IP_PKTINFO, &0 as &libc::c_int)
+}
+
 /// Turns the UDP checksum off on `sock` (`SO_NO_CHECK`), which makes the kernel refuse GSO
 /// sends with `EINVAL`: a way to exercise the fallback without a device that cannot segment.
 #[cfg(test)]
