@@ -8,6 +8,11 @@
 //! from, and each receiver copying them into, a buffer of the largest size (`--source`,
 //! `--deliver`: what reading and keeping the bytes cost, which the raw one leaves out).
 //!
+//! `--huge-pages`: every side's buffers on 2 MiB transparent huge pages (`ringcast bench
+//! --huge-pages`, which allocates with `ringcast::alloc_buffer`; `mpi_bench --huge-pages`;
+//! the Broadcast's ceiling's `goodput --pages huge`), as a caller that allocates its buffers
+//! for communication (`MPI_Alloc_mem`, `ncclMemAlloc`) has them.
+//!
 //! The machine's speed drifts by up to 3x within an hour, so everything runs in `--rounds`
 //! interleaved rounds and every ratio is taken within a round; the summary gives the medians.
 //! Raw outputs and `results.md` land in `target/bench-loopback/<unix time>/`. No root needed;
@@ -21,13 +26,15 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-const USAGE: &str = "bench-loopback [--rounds N] [--sizes B,B,..] [--iters N] [--warmup N]";
+const USAGE: &str =
+    "bench-loopback [--rounds N] [--sizes B,B,..] [--iters N] [--warmup N] [--huge-pages]";
 
 struct Opts {
     rounds: u32,
     sizes: Vec<u64>,
     iters: u32,
     warmup: u32,
+    huge_pages: bool,
 }
 
 fn parse(args: &[String]) -> Result<Opts, StepError> {
@@ -36,6 +43,7 @@ fn parse(args: &[String]) -> Result<Opts, StepError> {
         sizes: SIZES.to_vec(),
         iters: 10,
         warmup: 2,
+        huge_pages: false,
     };
     let bad = |m: String| StepError::Other(format!("{m}\n\nusage: cargo xtask {USAGE}"));
     // A count of at least `min` after option `what`.
@@ -50,6 +58,7 @@ fn parse(args: &[String]) -> Result<Opts, StepError> {
             "--rounds" => o.rounds = count(it.next(), a, 1)?,
             "--iters" => o.iters = count(it.next(), a, 1)?,
             "--warmup" => o.warmup = count(it.next(), a, 0)?,
+            "--huge-pages" => o.huge_pages = true,
             "--sizes" => {
                 o.sizes = it
                     .next()
@@ -190,7 +199,7 @@ impl Bench<'_> {
         let (w, i) = (o.warmup.to_string(), o.iters.to_string());
         let mut round = Round::default();
         for (slot, (coll, _)) in COLLS.into_iter().enumerate() {
-            let args = [
+            let mut args = [
                 "bench",
                 coll,
                 "--blocking",
@@ -203,7 +212,11 @@ impl Bench<'_> {
                 "--iters",
                 &i,
             ]
-            .map(str::to_owned);
+            .map(str::to_owned)
+            .to_vec();
+            if o.huge_pages {
+                args.push("--huge-pages".to_owned());
+            }
             let out = self.keep(&format!("r{r}-ringcast-{coll}.txt"), &self.ringcast, &args)?;
             if coll == "allgather" {
                 round.inject = injected(&out);
@@ -223,12 +236,13 @@ impl Bench<'_> {
                     "btl",
                     &format!("{btl},self"),
                     &self.mpi.to_string_lossy(),
-                    coll,
-                    &w,
-                    &i,
                 ]
                 .map(str::to_owned)
                 .to_vec();
+                if o.huge_pages {
+                    args.push("--huge-pages".to_owned());
+                }
+                args.extend([coll, &w, &i].map(str::to_owned));
                 args.extend(sizes.iter().cloned());
                 let name = format!("r{r}-mpi-{btl}-{coll}.txt");
                 sides.push(table(&self.keep(&name, Path::new("mpirun"), &args)?));
@@ -243,6 +257,9 @@ impl Bench<'_> {
             if deliver {
                 for opt in ["--source", "--deliver"] {
                     args.extend([opt.to_owned(), largest.clone()]);
+                }
+                if o.huge_pages {
+                    args.extend(["--pages", "huge"].map(str::to_owned));
                 }
             }
             let out = self.keep(&format!("r{r}-ceiling-{name}.txt"), &self.goodput, &args)?;
@@ -261,11 +278,19 @@ impl Bench<'_> {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "# bench-loopback: 4 local ranks, {} rounds, warm-up {}, {} timed iterations\n\n\
+            "# bench-loopback: 4 local ranks, {} rounds, warm-up {}, {} timed iterations, \
+             buffers on {}\n\n\
              Average latency in µs per size (bytes; per rank for the Allgather); `x TCP`: Open \
              MPI over TCP's time over ringcast's, within the round (`TCP x TCP`: over ringcast's \
              TCP path's).\n",
-            o.rounds, o.warmup, o.iters
+            o.rounds,
+            o.warmup,
+            o.iters,
+            if o.huge_pages {
+                "2 MiB huge pages (`--huge-pages`)"
+            } else {
+                "the allocator's pages (4 KiB where transparent huge pages are `madvise`)"
+            }
         );
         let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
         let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);

@@ -20,6 +20,10 @@
 //! the bridge (the host-side veth's `rx_bytes`) over a few 16 MiB operations of each, to set
 //! ringcast's injection (own block + headers) beside a ring's (P-1 times).
 //!
+//! `--huge-pages`: every side's buffers on 2 MiB transparent huge pages (`ringcast bench
+//! --huge-pages`, from `ringcast::alloc_buffer`; `mpi_bench --huge-pages`; the Broadcast's
+//! ceiling's `goodput --pages huge`), as a caller that allocates for communication has them.
+//!
 //! Both sides use the veths' segmentation offloads (TCP's TSO for Open MPI, UDP's USO for
 //! ringcast's GSO batches), as they would a NIC's. Nothing is pinned, neither side (2 cores shared by P ranks' threads: pinning would only
 //! choose which ranks share a core). Raw outputs land in `target/bench-net/<lab id>/`; the
@@ -35,7 +39,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 const USAGE: &str = "bench-net [--ranks N] [--sizes B,B,..] [--iters N] [--warmup N] \
-                     [--losses PCT,PCT,..] [--tcp-threshold B] [--quick] [--record]";
+                     [--losses PCT,PCT,..] [--tcp-threshold B] [--huge-pages] [--quick] \
+                     [--record]";
 
 /// The data port of ringcast and of the ceiling's sender (RoCEv2's).
 const DATA_PORT: u16 = 4791;
@@ -60,6 +65,8 @@ struct Opts {
     losses: Vec<f64>,
     /// ringcast's `--tcp-threshold` (its default when `None`).
     tcp_threshold: Option<u64>,
+    /// Every side's buffers on huge pages.
+    huge_pages: bool,
     record: bool,
 }
 
@@ -106,6 +113,7 @@ fn parse(args: &[String]) -> Result<Opts, StepError> {
         warmup: 1,
         losses: vec![0.0, 1.0],
         tcp_threshold: None,
+        huge_pages: false,
         record: false,
     };
     let bad = |m: String| StepError::Other(format!("{m}\n\nusage: cargo xtask {USAGE}"));
@@ -152,6 +160,7 @@ fn parse(args: &[String]) -> Result<Opts, StepError> {
                     .collect::<Option<_>>()
                     .ok_or_else(|| bad("`--losses` wants percentages below 50".to_owned()))?;
             }
+            "--huge-pages" => o.huge_pages = true,
             "--tcp-threshold" => {
                 o.tcp_threshold = Some(
                     value("bytes")?
@@ -322,7 +331,7 @@ impl Bench<'_> {
                 "ranks={}\nsizes={}\niters={}\nwarmup={}\nlosses={}\npayload={PAYLOAD}\n\
                  bytes_size={BYTES_SIZE}\nbytes_ops={}\ncpu={cpu}\ncores={cores}\n\
                  commit={commit}\nmpi={mpi}\ngoodput_rounds={GOODPUT_ROUNDS}\n\
-                 tcp_threshold={}\n",
+                 tcp_threshold={}\nhuge_pages={}\n",
                 self.p(),
                 sizes.join(","),
                 self.o.iters,
@@ -332,6 +341,7 @@ impl Bench<'_> {
                 self.o
                     .tcp_threshold
                     .map_or_else(|| "default".to_owned(), |t| t.to_string()),
+                self.o.huge_pages,
             ),
         )
     }
@@ -413,6 +423,9 @@ impl Bench<'_> {
         if let Some(t) = &t {
             args.extend(["--tcp-threshold", t]);
         }
+        if self.o.huge_pages {
+            args.push("--huge-pages");
+        }
         let tag = format!("rc-{coll}-{}", self.port.get());
         let l = Launch {
             program: &self.bins.ringcast,
@@ -440,12 +453,11 @@ impl Bench<'_> {
 
     /// `mpi_bench COLL` over the TCP BTL on every namespace; its table.
     fn mpi(&self, coll: &str, sizes: &[String], warmup: u32, iters: u32) -> Result<String, String> {
-        let mut program = vec![
-            self.bins.mpi.to_string_lossy().into_owned(),
-            coll.to_owned(),
-            warmup.to_string(),
-            iters.to_string(),
-        ];
+        let mut program = vec![self.bins.mpi.to_string_lossy().into_owned()];
+        if self.o.huge_pages {
+            program.push("--huge-pages".to_owned());
+        }
+        program.extend([coll.to_owned(), warmup.to_string(), iters.to_string()]);
         program.extend(sizes.iter().cloned());
         let (out, _) = mpirun_across(
             self.lab,
@@ -464,6 +476,7 @@ impl Bench<'_> {
     fn ceiling(&self, deliver: Option<u64>) -> Result<String, String> {
         let secs = CEILING_SECS.to_string();
         let deliver = deliver.map(|d| d.to_string());
+        let pages = if self.o.huge_pages { "huge" } else { "small" };
         let port = DATA_PORT.to_string();
         let payload = PAYLOAD.to_string();
         let mut rx = Vec::new();
@@ -474,7 +487,7 @@ impl Bench<'_> {
             cmd.args(["netns", "exec", &self.lab.ns[i]])
                 .arg(&self.bins.goodput)
                 .args(["--role", "recv", "--iface", &ip, "--port", &port])
-                .args(["--payload", &payload, "--secs", &secs]);
+                .args(["--payload", &payload, "--secs", &secs, "--pages", pages]);
             if let Some(d) = &deliver {
                 cmd.args(["--deliver", d]);
             }
@@ -523,6 +536,8 @@ impl Bench<'_> {
                 &secs,
                 "--source",
                 deliver.as_deref().unwrap_or("0"),
+                "--pages",
+                pages,
             ],
         )?;
         let mut lines = vec![sent.trim().to_owned()];

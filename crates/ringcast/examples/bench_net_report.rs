@@ -332,14 +332,20 @@ impl Run {
              after {} warm-up (and one untimed, verified run) per size; an iteration's latency is \
              the slowest rank's; avg over iterations. Loss: nftables drops that share of the data \
              packets at random on every rank's input (ringcast and the ceiling: UDP to port 4791; \
-             Open MPI: all TCP). Nothing pinned. Machine: {}, {} cores; {}.\n",
+             Open MPI: all TCP). Nothing pinned. Machine: {}, {} cores; {}. Buffers: {}.\n",
             m("commit"),
             self.p(),
             m("iters"),
             m("warmup"),
             m("cpu"),
             m("cores"),
-            m("mpi")
+            m("mpi"),
+            if m("huge_pages") == "true" {
+                "on 2 MiB transparent huge pages on every side (`--huge-pages`: \
+                 `ringcast::alloc_buffer`, `mpi_bench --huge-pages`, `goodput --pages huge`)"
+            } else {
+                "the allocator's (4 KiB pages where transparent huge pages are `madvise`)"
+            }
         );
         for (loss, a) in &self.losses {
             let _ = writeln!(

@@ -224,6 +224,38 @@ fn bench_typed_buffers_are_verified() {
     }
 }
 
+/// `--huge-pages` allocates every buffer with `ringcast::alloc_buffer` (typed, of more than
+/// one huge page), for the blocking and the non-blocking calls, each size verified first.
+#[test]
+fn bench_buffers_on_huge_pages_are_verified() {
+    for (coll, more) in [("bcast", Some("--blocking")), ("allgatherv", None)] {
+        let mut args = vec![
+            "bench",
+            coll,
+            "--local",
+            "3",
+            "--sizes",
+            "4KiB,5MiB",
+            "--iters",
+            "2",
+            "--dtype",
+            "f64",
+            "--huge-pages",
+            "--json",
+        ];
+        args.extend(more);
+        let out = run_bounded(command(&args));
+        assert!(out.status.success(), "{coll}: {}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+        assert_eq!(v["huge_pages"], true);
+        let rows = v["results"].as_array().expect("results");
+        assert_eq!(rows.len(), 2);
+        for row in rows {
+            assert_eq!(row["verified"], true, "{row}");
+        }
+    }
+}
+
 /// `--in-place` times the in-place Allgatherv, over multicast and over TCP, each size
 /// verified byte for byte first; it conflicts with `--blocking`.
 #[test]

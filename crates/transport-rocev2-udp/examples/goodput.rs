@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release -p ringcast-transport-rocev2-udp --example goodput -- \
 //!     [--payload 4096] [--secs 2] [--rate-mbps 0 (unpaced)] [--mode all|gso|nogso|std] \
-//!     [--sched batch|other] [--deliver BYTES] [--source BYTES] [--lanes N]
+//!     [--sched batch|other] [--deliver BYTES] [--source BYTES] [--pages small|huge] [--lanes N]
 //! ```
 //! Prints, per mode, the sender's rate and each receiver's goodput (UDP payload bytes received
 //! per second, from the first send to the receiver's last datagram) and loss.
@@ -34,6 +34,10 @@
 //! `--source BYTES`: the sender takes its payloads in turn from a buffer of `BYTES` (say, a
 //! 64 MiB Broadcast's), as a Broadcast's root reads its buffer, instead of sending one
 //! payload that stays in cache over and over.
+//!
+//! `--pages huge`: the `--source` and `--deliver` buffers on 2 MiB transparent huge pages
+//! ([`advise_huge_pages`](ringcast_transport_rocev2_udp::advise_huge_pages), what
+//! `ringcast::alloc_buffer` gives a caller), for a ringcast whose caller allocates that way.
 //!
 //! `--lanes N` (the ringcast modes on loopback): as ringcast's lanes do, N groups, each with
 //! a sender thread of its own and, at every receiver, a receiving thread and socket of its
@@ -78,6 +82,19 @@ struct Args {
     source: usize,
     /// Groups, each with its own sender and receiving threads.
     lanes: usize,
+    /// The `--source` and `--deliver` buffers on transparent huge pages.
+    huge: bool,
+}
+
+/// A buffer of `bytes` copies of `fill`, on huge pages if asked.
+fn buffer(bytes: usize, fill: u8, huge: bool) -> Vec<u8> {
+    let mut v = Vec::with_capacity(bytes);
+    if huge {
+        ringcast_transport_rocev2_udp::advise_huge_pages(v.spare_capacity_mut())
+            .expect("MADV_HUGEPAGE");
+    }
+    v.resize(bytes, fill);
+    v
 }
 
 /// Where a receiver copies its payloads with `--deliver` (round robin over the buffer).
@@ -87,9 +104,9 @@ struct Sink {
 }
 
 impl Sink {
-    fn new(bytes: usize) -> Option<Self> {
+    fn new(bytes: usize, huge: bool) -> Option<Self> {
         (bytes > 0).then(|| Sink {
-            buf: vec![1u8; bytes],
+            buf: buffer(bytes, 1, huge),
             at: 0,
         })
     }
@@ -124,7 +141,7 @@ fn receiver_sched(batch: bool) {
 
 const USAGE: &str = "usage: goodput [--payload BYTES] [--secs S] [--rate-mbps MB/s] \
 [--mode all|gso|nogso|std] [--sched batch|other] [--deliver BYTES] [--source BYTES] \
-[--lanes N] [--role send|recv --iface IPv4 --port PORT]";
+[--pages small|huge] [--lanes N] [--role send|recv --iface IPv4 --port PORT]";
 
 /// The arguments, or what is wrong with them.
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -140,6 +157,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         deliver: 0,
         source: 0,
         lanes: 1,
+        huge: false,
     };
     fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T, String> {
         v.parse().map_err(|_| format!("{k}: cannot read {v:?}"))
@@ -161,7 +179,10 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--mode" if ["all", "gso", "nogso", "std"].contains(&v.as_str()) => a.mode = v,
             "--role" if v == "send" || v == "recv" => a.role = Some(v),
             "--sched" if v == "batch" || v == "other" => a.batch = v == "batch",
-            "--mode" | "--role" | "--sched" => return Err(format!("{k}: unknown value {v:?}")),
+            "--pages" if v == "small" || v == "huge" => a.huge = v == "huge",
+            "--mode" | "--role" | "--sched" | "--pages" => {
+                return Err(format!("{k}: unknown value {v:?}"));
+            }
             _ => return Err(format!("unknown argument {k}")),
         }
     }
@@ -317,7 +338,7 @@ fn lane_sender(
 /// Sends full 64-chunk batches (paced when `--rate-mbps` is set) until `a.secs` after `start`,
 /// their payloads in turn from a buffer of `source` bytes (at least a payload).
 fn send_for(tx: &mut LaneSender, a: &Args, start: Instant, source: usize) {
-    let source = vec![0xA5u8; source.max(a.payload)];
+    let source = buffer(source.max(a.payload), 0xA5, a.huge);
     let slots = source.len() / a.payload;
     let mut at = 0;
     let mut chunks: Vec<OutChunk<'_>> = Vec::with_capacity(64);
@@ -343,12 +364,12 @@ fn receive_until_quiet(
     mut rx: LaneReceiver,
     done: &AtomicBool,
     start: Instant,
-    a: (bool, usize),
+    a: (bool, usize, bool),
     udp_len: usize,
 ) -> RxResult {
-    let (batch, bytes) = a;
+    let (batch, bytes, huge) = a;
     receiver_sched(batch);
-    let mut sink = Sink::new(bytes);
+    let mut sink = Sink::new(bytes, huge);
     let mut last = start;
     let mut quiet_since = None::<Instant>;
     loop {
@@ -398,7 +419,7 @@ fn run_ringcast(a: &Args, nonce: u64, gso: bool) -> Run {
     let udp_len = datagram_len(a.payload);
     let done = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
-    let rx_cfg = (a.batch, a.deliver / lanes);
+    let rx_cfg = (a.batch, a.deliver / lanes, a.huge);
     let workers: Vec<_> = rxs
         .into_iter()
         .map(|rx| {
@@ -565,7 +586,7 @@ fn run_role(a: &Args, role: &str) {
             receiver_sched(a.batch);
             let sock = RxSocket::open(&net, group).expect("rx socket");
             let mut rx = LaneReceiver::new(sock, RxConfig::new(0, 0xFFFF, job.qkey(), a.payload));
-            let mut sink = Sink::new(a.deliver);
+            let mut sink = Sink::new(a.deliver, a.huge);
             println!("READY group={group}");
             let (mut first, mut last) = (None::<Instant>, Instant::now());
             let deadline = Instant::now() + Duration::from_secs_f64(a.secs + 10.0);

@@ -56,6 +56,7 @@ pub mod port;
 pub mod rx;
 pub mod socket;
 mod sys;
+pub use sys::{HUGE_PAGE, advise_huge_pages};
 pub mod tx;
 
 pub use control::{

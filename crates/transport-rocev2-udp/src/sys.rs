@@ -18,6 +18,10 @@
 //! And a `UDP_SEGMENT` control message for a GSO send gathered from several buffers
 //! ([`send_gathered`]): quinn-udp sends one contiguous buffer only.
 //!
+//! And `madvise(MADV_HUGEPAGE)` over memory not yet touched ([`advise_huge_pages`]), which
+//! neither std nor socket2 has: the buffers the kernel copies datagrams into and out of,
+//! backed by 2 MiB pages where the kernel's transparent huge pages are `madvise`.
+//!
 //! And `poll(2)` on an inline mesh's epoll descriptor ([`wait_readable`]), which waits for its
 //! events without taking them (mio's poll takes them, and needs the mesh).
 //!
@@ -317,6 +321,33 @@ pub(crate) fn block_source(
     set_option(sock, libc::IPPROTO_IP, libc::IP_BLOCK_SOURCE, &mreq)
 }
 
+/// The size of a transparent huge page (x86-64, and arm64 with 4 KiB base pages).
+pub const HUGE_PAGE: usize = 2 << 20;
+
+/// Asks the kernel to back the whole [`HUGE_PAGE`]s inside `region` with transparent huge
+/// pages (`madvise(MADV_HUGEPAGE)`), where its setting is `madvise` or `always`; best before
+/// they are first touched, as the pages are chosen when they fault in. The contents stay as
+/// they are. Returns the bytes advised: 0 when `region` holds no whole huge page. An error
+/// where the kernel has no transparent huge pages (`EINVAL`).
+pub fn advise_huge_pages<T>(region: &mut [std::mem::MaybeUninit<T>]) -> io::Result<usize> {
+    let start = region.as_mut_ptr() as usize;
+    let end = start.saturating_add(std::mem::size_of_val(region));
+    let lo = start.div_ceil(HUGE_PAGE).saturating_mul(HUGE_PAGE);
+    let hi = end / HUGE_PAGE * HUGE_PAGE;
+    if hi <= lo {
+        return Ok(0);
+    }
+    // SAFETY: `[lo, hi)` lies inside `region`, which the caller lends exclusively for the
+    // call. `MADV_HUGEPAGE` changes only which pages the kernel backs that range with: its
+    // contents, mapping and protection stay as they are, so nothing any reference sees
+    // changes.
+    let rc = unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(hi - lo)
+}
+
 /// Stops `sock` from reporting each datagram's destination (`IP_PKTINFO` off), which
 /// quinn-udp turns on: for every datagram it delivers to such a socket the kernel looks up
 /// the address it arrived on (`fib_compute_spec_dst`), in the sender's softirq on loopback.
@@ -340,6 +371,53 @@ pub(crate) fn no_udp_checksum(sock: &impl AsFd) -> io::Result<()> {
 mod tests {
     use super::*;
     use std::net::UdpSocket;
+
+    /// The `VmFlags` of the mapping of `/proc/self/smaps` that holds `addr`.
+    fn vm_flags(addr: usize) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line
+                .split_whitespace()
+                .next()
+                .and_then(|r| r.split_once('-'));
+            if let Some((a, b)) = range
+                && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+            {
+                inside = (a..b).contains(&addr);
+            } else if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
+                return flags.trim().to_owned();
+            }
+        }
+        panic!("no mapping holds {addr:#x}");
+    }
+
+    #[test]
+    fn whole_huge_pages_inside_a_buffer_are_advised_and_only_they() {
+        let mut v: Vec<u8> = Vec::with_capacity(9 * HUGE_PAGE);
+        let start = v.as_ptr() as usize;
+        let lo = start.next_multiple_of(HUGE_PAGE);
+        let hi = (start + 9 * HUGE_PAGE) / HUGE_PAGE * HUGE_PAGE;
+        assert_eq!(advise_huge_pages(v.spare_capacity_mut()).unwrap(), hi - lo);
+        assert!(hi - lo >= 8 * HUGE_PAGE);
+        // `hg`: the mapping is advised (madvise splits it at the range's ends if it must).
+        assert!(
+            vm_flags(lo).split(' ').any(|f| f == "hg"),
+            "{}",
+            vm_flags(lo)
+        );
+        assert!(vm_flags(hi - 1).split(' ').any(|f| f == "hg"));
+        // The contents stay as they are, and the buffer is usable as any.
+        v.resize(9 * HUGE_PAGE, 7);
+        assert!(v.iter().all(|&b| b == 7));
+    }
+
+    #[test]
+    fn a_region_without_a_whole_huge_page_is_left_alone() {
+        let mut v: Vec<u64> = Vec::with_capacity(HUGE_PAGE / 8 - 1);
+        assert_eq!(advise_huge_pages(v.spare_capacity_mut()).unwrap(), 0);
+        assert_eq!(advise_huge_pages::<u8>(&mut []).unwrap(), 0);
+    }
 
     #[test]
     fn a_thread_goes_batch_without_privilege() {

@@ -3,14 +3,33 @@
  * untimed run, WARMUP warm-up runs, ITERS timed runs, each after a barrier; an iteration's
  * latency is the slowest rank's (MPI_Reduce MAX); avg/min/max over iterations.
  * Build: mpicc -O2 -o mpi_bench mpi_bench.c */
-/* usage: mpi_bench bcast|allgather|allgather-in-place WARMUP ITERS SIZE...
- * (allgather-in-place: MPI_IN_PLACE, each rank's block already in the receive buffer) */
+/* usage: mpi_bench [--huge-pages] bcast|allgather|allgather-in-place WARMUP ITERS SIZE...
+ * (allgather-in-place: MPI_IN_PLACE, each rank's block already in the receive buffer;
+ * --huge-pages: the buffers on 2 MiB transparent huge pages, madvise(MADV_HUGEPAGE) before
+ * they are touched, as `ringcast bench --huge-pages` has its own) */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#define HUGE (2L << 20)
+static int huge = 0;
+/* n bytes, 2 MiB-aligned and advised under --huge-pages. */
+static char *buffer(long n) {
+    if (!huge) return malloc(n);
+    void *p = NULL;
+    long len = (n + HUGE - 1) / HUGE * HUGE;
+    if (posix_memalign(&p, HUGE, len ? len : HUGE) != 0) return NULL;
+    if (len) madvise(p, len, MADV_HUGEPAGE);
+    return p;
+}
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
+    if (argc > 1 && strcmp(argv[1], "--huge-pages") == 0) {
+        huge = 1;
+        argv++;
+        argc--;
+    }
     int me, p;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &p);
@@ -22,7 +41,7 @@ int main(int argc, char **argv) {
                "Max Latency(us)", "Iterations", "algbw(GB/s)", "busbw(GB/s)");
     for (int a = 4; a < argc; a++) {
         long n = atol(argv[a]);
-        char *send = malloc(n), *recv = malloc(bcast ? 1 : n * p);
+        char *send = buffer(n), *recv = buffer(bcast ? 1 : n * p);
         memset(send, me, n);
         if (!bcast) memset(recv, 0, n * p);
         if (in_place) memset(recv + (long)me * n, me, n);

@@ -57,7 +57,8 @@
 //! is copied but an Allgather's own block from `send` into place, and that by the send
 //! workers as they send it (the transport's `OpBuffer::lend_with`). A failed call may leave the
 //! slice partly written, as `MPI_Bcast`'s buffer is undefined after an error. The crate has no
-//! `unsafe`.
+//! `unsafe`. Any buffer will do; [`alloc_buffer`] makes one on 2 MiB pages, which the
+//! kernel's copies of the datagrams into and out of it walk faster.
 //!
 //! ## Threads
 //! Each communicator runs a control thread (the core's [`Session`](ringcast_core::Session),
@@ -136,6 +137,7 @@ mod builder;
 mod engine;
 mod error;
 mod fallback;
+mod memory;
 mod probe;
 mod request;
 mod stats;
@@ -149,6 +151,7 @@ pub(crate) fn fuzz_report(b: &[u8]) -> bool {
 pub use builder::{CommBuilder, DEFAULT_TCP_THRESHOLD, Fallback, ONE_HOST_TCP_THRESHOLD};
 pub use error::{BuildError, CommError};
 pub use fallback::{FallbackReason, TransportMode};
+pub use memory::alloc_buffer;
 pub use probe::{ProbeFailure, Unheard};
 pub use request::Request;
 pub use stats::{CommStats, ControlCounters, Counters, OpStats};

@@ -263,6 +263,11 @@ pub(crate) struct BenchArgs {
     /// in place.
     #[arg(long, conflicts_with = "blocking")]
     pub(crate) in_place: bool,
+    /// Allocate the buffers with `ringcast::alloc_buffer` (2 MiB transparent huge pages where
+    /// the kernel has them: its setting `madvise` or `always`), as `MPI_Alloc_mem` or
+    /// nccl-tests' `-R`, instead of a plain `Vec`.
+    #[arg(long)]
+    pub(crate) huge_pages: bool,
     #[command(flatten)]
     pub(crate) net: NetArgs,
 }

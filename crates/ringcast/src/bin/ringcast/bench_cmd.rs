@@ -155,13 +155,18 @@ impl Output {
             };
             o.line(&format!(
                 "# ringcast bench {}: {ranks} ranks ({launch}), {} verified + {} warm-up + {} \
-                 timed iterations per size, {} calls on {} buffers",
+                 timed iterations per size, {} calls on {} buffers{}",
                 name(a.collective),
                 1,
                 a.warmup,
                 a.iters,
                 calls(a),
-                a.dtype.name()
+                a.dtype.name(),
+                if a.huge_pages {
+                    " (ringcast::alloc_buffer: huge pages)"
+                } else {
+                    ""
+                }
             ))?;
             if a.warmup > 0 {
                 o.line(&format!(
@@ -289,6 +294,7 @@ impl Output {
             "pacer_warmup_ms": if a.warmup > 0 { PACER_WARMUP.as_millis() } else { 0 },
             "blocking": a.blocking,
             "in_place": a.in_place,
+            "huge_pages": a.huge_pages,
             "dtype": a.dtype.name(),
             "iters": a.iters,
             "lanes": self.lanes,
@@ -523,15 +529,26 @@ fn buffers<T: Pod>(
     // In bytes (what is verified), and in elements (what the calls take).
     let counts: Vec<usize> = blocks.iter().map(|&b| b as usize).collect();
     let elems: Vec<usize> = counts.iter().map(|&b| b / elem as usize).collect();
-    let bufs = match a.collective {
-        Collective::Bcast => Bufs::Bcast(if me == 0 {
-            net::pattern::<T>(salt, 0, size)?
+    // Zeroed, or this rank's pattern: `len` bytes as `T`s, from the allocator asked for.
+    let buf = |len: u64, pattern: Option<u32>| -> Result<Vec<T>, String> {
+        let mut v = if a.huge_pages {
+            usize::try_from(len / elem)
+                .ok()
+                .and_then(|n| ringcast::alloc_buffer(n).ok())
+                .ok_or_else(|| format!("cannot allocate a buffer of {len} B on this rank"))?
         } else {
-            net::zeroed::<T>(size)?
-        }),
+            net::zeroed::<T>(len)?
+        };
+        if let Some(rank) = pattern {
+            net::pattern_into(salt, rank, bytemuck::cast_slice_mut(&mut v));
+        }
+        Ok(v)
+    };
+    let bufs = match a.collective {
+        Collective::Bcast => Bufs::Bcast(buf(size, (me == 0).then_some(0))?),
         _ => {
-            let send = net::pattern::<T>(salt, me, blocks[me as usize])?;
-            let mut recv = net::zeroed::<T>(total)?;
+            let send = buf(blocks[me as usize], Some(me))?;
+            let mut recv = buf(total, None)?;
             if a.in_place {
                 let at: usize = elems[..me as usize].iter().sum();
                 recv[at..at + send.len()].copy_from_slice(&send);
