@@ -342,9 +342,10 @@ impl CommBuilder {
     /// By default (and with `RINGCAST_LANES=auto`) every rank picks the same count from what
     /// the rendezvous gathered: the cores each rank may run on (its affinity and cgroup
     /// limits), shared among the ranks of its host (one kernel: namespaces included), so
-    /// that each rank gets a lane per core it has to itself, between 1 and 4. 4 ranks on a
-    /// 16-core host get 4 lanes, 8 ranks get 2, ranks on a 2-core host 1 (BENCHMARKS.md,
-    /// "Twenty-third round"). With an explicit [`peer_table`](Self::peer_table) there is no
+    /// that each rank gets two lanes per core it has to itself (at most its own cores),
+    /// between 1 and 4. 4 or 8 ranks on a 16-core host get 4 lanes, 16 ranks get 2, 2 ranks
+    /// on a 2-core host 2 and 3 or 4 ranks there 1 (BENCHMARKS.md, twenty-third and
+    /// twenty-ninth rounds). With an explicit [`peer_table`](Self::peer_table) there is no
     /// exchange to agree by, and the default is 1. Every rank must use the same count: the
     /// start-up check refuses a job that does not.
     pub fn lanes(mut self, lanes: u16) -> Self {
@@ -1101,10 +1102,19 @@ fn parse_entry(e: &str) -> Option<(SocketAddr, Host)> {
     Some((control, host))
 }
 
-/// The lane count every rank of a job picks from the same entries: each rank gets the cores
-/// it has to itself, and the job the fewest any rank gets, between 1 and [`MAX_AUTO_LANES`]
-/// (1 for a job of one rank). Ranks whose host is not known count as alone on their
-/// address's.
+/// The lane count every rank of a job picks from the same entries: each rank gets twice the
+/// cores it has to itself (at most the cores it may run on), and the job the fewest any rank
+/// gets, between 1 and [`MAX_AUTO_LANES`] (1 for a job of one rank). Ranks whose host is not
+/// known count as alone on their address's.
+///
+/// Why twice: a Broadcast's root sends on its lanes alone while the other ranks' workers
+/// mostly wait, and on a host with several ranks its send workers also do the kernel's
+/// delivery of every datagram to each local member; more lanes spread that over the cores the
+/// others leave idle. On a 16-core host, 16 ranks ran a 16 MiB Broadcast in 9.4-11.2 ms on
+/// 2 lanes against 14.4-16.3 on 1, and 8 ranks in 4.1-4.4 ms on 4 against 5.5-8.8 on 2, their
+/// Allgathers 8 % and 5 % faster as well; on this 2-core VM 2 ranks ran a 64 MiB Broadcast
+/// 20-40 % faster on 2 lanes than on 1, and 4 ranks keep 1 (BENCHMARKS.md, twenty-ninth
+/// round).
 ///
 /// What a rank has to itself: where every rank of its host told its set, each of its cores
 /// counted as a share (one over the ranks of the host whose set holds it), so that ranks in
@@ -1158,10 +1168,10 @@ fn auto_lanes(ranks: &[(SocketAddr, Host)]) -> u16 {
                     // rank's share of them, as of its set, not all of them.
                     let len = set.len() as f64;
                     let share = share * (f64::from(r.1.cpus) / len).min(1.0);
-                    // Within a rounding error of a whole core counts as one.
-                    (share + 1e-9).floor() as u32
+                    // Within a rounding error of a whole half core counts as one.
+                    (2.0 * share + 1e-9).floor() as u32
                 }
-                _ => seen.most_cpus / seen.ranks.max(1),
+                _ => 2 * seen.most_cpus / seen.ranks.max(1),
             };
             r.1.cpus.min(own)
         })
@@ -1463,7 +1473,24 @@ mod tests {
         let crowded: Vec<_> = (0..8u32)
             .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), 0..16, "a"))
             .collect();
-        assert_eq!(auto_lanes(&crowded), 2);
+        assert_eq!(auto_lanes(&crowded), 4, "twice 2 shared cores each");
+        let full: Vec<_> = (0..16u32)
+            .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), 0..16, "a"))
+            .collect();
+        assert_eq!(auto_lanes(&full), 2, "twice 1 shared core each");
+        let half: Vec<_> = (0..4u32)
+            .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), 0..2, "a"))
+            .collect();
+        assert_eq!(auto_lanes(&half), 1, "twice half a core each");
+        let pair = [
+            bound("10.0.0.1:1", 0..2, "a"),
+            bound("10.0.0.1:2", 0..2, "a"),
+        ];
+        assert_eq!(auto_lanes(&pair), 2);
+        let three: Vec<_> = (0..3u32)
+            .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), 0..2, "a"))
+            .collect();
+        assert_eq!(auto_lanes(&three), 1, "twice 2/3 of a core");
         // Two ranks overlapping on 4 of 8 cores each: 4 + 4 / 2 = 6 (at most 4).
         let overlap = [
             bound("10.0.0.1:1", 0..8, "a"),
@@ -1483,12 +1510,12 @@ mod tests {
         quota[2].1.cpus = 2;
         assert_eq!(auto_lanes(&quota), 2);
         // A rank of the host without a set (an entry from elsewhere): the host counts as
-        // sharing its largest count, as before (16 / 4).
+        // sharing its largest count, as before (twice 16 / 4, at most 4; twice 4 / 4).
         let mut unknown = disjoint.clone();
         unknown[0].1.set = None;
         unknown[0].1.cpus = 16;
         assert_eq!(auto_lanes(&unknown), 4);
-        unknown[0].1.cpus = 8;
+        unknown[0].1.cpus = 4;
         assert_eq!(auto_lanes(&unknown), 2);
     }
 
@@ -1507,11 +1534,13 @@ mod tests {
                 })
                 .collect()
         };
-        // `docker run --cpus=2` around 4 ranks, unbound on a 16-core host: half a core each
-        // (before sets, 2 / 4: 1 lane).
+        // `docker run --cpus=2` around 4 ranks, unbound on a 16-core host: half a core each,
+        // 1 lane (before sets, 2 / 4).
         assert_eq!(auto_lanes(&with(4, 0..16, 2)), 1);
-        // 8 unbound ranks on a VM with 16 CPUs online of 64 possible: 2 each.
-        assert_eq!(auto_lanes(&with(8, 0..64, 16)), 2);
+        // 8 unbound ranks on a VM with 16 CPUs online of 64 possible: 2 each, twice that;
+        // 16 of them: 1 each.
+        assert_eq!(auto_lanes(&with(8, 0..64, 16)), 4);
+        assert_eq!(auto_lanes(&with(16, 0..64, 16)), 2);
         assert_eq!(auto_lanes(&with(4, 0..64, 16)), 4);
         // Ranks bound to cores of their own, with a quota each: the quota.
         let mut own: Vec<_> = (0..4u32)
@@ -1547,7 +1576,7 @@ mod tests {
         }
     }
 
-    /// The lanes every rank picks: a lane per core each rank has to itself, 1 to 4.
+    /// The lanes every rank picks: two per core each rank has to itself, 1 to 4.
     #[test]
     fn lanes_follow_the_cores_each_rank_has_to_itself() {
         let same = |n: u16, cpus: u32| -> Vec<(SocketAddr, Host)> {
@@ -1556,7 +1585,9 @@ mod tests {
                 .collect()
         };
         assert_eq!(auto_lanes(&same(4, 16)), 4, "4 ranks on 16 cores");
-        assert_eq!(auto_lanes(&same(8, 16)), 2, "8 ranks on 16 cores");
+        assert_eq!(auto_lanes(&same(8, 16)), 4, "8 ranks on 16 cores");
+        assert_eq!(auto_lanes(&same(16, 16)), 2, "16 ranks on 16 cores");
+        assert_eq!(auto_lanes(&same(2, 2)), 2, "2 ranks on 2 cores");
         assert_eq!(auto_lanes(&same(4, 2)), 1, "4 ranks on 2 cores");
         assert_eq!(auto_lanes(&same(2, 64)), 4, "at most 4");
         assert_eq!(auto_lanes(&same(1, 64)), 1, "one rank multicasts nothing");
@@ -1575,12 +1606,12 @@ mod tests {
             .map(|r| on(&format!("10.0.0.{r}:9000"), 32, Some(&format!("host{r}"))))
             .collect();
         assert_eq!(auto_lanes(&hosts), 4);
-        // The job takes the fewest any rank gets: 2 ranks on 16 cores, 2 on 4.
+        // The job takes the fewest any rank gets: 2 ranks on 16 cores, 2 on 2.
         let mixed = [
             on("10.0.0.1:1", 16, Some("a")),
             on("10.0.0.1:2", 16, Some("a")),
-            on("10.0.0.2:1", 4, Some("b")),
-            on("10.0.0.2:2", 4, Some("b")),
+            on("10.0.0.2:1", 2, Some("b")),
+            on("10.0.0.2:2", 2, Some("b")),
         ];
         assert_eq!(auto_lanes(&mixed), 2);
         // A rank bound to fewer cores than its host's share.
@@ -1591,9 +1622,9 @@ mod tests {
         assert_eq!(auto_lanes(&bound), 1);
         // Hosts not known: by address.
         let anon = [
-            on("127.0.0.1:1", 8, None),
-            on("127.0.0.1:2", 8, None),
-            on("10.0.0.9:1", 8, None),
+            on("127.0.0.1:1", 4, None),
+            on("127.0.0.1:2", 4, None),
+            on("10.0.0.9:1", 4, None),
         ];
         assert_eq!(auto_lanes(&anon), 4);
         assert_eq!(auto_lanes(&anon[1..]), 4);

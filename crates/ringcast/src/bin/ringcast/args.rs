@@ -332,8 +332,9 @@ pub(crate) enum Collective {
 /// (`RINGCAST_LANES`, `RINGCAST_CHUNK_SIZE`, `RINGCAST_PEER_TIMEOUT`) or the defaults.
 #[derive(Debug, Args)]
 pub(crate) struct NetArgs {
-    /// Multicast lanes (groups), each with a send and a receive worker per rank; default: a
-    /// lane per core each rank has to itself on its host, 1 to 4, the same on every rank.
+    /// Multicast lanes (groups), each with a send and a receive worker per rank; default: two
+    /// lanes per core each rank has to itself on its host (at most its own cores), 1 to 4, the
+    /// same on every rank.
     #[arg(long)]
     pub(crate) lanes: Option<u16>,
     /// Chunk (datagram payload) size, 16 B to 65 476 B; default: the largest power of two up
