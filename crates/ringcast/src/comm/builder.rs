@@ -602,7 +602,11 @@ impl CommBuilder {
                     None => TcpListener::bind(me)
                         .map_err(|source| BuildError::Listen { addr: me, source })?,
                 };
-                (control, nonce, listener, iface, 1)
+                let auto = Auto {
+                    lanes: 1,
+                    chains: None,
+                };
+                (control, nonce, listener, iface, auto)
             }
             Peers::Rendezvous { addr, job_key } => {
                 let iface = match self.interface {
@@ -656,7 +660,7 @@ impl CommBuilder {
                 (control, nonce, listener, iface, auto)
             }
         };
-        let lanes = self.lanes.unwrap_or(auto);
+        let lanes = self.lanes.unwrap_or(auto.lanes);
         // Whatever path the table came by, one entry per rank (this rank's is indexed below).
         if control.len() != size as usize {
             return Err(BuildError::Invalid {
@@ -727,6 +731,9 @@ impl CommBuilder {
         };
         let mut cfg = Config::new(rank, size);
         cfg.lanes = lanes;
+        if let Some(chains) = auto.chains {
+            cfg.chains = chains;
+        }
         cfg.chunk_size = chunk;
         cfg.peer_timeout = self.peer_timeout;
         cfg.post_timeout = post;
@@ -880,6 +887,7 @@ impl CommBuilder {
             %iface,
             chunk,
             lanes,
+            chains = auto.chains,
             link_bandwidth = cfg_link,
             tcp_threshold,
             "communicator ready"
@@ -1128,6 +1136,37 @@ fn auto_lanes(ranks: &[(SocketAddr, Host)]) -> u16 {
     if ranks.len() <= 1 {
         return 1;
     }
+    let fewest = ranks
+        .iter()
+        .zip(half_cores(ranks))
+        .map(|(r, halves)| r.1.cpus.min(halves))
+        .min()
+        .unwrap_or(1);
+    u16::try_from(fewest).map_or(MAX_AUTO_LANES, |l| l.clamp(1, MAX_AUTO_LANES))
+}
+
+/// Allgather chains (roots multicasting at once) where some rank of the job has less than a
+/// whole core to itself ([`half_cores`] below 2), instead of the core's default (4).
+///
+/// On this 2-core VM 4 ranks gathered 16 and 64 MiB per rank 7-8 % faster with 2 chains than
+/// with 4 (six interleaved rounds: 64 MiB faster in all six, 16 MiB in five): two roots
+/// at once instead of four leave each receiver fewer streams interleaved on its socket and
+/// fewer roots competing for the two cores. Where each rank has a core or more, 4 stays:
+/// on the 16-core host 2 chains were as fast or slower at 4, 8 and 16 ranks (BENCHMARKS.md,
+/// twenty-ninth round).
+const CROWDED_CHAINS: u32 = 2;
+
+/// The Allgather chains every rank of a job picks from the same entries: [`CROWDED_CHAINS`]
+/// where some rank has less than a whole core to itself, otherwise `None` (the core's
+/// default).
+fn auto_chains(ranks: &[(SocketAddr, Host)]) -> Option<u32> {
+    (ranks.len() > 1 && half_cores(ranks).into_iter().min().unwrap_or(2) < 2)
+        .then_some(CROWDED_CHAINS)
+}
+
+/// Per rank, in halves of a core, what it has to itself (see [`auto_lanes`]): twice its share
+/// of its host's cores, rounded down.
+fn half_cores(ranks: &[(SocketAddr, Host)]) -> Vec<u32> {
     let key = |(a, h): &(SocketAddr, Host)| match &h.id {
         Some(id) => format!("host {id}"),
         None => format!("address {}", a.ip()),
@@ -1156,11 +1195,11 @@ fn auto_lanes(ranks: &[(SocketAddr, Host)]) -> u16 {
             (sharers, _) => *sharers = None,
         }
     }
-    let fewest = ranks
+    ranks
         .iter()
         .map(|r| {
             let seen = &hosts[&key(r)];
-            let own = match (&seen.sharers, &r.1.set) {
+            match (&seen.sharers, &r.1.set) {
                 (Some(sharers), Some(set)) => {
                     let share: f64 = set.iter().map(|c| 1.0 / f64::from(sharers[c])).sum();
                     // Fewer cores to run on than the set names (a cgroup quota, which the
@@ -1172,16 +1211,22 @@ fn auto_lanes(ranks: &[(SocketAddr, Host)]) -> u16 {
                     (2.0 * share + 1e-9).floor() as u32
                 }
                 _ => 2 * seen.most_cpus / seen.ranks.max(1),
-            };
-            r.1.cpus.min(own)
+            }
         })
-        .min()
-        .unwrap_or(1);
-    u16::try_from(fewest).map_or(MAX_AUTO_LANES, |l| l.clamp(1, MAX_AUTO_LANES))
+        .collect()
 }
 
-/// The control addresses, the nonce, and the lane count [`auto_lanes`] picks.
-fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64, u16), BuildError> {
+/// What every rank of a job picks alike from the rendezvous' table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Auto {
+    /// [`auto_lanes`].
+    lanes: u16,
+    /// [`auto_chains`].
+    chains: Option<u32>,
+}
+
+/// The control addresses, the nonce, and what every rank picks from them ([`Auto`]).
+fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64, Auto), BuildError> {
     let ranks = t
         .peers
         .iter()
@@ -1193,8 +1238,11 @@ fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64, u16), BuildError>
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let lanes = auto_lanes(&ranks);
-    Ok((ranks.into_iter().map(|(a, _)| a).collect(), t.nonce, lanes))
+    let auto = Auto {
+        lanes: auto_lanes(&ranks),
+        chains: auto_chains(&ranks),
+    };
+    Ok((ranks.into_iter().map(|(a, _)| a).collect(), t.nonce, auto))
 }
 
 /// The interface to advertise when [`CommBuilder::interface`] was not called: see
@@ -1550,6 +1598,50 @@ mod tests {
             r.1.cpus = 3;
         }
         assert_eq!(auto_lanes(&own), 3);
+    }
+
+    /// Fewer Allgather roots at once only where some rank has less than a core to itself.
+    #[test]
+    fn chains_drop_to_two_where_ranks_have_less_than_a_core_each() {
+        let shared = |n: u32, cores: u32| -> Vec<_> {
+            (0..n)
+                .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), 0..cores, "a"))
+                .collect()
+        };
+        assert_eq!(
+            auto_chains(&shared(4, 2)),
+            Some(CROWDED_CHAINS),
+            "this VM's 4 ranks"
+        );
+        assert_eq!(auto_chains(&shared(3, 2)), Some(CROWDED_CHAINS));
+        assert_eq!(auto_chains(&shared(2, 2)), None, "a core each");
+        assert_eq!(auto_chains(&shared(4, 16)), None);
+        assert_eq!(auto_chains(&shared(16, 16)), None);
+        assert_eq!(auto_chains(&shared(17, 16)), Some(CROWDED_CHAINS));
+        assert_eq!(auto_chains(&shared(1, 1)), None, "one rank gathers nothing");
+        let pinned: Vec<_> = (0..4u32)
+            .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), r..r + 1, "a"))
+            .collect();
+        assert_eq!(auto_chains(&pinned), None, "a core of its own each");
+        // Without sets: the host's largest count over its ranks (the namespace lab's 4 ranks
+        // on 2 cores); one crowded host is enough.
+        let lab: Vec<_> = (1..=4)
+            .map(|r| on(&format!("10.77.0.{r}:9000"), 2, Some("b00t")))
+            .collect();
+        assert_eq!(auto_chains(&lab), Some(CROWDED_CHAINS));
+        let mut hosts: Vec<_> = (1..=4)
+            .map(|r| on(&format!("10.0.0.{r}:9000"), 8, Some(&format!("h{r}"))))
+            .collect();
+        assert_eq!(auto_chains(&hosts), None);
+        hosts.push(on("10.0.0.4:9001", 1, Some("h4")));
+        assert_eq!(auto_chains(&hosts), None, "a rank with a core of its own");
+        hosts.push(on("10.0.0.5:9000", 1, Some("h5")));
+        hosts.push(on("10.0.0.5:9001", 1, Some("h5")));
+        assert_eq!(
+            auto_chains(&hosts),
+            Some(CROWDED_CHAINS),
+            "two ranks on one core"
+        );
     }
 
     #[test]
