@@ -345,9 +345,11 @@ impl CommBuilder {
     /// that each rank gets two lanes per core it has to itself (at most its own cores),
     /// between 1 and 4. 4 or 8 ranks on a 16-core host get 4 lanes, 16 ranks get 2, 2 ranks
     /// on a 2-core host 2 and 3 or 4 ranks there 1 (BENCHMARKS.md, twenty-third and
-    /// twenty-ninth rounds). With an explicit [`peer_table`](Self::peer_table) there is no
-    /// exchange to agree by, and the default is 1. Every rank must use the same count: the
-    /// start-up check refuses a job that does not.
+    /// twenty-ninth rounds). The same shares set how many Allgather roots multicast at once:
+    /// 2 where some rank has less than a core to itself, 4 otherwise. With an explicit
+    /// [`peer_table`](Self::peer_table) there is no exchange to agree by, and the default is
+    /// 1 (and 4 roots). Every rank must use the same count: the start-up check refuses a job
+    /// that does not.
     pub fn lanes(mut self, lanes: u16) -> Self {
         self.lanes = Some(lanes);
         self
