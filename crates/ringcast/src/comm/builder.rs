@@ -1504,6 +1504,13 @@ mod tests {
         )
     }
 
+    /// `n` ranks of one host, each bound to its cores `0..cores`.
+    fn sharing(n: u32, cores: u32) -> Vec<(SocketAddr, Host)> {
+        (0..n)
+            .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), 0..cores, "a"))
+            .collect()
+    }
+
     /// Ranks bound to cores of their own each get theirs; ranks that share a mask share its
     /// cores; a rank that told no set makes its host count as before.
     #[test]
@@ -1516,31 +1523,16 @@ mod tests {
             .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), r * 2..r * 2 + 2, "a"))
             .collect();
         assert_eq!(auto_lanes(&two_each), 2);
-        let shared: Vec<_> = (0..4u32)
-            .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), 0..16, "a"))
-            .collect();
-        assert_eq!(auto_lanes(&shared), 4, "16 shared cores over 4 ranks");
-        let crowded: Vec<_> = (0..8u32)
-            .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), 0..16, "a"))
-            .collect();
-        assert_eq!(auto_lanes(&crowded), 4, "twice 2 shared cores each");
-        let full: Vec<_> = (0..16u32)
-            .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), 0..16, "a"))
-            .collect();
-        assert_eq!(auto_lanes(&full), 2, "twice 1 shared core each");
-        let half: Vec<_> = (0..4u32)
-            .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), 0..2, "a"))
-            .collect();
-        assert_eq!(auto_lanes(&half), 1, "twice half a core each");
-        let pair = [
-            bound("10.0.0.1:1", 0..2, "a"),
-            bound("10.0.0.1:2", 0..2, "a"),
-        ];
-        assert_eq!(auto_lanes(&pair), 2);
-        let three: Vec<_> = (0..3u32)
-            .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), 0..2, "a"))
-            .collect();
-        assert_eq!(auto_lanes(&three), 1, "twice 2/3 of a core");
+        assert_eq!(
+            auto_lanes(&sharing(4, 16)),
+            4,
+            "16 shared cores over 4 ranks"
+        );
+        assert_eq!(auto_lanes(&sharing(8, 16)), 4, "twice 2 shared cores each");
+        assert_eq!(auto_lanes(&sharing(16, 16)), 2, "twice 1 shared core each");
+        assert_eq!(auto_lanes(&sharing(4, 2)), 1, "twice half a core each");
+        assert_eq!(auto_lanes(&sharing(2, 2)), 2);
+        assert_eq!(auto_lanes(&sharing(3, 2)), 1, "twice 2/3 of a core");
         // Two ranks overlapping on 4 of 8 cores each: 4 + 4 / 2 = 6 (at most 4).
         let overlap = [
             bound("10.0.0.1:1", 0..8, "a"),
@@ -1605,22 +1597,21 @@ mod tests {
     /// Fewer Allgather roots at once only where some rank has less than a core to itself.
     #[test]
     fn chains_drop_to_two_where_ranks_have_less_than_a_core_each() {
-        let shared = |n: u32, cores: u32| -> Vec<_> {
-            (0..n)
-                .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), 0..cores, "a"))
-                .collect()
-        };
         assert_eq!(
-            auto_chains(&shared(4, 2)),
+            auto_chains(&sharing(4, 2)),
             Some(CROWDED_CHAINS),
             "this VM's 4 ranks"
         );
-        assert_eq!(auto_chains(&shared(3, 2)), Some(CROWDED_CHAINS));
-        assert_eq!(auto_chains(&shared(2, 2)), None, "a core each");
-        assert_eq!(auto_chains(&shared(4, 16)), None);
-        assert_eq!(auto_chains(&shared(16, 16)), None);
-        assert_eq!(auto_chains(&shared(17, 16)), Some(CROWDED_CHAINS));
-        assert_eq!(auto_chains(&shared(1, 1)), None, "one rank gathers nothing");
+        assert_eq!(auto_chains(&sharing(3, 2)), Some(CROWDED_CHAINS));
+        assert_eq!(auto_chains(&sharing(2, 2)), None, "a core each");
+        assert_eq!(auto_chains(&sharing(4, 16)), None);
+        assert_eq!(auto_chains(&sharing(16, 16)), None);
+        assert_eq!(auto_chains(&sharing(17, 16)), Some(CROWDED_CHAINS));
+        assert_eq!(
+            auto_chains(&sharing(1, 1)),
+            None,
+            "one rank gathers nothing"
+        );
         let pinned: Vec<_> = (0..4u32)
             .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), r..r + 1, "a"))
             .collect();
