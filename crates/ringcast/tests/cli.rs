@@ -16,6 +16,7 @@ fn ringcast_clean(args: &[&str]) -> std::process::Output {
         .args(args)
         .env_remove("RINGCAST_IFNAME")
         .env_remove("RINGCAST_LANES")
+        .env_remove("RINGCAST_CHAINS")
         .env_remove("RINGCAST_CHUNK_SIZE")
         .stdin(std::process::Stdio::null())
         .output()

@@ -14,6 +14,7 @@ fn command(args: &[&str]) -> Command {
     c.args(args)
         .env_remove("RINGCAST_IFNAME")
         .env_remove("RINGCAST_LANES")
+        .env_remove("RINGCAST_CHAINS")
         .env_remove("RINGCAST_CHUNK_SIZE")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -375,13 +376,12 @@ fn bench_into_a_closed_pipe_exits_quietly() {
 
 #[test]
 fn a_failing_rank_fails_the_run_naming_the_setting() {
-    let mut c = command(&["demo", "--quick"]);
-    c.env("RINGCAST_LANES", "many");
-    let out = run_bounded(c);
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("rank 0: ") && err.contains("RINGCAST_LANES"),
-        "{err}"
-    );
+    for (var, value) in [("RINGCAST_LANES", "many"), ("RINGCAST_CHAINS", "0")] {
+        let mut c = command(&["demo", "--quick"]);
+        c.env(var, value);
+        let out = run_bounded(c);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{var}: {err}");
+        assert!(err.contains("rank 0: ") && err.contains(var), "{err}");
+    }
 }

@@ -1531,6 +1531,7 @@ fn too_few_open_files_is_a_clear_error() {
         )
         .env_remove("RINGCAST_TCP_THRESHOLD")
         .env_remove("RINGCAST_LANES")
+        .env_remove("RINGCAST_CHAINS")
         .output()
         .expect("run the child");
     let stdout = String::from_utf8_lossy(&out.stdout);

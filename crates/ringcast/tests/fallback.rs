@@ -9,8 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use ringcast::Communicator;
 use ringcast::comm::{BuildError, CommBuilder, Fallback, FallbackReason, OpStats, TransportMode};
+use ringcast::{Communicator, Request};
 
 mod common;
 
@@ -374,6 +374,48 @@ fn the_chunk_size_must_match() {
             Ok(_) => Err(format!("rank {r}: built with mismatched chunk sizes")),
         },
     );
+}
+
+/// Ranks whose Allgather chains differ are refused at start-up (the chains order the roots);
+/// where they agree, whatever the count, an Allgather delivers every byte.
+#[test]
+fn the_allgather_chains_must_match() {
+    world(
+        7,
+        |r, b, _| b.allgather_chains(if r == 2 { 1 } else { 3 }),
+        |r, comm| match comm {
+            Err(BuildError::StartupCheck(m)) if m.contains("RINGCAST_CHAINS") => Ok(()),
+            Err(other) => Err(format!("rank {r}: {other}")),
+            Ok(_) => Err(format!("rank {r}: built with mismatched chains")),
+        },
+    );
+    for chains in [1, 2, 3, 9] {
+        world(
+            7,
+            move |_, b, _| b.allgather_chains(chains),
+            move |r, comm| {
+                let comm = comm.map_err(|e| format!("build: {e}"))?;
+                if comm.allgather_chains() != chains {
+                    return Err(format!("rank {r}: {} chains", comm.allgather_chains()));
+                }
+                let mine: Vec<u8> = (0..70_001u32).map(|i| (i * 7 + r) as u8).collect();
+                let all = comm
+                    .iallgather(&mine, vec![0u8; mine.len() * comm.size() as usize])
+                    .and_then(Request::wait)
+                    .map_err(|e| format!("rank {r}: {e}"))?;
+                for (from, block) in all.chunks(mine.len()).enumerate() {
+                    if block
+                        .iter()
+                        .enumerate()
+                        .any(|(i, &b)| b != (i as u32 * 7 + from as u32) as u8)
+                    {
+                        return Err(format!("rank {r}: block {from} wrong with {chains} chains"));
+                    }
+                }
+                Ok(())
+            },
+        );
+    }
 }
 
 /// The random mix of `comm.rs` after a failed start-up check: everything over TCP.

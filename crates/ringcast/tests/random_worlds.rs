@@ -93,6 +93,8 @@ pub struct Case {
     pub n: u32,
     pub path: Path,
     pub lanes: u16,
+    /// Allgather chains (`None`: the default a peer table keeps, 4).
+    pub chains: Option<u32>,
     pub chunk: Option<u32>,
     pub bw: u64,
     /// Batches of ops; the non-blocking ones of a batch are waited in `order`.
@@ -256,10 +258,16 @@ pub fn gen_case(seed: u64) -> Case {
         batches.push((ops, order));
         made += k;
     }
+    // Drawn apart from the stream above, so that every seed's other draws stay as they were.
+    let chains = match splitmix(seed ^ 0xC4A1_4500) % 4 {
+        0 => None,
+        k => Some(k as u32),
+    };
     Case {
         n,
         path,
         lanes,
+        chains,
         chunk,
         bw,
         batches,
@@ -507,6 +515,9 @@ fn builder_for(case: &Case, r: u32, port: u16) -> CommBuilder {
     if let Some(c) = case.chunk {
         b = b.chunk_size(c);
     }
+    if let Some(c) = case.chains {
+        b = b.allgather_chains(c);
+    }
     match case.path {
         Path::Tcp => b.tcp_threshold(1 << 40),
         Path::Mcast => b.tcp_threshold(0),
@@ -620,10 +631,11 @@ fn randomized_differential() {
         let case = gen_case(seed);
         let t = Instant::now();
         let desc = format!(
-            "seed {seed}: n={} path={:?} lanes={} chunk={:?} bw={} ops={}",
+            "seed {seed}: n={} path={:?} lanes={} chains={:?} chunk={:?} bw={} ops={}",
             case.n,
             case.path,
             case.lanes,
+            case.chains,
             case.chunk,
             case.bw,
             case.batches.iter().map(|b| b.0.len()).sum::<usize>()

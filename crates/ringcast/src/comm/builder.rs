@@ -107,6 +107,8 @@ pub struct CommBuilder {
     interface: Option<Ipv4Addr>,
     /// `None`: chosen from the cores of the ranks' hosts ([`auto_lanes`]).
     lanes: Option<u16>,
+    /// `None`: chosen from the cores of the ranks' hosts ([`auto_chains`]).
+    chains: Option<u32>,
     chunk_size: Option<u32>,
     udp_port: u16,
     prefix: McastPrefix,
@@ -135,6 +137,7 @@ impl Default for CommBuilder {
             listener: None,
             interface: None,
             lanes: None,
+            chains: None,
             chunk_size: None,
             udp_port: ROCEV2_PORT,
             prefix: McastPrefix::ADMIN_SCOPED,
@@ -184,8 +187,9 @@ impl CommBuilder {
     /// Rank, world size and rendezvous from the launcher's variables (see [`crate::bootstrap`]:
     /// `RINGCAST_RANK`/`RINGCAST_WORLD_SIZE`/`RINGCAST_BOOTSTRAP`, torchrun, Open MPI,
     /// MPICH/Hydra, Slurm; `RINGCAST_IFNAME`), plus optional `RINGCAST_PORT` (UDP port),
-    /// `RINGCAST_LANES` (a count, or `auto`: see [`lanes`](Self::lanes)), `RINGCAST_CHUNK_SIZE`
-    /// (bytes), `RINGCAST_LINK_GBPS` (gigabits per second,
+    /// `RINGCAST_LANES` (a count, or `auto`: see [`lanes`](Self::lanes)), `RINGCAST_CHAINS` (a
+    /// count, or `auto`: see [`allgather_chains`](Self::allgather_chains)),
+    /// `RINGCAST_CHUNK_SIZE` (bytes), `RINGCAST_LINK_GBPS` (gigabits per second,
     /// see [`link_bandwidth`](Self::link_bandwidth)), `RINGCAST_PEER_TIMEOUT` (seconds),
     /// `RINGCAST_POST_TIMEOUT` (seconds),
     /// `RINGCAST_FALLBACK` (`tcp` or `off`), `RINGCAST_PROBE_WINDOW` (seconds of the start-up
@@ -204,6 +208,11 @@ impl CommBuilder {
         match var("RINGCAST_LANES") {
             Some(v) if v.trim() == "auto" => b.lanes = None,
             Some(_) => b.lanes = parse_var::<u16>("RINGCAST_LANES")?,
+            None => {}
+        }
+        match var("RINGCAST_CHAINS") {
+            Some(v) if v.trim() == "auto" => b.chains = None,
+            Some(_) => b.chains = parse_var::<u32>("RINGCAST_CHAINS")?,
             None => {}
         }
         b.chunk_size = parse_var::<u32>("RINGCAST_CHUNK_SIZE")?;
@@ -352,6 +361,18 @@ impl CommBuilder {
     /// that does not.
     pub fn lanes(mut self, lanes: u16) -> Self {
         self.lanes = Some(lanes);
+        self
+    }
+
+    /// How many Allgather roots multicast at once (the protocol's broadcast chains `M`: the
+    /// ring of ranks is cut into that many chains, whose roots take turns along them; at
+    /// most the ranks). By default (and with `RINGCAST_CHAINS=auto`) every rank picks the
+    /// same from what the rendezvous gathered: 2 where some rank has less than a core to
+    /// itself, 4 otherwise (BENCHMARKS.md, twenty-ninth round); 4 with an explicit
+    /// [`peer_table`](Self::peer_table). Every rank must use the same count: the start-up
+    /// check refuses a job that does not. `0` is refused by [`build`](Self::build).
+    pub fn allgather_chains(mut self, chains: u32) -> Self {
+        self.chains = Some(chains);
         self
     }
 
@@ -538,6 +559,12 @@ impl CommBuilder {
             return Err(BuildError::Invalid {
                 setting: "lanes (CommBuilder::lanes, RINGCAST_LANES)".into(),
                 why: "0 lanes: at least one multicast group is needed".into(),
+            });
+        }
+        if self.chains == Some(0) {
+            return Err(BuildError::Invalid {
+                setting: "Allgather chains (CommBuilder::allgather_chains, RINGCAST_CHAINS)".into(),
+                why: "0 chains: at least one root must multicast".into(),
             });
         }
         if self.link_bandwidth == Some(0) {
@@ -733,9 +760,10 @@ impl CommBuilder {
         };
         let mut cfg = Config::new(rank, size);
         cfg.lanes = lanes;
-        if let Some(chains) = auto.chains {
+        if let Some(chains) = self.chains.or(auto.chains) {
             cfg.chains = chains;
         }
+        let chains = cfg.chains;
         cfg.chunk_size = chunk;
         cfg.peer_timeout = self.peer_timeout;
         cfg.post_timeout = post;
@@ -770,6 +798,7 @@ impl CommBuilder {
             fallback_tcp: tcp_fallback,
             tcp_threshold,
             chunk_size: chunk,
+            chains,
             extra: fb_extra,
         };
         let ex = match probe::run(&setup, &mut rx, &mut tx, &mut control) {
@@ -820,6 +849,7 @@ impl CommBuilder {
                 rank,
                 size,
                 lanes,
+                chains,
                 tcp_threshold,
                 posts: None,
                 thread: None,
@@ -889,7 +919,7 @@ impl CommBuilder {
             %iface,
             chunk,
             lanes,
-            chains = auto.chains,
+            chains,
             link_bandwidth = cfg_link,
             tcp_threshold,
             "communicator ready"
@@ -898,6 +928,7 @@ impl CommBuilder {
             rank,
             size,
             lanes,
+            chains,
             // Without the second mesh (a threshold of 0, or one rank) nothing goes to TCP.
             tcp_threshold: if fallback.is_some() { tcp_threshold } else { 0 },
             posts: Some(posts),

@@ -178,6 +178,8 @@ pub struct Communicator {
     size: u32,
     /// Multicast lanes (see [`CommBuilder::lanes`]).
     lanes: u16,
+    /// Allgather chains (see [`CommBuilder::allgather_chains`]).
+    chains: u32,
     /// See [`Communicator::tcp_threshold`].
     tcp_threshold: u64,
     /// The multicast engine (`None` when the start-up check sent every operation to TCP).
@@ -213,6 +215,12 @@ impl Communicator {
     /// rank picked from its host's cores.
     pub fn lanes(&self) -> u16 {
         self.lanes
+    }
+
+    /// How many Allgather roots multicast at once: set by [`CommBuilder::allgather_chains`],
+    /// or the count every rank picked from its host's cores.
+    pub fn allgather_chains(&self) -> u32 {
+        self.chains
     }
 
     /// Operations of at most this many bytes (the whole buffer) run over TCP while multicast

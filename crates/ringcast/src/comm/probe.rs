@@ -39,7 +39,8 @@
 //! ## Reports on the control mesh
 //! A control message whose first byte is [`REPORT_KIND`] (`0xF0`; the core's kinds are small
 //! integers, 1 to 9 today, so the core would reject one as malformed): `kind, version, flags,
-//! 0, rank u32, ranks u32, tcp_threshold u64, chunk_size u32, lanes u16, port u16, interface
+//! 0, rank u32, ranks u32, tcp_threshold u64, chunk_size u32, chains u32, lanes u16, port u16,
+//! interface
 //! [4], groups [4] x lanes, heard bitmap (lane-major, ceil(lanes x ranks / 8) bytes),
 //! extra_len u16, extra`.
 
@@ -65,7 +66,7 @@ const PROBE_TX_OP: OpId = OpId(u64::MAX);
 const PROBE_RX_OP: OpId = OpId(u64::MAX - 1);
 /// First byte of a report on the control mesh.
 pub(crate) const REPORT_KIND: u8 = 0xF0;
-const REPORT_VERSION: u8 = 3;
+const REPORT_VERSION: u8 = 4;
 const FLAG_CHECKED: u8 = 1;
 const FLAG_FALLBACK_TCP: u8 = 2;
 /// How often a rank multicasts its probes.
@@ -92,6 +93,8 @@ pub(crate) struct ProbeSetup {
     /// Payload bytes per datagram (every rank must agree: a chunk's index says where it goes
     /// only for one size).
     pub(crate) chunk_size: u32,
+    /// Allgather chains (every rank must agree: they order the roots).
+    pub(crate) chains: u32,
     /// Opaque bytes handed to every peer (the fallback listener's address).
     pub(crate) extra: Vec<u8>,
 }
@@ -116,6 +119,7 @@ pub(crate) struct Report {
     pub(crate) fallback_tcp: bool,
     pub(crate) tcp_threshold: u64,
     pub(crate) chunk_size: u32,
+    pub(crate) chains: u32,
     pub(crate) interface: Ipv4Addr,
     pub(crate) port: u16,
     pub(crate) groups: Vec<Ipv4Addr>,
@@ -128,7 +132,7 @@ impl Report {
     /// Bytes of the longest report of a job of `ranks` ranks on `lanes` lanes (its extra
     /// bytes as long as their 16-bit length allows).
     pub(crate) fn max_len(lanes: usize, ranks: usize) -> usize {
-        32 + 4 * lanes + lanes.saturating_mul(ranks).div_ceil(8) + 2 + usize::from(u16::MAX)
+        36 + 4 * lanes + lanes.saturating_mul(ranks).div_ceil(8) + 2 + usize::from(u16::MAX)
     }
 
     fn lanes(&self) -> usize {
@@ -144,7 +148,7 @@ impl Report {
 
     pub(crate) fn encode(&self) -> Vec<u8> {
         let bits = self.heard.len();
-        let mut b = Vec::with_capacity(24 + 4 * self.lanes() + bits.div_ceil(8) + self.extra.len());
+        let mut b = Vec::with_capacity(40 + 4 * self.lanes() + bits.div_ceil(8) + self.extra.len());
         let flags = if self.checked { FLAG_CHECKED } else { 0 }
             | if self.fallback_tcp {
                 FLAG_FALLBACK_TCP
@@ -156,6 +160,7 @@ impl Report {
         b.extend_from_slice(&self.ranks.to_be_bytes());
         b.extend_from_slice(&self.tcp_threshold.to_be_bytes());
         b.extend_from_slice(&self.chunk_size.to_be_bytes());
+        b.extend_from_slice(&self.chains.to_be_bytes());
         b.extend_from_slice(&(self.lanes() as u16).to_be_bytes());
         b.extend_from_slice(&self.port.to_be_bytes());
         b.extend_from_slice(&self.interface.octets());
@@ -191,6 +196,7 @@ impl Report {
         let ranks = u32_(take(&mut at, 4)?);
         let tcp_threshold = u64::from_be_bytes(take(&mut at, 8)?.try_into().ok()?);
         let chunk_size = u32_(take(&mut at, 4)?);
+        let chains = u32_(take(&mut at, 4)?);
         let lanes = usize::from(u16_(take(&mut at, 2)?));
         let port = u16_(take(&mut at, 2)?);
         let i = take(&mut at, 4)?;
@@ -220,6 +226,7 @@ impl Report {
             fallback_tcp: flags & FLAG_FALLBACK_TCP != 0,
             tcp_threshold,
             chunk_size,
+            chains,
             interface,
             port,
             groups,
@@ -437,6 +444,14 @@ pub(crate) fn judge(reports: &[Report], window: Duration) -> Result<Option<Probe
                 first.rank, first.chunk_size, r.rank, r.chunk_size
             ));
         }
+        if r.chains != first.chains {
+            return Err(format!(
+                "rank {} runs Allgathers on {} chains, rank {} on {} (without RINGCAST_CHAINS, \
+                 the cores of the ranks' hosts decide): set RINGCAST_CHAINS the same on every \
+                 rank",
+                first.rank, first.chains, r.rank, r.chains
+            ));
+        }
     }
     if reports.iter().any(|r| !r.checked) {
         return Ok(None);
@@ -605,6 +620,7 @@ fn exchange(
                 fallback_tcp: s.fallback_tcp,
                 tcp_threshold: s.tcp_threshold,
                 chunk_size: s.chunk_size,
+                chains: s.chains,
                 interface: s.interface,
                 port: s.groups.first().map_or(0, SocketAddrV4::port),
                 groups: s.groups.iter().map(|g| *g.ip()).collect(),
@@ -756,6 +772,7 @@ mod tests {
             fallback_tcp: false,
             tcp_threshold: 65536,
             chunk_size: 4096,
+            chains: 4,
             interface: Ipv4Addr::new(10, 0, 0, 1 + rank as u8),
             port: 4791,
             groups: vec![Ipv4Addr::new(239, 1, 2, 3)],
@@ -770,6 +787,7 @@ mod tests {
         r.fallback_tcp = true;
         r.tcp_threshold = 0x0102_0304_0506_0708;
         r.chunk_size = 0x0A0B_0C0D;
+        r.chains = 0x1112_1314;
         r.groups.push(Ipv4Addr::new(239, 9, 9, 9));
         r.heard.extend([true, false, true, true]);
         let b = r.encode();
@@ -841,6 +859,14 @@ mod tests {
         let e = judge(&rs, Duration::ZERO).expect_err("mismatch");
         assert!(
             e.contains("RINGCAST_CHUNK_SIZE") && e.contains("4096") && e.contains("1024"),
+            "{e}"
+        );
+        // Allgather chains set on one rank only.
+        let mut rs = vec![report(0, 2, &[1]), report(1, 2, &[0])];
+        rs[1].chains = 2;
+        let e = judge(&rs, Duration::ZERO).expect_err("mismatch");
+        assert!(
+            e.contains("RINGCAST_CHAINS") && e.contains("4 chains") && e.contains("on 2"),
             "{e}"
         );
         // Unchecked reports (the check is off) never fail the multicast verdict.

@@ -108,6 +108,8 @@ struct Output {
     json: bool,
     /// The job's multicast lanes, once rank 0 said.
     lanes: Option<u64>,
+    /// Its Allgather chains, said with the lanes.
+    chains: Option<u64>,
     /// The TCP threshold in effect, said with the lanes.
     tcp_threshold: Option<u64>,
     /// The table's column line, printed once right above the first row (after the lanes).
@@ -135,6 +137,7 @@ impl Output {
         let mut o = Output {
             json: a.json,
             lanes: None,
+            chains: None,
             tcp_threshold: None,
             columns: None,
             rows: Vec::new(),
@@ -226,18 +229,25 @@ impl Output {
         })
     }
 
-    /// Rank 0's lane count and TCP threshold (`body`: `LANES THRESHOLD`), printed before the
-    /// first row.
+    /// Rank 0's lane count, Allgather chains and TCP threshold (`body`: `LANES CHAINS
+    /// THRESHOLD`), printed before the first row.
     fn lanes(&mut self, body: &str) -> Result<(), CmdError> {
-        let bad = || format!("bad lane count and TCP threshold {body:?}");
-        let (l, t) = body.split_once(' ').ok_or_else(bad)?;
-        let (l, t): (u64, u64) = (l.parse().map_err(|_| bad())?, t.parse().map_err(|_| bad())?);
-        (self.lanes, self.tcp_threshold) = (Some(l), Some(t));
+        let bad = || format!("bad lane count, chains and TCP threshold {body:?}");
+        let n: Vec<u64> = body
+            .split(' ')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad())?;
+        let &[l, c, t] = &n[..] else {
+            return Err(bad().into());
+        };
+        (self.lanes, self.chains, self.tcp_threshold) = (Some(l), Some(c), Some(t));
         if self.json {
             return Ok(());
         }
         self.line(&format!(
-            "# multicast lanes: {l} (--lanes or RINGCAST_LANES; by default from the cores)"
+            "# multicast lanes: {l} (--lanes or RINGCAST_LANES; by default from the cores); \
+             Allgather roots at once: {c} (RINGCAST_CHAINS; by default from the cores)"
         ))?;
         self.line(&format!(
             "# over TCP: operations of at most {t} B (--tcp-threshold or \
@@ -298,6 +308,7 @@ impl Output {
             "dtype": a.dtype.name(),
             "iters": a.iters,
             "lanes": self.lanes,
+            "allgather_chains": self.chains,
             "tcp_threshold": self.tcp_threshold,
             "latency": "per iteration the slowest rank's time (us); avg/min/max over iterations",
             "injected": "bytes per iteration each rank put on the wire, counted over the \
@@ -408,7 +419,12 @@ fn rank(a: &BenchArgs, child: bool) -> Result<(), CmdError> {
     };
     sink.emit(
         "LANES",
-        &format!("{} {}", comm.lanes(), comm.tcp_threshold()),
+        &format!(
+            "{} {} {}",
+            comm.lanes(),
+            comm.allgather_chains(),
+            comm.tcp_threshold()
+        ),
     )?;
     if a.warmup > 0 {
         warm_pacer(&comm, a).map_err(|e| match e {
