@@ -337,10 +337,9 @@ pub fn advise_huge_pages<T>(region: &mut [std::mem::MaybeUninit<T>]) -> io::Resu
     if hi <= lo {
         return Ok(0);
     }
-    // SAFETY: `[lo, hi)` lies inside `region`, which the caller lends exclusively for the
-    // call. `MADV_HUGEPAGE` changes only which pages the kernel backs that range with: its
-    // contents, mapping and protection stay as they are, so nothing any reference sees
-    // changes.
+    // `[lo, hi)` lies inside `region`, which the caller lends exclusively for the call.
+    // SAFETY: `MADV_HUGEPAGE` changes only which pages back `[lo, hi)`: its contents,
+    // mapping and protection stay as they are, so nothing any reference sees changes.
     let rc = unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
