@@ -89,9 +89,9 @@ struct Args {
 /// A buffer of `bytes` copies of `fill`, on huge pages if asked.
 fn buffer(bytes: usize, fill: u8, huge: bool) -> Vec<u8> {
     let mut v = Vec::with_capacity(bytes);
-    if huge {
-        ringcast_transport_rocev2_udp::advise_huge_pages(v.spare_capacity_mut())
-            .expect("MADV_HUGEPAGE");
+    if huge && let Err(e) = ringcast_transport_rocev2_udp::advise_huge_pages(v.spare_capacity_mut())
+    {
+        println!("goodput: --pages huge: {e}; the buffer stays on small pages");
     }
     v.resize(bytes, fill);
     v

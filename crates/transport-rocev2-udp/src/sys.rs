@@ -392,7 +392,7 @@ mod tests {
     }
 
     #[test]
-    fn whole_huge_pages_inside_a_buffer_are_advised_and_only_they() {
+    fn whole_huge_pages_inside_a_buffer_are_advised() {
         let mut v: Vec<u8> = Vec::with_capacity(9 * HUGE_PAGE);
         let start = v.as_ptr() as usize;
         let lo = start.next_multiple_of(HUGE_PAGE);

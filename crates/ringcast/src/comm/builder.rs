@@ -1181,10 +1181,10 @@ fn auto_lanes(ranks: &[(SocketAddr, Host)]) -> u16 {
 /// Allgather chains (roots multicasting at once) where some rank of the job has less than a
 /// whole core to itself ([`half_cores`] below 2), instead of the core's default (4).
 ///
-/// On this 2-core VM 4 ranks gathered 16 and 64 MiB per rank 7-8 % faster with 2 chains than
-/// with 4 (six interleaved rounds: 64 MiB faster in all six, 16 MiB in five): two roots
-/// at once instead of four leave each receiver fewer streams interleaved on its socket and
-/// fewer roots competing for the two cores. Where each rank has a core or more, 4 stays:
+/// On this 2-core VM 4 ranks gathered 64 MiB per rank faster with 2 chains than with 4 in
+/// all nine interleaved pairs (by 5-32 %), and 16 MiB in six of nine (by 5 % on average): two
+/// roots at once instead of four leave each receiver fewer streams interleaved on its socket
+/// and fewer roots competing for the two cores. Where each rank has a core or more, 4 stays:
 /// on the 16-core host 2 chains were as fast or slower at 4, 8 and 16 ranks (BENCHMARKS.md,
 /// twenty-ninth round).
 const CROWDED_CHAINS: u32 = 2;
@@ -1243,7 +1243,8 @@ fn half_cores(ranks: &[(SocketAddr, Host)]) -> Vec<u32> {
                     // Within a rounding error of a whole half core counts as one.
                     (2.0 * share + 1e-9).floor() as u32
                 }
-                _ => 2 * seen.most_cpus / seen.ranks.max(1),
+                // A peer's count is whatever it sent: no overflow whatever it says.
+                _ => seen.most_cpus.saturating_mul(2) / seen.ranks.max(1),
             }
         })
         .collect()
@@ -1695,6 +1696,13 @@ mod tests {
     /// The lanes every rank picks: two per core each rank has to itself, 1 to 4.
     #[test]
     fn lanes_follow_the_cores_each_rank_has_to_itself() {
+        // Counts are whatever the peers sent: the largest is no overflow.
+        let huge = [
+            on("10.0.0.1:1", u32::MAX, Some("a")),
+            on("10.0.0.1:2", u32::MAX, Some("a")),
+        ];
+        assert_eq!(auto_lanes(&huge), 4);
+        assert_eq!(auto_chains(&huge), None);
         let same = |n: u16, cpus: u32| -> Vec<(SocketAddr, Host)> {
             (0..n)
                 .map(|r| on(&format!("127.0.0.1:{}", 1000 + r), cpus, Some("b00t")))
