@@ -1164,15 +1164,17 @@ fn parse_entry(e: &str) -> Option<(SocketAddr, Host)> {
 /// mask not online), that share of those. Otherwise its cores, at most its share of its host's (the most
 /// any rank there reports, over the ranks there): ranks in disjoint sets then count as
 /// sharing the largest, fewer lanes than they could run, never more.
-fn auto_lanes(ranks: &[(SocketAddr, Host)]) -> u16 {
+///
+/// `halves`: [`half_cores`] of `ranks`.
+fn auto_lanes(ranks: &[(SocketAddr, Host)], halves: &[u32]) -> u16 {
     // A job of one rank multicasts nothing: one lane's sockets and workers are plenty.
     if ranks.len() <= 1 {
         return 1;
     }
     let fewest = ranks
         .iter()
-        .zip(half_cores(ranks))
-        .map(|(r, halves)| r.1.cpus.min(halves))
+        .zip(halves)
+        .map(|(r, &halves)| r.1.cpus.min(halves))
         .min()
         .unwrap_or(1);
     u16::try_from(fewest).map_or(MAX_AUTO_LANES, |l| l.clamp(1, MAX_AUTO_LANES))
@@ -1189,12 +1191,11 @@ fn auto_lanes(ranks: &[(SocketAddr, Host)]) -> u16 {
 /// twenty-ninth round).
 const CROWDED_CHAINS: u32 = 2;
 
-/// The Allgather chains every rank of a job picks from the same entries: [`CROWDED_CHAINS`]
-/// where some rank has less than a whole core to itself, otherwise `None` (the core's
-/// default).
-fn auto_chains(ranks: &[(SocketAddr, Host)]) -> Option<u32> {
-    (ranks.len() > 1 && half_cores(ranks).into_iter().min().unwrap_or(2) < 2)
-        .then_some(CROWDED_CHAINS)
+/// The Allgather chains every rank of a job picks from the same entries ([`half_cores`] of
+/// its ranks): [`CROWDED_CHAINS`] where some rank has less than a whole core to itself,
+/// otherwise `None` (the core's default).
+fn auto_chains(halves: &[u32]) -> Option<u32> {
+    (halves.len() > 1 && halves.iter().min().is_some_and(|&h| h < 2)).then_some(CROWDED_CHAINS)
 }
 
 /// Per rank, in halves of a core, what it has to itself (see [`auto_lanes`]): twice its share
@@ -1259,6 +1260,17 @@ struct Auto {
     chains: Option<u32>,
 }
 
+impl Auto {
+    /// Both, from one reckoning of what each rank has to itself.
+    fn of(ranks: &[(SocketAddr, Host)]) -> Auto {
+        let halves = half_cores(ranks);
+        Auto {
+            lanes: auto_lanes(ranks, &halves),
+            chains: auto_chains(&halves),
+        }
+    }
+}
+
 /// The control addresses, the nonce, and what every rank picks from them ([`Auto`]).
 fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64, Auto), BuildError> {
     let ranks = t
@@ -1272,10 +1284,7 @@ fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64, Auto), BuildError
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let auto = Auto {
-        lanes: auto_lanes(&ranks),
-        chains: auto_chains(&ranks),
-    };
+    let auto = Auto::of(&ranks);
     Ok((ranks.into_iter().map(|(a, _)| a).collect(), t.nonce, auto))
 }
 
@@ -1550,27 +1559,35 @@ mod tests {
         let disjoint: Vec<_> = (0..4u32)
             .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), r * 4..r * 4 + 4, "a"))
             .collect();
-        assert_eq!(auto_lanes(&disjoint), 4, "4 ranks with 4 cores each");
+        assert_eq!(Auto::of(&disjoint).lanes, 4, "4 ranks with 4 cores each");
         let two_each: Vec<_> = (0..4u32)
             .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), r * 2..r * 2 + 2, "a"))
             .collect();
-        assert_eq!(auto_lanes(&two_each), 2);
+        assert_eq!(Auto::of(&two_each).lanes, 2);
         assert_eq!(
-            auto_lanes(&sharing(4, 16)),
+            Auto::of(&sharing(4, 16)).lanes,
             4,
             "16 shared cores over 4 ranks"
         );
-        assert_eq!(auto_lanes(&sharing(8, 16)), 4, "twice 2 shared cores each");
-        assert_eq!(auto_lanes(&sharing(16, 16)), 2, "twice 1 shared core each");
-        assert_eq!(auto_lanes(&sharing(4, 2)), 1, "twice half a core each");
-        assert_eq!(auto_lanes(&sharing(2, 2)), 2);
-        assert_eq!(auto_lanes(&sharing(3, 2)), 1, "twice 2/3 of a core");
+        assert_eq!(
+            Auto::of(&sharing(8, 16)).lanes,
+            4,
+            "twice 2 shared cores each"
+        );
+        assert_eq!(
+            Auto::of(&sharing(16, 16)).lanes,
+            2,
+            "twice 1 shared core each"
+        );
+        assert_eq!(Auto::of(&sharing(4, 2)).lanes, 1, "twice half a core each");
+        assert_eq!(Auto::of(&sharing(2, 2)).lanes, 2);
+        assert_eq!(Auto::of(&sharing(3, 2)).lanes, 1, "twice 2/3 of a core");
         // Two ranks overlapping on 4 of 8 cores each: 4 + 4 / 2 = 6 (at most 4).
         let overlap = [
             bound("10.0.0.1:1", 0..8, "a"),
             bound("10.0.0.1:2", 4..12, "a"),
         ];
-        assert_eq!(auto_lanes(&overlap), 4);
+        assert_eq!(Auto::of(&overlap).lanes, 4);
         // One core each, three ranks on one, one alone on another: the fewest, 1.
         let uneven = [
             bound("10.0.0.1:1", 0..1, "a"),
@@ -1578,19 +1595,19 @@ mod tests {
             bound("10.0.0.1:3", 0..1, "a"),
             bound("10.0.0.1:4", 1..2, "a"),
         ];
-        assert_eq!(auto_lanes(&uneven), 1);
+        assert_eq!(Auto::of(&uneven).lanes, 1);
         // A cgroup quota below the mask bounds it.
         let mut quota = disjoint.clone();
         quota[2].1.cpus = 2;
-        assert_eq!(auto_lanes(&quota), 2);
+        assert_eq!(Auto::of(&quota).lanes, 2);
         // A rank of the host without a set (an entry from elsewhere): the host counts as
         // sharing its largest count, as before (twice 16 / 4, at most 4; twice 4 / 4).
         let mut unknown = disjoint.clone();
         unknown[0].1.set = None;
         unknown[0].1.cpus = 16;
-        assert_eq!(auto_lanes(&unknown), 4);
+        assert_eq!(Auto::of(&unknown).lanes, 4);
         unknown[0].1.cpus = 4;
-        assert_eq!(auto_lanes(&unknown), 2);
+        assert_eq!(Auto::of(&unknown).lanes, 2);
     }
 
     /// A rank's `cpus` below its set's size (a cgroup quota that ranks of one container
@@ -1610,12 +1627,12 @@ mod tests {
         };
         // `docker run --cpus=2` around 4 ranks, unbound on a 16-core host: half a core each,
         // 1 lane (before sets, 2 / 4).
-        assert_eq!(auto_lanes(&with(4, 0..16, 2)), 1);
+        assert_eq!(Auto::of(&with(4, 0..16, 2)).lanes, 1);
         // 8 unbound ranks on a VM with 16 CPUs online of 64 possible: 2 each, twice that;
         // 16 of them: 1 each.
-        assert_eq!(auto_lanes(&with(8, 0..64, 16)), 4);
-        assert_eq!(auto_lanes(&with(16, 0..64, 16)), 2);
-        assert_eq!(auto_lanes(&with(4, 0..64, 16)), 4);
+        assert_eq!(Auto::of(&with(8, 0..64, 16)).lanes, 4);
+        assert_eq!(Auto::of(&with(16, 0..64, 16)).lanes, 2);
+        assert_eq!(Auto::of(&with(4, 0..64, 16)).lanes, 4);
         // Ranks bound to cores of their own, with a quota each: the quota.
         let mut own: Vec<_> = (0..4u32)
             .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), r * 4..r * 4 + 4, "a"))
@@ -1623,47 +1640,51 @@ mod tests {
         for r in &mut own {
             r.1.cpus = 3;
         }
-        assert_eq!(auto_lanes(&own), 3);
+        assert_eq!(Auto::of(&own).lanes, 3);
     }
 
     /// Fewer Allgather roots at once only where some rank has less than a core to itself.
     #[test]
     fn chains_drop_to_two_where_ranks_have_less_than_a_core_each() {
         assert_eq!(
-            auto_chains(&sharing(4, 2)),
+            Auto::of(&sharing(4, 2)).chains,
             Some(CROWDED_CHAINS),
             "this VM's 4 ranks"
         );
-        assert_eq!(auto_chains(&sharing(3, 2)), Some(CROWDED_CHAINS));
-        assert_eq!(auto_chains(&sharing(2, 2)), None, "a core each");
-        assert_eq!(auto_chains(&sharing(4, 16)), None);
-        assert_eq!(auto_chains(&sharing(16, 16)), None);
-        assert_eq!(auto_chains(&sharing(17, 16)), Some(CROWDED_CHAINS));
+        assert_eq!(Auto::of(&sharing(3, 2)).chains, Some(CROWDED_CHAINS));
+        assert_eq!(Auto::of(&sharing(2, 2)).chains, None, "a core each");
+        assert_eq!(Auto::of(&sharing(4, 16)).chains, None);
+        assert_eq!(Auto::of(&sharing(16, 16)).chains, None);
+        assert_eq!(Auto::of(&sharing(17, 16)).chains, Some(CROWDED_CHAINS));
         assert_eq!(
-            auto_chains(&sharing(1, 1)),
+            Auto::of(&sharing(1, 1)).chains,
             None,
             "one rank gathers nothing"
         );
         let pinned: Vec<_> = (0..4u32)
             .map(|r| bound(&format!("10.0.0.1:{}", 1 + r), r..r + 1, "a"))
             .collect();
-        assert_eq!(auto_chains(&pinned), None, "a core of its own each");
+        assert_eq!(Auto::of(&pinned).chains, None, "a core of its own each");
         // Without sets: the host's largest count over its ranks (the namespace lab's 4 ranks
         // on 2 cores); one crowded host is enough.
         let lab: Vec<_> = (1..=4)
             .map(|r| on(&format!("10.77.0.{r}:9000"), 2, Some("b00t")))
             .collect();
-        assert_eq!(auto_chains(&lab), Some(CROWDED_CHAINS));
+        assert_eq!(Auto::of(&lab).chains, Some(CROWDED_CHAINS));
         let mut hosts: Vec<_> = (1..=4)
             .map(|r| on(&format!("10.0.0.{r}:9000"), 8, Some(&format!("h{r}"))))
             .collect();
-        assert_eq!(auto_chains(&hosts), None);
+        assert_eq!(Auto::of(&hosts).chains, None);
         hosts.push(on("10.0.0.4:9001", 1, Some("h4")));
-        assert_eq!(auto_chains(&hosts), None, "a rank with a core of its own");
+        assert_eq!(
+            Auto::of(&hosts).chains,
+            None,
+            "a rank with a core of its own"
+        );
         hosts.push(on("10.0.0.5:9000", 1, Some("h5")));
         hosts.push(on("10.0.0.5:9001", 1, Some("h5")));
         assert_eq!(
-            auto_chains(&hosts),
+            Auto::of(&hosts).chains,
             Some(CROWDED_CHAINS),
             "two ranks on one core"
         );
@@ -1701,22 +1722,26 @@ mod tests {
             on("10.0.0.1:1", u32::MAX, Some("a")),
             on("10.0.0.1:2", u32::MAX, Some("a")),
         ];
-        assert_eq!(auto_lanes(&huge), 4);
-        assert_eq!(auto_chains(&huge), None);
+        assert_eq!(Auto::of(&huge).lanes, 4);
+        assert_eq!(Auto::of(&huge).chains, None);
         let same = |n: u16, cpus: u32| -> Vec<(SocketAddr, Host)> {
             (0..n)
                 .map(|r| on(&format!("127.0.0.1:{}", 1000 + r), cpus, Some("b00t")))
                 .collect()
         };
-        assert_eq!(auto_lanes(&same(4, 16)), 4, "4 ranks on 16 cores");
-        assert_eq!(auto_lanes(&same(8, 16)), 4, "8 ranks on 16 cores");
-        assert_eq!(auto_lanes(&same(16, 16)), 2, "16 ranks on 16 cores");
-        assert_eq!(auto_lanes(&same(2, 2)), 2, "2 ranks on 2 cores");
-        assert_eq!(auto_lanes(&same(4, 2)), 1, "4 ranks on 2 cores");
-        assert_eq!(auto_lanes(&same(2, 64)), 4, "at most 4");
-        assert_eq!(auto_lanes(&same(1, 64)), 1, "one rank multicasts nothing");
+        assert_eq!(Auto::of(&same(4, 16)).lanes, 4, "4 ranks on 16 cores");
+        assert_eq!(Auto::of(&same(8, 16)).lanes, 4, "8 ranks on 16 cores");
+        assert_eq!(Auto::of(&same(16, 16)).lanes, 2, "16 ranks on 16 cores");
+        assert_eq!(Auto::of(&same(2, 2)).lanes, 2, "2 ranks on 2 cores");
+        assert_eq!(Auto::of(&same(4, 2)).lanes, 1, "4 ranks on 2 cores");
+        assert_eq!(Auto::of(&same(2, 64)).lanes, 4, "at most 4");
         assert_eq!(
-            auto_lanes(&same(4, 1)),
+            Auto::of(&same(1, 64)).lanes,
+            1,
+            "one rank multicasts nothing"
+        );
+        assert_eq!(
+            Auto::of(&same(4, 1)).lanes,
             1,
             "each bound to a core of its own"
         );
@@ -1724,12 +1749,12 @@ mod tests {
         let lab: Vec<_> = (1..=4)
             .map(|r| on(&format!("10.77.0.{r}:9000"), 2, Some("b00t")))
             .collect();
-        assert_eq!(auto_lanes(&lab), 1);
+        assert_eq!(Auto::of(&lab).lanes, 1);
         // One rank per host: each has its host's cores.
         let hosts: Vec<_> = (1..=4)
             .map(|r| on(&format!("10.0.0.{r}:9000"), 32, Some(&format!("host{r}"))))
             .collect();
-        assert_eq!(auto_lanes(&hosts), 4);
+        assert_eq!(Auto::of(&hosts).lanes, 4);
         // The job takes the fewest any rank gets: 2 ranks on 16 cores, 2 on 2.
         let mixed = [
             on("10.0.0.1:1", 16, Some("a")),
@@ -1737,23 +1762,23 @@ mod tests {
             on("10.0.0.2:1", 2, Some("b")),
             on("10.0.0.2:2", 2, Some("b")),
         ];
-        assert_eq!(auto_lanes(&mixed), 2);
+        assert_eq!(Auto::of(&mixed).lanes, 2);
         // A rank bound to fewer cores than its host's share.
         let bound = [
             on("10.0.0.1:1", 16, Some("a")),
             on("10.0.0.1:2", 1, Some("a")),
         ];
-        assert_eq!(auto_lanes(&bound), 1);
+        assert_eq!(Auto::of(&bound).lanes, 1);
         // Hosts not known: by address.
         let anon = [
             on("127.0.0.1:1", 4, None),
             on("127.0.0.1:2", 4, None),
             on("10.0.0.9:1", 4, None),
         ];
-        assert_eq!(auto_lanes(&anon), 4);
-        assert_eq!(auto_lanes(&anon[1..]), 4);
+        assert_eq!(Auto::of(&anon).lanes, 4);
+        assert_eq!(Auto::of(&anon[1..]).lanes, 4);
         assert_eq!(
-            auto_lanes(&[anon[0].clone(), anon[0].clone(), anon[0].clone()]),
+            Auto::of(&[anon[0].clone(), anon[0].clone(), anon[0].clone()]).lanes,
             2
         );
     }
