@@ -37,10 +37,11 @@
 //! Setup order (NET-NOTES): socket2 options first, then quinn-udp's `UdpSocketState::new`
 //! (non-blocking, `IP_PKTINFO`, `UDP_GRO`, `IP_PMTUDISC_PROBE` so DF is set), then `bind`, then
 //! the membership. A receive socket turns `IP_PKTINFO` back off: bound to its group, it knows
-//! every datagram's destination, and the kernel would look it up for each one it delivers. The send socket is bound to the interface address, or on loopback to an
-//! address of the rank's own ([`TxSocket::open_from`]): a known ICRC source address. It is
-//! never `connect()`ed: a connected socket numbers IP IDs with a counter, which
-//! would break the ICRC computed before sending.
+//! every datagram's destination, and the kernel would look it up for each one it delivers.
+//! The send socket is bound to the interface address, or on loopback to an address of the
+//! rank's own ([`TxSocket::open_from`]): a known ICRC source address. It is never
+//! `connect()`ed: a connected socket numbers IP IDs with a counter, which would break the ICRC
+//! computed before sending.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};

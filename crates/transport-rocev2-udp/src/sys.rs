@@ -29,11 +29,12 @@
 //! mesh read straight into the vector that carries it on.
 //!
 //! And `IP_BLOCK_SOURCE` ([`block_source`]), which turns a membership away from one source
-//! address: socket2 wraps source-specific joins, not blocks.
+//! address: socket2 wraps source-specific joins, not blocks; and `IP_PKTINFO` off again
+//! ([`no_packet_info`]), which quinn-udp turns on and socket2 does not wrap.
 //!
-//! This is the crate's only `unsafe`: four FFI calls (`getsockopt`, one `setsockopt` that
-//! serves three options, `sched_setscheduler`, `poll`) with buffers they own, that view, that
-//! control message, and that vector's length.
+//! This is the crate's only `unsafe`: five FFI calls (`getsockopt`, one `setsockopt` that
+//! serves four options, `sched_setscheduler`, `poll`, `madvise`) with buffers they own or
+//! borrow, that view, that control message, and that vector's length.
 #![allow(unsafe_code)]
 
 use std::io;
