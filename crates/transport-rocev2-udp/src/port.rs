@@ -787,10 +787,7 @@ mod tests {
     fn a_block_refused_falls_back_to_the_trimming_filter() {
         let cfg = SocketConfig::loopback();
         // A port nobody else has (the group is this test's alone).
-        let port = std::net::UdpSocket::bind("127.0.0.1:0")
-            .and_then(|s| s.local_addr())
-            .unwrap()
-            .port();
+        let port = crate::rx::tests::fresh_port();
         let group = std::net::SocketAddrV4::new(Ipv4Addr::new(239, 77, 0, 9), port);
         let own = loopback_source(cfg.interface, 0).unwrap();
         let tx = TxSocket::open_from(&cfg, own).unwrap();

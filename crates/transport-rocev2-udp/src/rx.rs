@@ -876,15 +876,19 @@ pub(crate) mod tests {
         pair_with(nonce, |_| {})
     }
 
-    /// [`Pair`] with the receiver's config changed by `f`.
-    pub(crate) fn pair_with(nonce: u64, f: impl FnOnce(&mut RxConfig)) -> Pair {
-        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+    /// A UDP port nobody holds now: a test's groups on it are its own.
+    pub(crate) fn fresh_port() -> u16 {
+        std::net::UdpSocket::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
-            .port();
+            .port()
+    }
+
+    /// [`Pair`] with the receiver's config changed by `f`.
+    pub(crate) fn pair_with(nonce: u64, f: impl FnOnce(&mut RxConfig)) -> Pair {
         let cfg = AddrConfig {
-            port,
+            port: fresh_port(),
             ..AddrConfig::default()
         };
         let job = JobAddrs::derive(nonce, 1, &cfg).unwrap();

@@ -516,12 +516,8 @@ mod tests {
 
     #[test]
     fn a_receive_socket_is_not_told_each_datagrams_destination() {
-        // A group of this test's own (a random port): nobody else sends to it.
-        let port = UdpSocket::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        // A group of this test's own: nobody else sends to it.
+        let port = crate::rx::tests::fresh_port();
         let group = SocketAddrV4::new(Ipv4Addr::new(239, 77, 1, 9), port);
         let cfg = SocketConfig::loopback();
         let mut rx = RxSocket::open(&cfg, group).unwrap();
