@@ -232,6 +232,50 @@ fn mpirun_inside_a_slurm_allocation_is_open_mpi() {
     assert_eq!(j.rendezvous.expect("loopback").host, "127.0.0.1");
 }
 
+/// `srun --mpi=pmi2` sets PMI's rank and size beside Slurm's: the same ranks, and the step's
+/// node list to meet at, make it Slurm's job, not Hydra's (which would find no rendezvous on
+/// several hosts). PMI ranks that are not Slurm's (Hydra's mpirun inside an allocation) stay
+/// MPICH's.
+#[test]
+fn srun_with_pmi_variables_is_slurm() {
+    let pmi2 = with(
+        SLURM,
+        &[("PMI_RANK", "6"), ("PMI_SIZE", "8"), ("PMI_FD", "7")],
+    );
+    let j = ok(&pmi2);
+    assert_eq!((j.launcher, j.rank, j.world_size), (Launcher::Slurm, 6, 8));
+    assert_eq!(j.job_id.as_deref(), Some("4242.1"));
+    assert_eq!(j.rendezvous.expect("rendezvous").host, "gpu007");
+    let mpich = |r| {
+        matches!(
+            r,
+            Err(EnvError::NoRendezvous {
+                launcher: Launcher::Mpich,
+                ..
+            })
+        )
+    };
+    let hydra = with(SLURM, &[("PMI_RANK", "3"), ("PMI_SIZE", "8")]);
+    assert!(mpich(job(&hydra)));
+    let no_list: Vec<_> = pmi2
+        .iter()
+        .copied()
+        .filter(|(k, _)| *k != "SLURM_STEP_NODELIST")
+        .collect();
+    assert!(mpich(job(&no_list)));
+}
+
+/// torchrun's default `--rdzv-id` is `none`, shared by every job started without one: it is
+/// no job id.
+#[test]
+fn torchrun_s_default_run_id_is_no_job_id() {
+    let none = with(TORCHRUN, &[("TORCHELASTIC_RUN_ID", "none")]);
+    let j = ok(&none);
+    assert_eq!((j.job_id.as_deref(), j.job_key()), (None, 0));
+    let named = ok(&with(TORCHRUN, &[("TORCHELASTIC_RUN_ID", "run7")]));
+    assert_eq!(named.job_id.as_deref(), Some("run7"));
+}
+
 #[test]
 fn bootstrap_variable_overrides_any_launcher() {
     for base in [TORCHRUN, OPEN_MPI, SLURM] {

@@ -145,6 +145,26 @@ fn a_bad_setting_is_reported_by_name() {
     assert!(err.contains("set RANK to a rank in 0..4"), "{err}");
 }
 
+/// A value that is not UTF-8 is named in the error, not taken for unset: the same rank
+/// without `RINGCAST_RANK` would report a missing variable instead.
+#[test]
+fn a_value_that_is_not_utf8_is_reported_by_name() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let out = Command::new(env!("CARGO_BIN_EXE_ringcast"))
+        .arg("bootstrap")
+        .env_clear()
+        .env("RINGCAST_RANK", std::ffi::OsStr::from_bytes(b"\xff1"))
+        .env("RINGCAST_WORLD_SIZE", "2")
+        .output()
+        .expect("the binary runs");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("RINGCAST_RANK") && err.contains("number"),
+        "{err}"
+    );
+}
+
 /// Under Debian's openmpi-bin, when it is installed (issue 8's CI installs it).
 #[test]
 #[expect(clippy::print_stderr, reason = "a skipped test says so")]

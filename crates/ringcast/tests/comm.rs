@@ -1319,6 +1319,18 @@ fn bad_arguments_and_settings_are_typed_errors() {
         ),
         (one().rendezvous("127.0.0.1"), "CommBuilder::rendezvous"),
         (one().rendezvous(":99999"), "CommBuilder::rendezvous"),
+        (one().rendezvous("fe80::1:80"), "CommBuilder::rendezvous"),
+        (one().peer_timeout(Duration::ZERO), "RINGCAST_PEER_TIMEOUT"),
+        (one().connect_timeout(Duration::ZERO), "connect_timeout"),
+        (one().udp_port(0), "RINGCAST_PORT"),
+        (one().lanes(65), "RINGCAST_LANES"),
+        (
+            Communicator::builder()
+                .rank(0)
+                .world_size(70_000)
+                .rendezvous("127.0.0.1:1"),
+            "world size",
+        ),
     ] {
         match b.build() {
             Err(BuildError::Invalid { setting, .. }) if setting.contains(want) => {}

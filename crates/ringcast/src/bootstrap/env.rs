@@ -174,7 +174,7 @@ const LAUNCHERS: [Vars; 6] = [
 impl JobEnv {
     /// Reads the process environment (see [`JobEnv::from_lookup`]).
     pub fn from_env() -> Result<Self, EnvError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+        Self::from_lookup(env_var)
     }
 
     /// Reads the job from `lookup` (a variable name to its value), trying in order: explicit
@@ -195,12 +195,23 @@ impl JobEnv {
         let get = |var: &str| lookup(var).filter(|v| !v.trim().is_empty());
         let mut found = None;
         for vars in &LAUNCHERS {
-            if let Some(ranks) = ranks(&get, vars)? {
+            if let Some(ranks) = ranks_of(&get, vars)? {
                 found = Some((vars, ranks));
                 break;
             }
         }
-        let (vars, mut ranks) = found.ok_or(EnvError::NoLauncher)?;
+        let (mut vars, mut ranks) = found.ok_or(EnvError::NoLauncher)?;
+        // srun with Slurm's PMI plugins (`--mpi=pmi2`) sets `PMI_RANK`/`PMI_SIZE` beside its
+        // own variables: where they agree with Slurm's and the step's node list is there to
+        // meet at, the job is Slurm's (Hydra's mpirun gives no node list to meet at).
+        if vars.launcher == Launcher::Mpich
+            && get("SLURM_STEP_NODELIST").is_some()
+            && let Some(slurm) = LAUNCHERS.iter().find(|v| v.launcher == Launcher::Slurm)
+            && let Ok(Some(s)) = ranks_of(&get, slurm)
+            && (s.rank, s.size) == (ranks.rank, ranks.size)
+        {
+            (vars, ranks) = (slurm, s);
+        }
         let launcher = vars.launcher;
         if launcher == Launcher::Slurm {
             slurm_size_check(&get, ranks.size)?;
@@ -264,6 +275,12 @@ impl JobEnv {
     }
 }
 
+/// A process environment variable, a value that is not UTF-8 taken lossily: it then fails
+/// to parse with a message naming the variable, instead of counting as unset.
+pub(crate) fn env_var(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+}
+
 struct Ranks {
     rank: u32,
     size: u32,
@@ -286,7 +303,7 @@ fn number(
 }
 
 /// This launcher's ranks, `None` when neither its rank nor its size variable is set.
-fn ranks(get: &impl Fn(&str) -> Option<String>, v: &Vars) -> Result<Option<Ranks>, EnvError> {
+fn ranks_of(get: &impl Fn(&str) -> Option<String>, v: &Vars) -> Result<Option<Ranks>, EnvError> {
     let (rank, size) = match (number(get, v.rank)?, number(get, v.size)?) {
         (None, None) => return Ok(None),
         (Some(_), None) => return Err(missing(v.size, v.rank)),
@@ -398,8 +415,9 @@ fn launcher_job_id(
     let var = |var: &'static str| get(var).map(|id| (id, var));
     match launcher {
         // The run id alone: torch elastic does not synchronise TORCHELASTIC_RESTART_COUNT
-        // between agents, so ranks of one round may see different counts.
-        Launcher::Torchrun => var("TORCHELASTIC_RUN_ID"),
+        // between agents, so ranks of one round may see different counts. `none` is
+        // torchrun's default `--rdzv-id`, which every such job shares: no id at all.
+        Launcher::Torchrun => var("TORCHELASTIC_RUN_ID").filter(|(id, _)| id.trim() != "none"),
         // Open MPI 5 (PRRTE) sets only PMIX_NAMESPACE.
         Launcher::OpenMpi => var("OMPI_MCA_ess_base_jobid").or_else(|| var("PMIX_NAMESPACE")),
         Launcher::Slurm => get("SLURM_JOB_ID").map(|job| match get("SLURM_STEP_ID") {
@@ -408,6 +426,12 @@ fn launcher_job_id(
         }),
         _ => None,
     }
+}
+
+/// Parses a rendezvous address as `RINGCAST_BOOTSTRAP` is read: `host:port`, IPv6 in
+/// brackets, surrounding white space ignored.
+pub fn parse_rendezvous(value: &str) -> Result<RendezvousAddr, EnvError> {
+    parse_bootstrap(value)
 }
 
 /// Parses `RINGCAST_BOOTSTRAP`: `host:port`, IPv6 in brackets.

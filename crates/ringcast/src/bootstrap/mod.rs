@@ -63,11 +63,11 @@ pub(crate) fn fuzz_wire(b: &[u8], world: u32) -> (bool, bool) {
     wire::fuzz(b, world)
 }
 
-pub(crate) use env::job_key_of;
 pub use env::{
     DEFAULT_TIMEOUT, DERIVED_PORT_BASE, DERIVED_PORT_SPAN, EnvError, JobEnv, Launcher,
-    MAX_WORLD_SIZE, RendezvousAddr, TORCHRUN_PORT_OFFSET,
+    MAX_WORLD_SIZE, RendezvousAddr, TORCHRUN_PORT_OFFSET, parse_rendezvous,
 };
+pub(crate) use env::{env_var, job_key_of};
 pub use hostlist::{HostlistError, first_host, host_count};
 pub use iface::{
     IfnameFilter, IfnameSyntaxError, InterfaceError, NetInterface, choose_interface,

@@ -40,6 +40,29 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// connections delays the ranks behind it by at most [`HELLO_TIMEOUT`] a round, and costs
 /// rank 0 a bounded number of sockets and buffers.
 const MAX_PENDING: usize = 256;
+/// How soon the rendezvous tries again to accept connections it could not (out of descriptors
+/// or memory).
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+
+/// Whether an `accept(2)` error is one connection's, not the listener's: the errors the call
+/// passes on from a connection that failed while it was queued (Linux's accept(2) lists them:
+/// treat them as EAGAIN), and a connection refused by a firewall hook.
+fn one_connection_s(e: &io::Error) -> bool {
+    // EPROTO, ENOPROTOOPT, EHOSTDOWN, ENONET, EOPNOTSUPP (Linux's numbers): no std kind of
+    // their own.
+    const OTHERS: [i32; 5] = [71, 92, 112, 64, 95];
+    matches!(
+        e.kind(),
+        ErrorKind::Interrupted
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::ConnectionReset
+            | ErrorKind::NetworkDown
+            | ErrorKind::NetworkUnreachable
+            | ErrorKind::HostUnreachable
+            | ErrorKind::PermissionDenied
+    ) || e.raw_os_error().is_some_and(|n| OTHERS.contains(&n))
+}
+
 /// Refused connections a timeout's message lists (a flood of strays makes it no longer); as
 /// many again of this job's refused hellos, which come first.
 const REJECTED_KEPT: usize = 16;
@@ -152,15 +175,14 @@ impl<'a> Server<'a> {
                 return Err(self.fail(self.timeout_error()));
             }
             self.expire(now);
-            if let Err(source) = self.accept() {
-                let addr = self.addr.clone();
-                return Err(self.fail(RendezvousError::Io { addr, source }));
-            }
-            // Until the next hello could time out, the deadline at the latest.
+            let again = self.accept();
+            // Until the next hello could time out, the deadline at the latest (soon, where
+            // connections wait that could not be accepted yet).
             let wake = self
                 .pending
                 .values()
                 .map(|p| p.accepted + HELLO_TIMEOUT)
+                .chain(again.then(|| now + ACCEPT_RETRY))
                 .fold(self.deadline, Instant::min);
             let wait = wake.saturating_duration_since(Instant::now());
             if let Err(source) = self.poll.poll(&mut events, Some(wait)) {
@@ -241,9 +263,12 @@ impl<'a> Server<'a> {
         Ok(table(nonce, entries))
     }
 
-    /// Accepts connections while there is room for them; an error the listener cannot go on
-    /// from.
-    fn accept(&mut self) -> io::Result<()> {
+    /// Accepts connections while there is room for them. True where some may be left that
+    /// could not be accepted now (out of descriptors or memory): the caller tries again
+    /// after [`ACCEPT_RETRY`]. One connection's trouble (`accept(2)` passes on its network
+    /// errors) costs that connection only; no error ends the rendezvous, which ends at its
+    /// deadline naming the ranks that never came.
+    fn accept(&mut self) -> bool {
         while self.pending.len() < MAX_PENDING {
             match self.listener.accept() {
                 Ok((mut stream, peer)) => {
@@ -266,15 +291,16 @@ impl<'a> Server<'a> {
                     self.pending.insert(token, pending);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ErrorKind::Interrupted | ErrorKind::ConnectionAborted
-                    ) => {}
-                Err(e) => return Err(e),
+                Err(e) if one_connection_s(&e) => {
+                    tracing::debug!(error = %e, "rendezvous: a connection failed as it came");
+                }
+                Err(e) => {
+                    tracing::warn!(addr = %self.addr, error = %e, "rendezvous: cannot accept now");
+                    return true;
+                }
             }
         }
-        Ok(())
+        false
     }
 
     /// The ranks of this job (or of none: no job key) whose hello, still coming, already
@@ -557,12 +583,12 @@ impl<'a> Server<'a> {
                 break;
             }
             self.expire(now);
-            if let Err(e) = self.accept() {
-                // The job has failed (and said so) already: no second error.
-                tracing::debug!(error = %e, "rendezvous: no more late ranks told");
-                break;
-            }
-            match self.poll.poll(&mut events, Some(until - now)) {
+            let wait = if self.accept() {
+                ACCEPT_RETRY.min(until - now)
+            } else {
+                until - now
+            };
+            match self.poll.poll(&mut events, Some(wait)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => break,
@@ -649,6 +675,26 @@ fn read_some(stream: &mut mio::net::TcpStream, hello: &mut Vec<u8>) -> io::Resul
             Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What accept(2) passes on from one failed connection costs that connection; running out
+    /// of descriptors or memory is waited out; neither ends the rendezvous.
+    #[test]
+    fn a_connection_s_failure_is_not_the_listener_s() {
+        // EINTR, EPERM, ECONNABORTED, ECONNRESET, ENETDOWN, ENETUNREACH, EHOSTUNREACH, and
+        // the five without a kind.
+        for n in [4, 1, 103, 104, 100, 101, 113, 71, 92, 112, 64, 95] {
+            assert!(one_connection_s(&io::Error::from_raw_os_error(n)), "{n}");
+        }
+        // EMFILE, ENFILE, ENOBUFS, ENOMEM, EBADF.
+        for n in [24, 23, 105, 12, 9] {
+            assert!(!one_connection_s(&io::Error::from_raw_os_error(n)), "{n}");
         }
     }
 }

@@ -157,7 +157,7 @@ impl Default for CommBuilder {
 }
 
 fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+    bootstrap::env_var(name).filter(|v| !v.trim().is_empty())
 }
 
 fn parse_var<T: std::str::FromStr>(name: &str) -> Result<Option<T>, BuildError>
@@ -311,21 +311,12 @@ impl CommBuilder {
     /// Anything else (no port, port 0, not a number) fails [`build`](Self::build) with
     /// [`BuildError::Invalid`].
     pub fn rendezvous(mut self, host_port: &str) -> Self {
-        let parsed = host_port
-            .rsplit_once(':')
-            .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse::<u16>().ok()?)))
-            .filter(|&(h, p)| !h.is_empty() && p != 0);
-        let Some((host, port)) = parsed else {
-            self.peers = Some(Peers::BadRendezvous(host_port.to_owned()));
-            return self;
-        };
-        self.peers = Some(Peers::Rendezvous {
-            addr: RendezvousAddr {
-                host: host.to_owned(),
-                port,
-                origin: "CommBuilder::rendezvous",
-            },
-            job_key: 0,
+        self.peers = Some(match bootstrap::parse_rendezvous(host_port) {
+            Ok(mut addr) => {
+                addr.origin = "CommBuilder::rendezvous";
+                Peers::Rendezvous { addr, job_key: 0 }
+            }
+            Err(_) => Peers::BadRendezvous(host_port.to_owned()),
         });
         self
     }
@@ -561,6 +552,37 @@ impl CommBuilder {
                 why: "0 lanes: at least one multicast group is needed".into(),
             });
         }
+        if let Some(l) = self.lanes
+            && l > MAX_LANES
+        {
+            return Err(BuildError::Invalid {
+                setting: "lanes (CommBuilder::lanes, RINGCAST_LANES)".into(),
+                why: format!(
+                    "{l} lanes is above {MAX_LANES}: each is a multicast group, two sockets and \
+                     two threads on every rank"
+                ),
+            });
+        }
+        if self.udp_port == 0 {
+            return Err(BuildError::Invalid {
+                setting: "UDP port (CommBuilder::udp_port, RINGCAST_PORT)".into(),
+                why: "0: the ranks must send to and join one known port".into(),
+            });
+        }
+        if self.peer_timeout.is_zero() {
+            return Err(BuildError::Invalid {
+                setting: "peer timeout (RINGCAST_PEER_TIMEOUT)".into(),
+                why: "0 s: every rank would count as hung at once".into(),
+            });
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(BuildError::Invalid {
+                setting: "connect timeout (CommBuilder::connect_timeout, \
+                          RINGCAST_BOOTSTRAP_TIMEOUT)"
+                    .into(),
+                why: "0 s: no rank could be met".into(),
+            });
+        }
         if self.chains == Some(0) {
             return Err(BuildError::Invalid {
                 setting: "Allgather chains (CommBuilder::allgather_chains, RINGCAST_CHAINS)".into(),
@@ -591,6 +613,13 @@ impl CommBuilder {
             return Err(BuildError::Invalid {
                 setting: "rank".into(),
                 why: format!("rank {rank} is not below the world size {size}"),
+            });
+        }
+        let max_ranks = ringcast_core::Limits::default().max_ranks;
+        if size > max_ranks {
+            return Err(BuildError::Invalid {
+                setting: "world size (RINGCAST_WORLD_SIZE, or the launcher's)".into(),
+                why: format!("{size} ranks is above the {max_ranks} a communicator may have"),
             });
         }
         // With fallback = tcp or small operations over TCP, a second TCP mesh.
@@ -656,7 +685,10 @@ impl CommBuilder {
             Peers::BadRendezvous(given) => {
                 return Err(BuildError::Invalid {
                     setting: "CommBuilder::rendezvous".into(),
-                    why: format!("{given:?} is not host:port (with a port from 1 to 65535)"),
+                    why: format!(
+                        "{given:?} is not host:port (with a port from 1 to 65535, an IPv6 \
+                         address in brackets)"
+                    ),
                 });
             }
             Peers::Env(mut job) => {
@@ -679,6 +711,9 @@ impl CommBuilder {
                         ),
                     });
                 }
+                // From the environment (`RINGCAST_BOOTSTRAP_TIMEOUT`) unless the builder
+                // was told otherwise since.
+                job.timeout = self.connect_timeout;
                 let iface = match self.interface {
                     Some(a) => a,
                     None => job.interface().map_err(BootstrapError::from)?.addr,
@@ -697,7 +732,7 @@ impl CommBuilder {
                 why: format!("{} entries for {size} ranks", control.len()),
             });
         }
-        let chunk = self.chunk_size.unwrap_or_else(|| default_chunk(iface));
+        let chunk = pick_chunk(self.chunk_size, chunk_room(iface), iface)?;
         // Every rank holds the same table, so every rank picks the same default (the start-up
         // check compares them all the same).
         let tcp_threshold = self
@@ -1012,6 +1047,8 @@ fn listen(
 /// gained from 2 to 4 lanes and an Allgather little past 2; BENCHMARKS.md, "Twenty-third
 /// round").
 const MAX_AUTO_LANES: u16 = 4;
+/// Most lanes a communicator may be given.
+const MAX_LANES: u16 = 64;
 
 /// What a rank tells the others of its host through the rendezvous, for [`auto_lanes`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1367,17 +1404,40 @@ fn link_rate(loopback: bool, speed: Option<&str>, lanes: u16) -> u64 {
         .unwrap_or(UNKNOWN_LINK)
 }
 
-/// The largest power-of-two chunk (at most 4 KiB) whose datagram fits the interface's MTU.
-fn default_chunk(iface: Ipv4Addr) -> u32 {
-    const MAX: u32 = 4096;
+/// The largest chunk whose datagram fits the MTU of the interface at `iface`, where it can be
+/// read.
+fn chunk_room(iface: Ipv4Addr) -> Option<u32> {
     let mtu = interface_of(iface)
         .and_then(|(name, _)| sysfs_net(&name, "mtu"))
-        .and_then(|m| m.parse::<u32>().ok());
-    let Some(mtu) = mtu else {
+        .and_then(|m| m.parse::<u32>().ok())?;
+    // IPv4 20, UDP 8, BTH + DETH + ImmDt + ICRC.
+    Some(mtu.saturating_sub(28 + ringcast_transport_rocev2_udp::DATAGRAM_OVERHEAD as u32))
+}
+
+/// The chunk size: `asked`, unless its datagram would not fit the `room` the MTU of the
+/// interface at `iface` leaves (see [`chunk_room`]), or the default within it.
+fn pick_chunk(asked: Option<u32>, room: Option<u32>, iface: Ipv4Addr) -> Result<u32, BuildError> {
+    match (asked, room) {
+        (None, room) => Ok(default_chunk(room)),
+        (Some(c), Some(room)) if c > room => Err(BuildError::Invalid {
+            setting: "chunk size (CommBuilder::chunk_size, RINGCAST_CHUNK_SIZE)".into(),
+            why: format!(
+                "{c} bytes and their headers do not fit one datagram within the MTU of the \
+                 interface at {iface} (room for {room} bytes): the kernel would refuse every \
+                 multicast"
+            ),
+        }),
+        (Some(c), _) => Ok(c),
+    }
+}
+
+/// The largest power-of-two chunk (at most 4 KiB, at least 256 bytes) within `room` (see
+/// [`chunk_room`]; 4 KiB where unknown).
+fn default_chunk(room: Option<u32>) -> u32 {
+    const MAX: u32 = 4096;
+    let Some(room) = room else {
         return MAX;
     };
-    // IPv4 20, UDP 8, BTH + DETH + ImmDt + ICRC.
-    let room = mtu.saturating_sub(28 + ringcast_transport_rocev2_udp::DATAGRAM_OVERHEAD as u32);
     let mut c = MAX;
     while c > 256 && c > room {
         c /= 2;
@@ -1388,6 +1448,7 @@ fn default_chunk(iface: Ipv4Addr) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bootstrap::RendezvousError;
 
     /// A builder as [`CommBuilder::from_env`] makes it, from these variables.
     fn from_vars(vars: &[(&str, &str)]) -> CommBuilder {
@@ -1419,6 +1480,31 @@ mod tests {
         const { assert!(ONE_HOST_TCP_THRESHOLD > DEFAULT_TCP_THRESHOLD) };
     }
 
+    /// `connect_timeout` called after `from_env` bounds the rendezvous too, not only the
+    /// mesh: a rank that finds nobody at the rendezvous gives up after it, not after
+    /// `RINGCAST_BOOTSTRAP_TIMEOUT`'s minute.
+    #[test]
+    fn connect_timeout_overrides_the_environment_s_rendezvous_timeout() {
+        // A port nobody listens on (bound, then closed).
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a port")
+            .port();
+        let at = format!("127.0.0.1:{port}");
+        let b = from_vars(&[
+            ("RINGCAST_RANK", "1"),
+            ("RINGCAST_WORLD_SIZE", "2"),
+            ("RINGCAST_BOOTSTRAP", &at),
+            ("RINGCAST_BOOTSTRAP_TIMEOUT", "60"),
+        ]);
+        match b.connect_timeout(Duration::from_millis(300)).build() {
+            Err(BuildError::Rendezvous(RendezvousError::Unreachable { waited, .. })) => {
+                assert!(waited < Duration::from_secs(30), "{waited:?}");
+            }
+            other => panic!("{:?}", other.err()),
+        }
+    }
+
     /// A peer timeout longer than the default post timeout raises it (`ringcast bench
     /// --peer-timeout 700s` was refused, naming a post timeout it has no flag for); a post
     /// timeout set shorter than the peer timeout is still refused.
@@ -1444,6 +1530,29 @@ mod tests {
 
     /// A link's rate is what the kernel reports, in megabits per second; loopback's is taken
     /// as 20 Gbit/s, and a device that reports none (`-1`, or no file) gets 10 Gbit/s.
+    /// An explicit chunk whose datagram the interface's MTU cannot carry is refused (the
+    /// kernel would refuse every send, and every chunk would be fetched over TCP), one that
+    /// fits is kept, and the default is the largest power of two that fits.
+    #[test]
+    fn chunks_must_fit_the_interface_s_mtu() {
+        let at = Ipv4Addr::new(10, 0, 0, 1);
+        // An Ethernet MTU of 1500 leaves 1500 - 28 - the RoCEv2 headers.
+        let room = 1500 - 28 - ringcast_transport_rocev2_udp::DATAGRAM_OVERHEAD as u32;
+        match pick_chunk(Some(2048), Some(room), at) {
+            Err(BuildError::Invalid { setting, why }) => {
+                assert!(setting.contains("RINGCAST_CHUNK_SIZE"), "{setting}");
+                assert!(why.contains("10.0.0.1") && why.contains("MTU"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(pick_chunk(Some(room), Some(room), at).ok(), Some(room));
+        assert_eq!(pick_chunk(Some(9000), None, at).ok(), Some(9000));
+        assert_eq!(pick_chunk(None, Some(room), at).ok(), Some(1024));
+        assert_eq!(pick_chunk(None, Some(65_000), at).ok(), Some(4096));
+        assert_eq!(pick_chunk(None, None, at).ok(), Some(4096));
+        assert_eq!(pick_chunk(None, Some(10), at).ok(), Some(256));
+    }
+
     #[test]
     fn link_rates_follow_the_kernel_s_speed() {
         assert_eq!(link_rate(false, Some("25000"), 1), 25_000_000_000 / 8);
