@@ -38,7 +38,8 @@
 //! served, and nothing is allocated for it. Answers are copies queued on the connection; while
 //! 16 MiB of it wait unwritten, further reads wait as requests, answered in order as it drains
 //! ([`ControlStats::reads_deferred`]), so a peer that asks without reading costs a bounded
-//! queue, not a copy of every range it names. A read this rank asks for lands in its own
+//! queue, not a copy of every range it names; past [`MAX_DEFERRED_READS`] of them its
+//! connection is closed as malformed. A read this rank asks for lands in its own
 //! registered buffer at the same offset, from the peer it asked only: an answer or refusal
 //! from another is counted as stray ([`ControlStats::stray_responses`]) and changes nothing.
 //!
@@ -80,6 +81,16 @@ const READ_REQ_LEN: usize = 1 + 8 * 4;
 /// rest wait, as requests, for the queue to drain (a peer that asks and does not read costs
 /// this much, not a copy of every range it names).
 const SERVE_QUEUE: usize = 16 << 20;
+/// Most reads of one peer that may wait for [`SERVE_QUEUE`] to drain (8 MiB of requests). A
+/// rank asks one read per missing run, and its I/O thread reads its answers as they come, so
+/// only a peer that asks and never reads gets near it: past it, its connection is closed as
+/// malformed (the peer counts as lost).
+pub const MAX_DEFERRED_READS: usize = 1 << 18;
+/// Longest read a frame can answer: its 32-bit length counts the kind, the read's id and the
+/// bytes.
+pub const MAX_FRAME_READ: u64 = u32::MAX as u64 - 1 - 8;
+/// Longest message a frame can carry (its length counts the kind and the message).
+pub const MAX_FRAME_MESSAGE: usize = u32::MAX as usize - 1;
 /// Longest wait for an accepted connection's hello.
 const HELLO_WAIT: Duration = Duration::from_secs(2);
 /// Parts of a frame [`Link::send_parts`] writes at once (the frame header included).
@@ -209,11 +220,13 @@ impl Registry {
 pub struct ControlConfig {
     /// The job nonce; both ends of every connection must agree.
     pub nonce: u64,
-    /// Longest read served or asked for, in bytes.
+    /// Longest read served or asked for, in bytes; at most [`MAX_FRAME_READ`] (a larger
+    /// value is taken as that).
     pub max_read: u64,
     /// Longest control message accepted or sent, in bytes. A longer one from a peer ends
     /// its connection as malformed; a longer one to send is dropped and counted
-    /// ([`ControlStats::messages_too_long`]).
+    /// ([`ControlStats::messages_too_long`]). At most [`MAX_FRAME_MESSAGE`] (a larger value
+    /// is taken as that).
     pub max_message: usize,
     /// Bound on the whole start-up (connects, accepts, hellos).
     pub connect_timeout: Duration,
@@ -234,6 +247,15 @@ impl ControlConfig {
             max_message: 8 << 20,
             connect_timeout: Duration::from_secs(10),
             inline_io: false,
+        }
+    }
+
+    /// These settings with the limits a frame's 32-bit length can carry.
+    fn framable(self) -> Self {
+        ControlConfig {
+            max_read: self.max_read.min(MAX_FRAME_READ),
+            max_message: self.max_message.min(MAX_FRAME_MESSAGE),
+            ..self
         }
     }
 
@@ -581,12 +603,16 @@ impl Link {
     }
 
     /// A peer's read: answered now, or once the queue holds less than [`SERVE_QUEUE`] bytes
-    /// (after the reads asked before it).
-    fn ask(&self, a: Asked) {
+    /// (after the reads asked before it). False when [`MAX_DEFERRED_READS`] already wait: a
+    /// protocol error.
+    fn ask(&self, a: Asked) -> bool {
         let now = {
             let out = self.out();
             if out.closed {
-                return;
+                return true;
+            }
+            if out.asked.len() >= MAX_DEFERRED_READS {
+                return false;
             }
             out.asked.is_empty() && out.bytes < SERVE_QUEUE
         };
@@ -595,12 +621,13 @@ impl Link {
             // do not wait for it. (Only the thread that reads this connection asks, so no
             // read asked before this one can be waiting meanwhile.)
             self.send(Frame::Owned(self.serve.reply(a)));
-            return;
+            return true;
         }
         bump(&self.serve.stats.reads_deferred);
         let mut out = self.out();
         out.asked.push_back(a);
         self.flush(&mut out);
+        true
     }
 
     /// Queues the answers of waiting reads while the queue is short enough; whether any was.
@@ -773,9 +800,13 @@ impl std::fmt::Debug for TcpControl {
     }
 }
 
+/// A frame's header and room for its body; `body_len` is within what the limits allow
+/// ([`MAX_FRAME_READ`], [`MAX_FRAME_MESSAGE`]), so that its length fits the header.
 fn frame(kind: u8, body_len: usize) -> Vec<u8> {
     let mut f = Vec::with_capacity(5 + body_len);
-    f.extend_from_slice(&((1 + body_len) as u32).to_be_bytes());
+    let len = u32::try_from(1 + body_len);
+    debug_assert!(len.is_ok(), "a frame of {body_len} bytes");
+    f.extend_from_slice(&len.unwrap_or(u32::MAX).to_be_bytes());
     f.push(kind);
     f
 }
@@ -1294,6 +1325,7 @@ impl TcpControl {
         registry: Registry,
         cfg: ControlConfig,
     ) -> Result<Self, ControlError> {
+        let cfg = cfg.framable();
         let ranks = table.len();
         if rank as usize >= ranks || ranks > 1 << 24 {
             return Err(ControlError::BadTable { rank, ranks });
@@ -1560,6 +1592,10 @@ impl TcpControl {
         let IoMode::Inline(io, _) = &mut self.io else {
             return false;
         };
+        let (max_message, max_read) = (
+            max_message.min(MAX_FRAME_MESSAGE),
+            max_read.min(MAX_FRAME_READ),
+        );
         for cfg in [&mut self.cfg, &mut io.cfg] {
             cfg.max_message = max_message;
             cfg.max_read = max_read;
@@ -2352,10 +2388,7 @@ impl Served<'_> {
         };
         let to_owner = match frame {
             Incoming::Message(body) => Inbound::Message(self.peer, body.to_vec()),
-            Incoming::ReadReq(a) => {
-                self.link.ask(a);
-                return true;
-            }
+            Incoming::ReadReq(a) => return self.link.ask(a),
             Incoming::ReadResp { id, bytes } => Inbound::ReadData(self.peer, id, bytes.to_vec()),
             Incoming::Refused(id) => Inbound::Refused(self.peer, id),
             Incoming::Bye { mark, blamed } => Inbound::Bye(self.peer, mark, blamed),
@@ -3608,6 +3641,76 @@ mod tests {
         let mut buf = Vec::new();
         assert!(read_frame(&mut s, 64, &mut buf).expect("reply"));
         (t.join().expect("join"), s)
+    }
+
+    /// Limits past what a frame's 32-bit length can say are taken as the most it can: the
+    /// longest answer and message then have lengths that fit their header exactly (a 4 GiB
+    /// read's length wrapped, and its bytes were taken for frames).
+    #[test]
+    fn limits_beyond_a_frame_s_length_are_taken_as_its_most() {
+        let cfg = ControlConfig {
+            max_read: u64::MAX,
+            max_message: usize::MAX,
+            ..ControlConfig::new(1)
+        }
+        .framable();
+        assert_eq!(
+            (cfg.max_read, cfg.max_message),
+            (MAX_FRAME_READ, MAX_FRAME_MESSAGE)
+        );
+        for kind in [KIND_READ_RESP, KIND_MESSAGE] {
+            assert_eq!(cfg.frame_limit(kind), u32::MAX as usize, "kind {kind}");
+        }
+        let small = ControlConfig::new(1);
+        assert_eq!(small.framable(), small);
+        let mut m = mesh_io(2, 33, |r| r == 0);
+        assert!(m[0].set_limits(usize::MAX, u64::MAX));
+        assert_eq!(m[0].max_read.load(Ordering::Relaxed), MAX_FRAME_READ);
+    }
+
+    /// A peer that keeps asking and never reads costs at most [`MAX_DEFERRED_READS`] waiting
+    /// requests: past them its connection is closed as malformed and it counts as lost (the
+    /// requests cost 32 bytes each for the 33 the peer sends: without the bound, memory grows
+    /// as long as it keeps sending).
+    #[test]
+    fn a_peer_that_asks_and_never_reads_is_cut_off() {
+        const LEN: u64 = 4 << 20;
+        let cfg = ControlConfig {
+            max_read: LEN,
+            ..ControlConfig::new(32)
+        };
+        let (mut c, mut s) = mesh_with_hand_peer(cfg);
+        c.registry()
+            .register(OpId(3), OpBuffer::zeroed(LEN as usize));
+        // Eight whole-buffer reads fill the socket and the queue past SERVE_QUEUE; the tiny
+        // ones after them wait.
+        let reads = 8 + MAX_DEFERRED_READS as u64 + 1000;
+        let mut asks = Vec::with_capacity(reads as usize * READ_REQ_LEN + 4);
+        for i in 0..reads {
+            asks.extend(frame(KIND_READ_REQ, READ_REQ_LEN - 1));
+            for v in [i, 3, 0, if i < 8 { LEN } else { 1 }] {
+                asks.extend_from_slice(&v.to_be_bytes());
+            }
+        }
+        // Written until rank 0 closes the connection, unread meanwhile.
+        let writer = thread::spawn(move || {
+            let _ = s.write_all(&asks);
+            s
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while c.take_lost().is_none() {
+            assert!(Instant::now() < deadline, "the peer was never cut off");
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(c.stats().malformed.load(Ordering::Relaxed), 1);
+        let deferred = c.stats().reads_deferred.load(Ordering::Relaxed);
+        // (Some of the whole-buffer reads may have waited too, and been answered since.)
+        let most = MAX_DEFERRED_READS as u64;
+        assert!(
+            (most..=most + 8).contains(&deferred),
+            "{deferred} reads waited"
+        );
+        drop(writer.join().expect("writer"));
     }
 
     /// A frame longer than its kind allows ends the connection as soon as its length and kind

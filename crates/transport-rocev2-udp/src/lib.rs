@@ -60,8 +60,9 @@ pub use sys::{HUGE_PAGE, advise_huge_pages};
 pub mod tx;
 
 pub use control::{
-    ControlConfig, ControlError, IoWait, IoWaker, Lander, Landing, OpBuffer, PeerLost, Registry,
-    SEND_LOW_WATER, Taken, TcpControl,
+    ControlConfig, ControlError, IoWait, IoWaker, Lander, Landing, MAX_DEFERRED_READS,
+    MAX_FRAME_MESSAGE, MAX_FRAME_READ, OpBuffer, PeerLost, Registry, SEND_LOW_WATER, Taken,
+    TcpControl,
 };
 pub use port::{PortError, UdpPort, UdpPortConfig, UdpRx, UdpTx};
 pub use rx::{Chunk, LaneReceiver, RxBatch, RxConfig, RxError, RxStats};

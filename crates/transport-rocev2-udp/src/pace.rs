@@ -69,11 +69,9 @@ impl Pacer {
         if self.credit >= 0 {
             return None;
         }
-        let debt = -self.credit as u128;
-        let wait_ns = debt.div_ceil(u128::from(self.rate));
-        Some(Instant::from_nanos(
-            now.as_nanos().saturating_add(wait_ns as u64),
-        ))
+        let debt = self.credit.unsigned_abs();
+        let wait_ns = u64::try_from(debt.div_ceil(u128::from(self.rate))).unwrap_or(u64::MAX);
+        Some(Instant::from_nanos(now.as_nanos().saturating_add(wait_ns)))
     }
 
     /// Charges a batch of `bytes` sent at `now`.

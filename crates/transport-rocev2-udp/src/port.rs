@@ -156,6 +156,9 @@ impl UdpPort {
     /// Opens every lane's receive and send socket (joining the groups) over `control`, whose
     /// registry the lanes share.
     pub fn open(cfg: &UdpPortConfig, control: TcpControl) -> Result<Self, PortError> {
+        if cfg.max_payload > crate::MAX_CHUNK_PAYLOAD {
+            return Err(TxError::BadConfig("max_payload does not fit a UDP datagram").into());
+        }
         let lanes = usize::from(cfg.lanes);
         let job = JobAddrs::derive(cfg.nonce, lanes, &cfg.addr)?;
         let registry = control.registry().clone();

@@ -168,6 +168,12 @@ pub struct LaneSender {
 impl LaneSender {
     /// A sender on `sock` for the lane `cfg` describes; allocates its staging buffer.
     pub fn new(sock: TxSocket, cfg: TxConfig) -> Result<Self, TxError> {
+        // Checked before any arithmetic on it (`usize::MAX`, "no limit", would wrap).
+        if cfg.max_payload > crate::MAX_CHUNK_PAYLOAD {
+            return Err(TxError::BadConfig(
+                "max_payload does not fit a UDP datagram",
+            ));
+        }
         let seg_max = packet::datagram_len(cfg.max_payload);
         if seg_max > MAX_UDP_PAYLOAD {
             return Err(TxError::BadConfig(
@@ -489,10 +495,15 @@ mod tests {
         let max = crate::MAX_CHUNK_PAYLOAD;
         assert!(packet::datagram_len(max) <= MAX_UDP_PAYLOAD);
         assert!(LaneSender::new(sock(), cfg(max)).is_ok());
-        assert!(matches!(
-            LaneSender::new(sock(), cfg(max + 1)),
-            Err(TxError::BadConfig(_))
-        ));
+        for too_long in [max + 1, usize::MAX - 27, usize::MAX] {
+            assert!(
+                matches!(
+                    LaneSender::new(sock(), cfg(too_long)),
+                    Err(TxError::BadConfig(_))
+                ),
+                "{too_long}"
+            );
+        }
     }
 
     /// The kernel refuses GSO on a socket without UDP checksums (`EINVAL`), as it refuses it

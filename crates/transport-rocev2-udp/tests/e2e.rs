@@ -637,3 +637,32 @@ fn a_ports_own_multicast_never_reaches_its_receive_half_on_loopback() {
     assert_eq!((s.datagrams, s.empty, s.recv_calls), (0, 0, 0));
     assert_eq!(own.receiver().socket().socket_drops().unwrap(), 0);
 }
+
+/// A payload limit no datagram can carry (`usize::MAX` as "no limit" wrapped the datagram
+/// length, and the first send panicked) is refused when the port opens.
+#[test]
+fn a_payload_limit_no_datagram_can_carry_is_refused() {
+    for max_payload in [
+        ringcast_transport_rocev2_udp::MAX_CHUNK_PAYLOAD + 1,
+        usize::MAX,
+    ] {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let table = vec![listener.local_addr().unwrap()];
+        let control = TcpControl::connect(
+            0,
+            &table,
+            listener,
+            Registry::default(),
+            ControlConfig::new(9),
+        )
+        .unwrap();
+        let cfg = UdpPortConfig {
+            max_payload,
+            ..UdpPortConfig::loopback(0, 1, 1, 9, free_udp_port())
+        };
+        assert!(
+            matches!(UdpPort::open(&cfg, control), Err(PortError::Tx(_))),
+            "{max_payload}"
+        );
+    }
+}

@@ -253,6 +253,8 @@ impl RxOp {
     #[cold]
     #[inline(never)]
     fn committed_cold(&mut self, k: &mut OpCold, lane: u16, notes: &mut VecDeque<RxNote>) {
+        // A settle that lowers `expect` to `committed` says `Full` itself.
+        let expect = k.expect;
         if self.notify == 0 {
             self.notify = k.expect;
             let (bi, c) = k.watched;
@@ -263,7 +265,7 @@ impl RxOp {
                 self.on_watch(k, lane, bi as usize, c, notes);
             }
         }
-        if self.committed == k.expect {
+        if self.committed == k.expect && k.expect == expect {
             notes.push_back(RxNote::Full { lane, op: self.id });
         }
     }
@@ -1135,6 +1137,26 @@ mod tests {
             Some(RxNote::Closed { bitmap, .. }) => assert_eq!(bitmap.present(), 599),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// The last chunk of a block that lost one near its end settles the gap at its watch
+    /// point and completes the lane: full, said once.
+    #[test]
+    fn a_lane_completed_by_the_settle_at_its_last_chunk_is_full_once() {
+        let mut rx = leaf(300);
+        for c in (0..300).filter(|c| *c != 295) {
+            assert!(feed(&mut rx, c), "chunk {c}");
+        }
+        let got = notes(&mut rx);
+        let full = got
+            .iter()
+            .filter(|n| matches!(n, RxNote::Full { .. }))
+            .count();
+        assert_eq!(full, 1, "{got:?}");
+        assert!(got.iter().any(|n| matches!(
+            n,
+            RxNote::Settled { missing, .. } if missing == &[ChunkRun { start: 295, len: 1 }]
+        )));
     }
 
     /// Chunks 0..300 but 5 fed in order: the watch point at bit 256 settles 0..192.
