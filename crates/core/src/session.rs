@@ -103,13 +103,16 @@ pub struct Session {
     /// The application posted operations this session has not started yet (they wait for
     /// room, see [`Self::set_queued`]): its program did not stop, whatever failed last.
     queued: bool,
-    /// The last [`FAILED_KEEP`] operations that failed here, each with the rank its failure
-    /// named: told to a rank that asks about one while still in its barrier
-    /// ([`Standing::EndedAfter`]).
-    failures: VecDeque<(u64, Rank)>,
+    /// The last [`FAILED_KEEP`] runs of operations that failed here (consecutive ids, first
+    /// and past-the-last, naming one rank), each with the rank its failures named: told to a
+    /// rank that asks about one while still in its barrier ([`Standing::EndedAfter`]). Runs,
+    /// so that a burst of operations abandoned over one rank (a queue of them failing behind
+    /// a rank that never posts) does not crowd out the first ones, which the peers' barriers
+    /// are still asking about.
+    failures: VecDeque<(u64, u64, Rank)>,
 }
 
-/// How many failed operations [`Session::standing`] remembers.
+/// How many runs of failed operations [`Session::standing`] remembers.
 const FAILED_KEEP: usize = 64;
 
 /// How many ended operations [`Session::barrier_slack`] looks at.
@@ -271,7 +274,10 @@ impl Session {
 
     /// Operation `seq` failed here naming `culprit` (see [`Self::standing`]).
     fn failed_here(&mut self, seq: u64, culprit: Rank) {
-        keep_last(&mut self.failures, FAILED_KEEP, (seq, culprit));
+        match self.failures.back_mut() {
+            Some((_, end, c)) if *end == seq && *c == culprit => *end += 1,
+            _ => keep_last(&mut self.failures, FAILED_KEEP, (seq, seq + 1, culprit)),
+        }
     }
 
     /// Operation `seq` ended here without a barrier: skipped (`shape` `None`) or empty. Its
@@ -503,7 +509,8 @@ impl Session {
         } else if seq < self.next_seq {
             if self.recent.iter().any(|r| r.seq == seq) {
                 Standing::EndedApart
-            } else if let Some(&(_, c)) = self.failures.iter().find(|f| f.0 == seq) {
+            } else if let Some(&(.., c)) = self.failures.iter().find(|f| (f.0..f.1).contains(&seq))
+            {
                 Standing::EndedAfter(c.0)
             } else {
                 Standing::Ended

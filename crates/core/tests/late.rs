@@ -264,6 +264,32 @@ fn an_abandoned_operation_is_answered_as_failed_and_a_skipped_one_as_apart() {
     }
 }
 
+/// A burst of abandoned operations (a queue failing behind a rank that never posts) is
+/// remembered whole: the first of them, which a peer's barrier may still be asking about, is
+/// answered as failed, not as ended (which would make the asking rank blame itself). Runs of
+/// another culprit, or broken by a skipped id, stay apart.
+#[test]
+fn a_burst_of_abandoned_operations_is_answered_as_failed_from_its_first() {
+    let mut n = Node::new(Config::new(1, 3)).unwrap();
+    for op in 0..500 {
+        assert_eq!(n.abandon_op(Rank(2)).0, op);
+    }
+    assert_eq!(n.skip_op().0, 500);
+    assert_eq!(n.abandon_op(Rank(0)).0, 501);
+    assert_eq!(n.abandon_op(Rank(2)).0, 502);
+    for (op, want) in [
+        (0, Standing::EndedAfter(2)),
+        (250, Standing::EndedAfter(2)),
+        (499, Standing::EndedAfter(2)),
+        (500, Standing::EndedApart),
+        (501, Standing::EndedAfter(0)),
+        (502, Standing::EndedAfter(2)),
+        (503, Standing::NotPostedAfter(2)),
+    ] {
+        assert_eq!(asked(&mut n, op), [(Rank(0), here(op, want))], "op {op}");
+    }
+}
+
 #[test]
 fn a_failure_over_another_path_is_told_until_the_next_post() {
     // Operation 1 ran over another path (ringcast's TCP one) and failed there naming rank 2:

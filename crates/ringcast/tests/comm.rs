@@ -1193,6 +1193,56 @@ fn a_rank_that_never_posts_fails_the_operation_at_the_post_timeout() {
     }
 }
 
+/// Behind a rank that never posts, more operations queued than the session runs at once
+/// all fail within about one post timeout, naming it: the ones queued behind the first
+/// failure fail with it (each window of them used to wait a post timeout of its own: 200
+/// queued here, 8 s for the last instead of 2).
+#[test]
+fn operations_queued_behind_a_rank_that_never_posts_fail_by_their_post_timeout() {
+    const OPS: usize = 200;
+    const POST: Duration = Duration::from_secs(2);
+    let release = Arc::new(Barrier::new(RANKS as usize));
+    world_with(
+        94,
+        move |b| {
+            b.tcp_threshold(0)
+                .peer_timeout(Duration::from_secs(1))
+                .post_timeout(POST)
+        },
+        move |comm| {
+            let me = comm.rank();
+            let out = if me == 1 {
+                Ok(())
+            } else {
+                let t = Instant::now();
+                let requests = (0..OPS)
+                    .map(|_| comm.ibroadcast(0, vec![me as u8; 1024]))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(e)?;
+                let mut bad = None;
+                for r in requests {
+                    match r.wait() {
+                        Err(CommError::NotPosted { peer: 1 })
+                        | Err(CommError::PeerFailed { peer: 1, .. }) => {}
+                        other => bad = bad.or(Some(format!("{:?}", other.map(|_| ())))),
+                    }
+                }
+                // Without failing the queued ones: 2, 4, 6 and 8 s, a window of 64 at a time.
+                match bad {
+                    Some(b) => Err(format!("rank {me}: {b}")),
+                    None if t.elapsed() > POST * 5 / 2 => Err(format!(
+                        "rank {me}: the last failed after {:?}",
+                        t.elapsed()
+                    )),
+                    None => Ok(()),
+                }
+            };
+            release.wait();
+            out
+        },
+    );
+}
+
 /// The same with small operations over TCP in flight beside multicast ones: dropping the
 /// communicator cancels both kinds, and the engine and the dispatcher both stop.
 #[test]

@@ -292,6 +292,44 @@ fn loss_during_the_run_switches_every_rank_at_the_same_operation() {
     }
 }
 
+/// As above, with requests dropped unwaited (allowed, and harmless): their operations'
+/// loss still counts, so the ranks still switch (the window was fed by the requests that
+/// were waited for, and never tripped here).
+#[test]
+fn loss_in_operations_nobody_waits_for_still_switches() {
+    let got = world(9, switching_on_loss, |_, comm| {
+        let comm = comm.map_err(|e| format!("build: {e}"))?;
+        for i in 0..12u32 {
+            let root = i % RANKS;
+            let data = pattern(900 + u64::from(i), root, 256 << 10);
+            drop(ibroadcast_of(&comm, root, &data)?);
+        }
+        // No other post: the switch is agreed on from these operations' loss alone.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let m @ TransportMode::Tcp { .. } = comm.transport_mode() {
+                return Ok(m);
+            }
+            if Instant::now() > deadline {
+                return Err(format!("no switch: {:?}", comm.stats().map_err(e)?));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+    for m in &got {
+        assert!(
+            matches!(
+                m,
+                TransportMode::Tcp {
+                    reason: FallbackReason::Loss { .. },
+                    ..
+                }
+            ),
+            "{m:?}"
+        );
+    }
+}
+
 /// As above, with small operations over TCP between the large ones, two in flight at a time:
 /// the freeze and the switch leave the small ones where they run (TCP), every rank draws the
 /// line at the same operation, and every buffer arrives byte for byte.

@@ -453,7 +453,8 @@ impl OpBuffer {
     /// share the handle read and write are the caller's bytes, while `f` runs. When `f`
     /// returns or unwinds, the buffer lets go of `bytes` (once any access in progress is
     /// over): a handle still held elsewhere then reaches a copy of them, made only in that
-    /// case, or nothing once [`take`](Self::take) was called. Nothing reaches `bytes` after
+    /// case (and only where the memory for it can be had), or nothing once
+    /// [`take`](Self::take) was called. Nothing reaches `bytes` after
     /// `lend` returns; a handle cannot outlive the borrow with it.
     ///
     /// What a blocking collective runs on: the caller's slice is the operation's buffer, as
@@ -495,7 +496,16 @@ impl OpBuffer {
                 // One handle (this one): nobody else can reach the bytes, so none are kept.
                 // The count cannot rise meanwhile: only a holder of a handle makes another.
                 let alone = Arc::strong_count(inner) == 1;
-                inner.bytes_locked(|b| if alone { Vec::new() } else { b.to_vec() });
+                inner.bytes_locked(|b| {
+                    let mut kept = Vec::new();
+                    // A copy that cannot be had leaves the other handles nothing (their
+                    // accesses miss), rather than aborting the process over a buffer the
+                    // caller is done with.
+                    if !alone && kept.try_reserve_exact(b.len()).is_ok() {
+                        kept.extend_from_slice(b);
+                    }
+                    kept
+                });
             }
         }
         let parts = Parts {

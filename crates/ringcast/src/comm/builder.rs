@@ -401,8 +401,9 @@ impl CommBuilder {
     /// minutes by default, torch's default for NCCL's collectives; like
     /// `RINGCAST_POST_TIMEOUT`, in seconds). One rank loading a checkpoint before a
     /// Broadcast is waited for; past this, the operation fails with
-    /// [`CommError::NotPosted`](super::CommError::NotPosted) naming the rank. At least the
-    /// peer timeout; left unset, it follows a peer timeout set longer than 10 minutes.
+    /// [`CommError::NotPosted`](super::CommError::NotPosted) naming the rank, and so do the
+    /// operations queued behind it (see [Failures](super#failures)). At least the peer
+    /// timeout; left unset, it follows a peer timeout set longer than 10 minutes.
     pub fn post_timeout(mut self, t: Duration) -> Self {
         self.post_timeout = Some(t);
         self

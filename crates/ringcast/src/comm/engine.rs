@@ -65,9 +65,9 @@
 //! share of it. `RINGCAST_PACING=off` disables it; `RINGCAST_PIN=1` pins the threads.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
+use std::sync::{Arc, Weak};
 use std::thread;
 use std::time::{Duration, Instant as StdInstant};
 
@@ -79,6 +79,7 @@ use ringcast_transport_rocev2_udp::{OpBuffer, PeerLost, Registry, UdpRx, UdpTx};
 
 use super::blame::{Blame, Lost};
 use super::error::CommError;
+use super::fallback::LossTap;
 use super::request::Completion;
 use super::stats::{CommStats, ControlCounters, Counters, OpStats, add_rx, add_tx, core_drops};
 use super::track::{TrackedControl, TrackedTx};
@@ -136,6 +137,12 @@ pub(crate) struct Post {
     /// The operation failed this rank's checks before it was posted ([`Post::forfeit`]):
     /// it only takes its id, which the peers' operation of that id then fails against.
     pub(crate) forfeit: bool,
+    /// When the application posted it ([`Engine::stalled`]).
+    pub(crate) posted: StdInstant,
+    /// The fallback's loss window, which a multicast operation tells its stats when it
+    /// completes (whether or not anyone waits for its request). Weak: the engine must not
+    /// keep the fallback's dispatcher's inbox open.
+    pub(crate) tap: Option<Weak<LossTap>>,
 }
 
 impl Post {
@@ -152,6 +159,8 @@ impl Post {
             span: tracing::Span::none(),
             index,
             forfeit: true,
+            posted: StdInstant::now(),
+            tap: None,
         }
     }
 }
@@ -236,6 +245,7 @@ struct Live {
     /// When the verdict came.
     ended_at: Option<StdInstant>,
     span: tracing::Span,
+    tap: Option<Weak<LossTap>>,
 }
 
 impl Live {
@@ -271,6 +281,13 @@ pub(crate) struct Engine {
     queued: VecDeque<Post>,
     live: Vec<Live>,
     lost: Vec<Lost>,
+    /// The last failure naming a rank (`NotPosted`, `PeerFailed`, `PeerUnresponsive`...;
+    /// not a `ShapeMismatch`, whose rank is alive and well) and when it came. The operations
+    /// posted before it and still queued then fail with it, as NCCL's operations fail once a
+    /// timeout aborted the communicator: behind a rank that never posts they would otherwise
+    /// wait a post timeout more per window of operations the session runs at once (200
+    /// queued, 10 min: 40 min for the last). Operations posted after it run as usual.
+    stalled: Option<(CommError, StdInstant)>,
     /// Whom this rank's failures blame, and its goodbye: one record with the TCP path's.
     blame: Blame,
     /// The last TCP failure handed to the session ([`Self::heard_tcp_failure`]).
@@ -337,6 +354,7 @@ impl Engine {
             queued: VecDeque::new(),
             live: Vec::new(),
             lost: Vec::new(),
+            stalled: None,
             blame,
             heard_failed: None,
             next_op: 0,
@@ -359,8 +377,10 @@ impl Engine {
     pub(crate) fn run(mut self) {
         if let Err(e) = self.spawn_workers() {
             tracing::error!(rank = self.rank(), error = %e, "cannot start the lane workers");
-            // Every post fails: the lanes cannot move a chunk.
-            self.lanes.clear();
+            // The lanes cannot move a chunk: the engine stops, so that every post fails
+            // (`Cancelled`, "its engine thread stopped") instead of waiting out its deadline.
+            self.shutdown();
+            return;
         }
         // Every input unparks this thread: a post (`PostTx`), a worker's note, a control
         // frame (the transport's I/O thread). Parking is bounded by the session's next timer.
@@ -518,6 +538,24 @@ impl Engine {
                 }
                 continue;
             }
+            // Past its post timeout behind a rank that has not posted: it fails naming that
+            // rank, and takes its id as a failed operation, as a doomed one does.
+            // Queued behind a failure naming a rank: it fails with it, and takes its id as a
+            // failed operation, as a doomed one does.
+            if let Some((error, at)) = &self.stalled
+                && let Some(peer) = error.peer()
+                && self.queued.front().is_some_and(|p| p.posted <= *at)
+                && let Some(p) = self.queued.pop_front()
+            {
+                let error = error.clone();
+                self.failed += 1;
+                p.span.in_scope(|| {
+                    tracing::warn!(op = self.next_op, %error, "operation failed: queued behind a failure");
+                });
+                let _ = p.reply.send(Err(error));
+                self.next_op = self.session.abandon_op(Rank(peer)).0 + 1;
+                continue;
+            }
             if !self.session.can_start() {
                 return;
             }
@@ -578,6 +616,7 @@ impl Engine {
                         verdict: None,
                         ended_at: None,
                         span: p.span,
+                        tap: p.tap,
                     });
                     self.reshare();
                 }
@@ -750,6 +789,12 @@ impl Engine {
             Some(t) => self.blame.failed(op.0, t.peer()),
             None => self.blame.completed(op.0),
         }
+        match &told {
+            Some(CommError::ShapeMismatch { .. }) => {}
+            Some(t) if t.peer().is_some() => self.stalled = Some((t.clone(), StdInstant::now())),
+            Some(_) => {}
+            None => self.stalled = None,
+        }
         let Some(i) = self.live.iter().position(|l| l.op == op) else {
             return;
         };
@@ -893,6 +938,9 @@ impl Engine {
                 l.span.in_scope(
                     || tracing::debug!(op = l.op.0, elapsed = ?stats.elapsed, "completed"),
                 );
+                if let Some(tap) = l.tap.as_ref().and_then(Weak::upgrade) {
+                    tap.observe(&stats);
+                }
                 self.completed += 1;
                 let _ = reply.send(Ok((bytes, stats)));
             }

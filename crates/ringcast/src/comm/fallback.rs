@@ -582,7 +582,7 @@ impl Inbox {
     }
 }
 
-/// The loss window of the multicast operations, fed by their requests.
+/// The loss window of the multicast operations, fed by the engine as they complete.
 #[derive(Debug)]
 pub(crate) struct LossTap {
     window: Mutex<(u64, u64)>,
@@ -944,11 +944,17 @@ impl Handle {
             span,
             index: Some(k),
             forfeit: false,
+            posted: std::time::Instant::now(),
+            tap: None,
         };
         let to_engine = !small && !r.frozen && r.switch_at.is_none_or(|s| k < s);
         if to_engine {
             let Some(engine) = &r.engine else {
                 return Err(CommError::Cancelled);
+            };
+            let post = Post {
+                tap: Some(Arc::downgrade(&self.tap)),
+                ..post
             };
             engine
                 .send(Command::Post(post))
@@ -957,7 +963,7 @@ impl Handle {
             r.publish();
             // Without a wake-up: the dispatcher takes it at its next turn.
             let _ = self.tx.tx.send(Msg::Elsewhere(k));
-            return Ok(Request::new(rx).with_tap(&self.tap));
+            return Ok(Request::new(rx));
         }
         r.next += 1;
         let mut req = Request::new(rx);

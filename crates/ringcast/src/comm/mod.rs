@@ -89,6 +89,11 @@
 //!   may have stopped over that failure: the rank that failure named is named at once,
 //!   whichever path (multicast or TCP) each operation ran on. A program stuck before its
 //!   call, its engine alive, is named only at the post timeout.
+//! * An operation that fails naming a rank (other than as a [`CommError::ShapeMismatch`])
+//!   fails the operations posted before it failed and still waiting to start (beyond the
+//!   operations in flight at once), with the same error, as NCCL's fail once a timeout
+//!   aborted the communicator: behind a rank that never posts, each window of them would
+//!   wait a post timeout of its own. Operations posted afterwards run as usual.
 //! * A peer whose control connection closes (the process died) fails every operation in
 //!   flight at once with [`CommError::PeerLost`] naming it; so does every later post: a
 //!   communicator that lost a rank cannot run collectives any more. When one failure makes
@@ -237,8 +242,11 @@ impl Communicator {
         let mut s = if self.posts.is_some() {
             let (tx, rx) = mpsc::sync_channel(1);
             self.send(Command::Stats(tx))?;
-            rx.recv_timeout(STATS_WAIT)
-                .map_err(|_| CommError::EngineTimeout(STATS_WAIT))?
+            rx.recv_timeout(STATS_WAIT).map_err(|e| match e {
+                mpsc::RecvTimeoutError::Timeout => CommError::EngineTimeout(STATS_WAIT),
+                // The engine stopped (it answers every request it took before it does).
+                mpsc::RecvTimeoutError::Disconnected => CommError::Cancelled,
+            })?
         } else {
             CommStats::default()
         };
@@ -322,6 +330,8 @@ impl Communicator {
             span,
             index: None,
             forfeit: false,
+            posted: std::time::Instant::now(),
+            tap: None,
         }))?;
         Ok(Request::new(rx))
     }

@@ -9,7 +9,7 @@ use bytemuck::Pod;
 use ringcast_transport_rocev2_udp::Taken;
 
 use super::error::CommError;
-use super::fallback::{LossTap, Progress};
+use super::fallback::Progress;
 use super::stats::OpStats;
 
 /// What the engine hands back: the operation's bytes (the caller's vector, taken out of the
@@ -40,9 +40,6 @@ pub struct Request<T: Pod = u8> {
     got: Option<Box<Completion>>,
     /// The element type the caller's vector comes back as.
     elem: PhantomData<fn() -> T>,
-    /// Told the operation's stats (the TCP fallback's loss window), when set. Weak, like
-    /// `driver`: a leaked request must not keep the communicator's descriptors open.
-    tap: Option<Weak<LossTap>>,
     /// A TCP operation's dispatcher, which the thread waiting for it drives (while the
     /// communicator lives; after, its end is on the channel).
     driver: Option<Weak<Progress>>,
@@ -54,15 +51,8 @@ impl<T: Pod> Request<T> {
             rx,
             got: None,
             elem: PhantomData,
-            tap: None,
             driver: None,
         }
-    }
-
-    /// Tells `tap` the stats of the operation when it completes.
-    pub(crate) fn with_tap(mut self, tap: &Arc<LossTap>) -> Self {
-        self.tap = Some(Arc::downgrade(tap));
-        self
     }
 
     /// A TCP operation: waiting for it drives its dispatcher (see the fallback's `Progress`).
@@ -142,9 +132,6 @@ impl<T: Pod> Request<T> {
 
     fn finish(&mut self, c: Completion) -> Result<(Vec<T>, OpStats), CommError> {
         let (bytes, stats) = c?;
-        if let Some(tap) = self.tap.as_ref().and_then(Weak::upgrade) {
-            tap.observe(&stats);
-        }
         // The caller's own vector, moved back (a copy only for a lent buffer's empty one).
         let out = bytes.into_vec::<T>();
         Ok((out, stats))
