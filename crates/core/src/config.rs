@@ -39,6 +39,11 @@ pub struct Limits {
     pub max_chunks_per_op: u32,
     /// Longest control message accepted or sent, in bytes.
     pub max_control_len: usize,
+    /// Longest single read the transport takes, in bytes (its
+    /// [`Capabilities::max_read`](crate::port::Capabilities::max_read)): a recovery read of
+    /// more is split into reads of at most this many (whole chunks, at least one). At least
+    /// `chunk_size`.
+    pub max_read: u64,
 }
 
 impl Default for Limits {
@@ -48,6 +53,7 @@ impl Default for Limits {
             max_inflight_ops: 64,
             max_chunks_per_op: 1 << 20,
             max_control_len: 16 + 8 * 512,
+            max_read: u64::MAX,
         }
     }
 }
@@ -162,10 +168,19 @@ impl Config {
         if l.max_chunks_per_op == 0 || u64::from(l.max_chunks_per_op) > self.imm.max_chunks() {
             return Err(ConfigError::ChunksPerOp);
         }
+        if l.max_read < u64::from(self.chunk_size) {
+            return Err(ConfigError::MaxRead);
+        }
         if l.max_control_len < crate::wire::CONTROL_HEADER_LEN + 8 {
             return Err(ConfigError::ControlLen);
         }
         Ok(())
+    }
+
+    /// Most chunks one recovery read may carry under `limits.max_read` (at least one).
+    pub(crate) fn max_read_chunks(&self) -> u32 {
+        let chunks = self.limits.max_read / u64::from(self.chunk_size.max(1));
+        u32::try_from(chunks).unwrap_or(u32::MAX).max(1)
     }
 
     /// Most chunk runs one fetch message may carry under `max_control_len`.
@@ -206,6 +221,8 @@ pub enum ConfigError {
     ChunksPerOp,
     /// `max_control_len` cannot hold a header and one run.
     ControlLen,
+    /// `max_read` is shorter than a chunk.
+    MaxRead,
 }
 
 impl fmt::Display for ConfigError {
@@ -233,6 +250,7 @@ impl fmt::Display for ConfigError {
                 "max_chunks_per_op must be positive and fit the immediate's chunk bits"
             }
             ConfigError::ControlLen => "max_control_len must hold a header and one run",
+            ConfigError::MaxRead => "limits.max_read must hold at least one chunk",
         };
         f.write_str(s)
     }

@@ -203,6 +203,12 @@ impl Layout {
 
     /// Splits `run` (clipped to the layout) into pieces that are contiguous in bytes.
     pub(crate) fn pieces(&self, run: ChunkRun, out: &mut Vec<Piece>) {
+        self.pieces_of_at_most(run, u32::MAX, out);
+    }
+
+    /// [`pieces`](Self::pieces) of at most `most` chunks each (at least one).
+    pub(crate) fn pieces_of_at_most(&self, run: ChunkRun, most: u32, out: &mut Vec<Piece>) {
+        let most = most.max(1);
         let end = run.end().min(self.total());
         let mut g = run.start;
         while g < end {
@@ -211,7 +217,7 @@ impl Layout {
             // The last block starting at or before `g`: empty blocks share the next one's base.
             let r = bases.partition_point(|&b| b <= g) - 1;
             let next = bases.get(r + 1).copied().unwrap_or(self.lane_start[l + 1]);
-            let stop = end.min(next);
+            let stop = end.min(next).min(g.saturating_add(most));
             let local = l as u32 * self.blocks[r].per_lane + (g - bases[r]);
             let (offset, _) = self.chunk_bytes(r as u32, local);
             let (last_off, last_len) = self.chunk_bytes(r as u32, local + (stop - g) - 1);

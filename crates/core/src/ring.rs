@@ -736,8 +736,10 @@ impl Collective {
                 subtract(&mut still, *r);
             }
         }
+        // Each read within what the transport takes in one.
+        let most = cx.config.max_read_chunks();
         for m in &still {
-            self.layout.pieces(*m, &mut pieces);
+            self.layout.pieces_of_at_most(*m, most, &mut pieces);
         }
         if !pieces.is_empty() {
             cx.stats.max_fetch_depth = cx.stats.max_fetch_depth.max(hops);

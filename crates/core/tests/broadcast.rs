@@ -28,6 +28,35 @@ fn one_leaf_receives_nothing() {
     assert_eq!(net.sessions[3].stats().chunks_fetched, 64);
 }
 
+/// A leaf that lost a whole block reads it in pieces the transport takes: at most
+/// `limits.max_read` bytes each (a transport refuses a longer read, and the operation
+/// failed), here 8 chunks (and 3 where the limit is not a whole number of chunks).
+#[test]
+fn a_lost_block_is_read_in_pieces_of_at_most_max_read() {
+    for (max_read, reads) in [(8 * 4096, 8), (3 * 4096 + 100, 22)] {
+        let mut net = Net::new(6, |c| c.limits.max_read = max_read);
+        net.faults.rules.push(Box::new(|_, _, _, to| to == 3));
+        net.broadcast_at(0, 0, 0, 64 * 4096);
+        net.run(STEPS);
+        net.assert_all_completed();
+        let st = net.sessions[3].stats();
+        assert_eq!(
+            (st.chunks_fetched, st.reads),
+            (64, reads),
+            "at most {max_read}"
+        );
+    }
+    // An Allgather on three lanes, short last chunks, every leaf losing a fifth.
+    let mut net = Net::new(4, |c| {
+        c.lanes = 3;
+        c.limits.max_read = 2 * 4096;
+    });
+    net.faults.loss = 0.2;
+    net.allgather_at(0, 0, vec![10 * 4096 + 17, 3 * 4096, 0, 7 * 4096 + 1]);
+    net.run(STEPS);
+    net.assert_all_completed();
+}
+
 #[test]
 fn every_leaf_misses_the_same_chunk() {
     let mut net = Net::new(8, |_| {});

@@ -456,6 +456,29 @@ fn the_allgather_chains_must_match() {
     }
 }
 
+/// A rank that hears no multicast (and no start-up check, nor fallback, to notice) reads a
+/// whole 40 MiB block from its neighbours, in reads of at most 16 MiB (a read of the whole
+/// block was refused past 1 GiB, and cost the whole block's size three times over in
+/// memory at both ends).
+#[test]
+fn a_block_lost_whole_is_read_in_bounded_pieces() {
+    const LEN: usize = (40 << 20) + 13;
+    let got = world(
+        10,
+        |r, b, port| rank3_elsewhere(r, b, port).startup_check(Duration::ZERO),
+        |_, comm| {
+            let comm = comm.map_err(|e| format!("build: {e}"))?;
+            let st = broadcast_checked(&comm, "broadcast", 1000, 0, LEN)?;
+            Ok((st, comm.stats().map_err(e)?))
+        },
+    );
+    let (op, all) = &got[3];
+    assert_eq!(op.counters.bytes_fetched, LEN as u64, "{op:?}");
+    // At least three reads for 40 MiB; none longer than 16 MiB (the bytes all arrived).
+    assert!(all.control.reads_completed >= 3, "{:?}", all.control);
+    assert_eq!(all.control.reads_failed, 0, "{:?}", all.control);
+}
+
 /// The random mix of `comm.rs` after a failed start-up check: everything over TCP.
 #[test]
 fn a_random_mix_over_the_fallback_delivers_every_byte() {

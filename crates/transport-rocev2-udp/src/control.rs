@@ -81,10 +81,10 @@ const READ_REQ_LEN: usize = 1 + 8 * 4;
 /// rest wait, as requests, for the queue to drain (a peer that asks and does not read costs
 /// this much, not a copy of every range it names).
 const SERVE_QUEUE: usize = 16 << 20;
-/// Most reads of one peer that may wait for [`SERVE_QUEUE`] to drain (8 MiB of requests). A
-/// rank asks one read per missing run, and its I/O thread reads its answers as they come, so
-/// only a peer that asks and never reads gets near it: past it, its connection is closed as
-/// malformed (the peer counts as lost).
+/// Most reads of one peer that may wait for its connection's queue of answers to drain
+/// below 16 MiB (8 MiB of requests). A rank asks one read per missing run, and its I/O
+/// thread reads its answers as they come, so only a peer that asks and never reads gets near
+/// it: past it, its connection is closed as malformed (the peer counts as lost).
 pub const MAX_DEFERRED_READS: usize = 1 << 18;
 /// Longest read a frame can answer: its 32-bit length counts the kind, the read's id and the
 /// bytes.

@@ -509,6 +509,12 @@ impl Net {
                 }
                 MailOut::Read(q) => {
                     self.log(|| format!("r{r} read {} {} from r{}", q.op, q.run, q.from.0));
+                    // A transport refuses a read longer than it takes.
+                    let most = self.sessions[r as usize].config().limits.max_read;
+                    if q.len > most {
+                        self.errors
+                            .push(format!("r{r}: a read of {} bytes (at most {most})", q.len));
+                    }
                     let t = now + 2 * self.latency_ns + (q.len as f64 * self.byte_ns) as u64;
                     self.push(
                         t,

@@ -763,9 +763,9 @@ impl CommBuilder {
             None => Vec::new(),
         };
         let mut cc = ControlConfig::new(nonce);
-        // A recovery read may cover a whole block: allow large ones. Messages are the core's,
-        // the start-up check's reports and the rate reports.
-        cc.max_read = 1 << 30;
+        // The core splits a recovery read of more into several (see `MAX_READ`). Messages
+        // are the core's, the start-up check's reports and the rate reports.
+        cc.max_read = MAX_READ;
         cc.max_message = CONTROL_MAX_LEN.max(probe::Report::max_len(lanes.into(), size as usize));
         cc.connect_timeout = self.connect_timeout;
         let tcp = TcpControl::connect(rank, &control, listener, Registry::default(), cc)?;
@@ -795,6 +795,7 @@ impl CommBuilder {
             verify_icrc: self.verify_icrc,
         };
         let mut cfg = Config::new(rank, size);
+        cfg.limits.max_read = MAX_READ;
         cfg.lanes = lanes;
         if let Some(chains) = self.chains.or(auto.chains) {
             cfg.chains = chains;
@@ -1048,6 +1049,11 @@ fn listen(
 /// gained from 2 to 4 lanes and an Allgather little past 2; BENCHMARKS.md, "Twenty-third
 /// round").
 const MAX_AUTO_LANES: u16 = 4;
+/// The longest recovery read (the core splits a longer one): what one costs in memory is
+/// bounded by it, at both ends (the answer is copied out of the operation's buffer, read into
+/// a buffer of its own, and copied in). A whole block lost was read at once before, up to
+/// 1 GiB, and a block larger than that could not be recovered.
+const MAX_READ: u64 = 16 << 20;
 /// Most lanes a communicator may be given.
 const MAX_LANES: u16 = 64;
 
