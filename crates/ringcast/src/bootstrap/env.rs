@@ -213,6 +213,31 @@ impl JobEnv {
             (vars, ranks) = (slurm, s);
         }
         let launcher = vars.launcher;
+        // A launcher further down that says otherwise is overridden, as the order says; a job
+        // script that exports `RINGCAST_RANK` under mpirun makes every rank the same one,
+        // though, so it is said.
+        for other in LAUNCHERS
+            .iter()
+            .skip_while(|v| v.launcher != launcher)
+            .skip(1)
+        {
+            if other.launcher != Launcher::Slurm
+                && let Ok(Some(o)) = ranks_of(&get, other)
+                && (o.rank, o.size) != (ranks.rank, ranks.size)
+            {
+                tracing::warn!(
+                    "{}={} and {}={} override {}={} and {}={}",
+                    vars.rank,
+                    ranks.rank,
+                    vars.size,
+                    ranks.size,
+                    other.rank,
+                    o.rank,
+                    other.size,
+                    o.size
+                );
+            }
+        }
         if launcher == Launcher::Slurm {
             slurm_size_check(&get, ranks.size)?;
             // A step on one node has every task local.
