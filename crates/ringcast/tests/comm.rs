@@ -1201,48 +1201,52 @@ fn a_rank_that_never_posts_fails_the_operation_at_the_post_timeout() {
 fn operations_queued_behind_a_rank_that_never_posts_fail_by_their_post_timeout() {
     const OPS: usize = 200;
     const POST: Duration = Duration::from_secs(2);
-    let release = Arc::new(Barrier::new(RANKS as usize));
-    world_with(
-        94,
-        move |b| {
-            b.tcp_threshold(0)
-                .peer_timeout(Duration::from_secs(1))
-                .post_timeout(POST)
-        },
-        move |comm| {
-            let me = comm.rank();
-            let out = if me == 1 {
-                Ok(())
-            } else {
-                let requests = (0..OPS)
-                    .map(|_| comm.ibroadcast(0, vec![me as u8; 1024]))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(e)?;
-                let mut bad = None;
-                let mut first = None;
-                for r in requests {
-                    match r.wait() {
-                        Err(CommError::NotPosted { peer: 1 })
-                        | Err(CommError::PeerFailed { peer: 1, .. }) => {}
-                        other => bad = bad.or(Some(format!("{:?}", other.map(|_| ())))),
+    // Over multicast, and over TCP (small operations; its dispatcher did so already).
+    for (salt, threshold) in [(94, 0), (95, 64 << 10)] {
+        let release = Arc::new(Barrier::new(RANKS as usize));
+        world_with(
+            salt,
+            move |b| {
+                b.tcp_threshold(threshold)
+                    .peer_timeout(Duration::from_secs(1))
+                    .post_timeout(POST)
+            },
+            move |comm| {
+                let me = comm.rank();
+                let out = if me == 1 {
+                    Ok(())
+                } else {
+                    let requests = (0..OPS)
+                        .map(|_| comm.iallgather(&[me as u8; 256], vec![0u8; 1024]))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(e)?;
+                    let mut bad = None;
+                    let mut first = None;
+                    for r in requests {
+                        match r.wait() {
+                            Err(CommError::NotPosted { peer: 1 })
+                            | Err(CommError::PeerFailed { peer: 1, .. }) => {}
+                            other => bad = bad.or(Some(format!("{:?}", other.map(|_| ())))),
+                        }
+                        first.get_or_insert_with(Instant::now);
                     }
-                    first.get_or_insert_with(Instant::now);
-                }
-                // From the first failure to the last: without failing the queued ones, 6 s
-                // (2, 4, 6 and 8 s after the posts, a window of 64 at a time).
-                let spread = first.map_or(Duration::ZERO, |f| f.elapsed());
-                match bad {
-                    Some(b) => Err(format!("rank {me}: {b}")),
-                    None if spread > POST => Err(format!(
-                        "rank {me}: the last failed {spread:?} after the first"
-                    )),
-                    None => Ok(()),
-                }
-            };
-            release.wait();
-            out
-        },
-    );
+                    // From the first failure to the last: without failing the queued ones,
+                    // 6 s over multicast (2, 4, 6 and 8 s after the posts, a window of 64 at
+                    // a time).
+                    let spread = first.map_or(Duration::ZERO, |f| f.elapsed());
+                    match bad {
+                        Some(b) => Err(format!("rank {me} ({threshold}): {b}")),
+                        None if spread > POST => Err(format!(
+                            "rank {me} ({threshold}): the last failed {spread:?} after the first"
+                        )),
+                        None => Ok(()),
+                    }
+                };
+                release.wait();
+                out
+            },
+        );
+    }
 }
 
 /// The same with small operations over TCP in flight beside multicast ones: dropping the
