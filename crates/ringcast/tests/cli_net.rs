@@ -382,6 +382,85 @@ fn a_failing_rank_fails_the_run_naming_the_setting() {
         let out = run_bounded(c);
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{var}: {err}");
-        assert!(err.contains("rank 0: ") && err.contains(var), "{err}");
+        // Every rank refuses it: one line names them all.
+        assert!(
+            err.contains("ranks 0, 1, 2, 3: ") && err.contains(var),
+            "{err}"
+        );
+        assert_eq!(err.matches(var).count(), 1, "{err}");
+    }
+}
+
+/// The processes whose parent is `pid` (from `/proc/*/stat`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| stat_fields(p).is_some_and(|(_, ppid)| ppid == pid))
+        .collect()
+}
+
+/// A process's state and parent, from `/proc/<pid>/stat` (its name, in parentheses, may hold
+/// anything: the fields are read after the last `)`).
+fn stat_fields(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut rest = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    Some((state, rest.next()?.parse().ok()?))
+}
+
+/// A parent killed alone (SIGKILL: none of its clean-up runs) takes its ranks with it, a
+/// stopped one (as a hung rank) included: they ran on as orphans before, the others until
+/// their peer timeout (here ten minutes), the stopped one for good.
+#[test]
+fn ranks_leave_with_a_parent_killed_alone() {
+    use rustix::process::{Pid, Signal, kill_process};
+    let mut c = command(&[
+        "bench",
+        "bcast",
+        "--local",
+        "3",
+        "--sizes",
+        "4KiB",
+        "--warmup",
+        "0",
+        "--iters",
+        "10000000",
+        "--peer-timeout",
+        "600s",
+    ]);
+    let mut g = Guard(c.spawn().expect("the binary runs"));
+    let (_out, _err) = (drain(g.0.stdout.take()), drain(g.0.stderr.take()));
+    let end = Instant::now() + DEADLINE;
+    let ranks = loop {
+        let kids = children_of(g.0.id());
+        if kids.len() == 3 {
+            break kids;
+        }
+        assert!(Instant::now() < end, "ranks {kids:?} after {DEADLINE:?}");
+        thread::sleep(Duration::from_millis(20));
+    };
+    // Until they run collectives (the last one's communicator built).
+    thread::sleep(Duration::from_millis(500));
+    let hung = Pid::from_raw(i32::try_from(ranks[2]).expect("a pid")).expect("a pid");
+    kill_process(hung, Signal::STOP).expect("SIGSTOP");
+    g.0.kill().expect("kill the parent");
+    g.0.wait().expect("wait");
+    loop {
+        // Gone, or a zombie that nobody here reaps (in a container without an init).
+        let left: Vec<u32> = ranks
+            .iter()
+            .copied()
+            .filter(|&p| stat_fields(p).is_some_and(|(state, _)| state != 'Z'))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "ranks {left:?} outlived their parent by {DEADLINE:?}"
+        );
+        thread::sleep(Duration::from_millis(20));
     }
 }

@@ -2,7 +2,9 @@
 //! `RINGCAST_WORLD_SIZE`, `RINGCAST_BOOTSTRAP`, `RINGCAST_PORT` and the hidden `--child`
 //! flag). Ranks report to the parent in `@@TAG body` lines on their stdout; the parent alone
 //! writes the user's output, so a closed pipe stops it (and its children) quietly. Every wait
-//! has a deadline: ranks silent for too long are killed.
+//! has a deadline: ranks silent for too long are killed. A rank dies with its parent
+//! ([`exit_with_parent`]): a parent killed by a signal aimed at it alone, which skips its
+//! clean-up, takes its ranks with it, a stopped (hung) one included.
 
 use crate::CmdError;
 use ringcast::bootstrap::{PortKind, free_local_port};
@@ -68,6 +70,30 @@ fn meminfo_available(info: &str) -> Option<u64> {
     kib.checked_mul(1024)
 }
 
+/// The variable that gives a rank of a local run its parent's process id
+/// ([`exit_with_parent`]).
+const PARENT: &str = "RINGCAST_LOCAL_PARENT";
+
+/// In a rank of a local run: the kernel kills this process when its parent goes
+/// (`PR_SET_PDEATHSIG`, `SIGKILL`: a stopped process too), however the parent went; and if it
+/// went before this call, the rank leaves now. A normal run's ranks exit before their parent.
+/// The signal comes when the thread that spawned the ranks ends: the parent's main thread.
+pub(crate) fn exit_with_parent() {
+    let Some(parent) = std::env::var(PARENT)
+        .ok()
+        .and_then(|p| p.parse::<i32>().ok())
+    else {
+        return;
+    };
+    use rustix::process::{Pid, Signal, getppid, set_parent_process_death_signal};
+    if let Err(e) = set_parent_process_death_signal(Some(Signal::KILL)) {
+        tracing::warn!(error = %e, "this rank may outlive its parent");
+    }
+    if Pid::as_raw(getppid()) != parent {
+        std::process::exit(3);
+    }
+}
+
 /// A report line from a child: `@@TAG body`.
 pub(crate) fn report(tag: &str, body: &str) -> Result<(), CmdError> {
     let mut out = std::io::stdout().lock();
@@ -79,6 +105,8 @@ pub(crate) fn report(tag: &str, body: &str) -> Result<(), CmdError> {
 /// N rank processes; killed when dropped, so no early return leaves one behind.
 pub(crate) struct LocalRanks {
     kids: Vec<Child>,
+    /// The ranks this parent killed (their exit status is its own doing).
+    killed: bool,
     lines: Receiver<(u32, Option<String>)>,
     /// Ranks that failed, with what they said.
     errors: Vec<(u32, String)>,
@@ -96,6 +124,7 @@ impl LocalRanks {
         let (tx, lines) = mpsc::channel();
         let mut me = LocalRanks {
             kids: Vec::new(),
+            killed: false,
             lines,
             errors: Vec::new(),
             open: ranks as usize,
@@ -111,6 +140,7 @@ impl LocalRanks {
                 .env("RINGCAST_BOOTSTRAP", &bootstrap)
                 .env("RINGCAST_PORT", &udp)
                 .env("RINGCAST_BOOTSTRAP_TIMEOUT", "30")
+                .env(PARENT, std::process::id().to_string())
                 .env_remove("RINGCAST_IFNAME")
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
@@ -160,13 +190,18 @@ impl LocalRanks {
                     self.open -= 1;
                 }
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
-                    let silent: Vec<String> = (0..closed.len())
+                    let running: Vec<String> = (0..closed.len())
                         .filter(|&r| !closed[r])
                         .map(|r| r.to_string())
                         .collect();
                     self.errors.push((
                         u32::MAX,
-                        format!("rank(s) {} silent for {wait:?}: killed", silent.join(", ")),
+                        format!(
+                            "nothing heard from the ranks for {wait:?} (--timeout), rank(s) {} \
+                             still running: killed (a hung rank is named by its peers after \
+                             --peer-timeout, when that is shorter)",
+                            running.join(", ")
+                        ),
                     ));
                     self.kill();
                     break;
@@ -177,6 +212,8 @@ impl LocalRanks {
         for r in 0..self.kids.len() {
             match wait_until(&mut self.kids[r], deadline) {
                 Some(st) if st.success() => {}
+                // Killed here: said above.
+                Some(_) if self.killed => {}
                 Some(st) if !self.errors.iter().any(|(e, _)| *e as usize == r) => {
                     self.errors.push((r as u32, format!("exited with {st}")));
                 }
@@ -190,19 +227,11 @@ impl LocalRanks {
         if self.errors.is_empty() {
             return Ok(());
         }
-        self.errors.sort();
-        let lines: Vec<String> = self
-            .errors
-            .iter()
-            .map(|(r, e)| match *r {
-                u32::MAX => e.clone(),
-                r => format!("rank {r}: {e}"),
-            })
-            .collect();
-        Err(CmdError::Run(lines.join("\n  ")))
+        Err(CmdError::Run(said(&mut self.errors).join("\n  ")))
     }
 
     fn kill(&mut self) {
+        self.killed = true;
         for c in &mut self.kids {
             let _ = c.kill();
             let _ = c.wait();
@@ -214,6 +243,30 @@ impl Drop for LocalRanks {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The ranks' errors as lines, in rank order, one per message: ranks that said the same (a
+/// setting every rank refuses) share a line (`ranks 0, 1: ...`); the parent's own last.
+fn said(errors: &mut [(u32, String)]) -> Vec<String> {
+    errors.sort();
+    let mut lines: Vec<(Vec<u32>, &str)> = Vec::new();
+    for (r, e) in errors.iter() {
+        match lines.iter_mut().find(|(_, m)| *m == e.as_str()) {
+            Some((ranks, _)) => ranks.push(*r),
+            None => lines.push((vec![*r], e)),
+        }
+    }
+    lines
+        .into_iter()
+        .map(|(ranks, e)| match ranks[..] {
+            [u32::MAX] => e.to_owned(),
+            [r] => format!("rank {r}: {e}"),
+            _ => {
+                let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
+                format!("ranks {}: {e}", list.join(", "))
+            }
+        })
+        .collect()
 }
 
 fn wait_until(c: &mut Child, deadline: Instant) -> Option<ExitStatus> {
@@ -235,6 +288,26 @@ fn free_port(udp: bool) -> Result<u16, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ranks that said the same share a line; the parent's own comes last, unnamed.
+    #[test]
+    fn the_same_error_of_several_ranks_is_said_once() {
+        let mut errors = vec![
+            (2, "lanes: 0".to_owned()),
+            (u32::MAX, "nothing heard".to_owned()),
+            (0, "lanes: 0".to_owned()),
+            (1, "PeerLost { peer: 3 }".to_owned()),
+            (3, "lanes: 0".to_owned()),
+        ];
+        assert_eq!(
+            said(&mut errors),
+            [
+                "ranks 0, 2, 3: lanes: 0",
+                "rank 1: PeerLost { peer: 3 }",
+                "nothing heard"
+            ]
+        );
+    }
 
     #[test]
     fn meminfo_s_available_memory_is_read_in_bytes() {

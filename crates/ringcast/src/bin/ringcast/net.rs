@@ -17,6 +17,9 @@ pub(crate) const IP_UDP_HEADERS: u64 = 28;
 /// Joins the job: the launcher's environment (or a local run's `RINGCAST_*`), with the flags
 /// given on top; `tcp_threshold` when `--tcp-threshold` is not given (`None`: the library's).
 pub(crate) fn connect(net: &NetArgs, tcp_threshold: Option<u64>) -> Result<Communicator, String> {
+    if net.child {
+        crate::local::exit_with_parent();
+    }
     let mut b = CommBuilder::from_env().map_err(|e| e.to_string())?;
     if net.child {
         // A local run: loopback multicast works without root.
