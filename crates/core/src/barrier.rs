@@ -80,7 +80,7 @@ pub(crate) struct Barrier {
     asked: Option<BitVec<u64, Lsb0>>,
     /// Until when the barrier waits for ranks that answer but have not posted (set at the
     /// start: the post timeout from then).
-    post_by: Instant,
+    pub(crate) post_by: Instant,
     /// The ranks whose last answer said that they have not posted the operation.
     late: BitVec<u64, Lsb0>,
     /// Every rank asked answered at least once.
@@ -313,7 +313,13 @@ impl Collective {
             // posted and still owes its `Ready` is stuck: named as before.
             let hub_overdue = cx.now >= self.barrier.post_by + cx.config.post_timeout;
             if (self.barrier.is_hub() && self.barrier.answered) || hub_overdue {
-                let peer = self.barrier.silent_to_blame().unwrap_or(self.succ);
+                // Elsewhere than at the hub, the hub is the rank it waited for.
+                let waited = if self.barrier.is_hub() {
+                    self.succ
+                } else {
+                    self.barrier.hub()
+                };
+                let peer = self.barrier.silent_to_blame().unwrap_or(waited);
                 return Some(Outcome::Failed {
                     error: OpError::PeerUnresponsive { peer },
                     abort: true,

@@ -480,9 +480,12 @@ impl Collective {
     /// Any message from a rank we wait on shows it is alive: push its deadlines out.
     pub(crate) fn heard_from(&mut self, cx: &Ctx<'_>, from: Rank) {
         let later = cx.now + cx.config.peer_timeout;
-        // The hub waits on every rank at once: one answer says nothing of the others.
+        // The hub waits on every rank at once: one answer says nothing of the others. Never
+        // past the post timeout after this rank's own (when the hub is named anyway): what
+        // else comes from it must not hold the barrier up for good.
         if from == self.barrier.hub() {
-            self.timers.extend(Timer::Go, later);
+            let cap = self.barrier.post_by + cx.config.post_timeout;
+            self.timers.extend(Timer::Go, later.min(cap));
         }
         if from == self.pred {
             self.timers.extend(Timer::Fetch, later);

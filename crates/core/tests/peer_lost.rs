@@ -155,3 +155,42 @@ fn a_barrier_waiting_on_a_rank_reported_failed_fails_at_once() {
     assert_eq!(failures(&mut n), vec![(e, failed(2, 1)), (d, failed(2, 1))]);
     assert_eq!(n.inflight(), 0);
 }
+
+/// A rank waiting in its barrier for a hub that is gone, while messages keep coming "from"
+/// the hub that the operation does not take (a stray `FetchNack`, from a confused or hostile
+/// peer): each pushed the wait out, without end (a post timeout of 5 ms failed at 60 ms).
+/// The wait ends by the post timeout twice over, and names the hub it waited for, not its
+/// successor (which owes it nothing in the barrier).
+#[test]
+fn a_barrier_wait_on_a_silent_hub_ends_whatever_else_comes_from_it() {
+    use core::time::Duration;
+    let mut cfg = Config::new(1, 3);
+    cfg.peer_timeout = Duration::from_millis(1);
+    cfg.post_timeout = Duration::from_millis(5);
+    let mut n = Node::new(cfg).unwrap();
+    let op = n
+        .start_broadcast(Instant::from_nanos(0), Rank(0), 1 << 16)
+        .unwrap();
+    let mut stray = Vec::new();
+    ControlRepr::FetchNack { op: op.0 }
+        .emit_vec(&mut stray)
+        .unwrap();
+    let step = 300_000;
+    let mut failed = None;
+    for k in 1..1000u64 {
+        let now = Instant::from_nanos(k * step);
+        n.handle_control(now, Rank(0), &stray);
+        if n.poll_timeout().is_some_and(|t| t <= now) {
+            n.handle_timeout(now);
+        }
+        let mut buf = Vec::new();
+        while n.poll_transmit(&mut buf).is_some() {}
+        if let Some(Event::Failed { error, .. }) = n.poll_event() {
+            failed = Some((k * step, error));
+            break;
+        }
+    }
+    let (at, error) = failed.expect("the wait never ended");
+    assert!(at <= 11_000_000, "failed at {at} ns");
+    assert_eq!(error, OpError::PeerUnresponsive { peer: Rank(0) });
+}
