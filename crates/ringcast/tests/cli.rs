@@ -416,6 +416,27 @@ fn bench_and_demo_refuse_bad_flags_before_spawning() {
         &bench(&["--dtype", "f64", "--sizes", "4KiB,1001"]),
         "--sizes 1001: not a multiple of --dtype f64's 8 bytes",
     );
+    // Every rank started, to refuse them alike, naming the variables.
+    refused(
+        &bench(&["--lanes", "0"]),
+        "--lanes 0 must be between 1 and 64",
+    );
+    refused(&bench(&["--lanes", "65"]), "--lanes 65");
+    refused(
+        &bench(&["--peer-timeout", "0s"]),
+        "--peer-timeout 0ns must be positive",
+    );
+    refused(
+        &["demo", "--quick", "--peer-timeout", "700000s"],
+        "--peer-timeout",
+    );
+    // Every rank allocated its buffers before the core refused so many chunks.
+    refused(
+        &[
+            "bench", "bcast", "--local", "2", "--chunk", "16", "--sizes", "128MiB",
+        ],
+        "--sizes 134217728: 8388608 chunks of 16 B",
+    );
     // Blamed RINGCAST_CHUNK_SIZE; or let every rank start to refuse a chunk no datagram holds.
     refused(&bench(&["--chunk", "0"]), "--chunk 0");
     refused(

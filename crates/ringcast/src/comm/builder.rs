@@ -1055,7 +1055,7 @@ const MAX_AUTO_LANES: u16 = 4;
 /// 1 GiB, and a block larger than that could not be recovered.
 const MAX_READ: u64 = 16 << 20;
 /// Most lanes a communicator may be given.
-const MAX_LANES: u16 = 64;
+pub const MAX_LANES: u16 = 64;
 
 /// What a rank tells the others of its host through the rendezvous, for [`auto_lanes`].
 #[derive(Clone, Debug, PartialEq, Eq)]

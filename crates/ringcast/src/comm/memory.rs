@@ -20,7 +20,10 @@ use bytemuck::Pod;
 ///
 /// Only the whole 2 MiB pages inside the allocation are advised: up to 2 MiB at either end,
 /// and buffers of less than 2 MiB, stay on small pages. The memory is zeroed (and so faulted
-/// in) before this returns. An error only where memory is short.
+/// in) before this returns. An error where the allocator refuses the request (more than an
+/// allocation may hold, or the address space is short); under Linux's overcommit a request
+/// it grants can still exceed the memory there is, and the zeroing then ends the process
+/// (the OOM killer), as any allocation's first touch would.
 ///
 /// ```
 /// let buf: Vec<f32> = ringcast::alloc_buffer(3 << 20).unwrap();

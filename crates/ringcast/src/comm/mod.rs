@@ -153,7 +153,9 @@ pub(crate) fn fuzz_report(b: &[u8]) -> bool {
     probe::fuzz_report(b)
 }
 
-pub use builder::{CommBuilder, DEFAULT_TCP_THRESHOLD, Fallback, ONE_HOST_TCP_THRESHOLD};
+pub use builder::{
+    CommBuilder, DEFAULT_TCP_THRESHOLD, Fallback, MAX_LANES, ONE_HOST_TCP_THRESHOLD,
+};
 pub use error::{BuildError, CommError};
 pub use fallback::{FallbackReason, TransportMode};
 pub use memory::alloc_buffer;

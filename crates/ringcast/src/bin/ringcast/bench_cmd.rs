@@ -46,9 +46,7 @@ fn check(a: &BenchArgs) -> Result<(), CmdError> {
             return Err(format!("{flag} {n} is more than {MAX_ITERS}").into());
         }
     }
-    if let Some(c) = a.net.chunk {
-        net::chunk(c)?;
-    }
+    net::check_flags(&a.net)?;
     let elem = a.dtype.size();
     if let Some(&size) = a.sizes.iter().find(|&&s| s % elem != 0) {
         return Err(format!(
@@ -351,7 +349,17 @@ fn parent(a: &BenchArgs, n: u32) -> Result<ExitCode, CmdError> {
         Collective::Bcast => largest.saturating_mul(2),
         _ => largest.saturating_mul(u64::from(n).saturating_add(4)),
     };
-    local::check_memory(n, held, "--sizes / --local")?;
+    // And every rank's time of every timed iteration, which each rank gathers.
+    let timings = (u64::from(a.iters) + EXTRA as u64) * 8 * u64::from(n);
+    local::check_memory(
+        n,
+        held.saturating_add(timings),
+        "--sizes / --iters / --local",
+    )?;
+    for &size in &a.sizes {
+        let total = net::held_bytes(size, n, a.collective != Collective::Bcast)?;
+        net::check_chunks(&a.net, total, &format!("--sizes {size}"))?;
+    }
     let ranks = LocalRanks::spawn(n)?;
     let launch = "local processes, loopback multicast";
     let mut o = Output::new(a, n, launch)?;

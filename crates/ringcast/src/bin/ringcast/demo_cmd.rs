@@ -48,9 +48,7 @@ fn ops(a: &DemoArgs) -> Vec<Op> {
 /// Runs `ringcast demo`: the parent, or (with the hidden `--child`) one of its ranks.
 pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode, CmdError> {
     local::check_ranks(a.ranks, "--ranks")?;
-    if let Some(c) = a.net.chunk {
-        net::chunk(c)?;
-    }
+    net::check_flags(&a.net)?;
     for op in ops(a) {
         net::held_bytes(op.size, a.ranks, !op.broadcast)?;
     }
@@ -112,6 +110,12 @@ fn child(a: &DemoArgs) -> Result<(), CmdError> {
             "mismatch": check.err(),
         });
         local::report("OP", &body.to_string())?;
+    }
+    // Multicast that did not work here (the start-up check's fallback, or loss past its
+    // threshold) moved these over TCP: said, not shown as multicast.
+    let mode = comm.transport_mode();
+    if mode.is_tcp() {
+        local::report("MODE", &format!("{mode:?}"))?;
     }
     Ok(())
 }
@@ -191,6 +195,10 @@ fn parent(a: &DemoArgs) -> Result<ExitCode, CmdError> {
         .max()
         .unwrap_or(0);
     local::check_memory(p, held, "--sizes / --ranks")?;
+    for op in &ops {
+        let total = net::held_bytes(op.size, p, !op.broadcast)?;
+        net::check_chunks(&a.net, total, &format!("--sizes {}", op.size))?;
+    }
     let ranks = LocalRanks::spawn(p)?;
     let mut out = std::io::stdout().lock();
     let mut put = |s: String| {
@@ -210,7 +218,12 @@ fn parent(a: &DemoArgs) -> Result<ExitCode, CmdError> {
     let mut got: Vec<Vec<Option<Value>>> = vec![vec![None; p as usize]; ops.len()];
     let mut bad = Vec::new();
     let mut worst_overhead = 0f64;
+    let mut tcp = None;
     let result = ranks.drive(a.net.timeout, |r, tag, body| {
+        if tag == "MODE" {
+            tcp.get_or_insert_with(|| body.to_owned());
+            return Ok(());
+        }
         if tag != "OP" {
             return Ok(());
         }
@@ -238,12 +251,21 @@ fn parent(a: &DemoArgs) -> Result<ExitCode, CmdError> {
         )));
     }
     put(String::new())?;
-    put(format!(
-        "ok: {} collectives on {p} ranks, verified byte for byte; each rank injected its own \
-         data once, plus at most {:.1}% headers (RoCEv2 BTH+DETH+ImmDt+ICRC, IPv4, UDP).",
-        ops.len(),
-        worst_overhead * 100.0
-    ))?;
+    match &tcp {
+        Some(mode) => put(format!(
+            "ok: {} collectives on {p} ranks, verified byte for byte, but over TCP, not \
+             multicast: multicast did not work here and RINGCAST_FALLBACK=tcp let them fall \
+             back ({mode}; RUST_LOG=warn says why).",
+            ops.len()
+        ))?,
+        None => put(format!(
+            "ok: {} collectives on {p} ranks, verified byte for byte; each rank injected its \
+             own data once, plus at most {:.1}% headers (RoCEv2 BTH+DETH+ImmDt+ICRC, IPv4, \
+             UDP).",
+            ops.len(),
+            worst_overhead * 100.0
+        ))?,
+    }
     put(
         "time: the slowest rank's, from a barrier to its completion, after a verified warm-up \
          run of every collective (also checked above; it brings the pacer past its slow start); \

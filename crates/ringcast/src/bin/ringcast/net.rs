@@ -42,13 +42,65 @@ pub(crate) fn connect(net: &NetArgs, tcp_threshold: Option<u64>) -> Result<Commu
     }
     b.build().map_err(|e| match e {
         // The builder names the variable; the value came from the flag.
-        BuildError::Invalid { setting, why }
-            if net.chunk.is_some() && setting.contains("RINGCAST_CHUNK_SIZE") =>
-        {
-            format!("--chunk: {why}")
+        BuildError::Invalid { setting, why } => {
+            let flag = [
+                (net.chunk.is_some(), "RINGCAST_CHUNK_SIZE", "--chunk"),
+                (net.lanes.is_some(), "RINGCAST_LANES", "--lanes"),
+                (
+                    net.peer_timeout.is_some(),
+                    "RINGCAST_PEER_TIMEOUT",
+                    "--peer-timeout",
+                ),
+            ]
+            .into_iter()
+            .find(|&(given, var, _)| given && setting.contains(var));
+            match flag {
+                Some((_, _, flag)) => format!("{flag}: {why}"),
+                None => BuildError::Invalid { setting, why }.to_string(),
+            }
         }
         e => e.to_string(),
     })
+}
+
+/// What is wrong with the flags every rank would refuse alike (checked before any rank
+/// starts): `--chunk`, `--lanes`, `--peer-timeout`.
+pub(crate) fn check_flags(net: &NetArgs) -> Result<(), String> {
+    if let Some(c) = net.chunk {
+        chunk(c)?;
+    }
+    if let Some(l) = net.lanes
+        && !(1..=ringcast::comm::MAX_LANES).contains(&l)
+    {
+        return Err(format!(
+            "--lanes {l} must be between 1 and {}",
+            ringcast::comm::MAX_LANES
+        ));
+    }
+    if let Some(t) = net.peer_timeout
+        && (t.is_zero() || t > ringcast::core::MAX_TIMEOUT)
+    {
+        return Err(format!(
+            "--peer-timeout {t:?} must be positive and at most {:?}",
+            ringcast::core::MAX_TIMEOUT
+        ));
+    }
+    Ok(())
+}
+
+/// What is wrong with an operation of `bytes` in all for a local run (on loopback, whose
+/// chunks are 4 KiB unless `--chunk` says): more chunks than an operation may have.
+pub(crate) fn check_chunks(net: &NetArgs, bytes: u64, sizes: &str) -> Result<(), String> {
+    let chunk = net.chunk.unwrap_or(4096).max(1);
+    let most = u64::from(ringcast::core::Limits::default().max_chunks_per_op);
+    let chunks = bytes.div_ceil(chunk);
+    if chunks > most {
+        return Err(format!(
+            "{sizes}: {chunks} chunks of {chunk} B in one operation, more than the {most} it \
+             may have; use a larger --chunk or smaller --sizes"
+        ));
+    }
+    Ok(())
 }
 
 /// The shortest chunk a communicator takes: the start-up check's probe.
