@@ -1151,45 +1151,54 @@ fn a_multicast_wait_on_a_rank_stopped_by_a_tcp_failure_names_that_failure() {
     a_rank_stopped_over_a_failure_names_it(93, small_allgather, large_broadcast);
 }
 
-/// A rank that answers but never posts (its program is stuck before the call) fails an
-/// Allgather everywhere at the post timeout, naming it: over multicast and over TCP. (A TCP
-/// Broadcast completes at the ranks that do not need the missing one, as MPI's may.)
+/// A world in which rank 1 answers but never posts (its program is stuck before the call):
+/// the other ranks run `f` with `threshold` and `post` (the post timeout); rank 1 stays,
+/// answering, until they are done.
+fn rank_1_never_posts(
+    salt: u64,
+    threshold: u64,
+    post: Duration,
+    f: impl Fn(&Communicator) -> Result<(), String> + Send + Sync + Clone + 'static,
+) {
+    let release = Arc::new(Barrier::new(RANKS as usize));
+    world_with(
+        salt,
+        move |b| {
+            b.tcp_threshold(threshold)
+                .peer_timeout(Duration::from_secs(1))
+                .post_timeout(post)
+        },
+        move |comm| {
+            let out = if comm.rank() == 1 { Ok(()) } else { f(&comm) };
+            release.wait();
+            out
+        },
+    );
+}
+
+/// A rank that answers but never posts fails an Allgather everywhere at the post timeout,
+/// naming it: over multicast and over TCP. (A TCP Broadcast completes at the ranks that do
+/// not need the missing one, as MPI's may.)
 #[test]
 fn a_rank_that_never_posts_fails_the_operation_at_the_post_timeout() {
     for (salt, threshold) in [(65, 0), (66, 64 << 10)] {
-        let release = Arc::new(Barrier::new(RANKS as usize));
-        world_with(
-            salt,
-            move |b| {
-                b.tcp_threshold(threshold)
-                    .peer_timeout(Duration::from_secs(1))
-                    .post_timeout(Duration::from_secs(3))
-            },
-            move |comm| {
-                let me = comm.rank();
-                let out = if me == 1 {
-                    Ok(())
-                } else {
-                    let t = Instant::now();
-                    match comm.allgather(&[me as u8; 1024], &mut [0u8; 4096]) {
-                        Err(CommError::NotPosted { peer: 1 })
-                        | Err(CommError::PeerFailed { peer: 1, .. }) => {
-                            // The engine's clock reads the start a little before `t`: a
-                            // lower bound with room, far above the 1.5 s of a hung rank's.
-                            if t.elapsed() < Duration::from_millis(2500) {
-                                Err(format!("rank {me}: failed after {:?}", t.elapsed()))
-                            } else {
-                                Ok(())
-                            }
-                        }
-                        other => Err(format!("rank {me}: {other:?}")),
+        rank_1_never_posts(salt, threshold, Duration::from_secs(3), |comm| {
+            let me = comm.rank();
+            let t = Instant::now();
+            match comm.allgather(&[me as u8; 1024], &mut [0u8; 4096]) {
+                Err(CommError::NotPosted { peer: 1 })
+                | Err(CommError::PeerFailed { peer: 1, .. }) => {
+                    // The engine's clock reads the start a little before `t`: a lower bound
+                    // with room, far above the 1.5 s of a hung rank's.
+                    if t.elapsed() < Duration::from_millis(2500) {
+                        Err(format!("rank {me}: failed after {:?}", t.elapsed()))
+                    } else {
+                        Ok(())
                     }
-                };
-                // Rank 1 stays (answering) until the others have their verdict.
-                release.wait();
-                out
-            },
-        );
+                }
+                other => Err(format!("rank {me}: {other:?}")),
+            }
+        });
     }
 }
 
@@ -1203,49 +1212,33 @@ fn operations_queued_behind_a_rank_that_never_posts_fail_by_their_post_timeout()
     const POST: Duration = Duration::from_secs(2);
     // Over multicast, and over TCP (small operations; its dispatcher did so already).
     for (salt, threshold) in [(94, 0), (95, 64 << 10)] {
-        let release = Arc::new(Barrier::new(RANKS as usize));
-        world_with(
-            salt,
-            move |b| {
-                b.tcp_threshold(threshold)
-                    .peer_timeout(Duration::from_secs(1))
-                    .post_timeout(POST)
-            },
-            move |comm| {
-                let me = comm.rank();
-                let out = if me == 1 {
-                    Ok(())
-                } else {
-                    let requests = (0..OPS)
-                        .map(|_| comm.iallgather(&[me as u8; 256], vec![0u8; 1024]))
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(e)?;
-                    let mut bad = None;
-                    let mut first = None;
-                    for r in requests {
-                        match r.wait() {
-                            Err(CommError::NotPosted { peer: 1 })
-                            | Err(CommError::PeerFailed { peer: 1, .. }) => {}
-                            other => bad = bad.or(Some(format!("{:?}", other.map(|_| ())))),
-                        }
-                        first.get_or_insert_with(Instant::now);
-                    }
-                    // From the first failure to the last: without failing the queued ones,
-                    // 6 s over multicast (2, 4, 6 and 8 s after the posts, a window of 64 at
-                    // a time).
-                    let spread = first.map_or(Duration::ZERO, |f| f.elapsed());
-                    match bad {
-                        Some(b) => Err(format!("rank {me} ({threshold}): {b}")),
-                        None if spread > POST => Err(format!(
-                            "rank {me} ({threshold}): the last failed {spread:?} after the first"
-                        )),
-                        None => Ok(()),
-                    }
-                };
-                release.wait();
-                out
-            },
-        );
+        rank_1_never_posts(salt, threshold, POST, move |comm| {
+            let me = comm.rank();
+            let requests = (0..OPS)
+                .map(|_| comm.iallgather(&[me as u8; 256], vec![0u8; 1024]))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(e)?;
+            let mut bad = None;
+            let mut first = None;
+            for r in requests {
+                match r.wait() {
+                    Err(CommError::NotPosted { peer: 1 })
+                    | Err(CommError::PeerFailed { peer: 1, .. }) => {}
+                    other => bad = bad.or(Some(format!("{:?}", other.map(|_| ())))),
+                }
+                first.get_or_insert_with(Instant::now);
+            }
+            // From the first failure to the last: without failing the queued ones, 6 s over
+            // multicast (2, 4, 6 and 8 s after the posts, a window of 64 at a time).
+            let spread = first.map_or(Duration::ZERO, |f| f.elapsed());
+            match bad {
+                Some(b) => Err(format!("rank {me} ({threshold}): {b}")),
+                None if spread > POST => Err(format!(
+                    "rank {me} ({threshold}): the last failed {spread:?} after the first"
+                )),
+                None => Ok(()),
+            }
+        });
     }
 }
 
