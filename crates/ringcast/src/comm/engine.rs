@@ -538,8 +538,6 @@ impl Engine {
                 }
                 continue;
             }
-            // Past its post timeout behind a rank that has not posted: it fails naming that
-            // rank, and takes its id as a failed operation, as a doomed one does.
             // Queued behind a failure naming a rank: it fails with it, and takes its id as a
             // failed operation, as a doomed one does.
             if let Some((error, at)) = &self.stalled
