@@ -281,12 +281,13 @@ pub(crate) struct Engine {
     queued: VecDeque<Post>,
     live: Vec<Live>,
     lost: Vec<Lost>,
-    /// The last failure naming a rank (`NotPosted`, `PeerFailed`, `PeerUnresponsive`...;
-    /// not a `ShapeMismatch`, whose rank is alive and well) and when it came. The operations
-    /// posted before it and still queued then fail with it, as NCCL's operations fail once a
-    /// timeout aborted the communicator: behind a rank that never posts they would otherwise
-    /// wait a post timeout more per window of operations the session runs at once (200
-    /// queued, 10 min: 40 min for the last). Operations posted after it run as usual.
+    /// The last failure over a rank that does not go on (`NotPosted`, `PeerUnresponsive`,
+    /// `PeerFailed`, `PeerLost`; not a `ShapeMismatch`, whose rank is alive and well, nor a
+    /// `ReadFailed`, one operation's) and when it came. The operations posted before it and
+    /// still queued then fail with it, as NCCL's operations fail once a timeout aborted the
+    /// communicator: behind a rank that never posts they would otherwise wait a post timeout
+    /// more per window of operations the session runs at once (200 queued, 10 min: 40 min
+    /// for the last). Operations posted after it run as usual.
     stalled: Option<(CommError, StdInstant)>,
     /// Whom this rank's failures blame, and its goodbye: one record with the TCP path's.
     blame: Blame,
@@ -788,8 +789,12 @@ impl Engine {
             None => self.blame.completed(op.0),
         }
         match &told {
-            Some(CommError::ShapeMismatch { .. }) => {}
-            Some(t) if t.peer().is_some() => self.stalled = Some((t.clone(), StdInstant::now())),
+            Some(
+                t @ (CommError::NotPosted { .. }
+                | CommError::PeerUnresponsive { .. }
+                | CommError::PeerFailed { .. }
+                | CommError::PeerLost { .. }),
+            ) => self.stalled = Some((t.clone(), StdInstant::now())),
             Some(_) => {}
             None => self.stalled = None,
         }

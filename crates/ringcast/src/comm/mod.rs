@@ -89,7 +89,8 @@
 //!   may have stopped over that failure: the rank that failure named is named at once,
 //!   whichever path (multicast or TCP) each operation ran on. A program stuck before its
 //!   call, its engine alive, is named only at the post timeout.
-//! * An operation that fails naming a rank (other than as a [`CommError::ShapeMismatch`])
+//! * An operation that fails over a rank that does not go on ([`CommError::NotPosted`],
+//!   [`CommError::PeerUnresponsive`], [`CommError::PeerFailed`], [`CommError::PeerLost`])
 //!   fails the operations posted before it failed and still waiting to start (beyond the
 //!   operations in flight at once), with the same error, as NCCL's fail once a timeout
 //!   aborted the communicator: behind a rank that never posts, each window of them would
