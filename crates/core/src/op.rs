@@ -142,13 +142,27 @@ impl Collective {
         let (me, p) = (c.rank, c.ranks);
         let wire = transfer_time(c, layout.bytes());
         send.empty = layout.block_chunks(me.0) == 0;
+        // This rank holds its own block from the start (the caller placed it): the view
+        // vouches for it at once, as for chunks a lane settled with none missing, so that a
+        // peer that lost some of it reads it here while this rank's lanes still receive the
+        // other blocks (the ring's invariant: every rank holds its own block).
+        let mut rx = RxView::new(layout.lanes());
+        for l in 0..layout.lanes() {
+            let own = ChunkRun {
+                start: layout.lane_index(me.0, l),
+                len: layout.lane_count(me.0, l),
+            };
+            if own.len > 0 {
+                rx.on_settled(l as usize, layout.lane_len(l), own, &[]);
+            }
+        }
         Ok(Collective {
             id,
             tag: c.imm.tag_of(id.0),
             me,
             pred: Rank((me.0 + p - 1) % p),
             succ: Rank((me.0 + 1) % p),
-            rx: RxView::new(layout.lanes()),
+            rx,
             layout,
             phase: Phase::Barrier,
             barrier: Barrier::new(hub, me, p, shape),
