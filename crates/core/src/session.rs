@@ -27,6 +27,14 @@ struct Early {
 }
 
 impl Early {
+    /// Nothing is kept for the operation.
+    fn is_empty(&self) -> bool {
+        self.ready.is_empty()
+            && self.activate.not_any()
+            && self.abort.is_none()
+            && self.ended.not_any()
+    }
+
     /// `from` sent a `Ready` or an `Activate` kept here: it started the operation.
     fn started_by(&self, from: Rank) -> bool {
         self.activate[from.index()] || self.ready.iter().any(|&(r, _)| r == from)
@@ -584,7 +592,31 @@ impl Session {
             .count();
         if from_sender as u64 >= window {
             bump(&mut self.stats.control_unexpected);
-            return;
+            // A full quota of `Ready`s and `Activate`s gives way to a lower id, the highest
+            // one kept dropped: an honest rank's early messages are for the operations just
+            // ahead of this one, and a sender of far-future ids (confused, or hostile) must
+            // not crowd out the next operation's. (A failure dropped only costs the fast
+            // failure: those stay first come.)
+            let highest = (!aborting)
+                .then(|| {
+                    self.early
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, e)| e.seq != seq && e.started_by(from))
+                        .max_by_key(|(_, e)| e.seq)
+                        .filter(|(_, e)| e.seq > seq)
+                        .map(|(i, _)| i)
+                })
+                .flatten();
+            let Some(i) = highest else {
+                return;
+            };
+            let e = &mut self.early[i];
+            e.ready.retain(|&(r, _)| r != from);
+            e.activate.set(from.index(), false);
+            if e.is_empty() {
+                self.early.swap_remove(i);
+            }
         }
         let ranks = self.config.ranks as usize;
         let e = match self.early.iter().position(|e| e.seq == seq) {

@@ -462,3 +462,33 @@ fn an_answer_that_the_operation_ended_ends_the_wait() {
         assert_eq!(got, Some(want), "{standing:?}");
     }
 }
+
+/// A rank's quota of early messages (for operations this rank has not started) gives way to
+/// a lower id: one that sent `Ready`s for far-future ids (confused, or hostile with the job
+/// nonce) does not crowd out its `Ready` for the next operation, which the hub then has when
+/// it starts it, and answers with `Go` at once (it waited its timers out, then failed it).
+#[test]
+fn far_future_readies_do_not_crowd_out_the_next_operation_s() {
+    let mut n = Node::new(Config::new(0, 3)).unwrap();
+    let window = u64::from(n.config().limits.max_inflight_ops);
+    let shape = ringcast_core::broadcast_shape(Rank(0), LEN);
+    for op in 1000..1000 + window {
+        n.handle_control(
+            Instant::ZERO,
+            Rank(2),
+            &bytes(ControlRepr::Ready { op, shape }),
+        );
+    }
+    for from in [1, 2] {
+        let ready = bytes(ControlRepr::Ready { op: 0, shape });
+        n.handle_control(Instant::ZERO, Rank(from), &ready);
+    }
+    n.start_broadcast(Instant::from_nanos(10), Rank(0), LEN)
+        .unwrap();
+    let go: Vec<Rank> = sent(&mut n)
+        .into_iter()
+        .filter(|(_, m)| m.starts_with("Go"))
+        .map(|(to, _)| to)
+        .collect();
+    assert_eq!(go, [Rank(1), Rank(2)]);
+}
