@@ -67,8 +67,7 @@ fn check_for(a: &BenchArgs, ranks: u32) -> Result<(), CmdError> {
     for &size in &a.sizes {
         net::held_bytes(size, ranks, a.collective != Collective::Bcast)?;
     }
-    // At most (10^7 + 6) * 8 * 2^32: no overflow.
-    let timings = (u64::from(a.iters) + EXTRA as u64) * 8 * u64::from(ranks);
+    let timings = timing_bytes(a, ranks);
     if timings > MAX_TIMINGS {
         return Err(format!(
             "--iters {} on {ranks} ranks: every rank would gather {} of timings, more than {}; \
@@ -80,6 +79,12 @@ fn check_for(a: &BenchArgs, ranks: u32) -> Result<(), CmdError> {
         .into());
     }
     Ok(())
+}
+
+/// The bytes of timings a rank gathers on `ranks` ranks: every rank's time of every timed
+/// iteration. At most (10^7 + 6) * 8 * 2^32: no overflow.
+fn timing_bytes(a: &BenchArgs, ranks: u32) -> u64 {
+    (u64::from(a.iters) + EXTRA as u64) * 8 * u64::from(ranks)
 }
 
 /// Runs `ringcast bench`: the parent of a local run, one of its ranks, or a launcher's rank.
@@ -350,15 +355,13 @@ fn parent(a: &BenchArgs, n: u32) -> Result<ExitCode, CmdError> {
         _ => largest.saturating_mul(u64::from(n).saturating_add(4)),
     };
     // And every rank's time of every timed iteration, which each rank gathers.
-    let timings = (u64::from(a.iters) + EXTRA as u64) * 8 * u64::from(n);
     local::check_memory(
         n,
-        held.saturating_add(timings),
+        held.saturating_add(timing_bytes(a, n)),
         "--sizes / --iters / --local",
     )?;
     for &size in &a.sizes {
-        let total = net::held_bytes(size, n, a.collective != Collective::Bcast)?;
-        net::check_chunks(&a.net, total, &format!("--sizes {size}"))?;
+        net::check_chunks(&a.net, size, n, a.collective != Collective::Bcast)?;
     }
     let ranks = LocalRanks::spawn(n)?;
     let launch = "local processes, loopback multicast";

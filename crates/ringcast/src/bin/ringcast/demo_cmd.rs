@@ -196,8 +196,7 @@ fn parent(a: &DemoArgs) -> Result<ExitCode, CmdError> {
         .unwrap_or(0);
     local::check_memory(p, held, "--sizes / --ranks")?;
     for op in &ops {
-        let total = net::held_bytes(op.size, p, !op.broadcast)?;
-        net::check_chunks(&a.net, total, &format!("--sizes {}", op.size))?;
+        net::check_chunks(&a.net, op.size, p, !op.broadcast)?;
     }
     let ranks = LocalRanks::spawn(p)?;
     let mut out = std::io::stdout().lock();

@@ -88,15 +88,22 @@ pub(crate) fn check_flags(net: &NetArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// What is wrong with an operation of `bytes` in all for a local run (on loopback, whose
-/// chunks are 4 KiB unless `--chunk` says): more chunks than an operation may have.
-pub(crate) fn check_chunks(net: &NetArgs, bytes: u64, sizes: &str) -> Result<(), String> {
+/// What is wrong with `--sizes` `size` on `ranks` local ranks (all of them for a gather; on
+/// loopback, whose chunks are 4 KiB unless `--chunk` says): a buffer too large (see
+/// [`held_bytes`]), or more chunks than an operation may have.
+pub(crate) fn check_chunks(
+    net: &NetArgs,
+    size: u64,
+    ranks: u32,
+    gather: bool,
+) -> Result<(), String> {
+    let bytes = held_bytes(size, ranks, gather)?;
     let chunk = net.chunk.unwrap_or(4096).max(1);
     let most = u64::from(ringcast::core::Limits::default().max_chunks_per_op);
     let chunks = bytes.div_ceil(chunk);
     if chunks > most {
         return Err(format!(
-            "{sizes}: {chunks} chunks of {chunk} B in one operation, more than the {most} it \
+            "--sizes {size}: {chunks} chunks of {chunk} B in one operation, more than the {most} it \
              may have; use a larger --chunk or smaller --sizes"
         ));
     }
