@@ -1589,18 +1589,21 @@ impl TcpControl {
     /// engine's, handed to the TCP fallback, takes pieces and serves no reads). False, and
     /// nothing changed, with an I/O thread.
     pub fn set_limits(&mut self, max_message: usize, max_read: u64) -> bool {
+        // What a frame can carry, as at `connect`.
+        let limits = ControlConfig {
+            max_message,
+            max_read,
+            ..self.cfg
+        }
+        .framable();
         let IoMode::Inline(io, _) = &mut self.io else {
             return false;
         };
-        let (max_message, max_read) = (
-            max_message.min(MAX_FRAME_MESSAGE),
-            max_read.min(MAX_FRAME_READ),
-        );
         for cfg in [&mut self.cfg, &mut io.cfg] {
-            cfg.max_message = max_message;
-            cfg.max_read = max_read;
+            cfg.max_message = limits.max_message;
+            cfg.max_read = limits.max_read;
         }
-        self.max_read.store(max_read, Ordering::Relaxed);
+        self.max_read.store(limits.max_read, Ordering::Relaxed);
         true
     }
 
