@@ -229,16 +229,25 @@ impl IcrcChecker {
 
 /// `delta[id] = crc(m with IP ID id) ^ crc(m with IP ID 0)` for any `m` of this length.
 fn id_deltas(len: usize) -> [u32; MAX_IP_IDS] {
-    // Zero addresses, ports and bytes: the delta does not depend on them. Each bit's
-    // contribution is computed once (6 bits cover 64 IDs) and the table filled by linearity.
+    // Zero addresses, ports and bytes: the delta does not depend on them. Each ID bit's
+    // contribution is computed once on the shortest packet, then carried over the
+    // `len - SHORTEST` bytes that follow it here with CRC-32's zero-padding operator
+    // (crc32fast's `combine`, logarithmic in the length), and the table filled by linearity:
+    // a new length costs no pass over its bytes and no allocation.
+    const SHORTEST: usize = BTH_LEN + ICRC_LEN;
     let zero = SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0);
     let flow = FlowIcrc::new(zero, zero);
-    let zeros = vec![0u8; len];
+    let zeros = [0u8; SHORTEST];
     let crc = |id: u16| flow.compute(id, &zeros).unwrap_or(0);
     let base = crc(0);
+    let pad = len.saturating_sub(SHORTEST) as u64;
     let mut bit = [0u32; MAX_IP_IDS.trailing_zeros() as usize];
     for (j, b) in bit.iter_mut().enumerate() {
-        *b = crc(1 << j) ^ base;
+        // Both messages have equal lengths, so the padding's own CRC cancels: combining
+        // with a zero CRC of `pad` bytes is the bare shift.
+        let mut h = Hasher::new_with_initial_len(crc(1 << j) ^ base, 0);
+        h.combine(&Hasher::new_with_initial_len(0, pad));
+        *b = h.finalize();
     }
     let mut deltas = [0u32; MAX_IP_IDS];
     for (id, d) in deltas.iter_mut().enumerate() {
@@ -369,7 +378,7 @@ mod tests {
             SocketAddrV4::new(Ipv4Addr::new(239, 1, 2, 3), 4791),
         );
         let mut c = IcrcChecker::default();
-        for len in [28, 104, 1024 + 28, 104, 32, 40, 48, 56] {
+        for len in [28, 104, 1024 + 28, 104, 32, 40, 48, 56, 16, 17, 8972] {
             let udp: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
             let icrc = |id| flow.compute(id, &udp).unwrap();
             for id in 0..MAX_IP_IDS as u16 {
