@@ -41,7 +41,7 @@ pub mod bootstrap;
 pub mod comm;
 
 #[cfg(feature = "rocev2-udp")]
-pub use comm::{BuildError, CommError, Communicator, Request, alloc_buffer};
+pub use comm::{BuildError, CommError, Communicator, Request, SplitError, alloc_buffer};
 
 /// Entry points for the fuzz targets under `fuzz/`: the parsers of what peers send before a
 /// communicator exists, on bytes. Not part of the API: they panic on a finding.

@@ -21,8 +21,8 @@ use ringcast::{BuildError, CommError, Communicator};
 mod common;
 
 use common::{
-    broadcast_checked, check, e, free_tcp_port, free_udp_port, ibroadcast_of, nonce, pattern,
-    random_ops, soak_ops, thread_world,
+    broadcast_buffer, broadcast_checked, check, e, free_tcp_port, free_udp_port, ibroadcast_of,
+    nonce, pattern, random_ops, soak_ops, thread_world,
 };
 
 const RANKS: u32 = 4;
@@ -114,6 +114,85 @@ fn broadcast_allgather_allgatherv_byte_for_byte() {
         }
         Ok(())
     });
+}
+
+/// `split` makes one communicator per color, ranked by key, with its own groups: collectives
+/// on the parts (over multicast and, small, over TCP) and on the parent run byte for byte,
+/// at the same time too; a rank without a color gets none; `dup` ranks as the parent does.
+#[test]
+fn split_parts_run_their_own_collectives_beside_the_parent() {
+    world_with(
+        60,
+        // Small operations over TCP, large ones over multicast, in the parts as here.
+        |b| b.tcp_threshold(64 << 10),
+        |comm| {
+            let me = comm.rank();
+            let sp = |x: ringcast::SplitError| format!("split: {x}");
+            // Evens and odds, each ranked in reverse: parent 2 is rank 0 of the evens.
+            let part = comm
+                .split(Some(me % 2), RANKS - me)
+                .map_err(sp)?
+                .ok_or("no communicator for a color")?;
+            let members: Vec<u32> = (0..RANKS).rev().filter(|r| r % 2 == me % 2).collect();
+            let want = members.iter().position(|&r| r == me).unwrap_or(0) as u32;
+            if (part.rank(), part.size()) != (want, 2) {
+                return Err(format!(
+                    "parent rank {me} is {} of {}, want {want} of 2",
+                    part.rank(),
+                    part.size()
+                ));
+            }
+            // A second split that rank 3 stays out of: three ranks, ranked as the parent.
+            let trio = comm.split((me != 3).then_some(9), 0).map_err(sp)?;
+            match (&trio, me) {
+                (None, 3) => {}
+                (Some(t), _) if t.size() == 3 && t.rank() == me => {}
+                _ => return Err(format!("second split at {me}: {trio:?}")),
+            }
+            let dup = comm.dup().map_err(sp)?;
+            if (dup.rank(), dup.size()) != (me, RANKS) {
+                return Err(format!("dup is {} of {}", dup.rank(), dup.size()));
+            }
+            for (salt, len) in [(61u64, 1000usize), (62, (1 << 20) + 3)] {
+                // A Broadcast in each part from its rank 0 (parent 2 or 3), and an Allgather
+                // in each part, while the parent runs an Allgather of its own.
+                let parent_blocks: Vec<Vec<u8>> =
+                    (0..RANKS).map(|r| pattern(salt + 10, r, len / 2)).collect();
+                let mut parent_recv = vec![0u8; len / 2 * RANKS as usize];
+                let on_parent = comm
+                    .iallgather(&parent_blocks[me as usize], parent_recv.split_off(0))
+                    .map_err(e)?;
+                let root_data = pattern(salt, members[0], len);
+                let mut b = broadcast_buffer(&part, 0, &root_data);
+                part.broadcast(0, &mut b).map_err(e)?;
+                check("a part's broadcast", &b, &root_data)?;
+                let mine = pattern(salt + 20, me, len);
+                let mut recv = vec![0u8; len * 2];
+                part.allgather(&mine, &mut recv).map_err(e)?;
+                let want: Vec<u8> = members
+                    .iter()
+                    .flat_map(|&r| pattern(salt + 20, r, len))
+                    .collect();
+                check("a part's allgather", &recv, &want)?;
+                let got = on_parent.wait().map_err(e)?;
+                check("the parent's allgather", &got, &parent_blocks.concat())?;
+                if let Some(t) = &trio {
+                    broadcast_checked(t, "the trio's broadcast", salt + 30, 2, len)?;
+                }
+                broadcast_checked(&dup, "the dup's broadcast", salt + 40, 1, len)?;
+            }
+            // Parts of a part.
+            let solo = part
+                .split(Some(part.rank()), 0)
+                .map_err(sp)?
+                .ok_or("no solo")?;
+            if (solo.rank(), solo.size()) != (0, 1) {
+                return Err(format!("solo is {} of {}", solo.rank(), solo.size()));
+            }
+            broadcast_checked(&solo, "a one-rank broadcast", 70, 0, 5000)?;
+            Ok(())
+        },
+    );
 }
 
 /// A non-blocking call's vector of any element type is the operation's buffer and comes back

@@ -7,6 +7,8 @@ use std::thread;
 use std::time::Duration;
 
 use ringcast_core::port::Port;
+
+use super::split::Lineage;
 use ringcast_core::wire::CONTROL_MAX_LEN;
 use ringcast_core::{Config, MAX_TIMEOUT, Node};
 use ringcast_transport_rocev2_udp::MAX_CHUNK_PAYLOAD;
@@ -500,10 +502,24 @@ impl CommBuilder {
         self
     }
 
+    /// This builder's settings, without a rank, world size, peers, listener or job id: what a
+    /// communicator split from the one it builds starts from.
+    pub(super) fn clone_settings(&self) -> CommBuilder {
+        CommBuilder {
+            rank: None,
+            world_size: None,
+            peers: None,
+            listener: None,
+            job_id: None,
+            ..*self
+        }
+    }
+
     /// Connects to the other ranks (every rank calls it at about the same time) and starts
     /// the engine.
     pub fn build(self) -> Result<Communicator, BuildError> {
         let post = self.post();
+        let settings = self.clone_settings();
         // Every wait is bounded, so that its deadline can be computed (a week at most).
         for (d, setting) in [
             (self.peer_timeout, "peer timeout (RINGCAST_PEER_TIMEOUT)"),
@@ -734,6 +750,17 @@ impl CommBuilder {
             });
         }
         let chunk = pick_chunk(self.chunk_size, chunk_room(iface), iface)?;
+        let lineage = Lineage {
+            settings,
+            ip: match control[rank as usize].ip() {
+                ip if ip.is_unspecified() => IpAddr::V4(iface),
+                ip => ip,
+            },
+            iface,
+            nonce,
+            chunk,
+            splits: AtomicU64::new(0),
+        };
         // Every rank holds the same table, so every rank picks the same default (the start-up
         // check compares them all the same).
         let tcp_threshold = self
@@ -891,6 +918,7 @@ impl CommBuilder {
                 posts: None,
                 thread: None,
                 fallback: Some(handle),
+                lineage,
             });
         }
         tracing::debug!(rank, elapsed = ?ex.elapsed, "start-up check: multicast reaches every rank");
@@ -971,6 +999,7 @@ impl CommBuilder {
             posts: Some(posts),
             thread: Some(thread),
             fallback,
+            lineage,
         })
     }
 }

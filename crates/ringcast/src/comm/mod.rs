@@ -76,6 +76,13 @@
 //! channel).
 //! `RINGCAST_PIN=1` pins the threads to cores; `RINGCAST_PACING=off` disables pacing.
 //!
+//! ## Sub-communicators
+//! [`Communicator::split`] (`MPI_Comm_split`, `ncclCommSplit`) and [`Communicator::dup`]
+//! (`MPI_Comm_dup`) make new communicators from this one without a new rendezvous: the
+//! colors, keys and new control addresses travel as an Allgather on this one. Each new one
+//! has its own threads, control connections, multicast groups and Q_Key (its nonce derives
+//! from this one's), takes this one's settings, and runs beside it and its siblings.
+//!
 //! ## Failures
 //! * A peer that stops answering fails every operation waiting on it after the peer timeout
 //!   ([`CommError::PeerUnresponsive`], or [`CommError::PeerFailed`] when another rank noticed
@@ -146,6 +153,7 @@ mod fallback;
 mod memory;
 mod probe;
 mod request;
+mod split;
 mod stats;
 mod track;
 
@@ -162,6 +170,7 @@ pub use fallback::{FallbackReason, TransportMode};
 pub use memory::alloc_buffer;
 pub use probe::{ProbeFailure, Unheard};
 pub use request::Request;
+pub use split::SplitError;
 pub use stats::{CommStats, ControlCounters, Counters, OpStats};
 
 use std::sync::mpsc;
@@ -196,6 +205,8 @@ pub struct Communicator {
     /// With `fallback = tcp` or small operations over TCP: routes each post to the engine or
     /// to TCP.
     fallback: Option<fallback::Handle>,
+    /// What [`split`](Self::split) and [`dup`](Self::dup) start from.
+    lineage: split::Lineage,
 }
 
 impl Communicator {

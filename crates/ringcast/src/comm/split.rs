@@ -1,0 +1,389 @@
+//! [`Communicator::split`] and [`Communicator::dup`]: new communicators over a subset of the
+//! ranks, as `MPI_Comm_split` and `ncclCommSplit` make them, without a new rendezvous.
+//!
+//! Every rank of the parent calls it. Each binds a control listener for the new communicator
+//! first, then the parent Allgathers one [`RECORD`]-byte record per rank: its color, key and
+//! listener address (or that it has no color, or could not listen). Each color's members,
+//! ordered by key and then by parent rank, build a communicator from that table with the
+//! parent's settings, under a nonce derived from the parent's, the split's sequence number and
+//! the color: every new communicator has its own multicast groups and Q_Key.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::Communicator;
+use super::builder::CommBuilder;
+use super::error::{BuildError, CommError};
+
+/// Bytes of one rank's record.
+pub(super) const RECORD: usize = 32;
+
+/// What a communicator split from this one starts from.
+#[derive(Debug)]
+pub(super) struct Lineage {
+    /// The parent's builder settings (no rank, size, peers or listener).
+    pub(super) settings: CommBuilder,
+    /// Where this rank listens for control connections (the new listener's address).
+    pub(super) ip: IpAddr,
+    /// The interface the parent's multicast runs on.
+    pub(super) iface: Ipv4Addr,
+    /// The parent's nonce.
+    pub(super) nonce: u64,
+    /// The parent's chunk size.
+    pub(super) chunk: u32,
+    /// Splits so far (every rank counts the same: a split is collective).
+    pub(super) splits: AtomicU64,
+}
+
+/// Why [`Communicator::split`] or [`Communicator::dup`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SplitError {
+    /// The parent communicator's exchange of colors and keys failed (a rank is gone, or
+    /// does not call the split: see [`CommError`]).
+    #[error("exchanging colors over the parent communicator: {0}")]
+    Exchange(#[source] CommError),
+    /// `rank` (of the parent) has this rank's color but could not listen for the new
+    /// communicator's control connections (it returned the reason).
+    #[error("parent rank {rank}, of this color, could not join the new communicator")]
+    MemberFailed {
+        /// The parent rank.
+        rank: u32,
+    },
+    /// `rank`'s record is not one this version writes (the ranks run different builds).
+    #[error("parent rank {rank} sent a split record this build cannot read")]
+    BadRecord {
+        /// The parent rank.
+        rank: u32,
+    },
+    /// Building the new communicator failed.
+    #[error("building the new communicator: {0}")]
+    Build(#[source] BuildError),
+}
+
+/// One rank's part in a split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Record {
+    /// No color (`MPI_UNDEFINED`): joins nothing.
+    None,
+    /// Joins `color` at `key`, listening on `addr`.
+    Join {
+        color: u32,
+        key: u32,
+        addr: SocketAddr,
+    },
+    /// Has `color` but could not listen.
+    Failed { color: u32 },
+}
+
+impl Record {
+    /// Layout: kind (0 none, 1 join, 2 failed), address family (4 or 6), port (LE), color
+    /// (LE), key (LE), 16 address bytes (IPv4 in the first 4), 4 zero bytes.
+    pub(super) fn encode(&self) -> [u8; RECORD] {
+        let mut b = [0u8; RECORD];
+        match *self {
+            Record::None => {}
+            Record::Join { color, key, addr } => {
+                b[0] = 1;
+                b[2..4].copy_from_slice(&addr.port().to_le_bytes());
+                b[4..8].copy_from_slice(&color.to_le_bytes());
+                b[8..12].copy_from_slice(&key.to_le_bytes());
+                match addr.ip() {
+                    IpAddr::V4(a) => {
+                        b[1] = 4;
+                        b[12..16].copy_from_slice(&a.octets());
+                    }
+                    IpAddr::V6(a) => {
+                        b[1] = 6;
+                        b[12..28].copy_from_slice(&a.octets());
+                    }
+                }
+            }
+            Record::Failed { color } => {
+                b[0] = 2;
+                b[4..8].copy_from_slice(&color.to_le_bytes());
+            }
+        }
+        b
+    }
+
+    pub(super) fn decode(b: &[u8]) -> Option<Record> {
+        let b: &[u8; RECORD] = b.try_into().ok()?;
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        match b[0] {
+            0 => Some(Record::None),
+            1 => {
+                let ip = match b[1] {
+                    4 => IpAddr::V4(Ipv4Addr::new(b[12], b[13], b[14], b[15])),
+                    6 => {
+                        let mut o = [0u8; 16];
+                        o.copy_from_slice(&b[12..28]);
+                        IpAddr::V6(Ipv6Addr::from(o))
+                    }
+                    _ => return None,
+                };
+                let port = u16::from_le_bytes([b[2], b[3]]);
+                if port == 0 || ip.is_unspecified() {
+                    return None;
+                }
+                Some(Record::Join {
+                    color: u32_at(4),
+                    key: u32_at(8),
+                    addr: SocketAddr::new(ip, port),
+                })
+            }
+            2 => Some(Record::Failed { color: u32_at(4) }),
+            _ => None,
+        }
+    }
+}
+
+/// The new communicator of one rank: its rank there, every member's control address by new
+/// rank, and the nonce.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Plan {
+    pub(super) rank: u32,
+    pub(super) control: Vec<SocketAddr>,
+    pub(super) nonce: u64,
+}
+
+/// The plan of parent rank `me` from every rank's record (`records[r * RECORD..]`), or
+/// `None` if it has no color. Members are ordered by key, then by parent rank.
+pub(super) fn plan(
+    records: &[u8],
+    me: u32,
+    parent_nonce: u64,
+    seq: u64,
+) -> Result<Option<Plan>, SplitError> {
+    let decoded = records
+        .chunks_exact(RECORD)
+        .enumerate()
+        .map(|(r, b)| Record::decode(b).ok_or(SplitError::BadRecord { rank: r as u32 }))
+        .collect::<Result<Vec<_>, _>>()?;
+    let color = match decoded.get(me as usize) {
+        Some(Record::Join { color, .. }) => *color,
+        Some(Record::None) => return Ok(None),
+        // Our own failure is returned by the caller; ranks past the table are not ours.
+        Some(Record::Failed { .. }) | None => return Err(SplitError::BadRecord { rank: me }),
+    };
+    let mut members = Vec::new();
+    for (r, rec) in decoded.iter().enumerate() {
+        match *rec {
+            Record::Join {
+                color: c,
+                key,
+                addr,
+            } if c == color => members.push((key, r, addr)),
+            Record::Failed { color: c } if c == color => {
+                return Err(SplitError::MemberFailed { rank: r as u32 });
+            }
+            _ => {}
+        }
+    }
+    members.sort_unstable_by_key(|&(key, r, _)| (key, r));
+    let rank = members
+        .iter()
+        .position(|&(_, r, _)| r == me as usize)
+        .ok_or(SplitError::BadRecord { rank: me })?;
+    Ok(Some(Plan {
+        rank: rank as u32,
+        control: members.iter().map(|&(_, _, a)| a).collect(),
+        nonce: child_nonce(parent_nonce, seq, color),
+    }))
+}
+
+/// The nonce of color `color`'s communicator in the parent's split number `seq`.
+fn child_nonce(parent: u64, seq: u64, color: u32) -> u64 {
+    mix(mix(mix(parent) ^ seq) ^ u64::from(color))
+}
+
+/// SplitMix64's finalizer: every input bit moves every output bit.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Communicator {
+    /// Splits the ranks into disjoint new communicators, as `MPI_Comm_split` and
+    /// `ncclCommSplit` do. Ranks passing the same `color` share one, ranked by `key` (ties
+    /// by rank here); a rank passing `None` (`MPI_UNDEFINED`, `NCCL_SPLIT_NOCOLOR`) joins none
+    /// and gets `Ok(None)`.
+    ///
+    /// Collective: every rank of this communicator calls it, in the same place among its
+    /// operations (the colors travel as an Allgather of 32 bytes per rank). The new
+    /// communicators take this one's settings (interface, lanes, chunk size, timeouts,
+    /// fallback, UDP port, multicast prefix, ICRC check, TCP threshold if one was given) and
+    /// have their own control connections, engine and multicast groups: operations on
+    /// them and on this one may run at the same time, from any threads. Each runs its own
+    /// start-up check.
+    ///
+    /// ```no_run
+    /// # use ringcast::Communicator;
+    /// let world = Communicator::from_env()?;
+    /// // Two halves, as a hybrid-sharded FSDP run groups its replicas.
+    /// let half = world.size() / 2;
+    /// let part = world.split(Some(world.rank() / half), world.rank())?.expect("a color");
+    /// let mut shard = vec![0u8; 1 << 20];
+    /// part.broadcast(0, &mut shard)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>, SplitError> {
+        match color {
+            None => self.exchange(Record::None).map(|_| None),
+            Some(color) => self.join(color, key).map(Some),
+        }
+    }
+
+    /// A new communicator over the same ranks, ranked the same (`MPI_Comm_dup`): a library
+    /// can run its collectives apart from the application's. Collective, as
+    /// [`split`](Self::split).
+    pub fn dup(&self) -> Result<Communicator, SplitError> {
+        self.join(0, self.rank)
+    }
+
+    fn join(&self, color: u32, key: u32) -> Result<Communicator, SplitError> {
+        let l = &self.lineage;
+        let at = SocketAddr::new(l.ip, 0);
+        let bound = TcpListener::bind(at).and_then(|s| s.local_addr().map(|a| (s, a)));
+        let (listener, addr) = match bound {
+            Ok(b) => b,
+            Err(source) => {
+                // Still take part, so that the others learn of it at once.
+                self.exchange(Record::Failed { color })?;
+                return Err(SplitError::Build(BuildError::Listen { addr: at, source }));
+            }
+        };
+        let (records, seq) = self.exchange(Record::Join { color, key, addr })?;
+        let Some(p) = plan(&records, self.rank, l.nonce, seq)? else {
+            return Err(SplitError::BadRecord { rank: self.rank });
+        };
+        let size = p.control.len() as u32;
+        tracing::debug!(
+            parent_rank = self.rank,
+            color,
+            rank = p.rank,
+            size,
+            "split: building the new communicator"
+        );
+        l.settings
+            .clone_settings()
+            .rank(p.rank)
+            .world_size(size)
+            .peer_table(p.control, p.nonce)
+            .control_listener(listener)
+            .interface(l.iface)
+            .lanes(self.lanes)
+            .allgather_chains(self.chains.clamp(1, size.max(1)))
+            .chunk_size(l.chunk)
+            .build()
+            .map_err(SplitError::Build)
+    }
+
+    /// Allgathers this rank's record over this communicator: every rank's, and the split's
+    /// sequence number.
+    fn exchange(&self, mine: Record) -> Result<(Vec<u8>, u64), SplitError> {
+        let seq = self.lineage.splits.fetch_add(1, Ordering::Relaxed);
+        let mut all = vec![0u8; RECORD * self.size as usize];
+        self.allgather(&mine.encode(), &mut all)
+            .map_err(SplitError::Exchange)?;
+        Ok((all, seq))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn join(color: u32, key: u32, port: u16) -> Record {
+        Record::Join {
+            color,
+            key,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        }
+    }
+
+    fn table(recs: &[Record]) -> Vec<u8> {
+        recs.iter().flat_map(|r| r.encode()).collect()
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let v6 = Record::Join {
+            color: 7,
+            key: u32::MAX,
+            addr: "[fd00::1]:4000".parse().unwrap(),
+        };
+        for r in [
+            Record::None,
+            join(3, 9, 1234),
+            v6,
+            Record::Failed { color: 5 },
+        ] {
+            assert_eq!(Record::decode(&r.encode()), Some(r));
+        }
+    }
+
+    #[test]
+    fn unreadable_records_are_refused() {
+        let mut b = join(1, 1, 1).encode();
+        b[1] = 5;
+        assert_eq!(Record::decode(&b), None);
+        let mut b = join(1, 1, 1).encode();
+        b[0] = 3;
+        assert_eq!(Record::decode(&b), None);
+        // Port 0 or an unspecified address cannot be connected to.
+        assert_eq!(Record::decode(&join(1, 1, 0).encode()), None);
+        assert_eq!(Record::decode(&[0u8; RECORD - 1]), None);
+        let t = table(&[join(0, 0, 10), Record::None]);
+        let mut bad = t.clone();
+        bad[RECORD] = 9;
+        assert!(matches!(
+            plan(&bad, 0, 1, 0),
+            Err(SplitError::BadRecord { rank: 1 })
+        ));
+    }
+
+    #[test]
+    fn members_are_ordered_by_key_then_rank() {
+        // Ranks 0..5: color 1 for 0, 2, 4 with keys 5, 5, 0; color 2 for 1, 3; none for 5.
+        let t = table(&[
+            join(1, 5, 100),
+            join(2, 0, 101),
+            join(1, 5, 102),
+            join(2, 0, 103),
+            join(1, 0, 104),
+            Record::None,
+        ]);
+        let p = plan(&t, 0, 42, 3).unwrap().unwrap();
+        assert_eq!(p.rank, 1);
+        let ports: Vec<u16> = p.control.iter().map(SocketAddr::port).collect();
+        assert_eq!(ports, [104, 100, 102]);
+        let q = plan(&t, 4, 42, 3).unwrap().unwrap();
+        assert_eq!((q.rank, &q.control, q.nonce), (0, &p.control, p.nonce));
+        let other = plan(&t, 3, 42, 3).unwrap().unwrap();
+        assert_eq!(other.rank, 1);
+        assert_eq!(other.control.len(), 2);
+        assert_ne!(other.nonce, p.nonce);
+        assert_eq!(plan(&t, 5, 42, 3).unwrap(), None);
+        // Another split, or another parent, gives other nonces (other groups).
+        assert_ne!(plan(&t, 0, 42, 4).unwrap().unwrap().nonce, p.nonce);
+        assert_ne!(plan(&t, 0, 43, 3).unwrap().unwrap().nonce, p.nonce);
+        assert_ne!(p.nonce, 42);
+    }
+
+    #[test]
+    fn a_member_that_could_not_listen_fails_its_color_only() {
+        let t = table(&[
+            join(1, 0, 100),
+            Record::Failed { color: 1 },
+            join(2, 0, 102),
+        ]);
+        assert!(matches!(
+            plan(&t, 0, 1, 0),
+            Err(SplitError::MemberFailed { rank: 1 })
+        ));
+        assert_eq!(plan(&t, 2, 1, 0).unwrap().unwrap().control.len(), 1);
+    }
+}
