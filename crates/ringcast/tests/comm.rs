@@ -1595,6 +1595,26 @@ fn child(role: &str) -> Result<(), String> {
             let mut recv = vec![0u8; 100_000 * n as usize];
             comm.allgather(&blocks[me as usize], &mut recv).map_err(e)?;
             check("allgather", &recv, &blocks.concat())?;
+            // Halves split from a communicator that met through the rendezvous, each
+            // broadcasting from its first rank, beside an Allgather on a copy of the whole.
+            let sp = |x: ringcast::SplitError| format!("split: {x}");
+            let half = comm.split(Some(me % 2), me).map_err(sp)?.ok_or("no half")?;
+            let whole = comm.dup().map_err(sp)?;
+            let on_whole = whole
+                .iallgather(&blocks[me as usize], vec![0u8; recv.len()])
+                .map_err(e)?;
+            broadcast_checked(
+                &half,
+                "a half's broadcast",
+                24 + u64::from(me % 2),
+                0,
+                300_000,
+            )?;
+            check(
+                "the copy's allgather",
+                &on_whole.wait().map_err(e)?,
+                &blocks.concat(),
+            )?;
             say("OK");
             Ok(())
         }
