@@ -75,6 +75,7 @@ pub use iface::{
 };
 pub use local_port::{LOCAL_PORTS_FROM, PortKind, free_local_port};
 pub use lookup::LookupTimeout;
+pub(crate) use rendezvous::random_u64;
 pub use rendezvous::{Peer, PeerTable, Rendezvous, RendezvousError, single_rank_table};
 pub use wire::MAX_CONTROL_LEN;
 

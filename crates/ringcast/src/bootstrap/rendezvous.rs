@@ -470,15 +470,19 @@ pub fn single_rank_table(local_rank: Option<u32>, control: &[u8], job_key: u64) 
 
 /// A random 64-bit nonce, mixed with the job key.
 pub(super) fn job_nonce(job_key: u64) -> u64 {
-    let random = getrandom::u64().unwrap_or_else(|e| {
+    random_u64() ^ job_key
+}
+
+/// 64 random bits from the OS.
+pub(crate) fn random_u64() -> u64 {
+    getrandom::u64().unwrap_or_else(|e| {
         // No OS randomness (very unusual): fall back to std's randomly keyed hasher over the
         // time and pid.
-        tracing::warn!(error = %e, "rendezvous: getrandom failed; using a hashed time and pid");
+        tracing::warn!(error = %e, "getrandom failed; using a hashed time and pid");
         use std::hash::{BuildHasher, Hash, Hasher};
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         std::time::SystemTime::now().hash(&mut h);
         std::process::id().hash(&mut h);
         h.finish()
-    });
-    random ^ job_key
+    })
 }

@@ -759,7 +759,6 @@ impl CommBuilder {
             iface,
             nonce,
             chunk,
-            splits: AtomicU64::new(0),
         };
         // Every rank holds the same table, so every rank picks the same default (the start-up
         // check compares them all the same).

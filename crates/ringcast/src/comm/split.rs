@@ -2,21 +2,21 @@
 //! ranks, as `MPI_Comm_split` and `ncclCommSplit` make them, without a new rendezvous.
 //!
 //! Every rank of the parent calls it. Each binds a control listener for the new communicator
-//! first, then the parent Allgathers one [`RECORD`]-byte record per rank: its color, key and
-//! listener address (or that it has no color, or could not listen). Each color's members,
-//! ordered by key and then by parent rank, build a communicator from that table with the
-//! parent's settings, under a nonce derived from the parent's, the split's sequence number and
-//! the color: every new communicator has its own multicast groups and Q_Key.
+//! first, then the parent Allgathers one [`RECORD`]-byte record per rank: its color, key,
+//! listener address and 64 random bits (or that it has no color, or could not listen). Each
+//! color's members, ordered by key and then by parent rank, build a communicator from that
+//! table with the parent's settings, under a nonce hashed from the parent's, the color and the
+//! members' random bits: every new communicator has its own multicast groups and Q_Key, and
+//! the members agree on it from what they exchanged alone.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Communicator;
 use super::builder::CommBuilder;
 use super::error::{BuildError, CommError};
 
 /// Bytes of one rank's record.
-pub(super) const RECORD: usize = 32;
+pub(super) const RECORD: usize = 40;
 
 /// What a communicator split from this one starts from.
 #[derive(Debug)]
@@ -31,8 +31,6 @@ pub(super) struct Lineage {
     pub(super) nonce: u64,
     /// The parent's chunk size.
     pub(super) chunk: u32,
-    /// Splits so far (every rank counts the same: a split is collective).
-    pub(super) splits: AtomicU64,
 }
 
 /// Why [`Communicator::split`] or [`Communicator::dup`] failed.
@@ -66,11 +64,12 @@ pub enum SplitError {
 pub(super) enum Record {
     /// No color (`MPI_UNDEFINED`): joins nothing.
     None,
-    /// Joins `color` at `key`, listening on `addr`.
+    /// Joins `color` at `key`, listening on `addr`; `salt` is random (for the nonce).
     Join {
         color: u32,
         key: u32,
         addr: SocketAddr,
+        salt: u64,
     },
     /// Has `color` but could not listen.
     Failed { color: u32 },
@@ -78,13 +77,19 @@ pub(super) enum Record {
 
 impl Record {
     /// Layout: kind (0 none, 1 join, 2 failed), address family (4 or 6), port (LE), color
-    /// (LE), key (LE), 16 address bytes (IPv4 in the first 4), 4 zero bytes.
+    /// (LE), key (LE), 16 address bytes (IPv4 in the first 4), salt (LE), 4 zero bytes.
     pub(super) fn encode(&self) -> [u8; RECORD] {
         let mut b = [0u8; RECORD];
         match *self {
             Record::None => {}
-            Record::Join { color, key, addr } => {
+            Record::Join {
+                color,
+                key,
+                addr,
+                salt,
+            } => {
                 b[0] = 1;
+                b[28..36].copy_from_slice(&salt.to_le_bytes());
                 b[2..4].copy_from_slice(&addr.port().to_le_bytes());
                 b[4..8].copy_from_slice(&color.to_le_bytes());
                 b[8..12].copy_from_slice(&key.to_le_bytes());
@@ -126,10 +131,13 @@ impl Record {
                 if port == 0 || ip.is_unspecified() {
                     return None;
                 }
+                let mut salt = [0u8; 8];
+                salt.copy_from_slice(&b[28..36]);
                 Some(Record::Join {
                     color: u32_at(4),
                     key: u32_at(8),
                     addr: SocketAddr::new(ip, port),
+                    salt: u64::from_le_bytes(salt),
                 })
             }
             2 => Some(Record::Failed { color: u32_at(4) }),
@@ -149,12 +157,7 @@ pub(super) struct Plan {
 
 /// The plan of parent rank `me` from every rank's record (`records[r * RECORD..]`), or
 /// `None` if it has no color. Members are ordered by key, then by parent rank.
-pub(super) fn plan(
-    records: &[u8],
-    me: u32,
-    parent_nonce: u64,
-    seq: u64,
-) -> Result<Option<Plan>, SplitError> {
+pub(super) fn plan(records: &[u8], me: u32, parent_nonce: u64) -> Result<Option<Plan>, SplitError> {
     let decoded = records
         .chunks_exact(RECORD)
         .enumerate()
@@ -173,28 +176,30 @@ pub(super) fn plan(
                 color: c,
                 key,
                 addr,
-            } if c == color => members.push((key, r, addr)),
+                salt,
+            } if c == color => members.push((key, r, addr, salt)),
             Record::Failed { color: c } if c == color => {
                 return Err(SplitError::MemberFailed { rank: r as u32 });
             }
             _ => {}
         }
     }
-    members.sort_unstable_by_key(|&(key, r, _)| (key, r));
+    members.sort_unstable_by_key(|&(key, r, _, _)| (key, r));
     let rank = members
         .iter()
-        .position(|&(_, r, _)| r == me as usize)
+        .position(|&(_, r, _, _)| r == me as usize)
         .ok_or(SplitError::BadRecord { rank: me })?;
+    // Every member hashes the same records in the same order.
+    let nonce = members
+        .iter()
+        .fold(mix(mix(parent_nonce) ^ u64::from(color)), |h, m| {
+            mix(h ^ m.3)
+        });
     Ok(Some(Plan {
         rank: rank as u32,
-        control: members.iter().map(|&(_, _, a)| a).collect(),
-        nonce: child_nonce(parent_nonce, seq, color),
+        control: members.iter().map(|&(_, _, a, _)| a).collect(),
+        nonce,
     }))
-}
-
-/// The nonce of color `color`'s communicator in the parent's split number `seq`.
-fn child_nonce(parent: u64, seq: u64, color: u32) -> u64 {
-    mix(mix(mix(parent) ^ seq) ^ u64::from(color))
 }
 
 /// SplitMix64's finalizer: every input bit moves every output bit.
@@ -212,7 +217,7 @@ impl Communicator {
     /// and gets `Ok(None)`.
     ///
     /// Collective: every rank of this communicator calls it, in the same place among its
-    /// operations (the colors travel as an Allgather of 32 bytes per rank). The new
+    /// operations (the colors travel as an Allgather of 40 bytes per rank). The new
     /// communicators take this one's settings (interface, lanes, chunk size, timeouts,
     /// fallback, UDP port, multicast prefix, ICRC check, TCP threshold if one was given) and
     /// have their own control connections, engine and multicast groups: operations on
@@ -255,8 +260,14 @@ impl Communicator {
                 return Err(SplitError::Build(BuildError::Listen { addr: at, source }));
             }
         };
-        let (records, seq) = self.exchange(Record::Join { color, key, addr })?;
-        let Some(p) = plan(&records, self.rank, l.nonce, seq)? else {
+        let salt = crate::bootstrap::random_u64();
+        let records = self.exchange(Record::Join {
+            color,
+            key,
+            addr,
+            salt,
+        })?;
+        let Some(p) = plan(&records, self.rank, l.nonce)? else {
             return Err(SplitError::BadRecord { rank: self.rank });
         };
         let size = p.control.len() as u32;
@@ -281,14 +292,12 @@ impl Communicator {
             .map_err(SplitError::Build)
     }
 
-    /// Allgathers this rank's record over this communicator: every rank's, and the split's
-    /// sequence number.
-    fn exchange(&self, mine: Record) -> Result<(Vec<u8>, u64), SplitError> {
-        let seq = self.lineage.splits.fetch_add(1, Ordering::Relaxed);
+    /// Allgathers this rank's record over this communicator: every rank's.
+    fn exchange(&self, mine: Record) -> Result<Vec<u8>, SplitError> {
         let mut all = vec![0u8; RECORD * self.size as usize];
         self.allgather(&mine.encode(), &mut all)
             .map_err(SplitError::Exchange)?;
-        Ok((all, seq))
+        Ok(all)
     }
 }
 
@@ -301,6 +310,7 @@ mod tests {
             color,
             key,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            salt: u64::from(port) << 32 | u64::from(key),
         }
     }
 
@@ -314,6 +324,7 @@ mod tests {
             color: 7,
             key: u32::MAX,
             addr: "[fd00::1]:4000".parse().unwrap(),
+            salt: u64::MAX - 1,
         };
         for r in [
             Record::None,
@@ -340,7 +351,7 @@ mod tests {
         let mut bad = t.clone();
         bad[RECORD] = 9;
         assert!(matches!(
-            plan(&bad, 0, 1, 0),
+            plan(&bad, 0, 1),
             Err(SplitError::BadRecord { rank: 1 })
         ));
     }
@@ -356,20 +367,23 @@ mod tests {
             join(1, 0, 104),
             Record::None,
         ]);
-        let p = plan(&t, 0, 42, 3).unwrap().unwrap();
+        let p = plan(&t, 0, 42).unwrap().unwrap();
         assert_eq!(p.rank, 1);
         let ports: Vec<u16> = p.control.iter().map(SocketAddr::port).collect();
         assert_eq!(ports, [104, 100, 102]);
-        let q = plan(&t, 4, 42, 3).unwrap().unwrap();
+        let q = plan(&t, 4, 42).unwrap().unwrap();
         assert_eq!((q.rank, &q.control, q.nonce), (0, &p.control, p.nonce));
-        let other = plan(&t, 3, 42, 3).unwrap().unwrap();
+        let other = plan(&t, 3, 42).unwrap().unwrap();
         assert_eq!(other.rank, 1);
         assert_eq!(other.control.len(), 2);
         assert_ne!(other.nonce, p.nonce);
-        assert_eq!(plan(&t, 5, 42, 3).unwrap(), None);
-        // Another split, or another parent, gives other nonces (other groups).
-        assert_ne!(plan(&t, 0, 42, 4).unwrap().unwrap().nonce, p.nonce);
-        assert_ne!(plan(&t, 0, 43, 3).unwrap().unwrap().nonce, p.nonce);
+        assert_eq!(plan(&t, 5, 42).unwrap(), None);
+        // Another parent, or the same members drawing other random bits (a second split),
+        // give other nonces (other groups).
+        assert_ne!(plan(&t, 0, 43).unwrap().unwrap().nonce, p.nonce);
+        let mut again = t.clone();
+        again[28] ^= 1;
+        assert_ne!(plan(&again, 0, 42).unwrap().unwrap().nonce, p.nonce);
         assert_ne!(p.nonce, 42);
     }
 
@@ -381,9 +395,9 @@ mod tests {
             join(2, 0, 102),
         ]);
         assert!(matches!(
-            plan(&t, 0, 1, 0),
+            plan(&t, 0, 1),
             Err(SplitError::MemberFailed { rank: 1 })
         ));
-        assert_eq!(plan(&t, 2, 1, 0).unwrap().unwrap().control.len(), 1);
+        assert_eq!(plan(&t, 2, 1).unwrap().unwrap().control.len(), 1);
     }
 }
