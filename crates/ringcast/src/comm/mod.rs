@@ -620,3 +620,15 @@ impl Drop for Communicator {
         drop(fallback);
     }
 }
+
+/// A communicator is shared by threads (`&Communicator` from any of them, as the module docs
+/// say) and moved between them; requests and errors move too.
+const _: () = {
+    const fn shared<T: Send + Sync>() {}
+    const fn moved<T: Send>() {}
+    shared::<Communicator>();
+    moved::<Request<f32>>();
+    shared::<CommError>();
+    shared::<BuildError>();
+    shared::<SplitError>();
+};
