@@ -228,8 +228,8 @@ impl Communicator {
     /// # use ringcast::Communicator;
     /// let world = Communicator::from_env()?;
     /// // Two halves, as a hybrid-sharded FSDP run groups its replicas.
-    /// let half = world.size() / 2;
-    /// let part = world.split(Some(world.rank() / half), world.rank())?.expect("a color");
+    /// let upper = world.rank() >= world.size() / 2;
+    /// let part = world.split(Some(u32::from(upper)), world.rank())?.expect("a color");
     /// let mut shard = vec![0u8; 1 << 20];
     /// part.broadcast(0, &mut shard)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
