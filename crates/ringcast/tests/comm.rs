@@ -755,6 +755,62 @@ fn dropping_with_requests_in_flight_returns_promptly() {
     });
 }
 
+/// `abort` from a watchdog thread, while the application thread is blocked: the waits in
+/// flight (a multicast Broadcast and a TCP Allgather that the others never post) return
+/// `Cancelled`, later calls fail at once the same way, and the peers' next operation fails
+/// naming the aborted rank.
+#[test]
+fn an_abort_from_another_thread_cancels_the_waits_and_the_peers_name_this_rank() {
+    world_with(
+        5,
+        |b| b.tcp_threshold(64 << 10),
+        |comm| {
+            let me = comm.rank();
+            broadcast_checked(&comm, "before", 50, 2, 100_000)?;
+            let comm = Arc::new(comm);
+            if me == 0 {
+                let big = comm.ibroadcast(0, vec![7u8; 4 << 20]).map_err(e)?;
+                let small = comm.iallgather(&[1u8; 100], vec![0u8; 400]).map_err(e)?;
+                let watchdog = {
+                    let comm = Arc::clone(&comm);
+                    thread::spawn(move || {
+                        thread::sleep(Duration::from_millis(300));
+                        comm.abort();
+                        comm.abort();
+                    })
+                };
+                // Blocked here until the watchdog aborts.
+                let got = (big.wait().err(), small.wait().err());
+                watchdog.join().map_err(|_| "watchdog panicked")?;
+                if got != (Some(CommError::Cancelled), Some(CommError::Cancelled)) {
+                    return Err(format!("waits after the abort: {got:?}"));
+                }
+                let mut x = [0u8; 8];
+                for (what, r) in [
+                    ("broadcast", comm.broadcast(1, &mut x).err()),
+                    (
+                        "allgather",
+                        comm.allgather(&[0u8; 1 << 20], &mut vec![0u8; 4 << 20])
+                            .err(),
+                    ),
+                ] {
+                    if r != Some(CommError::Cancelled) {
+                        return Err(format!("a {what} after the abort: {r:?}"));
+                    }
+                }
+                return Ok(());
+            }
+            // The others post only once rank 0 is gone.
+            thread::sleep(Duration::from_millis(800));
+            let mut buf = vec![0u8; 1 << 20];
+            match comm.broadcast(1, &mut buf) {
+                Err(err) if err.peer() == Some(0) => Ok(()),
+                other => Err(format!("after rank 0's abort: {other:?}")),
+            }
+        },
+    );
+}
+
 /// Every request of a dropped communicator ends: completed, cancelled, or failed because a
 /// peer left (another rank that saw a leaver first may tell us through `Abort`).
 fn settled(reqs: Vec<ringcast::Request<u8>>) -> Result<(), String> {

@@ -222,6 +222,8 @@ impl PostTx {
 pub(crate) enum Command {
     Post(Post),
     Stats(SyncSender<CommStats>),
+    /// Stop as the communicator's drop would ([`Communicator::abort`](super::Communicator::abort)).
+    Abort,
 }
 
 type EnginePorts = Ports<UdpRx, TrackedTx, TrackedControl>;
@@ -392,12 +394,12 @@ impl Engine {
             let mut closed = false;
             loop {
                 match self.posts.try_recv() {
-                    Ok(c) => self.command(c),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => {
+                    Ok(Command::Abort) | Err(TryRecvError::Disconnected) => {
                         closed = true;
                         break;
                     }
+                    Ok(c) => self.command(c),
+                    Err(TryRecvError::Empty) => break,
                 }
             }
             if closed {
@@ -466,6 +468,8 @@ impl Engine {
             Command::Stats(reply) => {
                 let _ = reply.send(self.stats());
             }
+            // Taken by the loop (`run`); a second one, queued behind the first, stops nothing.
+            Command::Abort => {}
         }
     }
 

@@ -628,7 +628,7 @@ pub(crate) struct Handle {
     progress: Arc<Progress>,
     thread: Option<JoinHandle<()>>,
     /// [`start_close`](Self::start_close) ran.
-    closing: bool,
+    closing: AtomicBool,
 }
 
 /// The dispatcher, shared by its thread and the application's threads.
@@ -913,7 +913,7 @@ pub(crate) fn start(
         tx,
         progress,
         thread: Some(thread),
-        closing: false,
+        closing: AtomicBool::new(false),
     })
 }
 
@@ -1047,9 +1047,8 @@ impl Handle {
     /// stops once the communicator's goes too) closes its own mesh meanwhile: against a hung
     /// peer the two lingers overlap instead of adding up. Dropping the handle joins the
     /// dispatcher.
-    pub(crate) fn start_close(&mut self) {
-        if !self.closing {
-            self.closing = true;
+    pub(crate) fn start_close(&self) {
+        if !self.closing.swap(true, Ordering::AcqRel) {
             // A leader takes the shutdown from the channel (woken by the `Inbox`) and hands
             // over to the dispatcher thread, which shuts down.
             let _ = self.tx.send(Msg::Shutdown);
@@ -3255,7 +3254,7 @@ mod tests {
         let numbered = Arc::new(AtomicU64::new(0));
         let posts = PostTx::new(tx, thread::current(), numbered, Blame::new(0));
         let zero = m.pop().expect("rank 0");
-        let mut zero =
+        let zero =
             start(cfg(0, 2), zero, Some(posts), TransportMode::Multicast).expect("start");
         assert!(
             matches!(rx.try_recv(), Err(TryRecvError::Empty)),

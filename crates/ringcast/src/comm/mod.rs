@@ -120,6 +120,9 @@
 //! * Dropping a communicator cancels what is in flight (their requests return
 //!   [`CommError::Cancelled`]), says goodbye to the peers, and joins every thread: it returns
 //!   within about a second even when peers hang.
+//! * [`Communicator::abort`] does the same from any thread, as `ncclCommAbort` does for a
+//!   watchdog: the calls blocked in other threads return [`CommError::Cancelled`], and so
+//!   does every later call; the drop then only joins the threads.
 //!
 //! ## Start-up check and TCP fallback
 //! [`CommBuilder::build`] checks that multicast arrives before it returns: every rank
@@ -268,6 +271,23 @@ impl Communicator {
             f.add_to(&mut s);
         }
         Ok(s)
+    }
+
+    /// Aborts the communicator from any thread, as `ncclCommAbort` does for a watchdog: the
+    /// operations in flight and queued fail with [`CommError::Cancelled`] (threads blocked in
+    /// [`Request::wait`] or a blocking call return), the peers are told goodbye (theirs fail
+    /// naming this rank, [`CommError::PeerLost`]; operations this rank finished complete
+    /// there), and every later call fails with [`CommError::Cancelled`]. Returns without
+    /// waiting; dropping the communicator then joins its threads. Calling it again does
+    /// nothing.
+    pub fn abort(&self) {
+        tracing::debug!(rank = self.rank, "abort");
+        if let Some(f) = &self.fallback {
+            f.start_close();
+        }
+        // Wakes the engine, which stops at once (a closed channel would too, but the
+        // channel is this communicator's and others may still post into it).
+        let _ = self.send(Command::Abort);
     }
 
     /// Whether operations run over multicast or, with `fallback = tcp`, over TCP from some
@@ -602,8 +622,8 @@ impl Drop for Communicator {
         // The fallback's dispatcher and the engine close side by side, each lingering up to a
         // second for a peer that does not read. The fallback holds a sender of the engine's
         // channel, which its close lets go at once.
-        let mut fallback = self.fallback.take();
-        if let Some(f) = &mut fallback {
+        let fallback = self.fallback.take();
+        if let Some(f) = &fallback {
             f.start_close();
         }
         self.posts = None;
