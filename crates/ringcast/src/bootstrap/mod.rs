@@ -2,15 +2,17 @@
 //!
 //! 1. [`JobEnv::from_env`] reads rank, world size, local rank and the rendezvous address from
 //!    the launcher's variables, trying sources in this order (the first whose rank or size
-//!    variable is set wins; the rest are ignored):
+//!    variable is set wins and the rest are ignored, except that MPICH's `PMI_*` beside
+//!    Slurm variables that agree with them and a `SLURM_STEP_NODELIST`, as
+//!    `srun --mpi=pmi2` sets them, are taken as Slurm):
 //!
 //!    | source | rank / size | local rank / size | rendezvous when `RINGCAST_BOOTSTRAP` is unset |
 //!    |---|---|---|---|
 //!    | explicit | `RINGCAST_RANK` / `RINGCAST_WORLD_SIZE` | `RINGCAST_LOCAL_RANK` | none: `RINGCAST_BOOTSTRAP` required |
 //!    | torchrun | `RANK` / `WORLD_SIZE` | `LOCAL_RANK` / `LOCAL_WORLD_SIZE` | `MASTER_ADDR` : `MASTER_PORT` + 1 (torch's store owns `MASTER_PORT`) |
 //!    | Open MPI | `OMPI_COMM_WORLD_RANK` / `_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK` / `_LOCAL_SIZE` | single host only: 127.0.0.1 : port derived from `OMPI_MCA_ess_base_jobid` (or `PMIX_NAMESPACE`) |
-//!    | MPICH / Hydra / Intel MPI | `PMI_RANK` / `PMI_SIZE` | `MPI_LOCALRANKID` / `MPI_LOCALNRANKS` | none: `RINGCAST_BOOTSTRAP` required |
-//!    | MVAPICH2 | `MV2_COMM_WORLD_RANK` / `_SIZE` | `MV2_COMM_WORLD_LOCAL_RANK` / `_LOCAL_SIZE` | none: `RINGCAST_BOOTSTRAP` required |
+//!    | MPICH / Hydra / Intel MPI | `PMI_RANK` / `PMI_SIZE` | `MPI_LOCALRANKID` / `MPI_LOCALNRANKS` | single host with `RINGCAST_JOB_ID`: 127.0.0.1 : port derived from it; else `RINGCAST_BOOTSTRAP` required |
+//!    | MVAPICH2 | `MV2_COMM_WORLD_RANK` / `_SIZE` | `MV2_COMM_WORLD_LOCAL_RANK` / `_LOCAL_SIZE` | single host with `RINGCAST_JOB_ID`: 127.0.0.1 : port derived from it; else `RINGCAST_BOOTSTRAP` required |
 //!    | Slurm srun | `SLURM_PROCID` / `SLURM_NTASKS` | `SLURM_LOCALID` | first host of `SLURM_STEP_NODELIST` : port derived from `SLURM_JOB_ID`, `SLURM_STEP_ID` |
 //!
 //!    Slurm comes last because mpirun inside an allocation inherits `SLURM_PROCID=0` in every

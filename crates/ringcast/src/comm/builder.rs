@@ -323,8 +323,9 @@ impl CommBuilder {
         self
     }
 
-    /// Address of the interface multicast leaves and is joined on (default: the one routed
-    /// toward the peers; `127.0.0.1` for loopback). With
+    /// Address of the interface multicast leaves and is joined on. With
+    /// [`peer_table`](Self::peer_table), the default is this rank's own entry's address
+    /// (`127.0.0.1` where that is unspecified, such as `0.0.0.0`). With
     /// [`rendezvous`](Self::rendezvous), the default is the interface the kernel routes toward
     /// the rendezvous host, except that a host that resolves to loopback here but was not
     /// written as loopback (`127.x`, `::1`, `localhost`) is not taken for one: Debian's
@@ -371,8 +372,10 @@ impl CommBuilder {
 
     /// Payload bytes per chunk (one datagram each): at least the start-up check's probe (16
     /// bytes) and at most what fits one UDP datagram with its headers
-    /// ([`MAX_CHUNK_PAYLOAD`](ringcast_transport_rocev2_udp::MAX_CHUNK_PAYLOAD), 65 476);
-    /// others are refused by [`build`](Self::build).
+    /// ([`MAX_CHUNK_PAYLOAD`](ringcast_transport_rocev2_udp::MAX_CHUNK_PAYLOAD), 65 476),
+    /// and, where the interface's MTU can be read, at most what one datagram of that MTU
+    /// carries (the MTU less 56 bytes of IPv4, UDP and RoCE headers); others are refused by
+    /// [`build`](Self::build).
     pub fn chunk_size(mut self, bytes: u32) -> Self {
         self.chunk_size = Some(bytes);
         self
@@ -442,9 +445,11 @@ impl CommBuilder {
     ///
     /// A multicast operation pays a round of control messages before its data (the barrier
     /// that makes sure every receiver is ready) and one after (the FIN ring): for a few
-    /// kilobytes that is most of its time. Over TCP a short Broadcast goes down a binomial
-    /// tree from its root and a short Allgather runs Bruck's `ceil(log2 P)` rounds (one
-    /// message per rank per round), with no barrier. A second TCP mesh carries them (as with
+    /// kilobytes that is most of its time. Over TCP, with no barrier, a Broadcast of one
+    /// piece (256 KiB) goes down a binomial tree from its root and an Allgather of one piece
+    /// runs Bruck's `ceil(log2 P)` rounds (one message per rank per round); longer ones take
+    /// the fallback's paths (a pipelined chain Broadcast; an Allgather down one tree per
+    /// block, or around a ring). A second TCP mesh carries them (as with
     /// [`Fallback::Tcp`]), so the engine's control messages never wait behind them. Every
     /// rank must use the same value: the start-up check compares them.
     pub fn tcp_threshold(mut self, bytes: u64) -> Self {

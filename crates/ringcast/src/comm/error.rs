@@ -209,8 +209,8 @@ pub enum BuildError {
     /// settings that differ between ranks).
     #[error("start-up check: {0}")]
     StartupCheck(String),
-    /// The engine thread could not be started.
-    #[error("could not start the engine thread: {0}")]
+    /// The engine's thread, or the TCP dispatcher's, could not be started.
+    #[error("could not start the engine's or the TCP dispatcher's thread: {0}")]
     Spawn(#[source] io::Error),
     /// This process may not open the file descriptors a rank needs (a TCP connection to every
     /// peer per mesh, its sockets), and its hard limit does not let it raise the soft one.

@@ -3254,8 +3254,7 @@ mod tests {
         let numbered = Arc::new(AtomicU64::new(0));
         let posts = PostTx::new(tx, thread::current(), numbered, Blame::new(0));
         let zero = m.pop().expect("rank 0");
-        let zero =
-            start(cfg(0, 2), zero, Some(posts), TransportMode::Multicast).expect("start");
+        let zero = start(cfg(0, 2), zero, Some(posts), TransportMode::Multicast).expect("start");
         assert!(
             matches!(rx.try_recv(), Err(TryRecvError::Empty)),
             "held while open"

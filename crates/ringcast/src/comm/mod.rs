@@ -68,13 +68,13 @@
 //! the transport adds one I/O thread for TCP, whatever the number of peers. Operations that run
 //! over TCP (the small ones, see [`CommBuilder::tcp_threshold`], and all of them after a
 //! fallback) have a dispatcher, which reads and writes its own TCP mesh itself (no I/O
-//! thread between it and the sockets; after a failed start-up check it runs on the control
-//! mesh and its I/O thread). It has a thread, but a TCP operation runs on the posting thread
+//! thread between it and the sockets; after a failed start-up check it takes over the
+//! control mesh, whose I/O thread hands its connections over and stops). It has a thread, but a TCP operation runs on the posting thread
 //! when it can, and the thread that waits for one drives it (as `MPI_Wait` does): it waits
 //! on the mesh itself, so the data it waits for wakes it with no hand-off. Otherwise the
 //! application thread only posts (a bounded channel) and waits (each request has its own
 //! channel).
-//! `RINGCAST_PIN=1` pins the threads to cores; `RINGCAST_PACING=off` disables pacing.
+//! `RINGCAST_PIN=1` pins the control thread and the lane workers to consecutive cores; `RINGCAST_PACING=off` disables pacing.
 //!
 //! ## Sub-communicators
 //! [`Communicator::split`] (`MPI_Comm_split`, `ncclCommSplit`) and [`Communicator::dup`]
@@ -145,7 +145,8 @@
 //!
 //! ## Observability
 //! [`Communicator::stats`] returns every counter; each completion carries [`OpStats`]. Each
-//! operation runs in a `tracing` span named `ringcast` (fields `op`, `rank`, ...); the library
+//! operation runs in a `tracing` span named `ringcast` (fields `kind`, `rank`, `bytes`, and
+//! `root` for a Broadcast; its events carry the operation's id, `op`); the library
 //! installs no subscriber.
 
 mod blame;
