@@ -67,13 +67,20 @@ impl Display for Outcome {
     }
 }
 
-fn rank_row(f: &mut Formatter<'_>, r: &RankReport) -> fmt::Result {
+/// One rank's row; `truncated`: the run stopped at its time limit, so an operation still
+/// pending is unfinished, not hung.
+fn rank_row(f: &mut Formatter<'_>, r: &RankReport, truncated: bool) -> fmt::Result {
     let mut outcome = String::new();
     for (i, o) in r.outcomes.iter().enumerate() {
         if i > 0 {
             outcome.push_str("; ");
         }
-        let _ = write!(outcome, "{o}");
+        match o {
+            Outcome::Pending if truncated => outcome.push_str("unfinished"),
+            o => {
+                let _ = write!(outcome, "{o}");
+            }
+        }
     }
     writeln!(
         f,
@@ -98,6 +105,9 @@ impl Display for Report {
         let verdict = match (self.verified, self.all_completed()) {
             (false, _) => "WRONG DATA",
             (true, true) => "verified, all completed",
+            (true, false) if !self.all_finished && self.truncated => {
+                "verified so far, some ranks unfinished"
+            }
             (true, false) if !self.all_finished => "verified, but some ranks HUNG",
             (true, false) if self.ops.iter().any(|o| o.completed + o.failed == 0) => {
                 "verified, but every rank crashed during an operation: none completed it"
@@ -247,7 +257,7 @@ impl Display for Report {
             )?;
         }
         for r in rows {
-            rank_row(f, r)?;
+            rank_row(f, r, self.truncated)?;
         }
         Ok(())
     }

@@ -354,6 +354,91 @@ fn sim_fabric_and_lane_flags_are_bounded() {
     );
 }
 
+/// Flags under which no run could go well are refused, naming the flag: a peer timeout no
+/// chunk or round trip fits in (every rank was reported unresponsive), zero timeouts, more
+/// memory than any host has (lanes multiply it), a chunk of 4 GiB.
+#[test]
+fn sim_flags_that_doom_every_run_are_refused() {
+    let b = |more: &[&'static str]| {
+        ["sim", "bcast", "--ranks", "4", "--size", "4KiB"]
+            .iter()
+            .chain(more)
+            .copied()
+            .collect::<Vec<_>>()
+    };
+    // A 16 MiB chunk takes 1.34 ms at 100 Gbit/s: longer than the 1 ms default.
+    refused(&b(&["--chunk", "16MiB"]), "--peer-timeout 1ms is too short");
+    refused(&b(&["--bandwidth", "1Mbps"]), "--peer-timeout");
+    refused(&b(&["--latency", "1s"]), "--peer-timeout");
+    refused(
+        &b(&["--peer-timeout", "0ns"]),
+        "--peer-timeout must be positive",
+    );
+    refused(&b(&["--time-limit", "0ns"]), "--time-limit");
+    refused(&b(&["--chunk", "4GiB"]), "4 294 967 295 B");
+    // About 1.2 TB: was 19 GB at 1024 ranks before it was refused.
+    refused(
+        &["sim", "bcast", "--ranks", "8192", "--lanes", "256"],
+        "--ranks 8192 on --lanes 256",
+    );
+    // With the timeout raised, the same fabric runs.
+    let v = ringcast_json(&b(&["--chunk", "16MiB", "--peer-timeout", "10s", "--json"]));
+    assert_eq!(v["verified"], true, "{v}");
+    // A run cut at its time limit: its ranks are unfinished, not hung.
+    let out = ringcast(&[
+        "sim",
+        "bcast",
+        "--ranks",
+        "4",
+        "--size",
+        "64MiB",
+        "--time-limit",
+        "100us",
+    ]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{table}");
+    assert!(table.contains("unfinished"), "{table}");
+    assert!(!table.contains("HUNG"), "{table}");
+}
+
+/// `bench` started by no launcher says how to run locally; under one (a rank in the
+/// environment), a bad setting is named alone, without that hint.
+#[test]
+fn bench_hints_at_local_runs_only_without_a_launcher() {
+    let bench = |env: &[(&str, &str)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ringcast"))
+            .args(["bench", "bcast", "--sizes", "4KiB"])
+            .env_clear()
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("the binary runs");
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let alone = bench(&[]);
+    assert!(alone.contains("no rank in the environment"), "{alone}");
+    assert!(alone.contains("--local N"), "{alone}");
+    let launched = bench(&[
+        ("RINGCAST_RANK", "0"),
+        ("RINGCAST_WORLD_SIZE", "1"),
+        ("RINGCAST_LANES", "0"),
+    ]);
+    assert!(launched.contains("RINGCAST_LANES"), "{launched}");
+    assert!(!launched.contains("--local"), "{launched}");
+    // Under a launcher too, sizes past this host's memory are refused before anything is
+    // allocated (the kernel overcommits: the ranks would be killed touching their pages).
+    let out = Command::new(env!("CARGO_BIN_EXE_ringcast"))
+        .args(["bench", "allgather", "--sizes", "1TiB"])
+        .env_clear()
+        .envs([("RINGCAST_RANK", "0"), ("RINGCAST_WORLD_SIZE", "1")])
+        .output()
+        .expect("the binary runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--sizes"), "{err}");
+}
+
 #[test]
 fn sim_sizes_are_parsed_exactly() {
     // 2^53 + 1 became 2^53 through f64.

@@ -90,8 +90,8 @@ pub(crate) struct AllgatherArgs {
 /// Flags every `ringcast sim` command shares: fabric, protocol, faults, output.
 #[derive(Debug, Args)]
 pub(crate) struct SimArgs {
-    /// Number of ranks (hosts), at most 8192 (memory grows as its square); `--topology
-    /// testbed` is always 188.
+    /// Number of ranks (hosts), at most 8192 (memory grows as its square times the lanes:
+    /// about 8 GB at 8192 with one lane); `--topology testbed` is always 188.
     #[arg(long, default_value_t = 16)]
     pub(crate) ranks: u32,
     /// Chunk (packet payload) size.
@@ -162,7 +162,7 @@ pub(crate) struct SimArgs {
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
     /// Stop the run at this virtual time.
-    #[arg(long, default_value = "60s", value_parser = units::duration)]
+    #[arg(long, default_value = "60s", value_parser = units::positive_duration)]
     pub(crate) time_limit: Duration,
     /// Print the report as JSON instead of a table.
     #[arg(long)]

@@ -87,6 +87,19 @@ fn timing_bytes(a: &BenchArgs, ranks: u32) -> u64 {
     (u64::from(a.iters) + EXTRA as u64) * 8 * u64::from(ranks)
 }
 
+/// Bytes a rank of `ranks` holds at once for the largest size: a Broadcast's buffer and the
+/// expected pattern; an Allgather(v)'s receive buffer, its own block and one block of
+/// expected bytes (an Allgatherv's largest block is under twice the size); and every rank's
+/// time of every timed iteration, which each rank gathers.
+fn held(a: &BenchArgs, ranks: u32) -> u64 {
+    let largest = a.sizes.iter().copied().max().unwrap_or(0);
+    let buffers = match a.collective {
+        Collective::Bcast => largest.saturating_mul(2),
+        _ => largest.saturating_mul(u64::from(ranks).saturating_add(4)),
+    };
+    buffers.saturating_add(timing_bytes(a, ranks))
+}
+
 /// Runs `ringcast bench`: the parent of a local run, one of its ranks, or a launcher's rank.
 pub(crate) fn run(a: &BenchArgs) -> Result<ExitCode, CmdError> {
     check(a)?;
@@ -346,20 +359,7 @@ fn name(c: Collective) -> &'static str {
 fn parent(a: &BenchArgs, n: u32) -> Result<ExitCode, CmdError> {
     local::check_ranks(n, "--local")?;
     check_for(a, n)?;
-    // What a rank holds at once for its largest size: a Broadcast's buffer and the expected
-    // pattern; an Allgather(v)'s receive buffer, its own block and one block of expected
-    // bytes (an Allgatherv's largest block is under twice the size).
-    let largest = a.sizes.iter().copied().max().unwrap_or(0);
-    let held = match a.collective {
-        Collective::Bcast => largest.saturating_mul(2),
-        _ => largest.saturating_mul(u64::from(n).saturating_add(4)),
-    };
-    // And every rank's time of every timed iteration, which each rank gathers.
-    local::check_memory(
-        n,
-        held.saturating_add(timing_bytes(a, n)),
-        "--sizes / --iters / --local",
-    )?;
+    local::check_memory(n, held(a, n), "--sizes / --iters / --local")?;
     for &size in &a.sizes {
         net::check_chunks(&a.net, size, n, a.collective != Collective::Bcast)?;
     }
@@ -414,11 +414,23 @@ impl Sink {
 }
 
 fn rank(a: &BenchArgs, child: bool) -> Result<(), CmdError> {
+    // Under a launcher, before meeting anyone: the ranks this host runs, each holding its
+    // buffers (a local run's parent checked them all).
+    if !child && let Ok(job) = ringcast::bootstrap::JobEnv::from_env() {
+        let here = job.local_size.unwrap_or(1).max(1);
+        local::check_memory(here, held(a, job.world_size), "--sizes / --iters")?;
+    }
     let comm = net::connect(&a.net, None).map_err(|e| {
-        if child {
+        // Only where no launcher started this process: under one, the setting named is what
+        // is wrong.
+        let no_launcher = matches!(
+            ringcast::bootstrap::JobEnv::from_env(),
+            Err(ringcast::bootstrap::EnvError::NoLauncher)
+        );
+        if child || !no_launcher {
             e
         } else {
-            format!("{e}\n(run under mpirun, srun or torchrun, or pass --local N)")
+            format!("{e}\n(or pass --local N to spawn N local ranks)")
         }
     })?;
     check_for(a, comm.size())?;

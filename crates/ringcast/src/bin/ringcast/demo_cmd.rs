@@ -206,8 +206,9 @@ fn parent(a: &DemoArgs) -> Result<ExitCode, CmdError> {
             .map_err(CmdError::Output)
     };
     put(format!(
-        "ringcast demo: {p} rank processes on loopback multicast (127.0.0.1), every buffer \
-         verified byte for byte"
+        "ringcast demo: {p} rank process{} on loopback multicast (127.0.0.1), every buffer \
+         verified byte for byte",
+        if p == 1 { "" } else { "es" }
     ))?;
     put(String::new())?;
     put(format!(
@@ -255,6 +256,10 @@ fn parent(a: &DemoArgs) -> Result<ExitCode, CmdError> {
             "ok: {} collectives on {p} ranks, verified byte for byte, but over TCP, not \
              multicast: multicast did not work here and RINGCAST_FALLBACK=tcp let them fall \
              back ({mode}; RUST_LOG=warn says why).",
+            ops.len()
+        ))?,
+        None if p == 1 => put(format!(
+            "ok: {} collectives on one rank, verified byte for byte; alone, it sent nothing.",
             ops.len()
         ))?,
         None => put(format!(
@@ -330,11 +335,15 @@ fn row(p: u32, op: Op, reports: &[&Value]) -> (String, Vec<String>, f64) {
                 op.root,
                 human(wire[op.root as usize])
             ),
-            format!(
-                "binomial tree: {} (total {})",
-                sends.join(", "),
-                human(tree.iter().sum())
-            ),
+            if sends.is_empty() {
+                "binomial tree: nothing to send".to_owned()
+            } else {
+                format!(
+                    "binomial tree: {} (total {})",
+                    sends.join(", "),
+                    human(tree.iter().sum())
+                )
+            },
         )
     } else {
         let ring = u64::from(p.saturating_sub(1)) * op.size;

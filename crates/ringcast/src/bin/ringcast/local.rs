@@ -49,8 +49,9 @@ pub(crate) fn check_memory(ranks: u32, per_rank: u64, flags: &str) -> Result<(),
         return Ok(());
     }
     Err(format!(
-        "{flags}: {ranks} local ranks would hold about {} MiB at once, more than the {} MiB \
+        "{flags}: {ranks} local rank{} would hold about {} MiB at once, more than the {} MiB \
          this host has available; use smaller --sizes or fewer ranks",
+        if ranks == 1 { "" } else { "s" },
         need >> 20,
         available >> 20
     )
@@ -58,7 +59,7 @@ pub(crate) fn check_memory(ranks: u32, per_rank: u64, flags: &str) -> Result<(),
 }
 
 /// `MemAvailable` from `/proc/meminfo`, in bytes.
-fn mem_available() -> Option<u64> {
+pub(crate) fn mem_available() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     meminfo_available(&info)
 }

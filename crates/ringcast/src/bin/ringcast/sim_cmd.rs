@@ -18,9 +18,16 @@ const STEP: u64 = 1 << 18;
 /// Most multicast lanes: each is a multicast tree per root and receive state per rank.
 const MAX_LANES: u16 = 256;
 /// Most ranks one simulation holds: every rank's session lives in this process, and each
-/// keeps state per peer, so memory grows as the square of the ranks (about 2 GB at 8 192,
-/// over 8 GB at 16 384, some 120 GB at the core's 65 536).
+/// keeps state per peer (and per lane), so memory grows as the square of the ranks: about
+/// 8 GB at 8 192 with one lane (see [`sim_memory`]), some 530 GB at the core's 65 536.
 const MAX_SIM_RANKS: u32 = 8192;
+
+/// Bytes a simulation of `ranks` ranks on `lanes` lanes holds, about: per pair of ranks, 50
+/// bytes and 73 per lane (measured with `/usr/bin/time` on 4 KiB Broadcasts: 8.25 GB at
+/// 8 192 ranks and one lane, 1.26 GB at 1 024 and 16 lanes, 19.2 GB at 1 024 and 256).
+fn sim_memory(ranks: u32, lanes: u16) -> u128 {
+    u128::from(ranks).pow(2) * (50 + 73 * u128::from(lanes))
+}
 
 /// The fabric the flags describe.
 fn topology(a: &SimArgs) -> Result<TopologySpec, String> {
@@ -112,7 +119,7 @@ fn config(a: &SimArgs, workload: Workload, buffer: u64) -> Result<SimConfig, Str
     let chunk = u32::try_from(a.chunk)
         .ok()
         .filter(|c| *c > 0)
-        .ok_or("--chunk must be between 1 B and 4 GiB")?;
+        .ok_or("--chunk must be between 1 B and 4 294 967 295 B (4 GiB less one byte)")?;
     if buffer.div_ceil(a.chunk) > 1 << 22 {
         return Err(format!(
             "a buffer of {buffer} B in --chunk {} is more than 4Mi chunks; use a larger --chunk",
@@ -129,6 +136,33 @@ fn config(a: &SimArgs, workload: Workload, buffer: u64) -> Result<SimConfig, Str
     }
     if a.lanes > MAX_LANES {
         return Err(format!("--lanes {} is more than {MAX_LANES}", a.lanes));
+    }
+    let need = sim_memory(ranks, a.lanes);
+    if let Some(available) = crate::local::mem_available()
+        && need > u128::from(available)
+    {
+        return Err(format!(
+            "--ranks {ranks} on --lanes {}: the simulation would hold about {} MiB, more than \
+             the {} MiB this host has available; use fewer ranks or lanes",
+            a.lanes,
+            need >> 20,
+            available >> 20
+        ));
+    }
+    if a.peer_timeout.is_zero() {
+        return Err("--peer-timeout must be positive".into());
+    }
+    // A peer that cannot answer within the peer timeout, however well the run goes, would be
+    // reported unresponsive: a configuration error, not a fault to simulate.
+    let chunk_time = Duration::from_secs_f64(a.chunk as f64 / a.bandwidth.max(1) as f64);
+    let round_trip = a.latency.saturating_mul(2);
+    if chunk_time >= a.peer_timeout || round_trip >= a.peer_timeout {
+        return Err(format!(
+            "--peer-timeout {:?} is too short for this fabric: a chunk takes {chunk_time:?} to \
+             send at --bandwidth, a round trip over one link {round_trip:?} (--latency); \
+             every rank would be reported unresponsive. Raise --peer-timeout well above both",
+            a.peer_timeout
+        ));
     }
     if a.rx_slots.is_some_and(|(_, d)| d.is_zero()) {
         return Err("--rx-slots service time must be positive".into());
