@@ -552,9 +552,12 @@ fn launcher_rendezvous(
                 || (launcher == Launcher::OpenMpi
                     && get("OMPI_MCA_orte_num_nodes").is_some_and(|n| n.trim() == "1"));
             if !single_host {
-                return Err(no(
-                    "ranks on several hosts, and mpirun gives no rendezvous address",
-                ));
+                return Err(no(if ranks.local_size.is_some() {
+                    "ranks on several hosts, and mpirun gives no rendezvous address"
+                } else {
+                    "no local size to tell whether the ranks share one host, and mpirun gives \
+                     no rendezvous address"
+                }));
             }
             let Some((id, origin)) = job_id else {
                 return Err(no(
