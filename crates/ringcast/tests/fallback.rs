@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use ringcast::comm::{BuildError, CommBuilder, Fallback, FallbackReason, OpStats, TransportMode};
-use ringcast::{Communicator, Request};
+use ringcast::{CommError, Communicator, Request};
 
 mod common;
 
@@ -241,6 +241,55 @@ fn with_fallback_the_collectives_run_over_tcp_and_say_so() {
                 return Err(format!("stats: {st:?}"));
             }
             Ok(())
+        },
+    );
+}
+
+/// A communicator running over TCP after its check failed: a copy of it (`dup`, whose own
+/// check fails the same way) runs the collectives over TCP too, and `abort` from another
+/// thread cancels a wait the others never match, and every later call; the others' next
+/// operation fails naming the aborted rank.
+#[test]
+fn over_the_fallback_a_dup_runs_and_an_abort_cancels() {
+    world(
+        6,
+        |r, b, port| {
+            rank3_elsewhere(r, b, port)
+                .startup_check(Duration::from_millis(800))
+                .fallback(Fallback::Tcp)
+        },
+        |r, comm| {
+            let comm = comm.map_err(|e| format!("build: {e}"))?;
+            let copy = comm.dup().map_err(|x| format!("dup: {x}"))?;
+            if !matches!(copy.transport_mode(), TransportMode::Tcp { .. }) {
+                return Err(format!("the copy's mode: {:?}", copy.transport_mode()));
+            }
+            collectives(&copy, 60)?;
+            let comm = std::sync::Arc::new(comm);
+            if r == 0 {
+                let req = comm
+                    .iallgather(&[1u8; 5000], vec![0u8; 20_000])
+                    .map_err(e)?;
+                let watchdog = {
+                    let comm = std::sync::Arc::clone(&comm);
+                    std::thread::spawn(move || {
+                        std::thread::sleep(Duration::from_millis(300));
+                        comm.abort();
+                    })
+                };
+                let got = req.wait().err();
+                watchdog.join().map_err(|_| "watchdog panicked")?;
+                let later = comm.broadcast(1, &mut [0u8; 64]).err();
+                if (&got, &later) != (&Some(CommError::Cancelled), &Some(CommError::Cancelled)) {
+                    return Err(format!("after the abort: {got:?}, then {later:?}"));
+                }
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(800));
+            match comm.broadcast(1, &mut [0u8; 64]) {
+                Err(err) if err.peer() == Some(0) => Ok(()),
+                other => Err(format!("after rank 0's abort: {other:?}")),
+            }
         },
     );
 }
