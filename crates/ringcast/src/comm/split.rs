@@ -387,6 +387,50 @@ mod tests {
         assert_ne!(p.nonce, 42);
     }
 
+    /// Any bytes, valid records or not: an error or a plan that places this rank among its
+    /// color's members, never a panic.
+    #[test]
+    fn any_records_give_an_error_or_a_consistent_plan() {
+        let mut x = 0x5EED_u64;
+        let mut next = move || {
+            x = mix(x);
+            x
+        };
+        for _ in 0..20_000 {
+            let ranks = (next() % 6) as usize + 1;
+            let me = (next() % (ranks as u64 + 1)) as u32;
+            let mut t: Vec<u8> = (0..ranks)
+                .flat_map(|_| {
+                    let k = next();
+                    let rec = match k % 4 {
+                        0 => Record::None,
+                        1 => Record::Failed {
+                            color: (k >> 8) as u32 % 3,
+                        },
+                        _ => join(
+                            (k >> 8) as u32 % 3,
+                            (k >> 16) as u32 % 4,
+                            (k >> 24) as u16 | 1,
+                        ),
+                    };
+                    rec.encode()
+                })
+                .collect();
+            // Now and then a byte gone wrong, or a short table.
+            if next() % 4 == 0 {
+                let at = (next() % t.len() as u64) as usize;
+                t[at] = next() as u8;
+            }
+            if next() % 8 == 0 {
+                t.truncate(t.len() - 1);
+            }
+            if let Ok(Some(p)) = plan(&t, me, 7) {
+                assert!((p.rank as usize) < p.control.len());
+                assert!(p.control.len() <= ranks);
+            }
+        }
+    }
+
     #[test]
     fn a_member_that_could_not_listen_fails_its_color_only() {
         let t = table(&[
