@@ -7,8 +7,6 @@ use std::thread;
 use std::time::Duration;
 
 use ringcast_core::port::Port;
-
-use super::split::Lineage;
 use ringcast_core::wire::CONTROL_MAX_LEN;
 use ringcast_core::{Config, MAX_TIMEOUT, Node};
 use ringcast_transport_rocev2_udp::MAX_CHUNK_PAYLOAD;
@@ -23,6 +21,7 @@ use super::engine::{Engine, PostTx};
 use super::error::BuildError;
 use super::fallback::{self, FallbackConfig, FallbackReason, TransportMode};
 use super::probe::{self, PROBE_LEN, ProbeSetup};
+use super::split::Lineage;
 use super::track::{TrackedControl, TrackedTx};
 use crate::bootstrap::{
     self, BootstrapError, EnvError, IfnameFilter, JobEnv, Launcher, PeerTable, Rendezvous,

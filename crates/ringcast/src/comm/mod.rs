@@ -69,12 +69,13 @@
 //! over TCP (the small ones, see [`CommBuilder::tcp_threshold`], and all of them after a
 //! fallback) have a dispatcher, which reads and writes its own TCP mesh itself (no I/O
 //! thread between it and the sockets; after a failed start-up check it takes over the
-//! control mesh, whose I/O thread hands its connections over and stops). It has a thread, but a TCP operation runs on the posting thread
-//! when it can, and the thread that waits for one drives it (as `MPI_Wait` does): it waits
-//! on the mesh itself, so the data it waits for wakes it with no hand-off. Otherwise the
-//! application thread only posts (a bounded channel) and waits (each request has its own
-//! channel).
-//! `RINGCAST_PIN=1` pins the control thread and the lane workers to consecutive cores; `RINGCAST_PACING=off` disables pacing.
+//! control mesh, whose I/O thread hands its connections over and stops). It has a thread,
+//! but a TCP operation runs on the posting thread when it can, and the thread that waits for
+//! one drives it (as `MPI_Wait` does): it waits on the mesh itself, so the data it waits for
+//! wakes it with no hand-off. Otherwise the application thread only posts (a bounded
+//! channel) and waits (each request has its own channel).
+//! `RINGCAST_PIN=1` pins the control thread and the lane workers to consecutive cores;
+//! `RINGCAST_PACING=off` disables pacing.
 //!
 //! ## Sub-communicators
 //! [`Communicator::split`] (`MPI_Comm_split`, `ncclCommSplit`) and [`Communicator::dup`]
