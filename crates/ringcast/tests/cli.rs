@@ -439,6 +439,27 @@ fn bench_hints_at_local_runs_only_without_a_launcher() {
     assert!(err.contains("--sizes"), "{err}");
 }
 
+/// A setting every local rank refuses (from the environment they share) is a usage error,
+/// exit status 2, as it is under a launcher: not a failed run (1).
+#[test]
+fn settings_the_local_ranks_refuse_are_usage_errors() {
+    for args in [
+        &["bench", "bcast", "--local", "2", "--sizes", "4KiB"][..],
+        &["demo", "--ranks", "2", "--sizes", "4KiB"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ringcast"))
+            .args(args)
+            .env("RINGCAST_LANES", "0")
+            .env_remove("RINGCAST_IFNAME")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("the binary runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("RINGCAST_LANES"), "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn sim_sizes_are_parsed_exactly() {
     // 2^53 + 1 became 2^53 through f64.

@@ -381,7 +381,8 @@ fn a_failing_rank_fails_the_run_naming_the_setting() {
         c.env(var, value);
         let out = run_bounded(c);
         let err = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{var}: {err}");
+        // A setting every rank refuses: a usage error (2), as under a launcher.
+        assert_eq!(out.status.code(), Some(2), "{var}: {err}");
         // Every rank refuses it: one line names them all.
         assert!(
             err.contains("ranks 0, 1, 2, 3: ") && err.contains(var),

@@ -107,8 +107,8 @@ pub(crate) fn run(a: &BenchArgs) -> Result<ExitCode, CmdError> {
         return match rank(a, true) {
             Ok(()) => Ok(ExitCode::SUCCESS),
             Err(CmdError::Output(e)) => Err(CmdError::Output(e)),
-            Err(CmdError::Msg(m) | CmdError::Run(m)) => {
-                local::report("ERR", &m)?;
+            Err(e @ (CmdError::Msg(_) | CmdError::Run(_))) => {
+                local::report_error(&e)?;
                 Ok(ExitCode::FAILURE)
             }
         };

@@ -58,8 +58,8 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode, CmdError> {
     match child(a) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(CmdError::Output(e)) => Err(CmdError::Output(e)),
-        Err(CmdError::Msg(m) | CmdError::Run(m)) => {
-            local::report("ERR", &m)?;
+        Err(e @ (CmdError::Msg(_) | CmdError::Run(_))) => {
+            local::report_error(&e)?;
             Ok(ExitCode::FAILURE)
         }
     }

@@ -103,6 +103,16 @@ pub(crate) fn report(tag: &str, body: &str) -> Result<(), CmdError> {
         .map_err(CmdError::Output)
 }
 
+/// In a rank of a local run: reports its error to the parent, bad settings (`BAD`: exit
+/// status 2 when every rank says so) apart from a failed run (`ERR`: 1).
+pub(crate) fn report_error(e: &CmdError) -> Result<(), CmdError> {
+    match e {
+        CmdError::Msg(m) => report("BAD", m),
+        CmdError::Run(m) => report("ERR", m),
+        CmdError::Output(_) => Ok(()),
+    }
+}
+
 /// N rank processes; killed when dropped, so no early return leaves one behind.
 pub(crate) struct LocalRanks {
     kids: Vec<Child>,
@@ -111,6 +121,8 @@ pub(crate) struct LocalRanks {
     lines: Receiver<(u32, Option<String>)>,
     /// Ranks that failed, with what they said.
     errors: Vec<(u32, String)>,
+    /// Of `errors`, those a rank reported as bad settings (`BAD`, not `ERR`).
+    bad_settings: usize,
     open: usize,
 }
 
@@ -128,6 +140,7 @@ impl LocalRanks {
             killed: false,
             lines,
             errors: Vec::new(),
+            bad_settings: 0,
             open: ranks as usize,
         };
         for r in 0..ranks {
@@ -178,7 +191,8 @@ impl LocalRanks {
                         continue;
                     };
                     let (tag, body) = rest.split_once(' ').unwrap_or((rest, ""));
-                    if tag == "ERR" {
+                    if tag == "ERR" || tag == "BAD" {
+                        self.bad_settings += usize::from(tag == "BAD");
                         self.errors.push((r, body.to_owned()));
                         // The others fail soon (the rank is gone): give them time to say how.
                         wait = GRACE.min(timeout);
@@ -228,7 +242,15 @@ impl LocalRanks {
         if self.errors.is_empty() {
             return Ok(());
         }
-        Err(CmdError::Run(said(&mut self.errors).join("\n  ")))
+        // Every rank refused its settings (the same, from the same flags and environment):
+        // a usage error, as it is without --local.
+        let bad = self.bad_settings == self.errors.len();
+        let lines = said(&mut self.errors).join("\n  ");
+        Err(if bad {
+            CmdError::Msg(lines)
+        } else {
+            CmdError::Run(lines)
+        })
     }
 
     fn kill(&mut self) {
