@@ -175,8 +175,9 @@ impl LocalRanks {
     }
 
     /// Feeds every report to `on(rank, tag, body)` until every rank closed its output, then
-    /// checks their exit statuses. `ERR` reports are collected; the run fails with them (and
-    /// with any rank that exited non-zero or stayed silent past `timeout`).
+    /// checks their exit statuses. `ERR` and `BAD` reports are collected; the run fails with
+    /// them (and with any rank that exited non-zero or stayed silent past `timeout`), as a
+    /// usage error ([`CmdError::Msg`]) when every one was a `BAD`.
     pub(crate) fn drive(
         mut self,
         timeout: Duration,
