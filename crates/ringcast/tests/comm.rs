@@ -153,6 +153,12 @@ fn split_parts_run_their_own_collectives_beside_the_parent() {
             if (dup.rank(), dup.size()) != (me, RANKS) {
                 return Err(format!("dup is {} of {}", dup.rank(), dup.size()));
             }
+            // One host (every control address 127.0.0.1): all of them, ranked by key.
+            let node = comm.split_by_host(RANKS - me).map_err(sp)?;
+            if (node.rank(), node.size()) != (RANKS - 1 - me, RANKS) {
+                return Err(format!("host part is {} of {}", node.rank(), node.size()));
+            }
+            broadcast_checked(&node, "the host part's broadcast", 63, 0, 70_000)?;
             for (salt, len) in [(61u64, 1000usize), (62, (1 << 20) + 3)] {
                 // A Broadcast in each part from its rank 0 (parent 2 or 3), and an Allgather
                 // in each part, while the parent runs an Allgather of its own.
@@ -1656,6 +1662,11 @@ fn child(role: &str) -> Result<(), String> {
             let sp = |x: ringcast::SplitError| format!("split: {x}");
             let half = comm.split(Some(me % 2), me).map_err(sp)?.ok_or("no half")?;
             let whole = comm.dup().map_err(sp)?;
+            // The processes' entries carry this kernel's id: one host, all of them.
+            let node = comm.split_by_host(me).map_err(sp)?;
+            if (node.rank(), node.size()) != (me, n) {
+                return Err(format!("host part is {} of {}", node.rank(), node.size()));
+            }
             let on_whole = whole
                 .iallgather(&blocks[me as usize], vec![0u8; recv.len()])
                 .map_err(e)?;

@@ -663,7 +663,7 @@ impl CommBuilder {
             "peers",
             "call CommBuilder::peer_table or CommBuilder::rendezvous, or set RINGCAST_BOOTSTRAP",
         ))?;
-        let (control, nonce, listener, iface, auto) = match peers {
+        let (control, nonce, listener, iface, auto, hosts) = match peers {
             Peers::Table { control, nonce } => {
                 if control.len() != size as usize {
                     return Err(BuildError::Invalid {
@@ -685,7 +685,9 @@ impl CommBuilder {
                     lanes: 1,
                     chains: None,
                 };
-                (control, nonce, listener, iface, auto)
+                // No host ids in a given table: ranks of one address share a host.
+                let hosts = host_colors(control.iter().map(|a| format!("address {}", a.ip())));
+                (control, nonce, listener, iface, auto, hosts)
             }
             Peers::Rendezvous { addr, job_key } => {
                 let iface = match self.interface {
@@ -700,8 +702,8 @@ impl CommBuilder {
                 };
                 r.timeout = self.connect_timeout;
                 let table = r.run(blob.as_bytes())?;
-                let (control, nonce, auto) = parse_table(&table)?;
-                (control, nonce, listener, iface, auto)
+                let (control, nonce, auto, hosts) = parse_table(&table)?;
+                (control, nonce, listener, iface, auto, hosts)
             }
             Peers::BadRendezvous(given) => {
                 return Err(BuildError::Invalid {
@@ -741,8 +743,8 @@ impl CommBuilder {
                 };
                 let (listener, blob) = listen(self.listener, iface)?;
                 let table = job.exchange(blob.as_bytes())?;
-                let (control, nonce, auto) = parse_table(&table)?;
-                (control, nonce, listener, iface, auto)
+                let (control, nonce, auto, hosts) = parse_table(&table)?;
+                (control, nonce, listener, iface, auto, hosts)
             }
         };
         let lanes = self.lanes.unwrap_or(auto.lanes);
@@ -763,6 +765,7 @@ impl CommBuilder {
             iface,
             nonce,
             chunk,
+            hosts,
         };
         // Every rank holds the same table, so every rank picks the same default (the start-up
         // check compares them all the same).
@@ -1277,10 +1280,7 @@ fn auto_chains(halves: &[u32]) -> Option<u32> {
 /// Per rank, in halves of a core, what it has to itself (see [`auto_lanes`]): twice its share
 /// of its host's cores, rounded down.
 fn half_cores(ranks: &[(SocketAddr, Host)]) -> Vec<u32> {
-    let key = |(a, h): &(SocketAddr, Host)| match &h.id {
-        Some(id) => format!("host {id}"),
-        None => format!("address {}", a.ip()),
-    };
+    let key = host_key;
     #[derive(Default)]
     struct Seen {
         most_cpus: u32,
@@ -1347,8 +1347,26 @@ impl Auto {
     }
 }
 
-/// The control addresses, the nonce, and what every rank picks from them ([`Auto`]).
-fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64, Auto), BuildError> {
+/// What tells a rank's host: its kernel's id where the entry gives it, else its address.
+fn host_key((a, h): &(SocketAddr, Host)) -> String {
+    match &h.id {
+        Some(id) => format!("host {id}"),
+        None => format!("address {}", a.ip()),
+    }
+}
+
+/// Per rank, the lowest rank of its host (by [`host_key`]s in rank order): the color of
+/// [`Communicator::split_by_host`].
+fn host_colors(keys: impl Iterator<Item = String>) -> Vec<u32> {
+    let mut first: std::collections::HashMap<String, u32> = Default::default();
+    keys.enumerate()
+        .map(|(r, k)| *first.entry(k).or_insert(r as u32))
+        .collect()
+}
+
+/// The control addresses, the nonce, what every rank picks from them ([`Auto`]), and each
+/// rank's host color ([`host_colors`]).
+fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64, Auto, Vec<u32>), BuildError> {
     let ranks = t
         .peers
         .iter()
@@ -1361,7 +1379,13 @@ fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64, Auto), BuildError
         })
         .collect::<Result<Vec<_>, _>>()?;
     let auto = Auto::of(&ranks);
-    Ok((ranks.into_iter().map(|(a, _)| a).collect(), t.nonce, auto))
+    let hosts = host_colors(ranks.iter().map(host_key));
+    Ok((
+        ranks.into_iter().map(|(a, _)| a).collect(),
+        t.nonce,
+        auto,
+        hosts,
+    ))
 }
 
 /// The interface to advertise when [`CommBuilder::interface`] was not called: see
@@ -1929,6 +1953,23 @@ mod tests {
             Auto::of(&[anon[0].clone(), anon[0].clone(), anon[0].clone()]).lanes,
             2
         );
+    }
+
+    /// `split_by_host`'s colors: the lowest rank of each host, by its kernel's id where the
+    /// entry has one (namespaces with their own addresses share it), else by address.
+    #[test]
+    fn host_colors_are_each_hosts_lowest_rank() {
+        let entries = [
+            "10.0.0.1:1 cpus=2 host=a",
+            "10.0.0.9:1 cpus=2 host=b",
+            "10.0.0.2:7 cpus=2 host=a",
+            "10.0.0.4:1",
+            "10.0.0.4:2 cpus=8",
+            "10.0.0.5:1",
+        ];
+        let ranks: Vec<_> = entries.iter().filter_map(|e| parse_entry(e)).collect();
+        assert_eq!(host_colors(ranks.iter().map(host_key)), [0, 1, 0, 3, 3, 5]);
+        assert!(host_colors(std::iter::empty()).is_empty());
     }
 
     #[test]

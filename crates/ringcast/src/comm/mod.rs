@@ -78,8 +78,9 @@
 //! `RINGCAST_PACING=off` disables pacing.
 //!
 //! ## Sub-communicators
-//! [`Communicator::split`] (`MPI_Comm_split`, `ncclCommSplit`) and [`Communicator::dup`]
-//! (`MPI_Comm_dup`) make new communicators from this one without a new rendezvous: the
+//! [`Communicator::split`] (`MPI_Comm_split`, `ncclCommSplit`), [`Communicator::dup`]
+//! (`MPI_Comm_dup`) and [`Communicator::split_by_host`] (`MPI_Comm_split_type` with
+//! `MPI_COMM_TYPE_SHARED`) make new communicators from this one without a new rendezvous: the
 //! colors, keys and new control addresses travel as an Allgather on this one. Each new one
 //! has its own threads, control connections, multicast groups and Q_Key (its nonce derives
 //! from this one's), takes this one's settings, and runs beside it and its siblings.

@@ -31,6 +31,8 @@ pub(super) struct Lineage {
     pub(super) nonce: u64,
     /// The parent's chunk size.
     pub(super) chunk: u32,
+    /// Per rank, the lowest rank on its host ([`Communicator::split_by_host`]'s colors).
+    pub(super) hosts: Vec<u32>,
 }
 
 /// Why [`Communicator::split`] or [`Communicator::dup`] failed.
@@ -246,6 +248,22 @@ impl Communicator {
     /// [`split`](Self::split).
     pub fn dup(&self) -> Result<Communicator, SplitError> {
         self.join(0, self.rank)
+    }
+
+    /// The ranks of this rank's host, ranked by `key` (ties by rank here), as
+    /// `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)` makes them: a host's ranks, the node-local
+    /// group of a hierarchical algorithm. A host is a kernel (network namespaces share one)
+    /// where the rendezvous told each rank's, and an address where the peer table was given
+    /// ([`CommBuilder::peer_table`](super::CommBuilder::peer_table)). Collective, as
+    /// [`split`](Self::split).
+    pub fn split_by_host(&self, key: u32) -> Result<Communicator, SplitError> {
+        let color = self
+            .lineage
+            .hosts
+            .get(self.rank as usize)
+            .copied()
+            .unwrap_or(self.rank);
+        self.join(color, key)
     }
 
     fn join(&self, color: u32, key: u32) -> Result<Communicator, SplitError> {
