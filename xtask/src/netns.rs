@@ -1,6 +1,7 @@
 //! `cargo xtask netns`: ringcast on a switched (bridged) fabric of network namespaces:
 //! correctness with several operations in flight, a seeded random mix of every kind and size
-//! (small ones over TCP) under loss, random loss, hostile traffic, killed ranks,
+//! (small ones over TCP) under loss, sub-communicators (`split`, `split_by_host`) on their
+//! own groups, random loss, hostile traffic, killed ranks,
 //! blocked control connections, multicast that cannot arrive (and the TCP fallback), wire
 //! checks with tshark and scapy, and Open MPI's mpirun locally and across the namespaces.
 //! See `netns_lab` for the lab and how it is always removed.
@@ -187,6 +188,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
             ("run-ahead", run_ahead),
             ("late", late),
             ("mismatch", mismatch),
+            ("split", split),
             ("loss", loss),
             ("lanes", lanes),
             ("hostile", hostile),
@@ -745,6 +747,46 @@ fn mismatch(ctx: &Ctx<'_>) -> Result<String, String> {
          ShapeMismatch naming it, the slowest after {slowest} ms (peer timeout 60 s); the \
          verified round after them passed",
         ctx.p()
+    ))
+}
+
+/// Sub-communicators across the bridge (`lab_rank split`): halves by parity, each with its
+/// own groups (joined through the snooping bridge, checked by its own start-up check), run a
+/// Broadcast and an Allgather of 1 MiB per rank while the whole runs an Allgather; then
+/// `split_by_host` puts every namespace's rank in one part (one kernel) for a Broadcast.
+/// Every buffer byte for byte, and every part over multicast.
+fn split(ctx: &Ctx<'_>) -> Result<String, String> {
+    let mut r = ctx.start("split", &["split", "--size", "1048576"], &[])?;
+    let done = r.wait_all(Duration::from_secs(60));
+    let outs = all_checked(&r, ctx.p())?;
+    if !done {
+        return Err("ranks ran past 60 s".to_owned());
+    }
+    let p = ctx.p();
+    for (i, out) in outs.iter().enumerate() {
+        let m = out
+            .lines()
+            .find(|l| l.starts_with("SPLIT"))
+            .map(kv)
+            .ok_or_else(|| format!("rank {i}: no SPLIT line: {out}"))?;
+        let half_size = (p + 1 - i % 2) / 2;
+        let want = [
+            ("half", format!("{}/{half_size}", i / 2)),
+            ("host", format!("{i}/{p}")),
+            ("half_mode", "multicast".to_owned()),
+        ];
+        for (k, v) in want {
+            if m.get(k) != Some(&v) {
+                return Err(format!("rank {i}: {k} {:?}, want {v}: {out}", m.get(k)));
+            }
+        }
+    }
+    Ok(format!(
+        "halves by parity ({} and {} ranks, their own groups through the snooping bridge) \
+         ran a Broadcast and an Allgather of 1 MiB while the whole ran an Allgather, and the \
+         host's part (all {p}: one kernel) a Broadcast, byte for byte",
+        p.div_ceil(2),
+        p / 2
     ))
 }
 

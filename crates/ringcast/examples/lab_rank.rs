@@ -28,6 +28,12 @@
 //!   memory in kB (what it kept of operations it had not posted). Run it with `RINGCAST_TCP_THRESHOLD` at or above
 //!   B, so that the Broadcasts take the TCP tree.
 //!
+//! * `split --size B`: sub-communicators across the bridge: halves by parity (each with its
+//!   own multicast groups, joined through the snooping bridge, and its own start-up check)
+//!   run a Broadcast and an Allgather of B bytes per rank while the whole runs an Allgather
+//!   of its own; then the ranks of this host's kernel (`split_by_host`: every namespace's
+//!   rank) run a Broadcast. Each verified; `SPLIT half=RANK/SIZE host=RANK/SIZE`, `CHECKED`.
+//!
 //! Exit status: 0 done, 1 a collective failed or delivered wrong bytes, 3 the communicator
 //! could not be built (`BUILD_ERROR` line).
 
@@ -103,6 +109,7 @@ fn main() -> ExitCode {
         "loop" => run_loop(&comm, size, Duration::from_secs(num("--secs", 30))),
         "mismatch" => mismatch(&comm, size),
         "mix" => mix(&comm, num("--ops", 200), num("--seed", 1)),
+        "split" => split(&comm, size),
         "flood" => flood(
             &comm,
             num("--ops", 20_000),
@@ -300,6 +307,63 @@ fn mix(comm: &Communicator, ops: u64, seed: u64) -> Result<(), Fail> {
         t.elapsed().as_millis()
     ));
     stats(comm, "after")
+}
+
+fn split(comm: &Communicator, size: usize) -> Result<(), Fail> {
+    let (me, n) = (comm.rank(), comm.size());
+    let t = Instant::now();
+    let sp = |e: ringcast::SplitError| Fail::Other(format!("split: {e}"));
+    let half = comm
+        .split(Some(me % 2), me)
+        .map_err(sp)?
+        .ok_or_else(|| Fail::Other("no half".into()))?;
+    let members: Vec<u32> = (0..n).filter(|r| r % 2 == me % 2).collect();
+    // Meanwhile, an Allgather on the whole.
+    let whole_blocks: Vec<Vec<u8>> = (0..n).map(|r| pattern(90, r, size)).collect();
+    let on_whole = comm.iallgather(&whole_blocks[me as usize], vec![0u8; size * n as usize])?;
+    let root_data = pattern(91 + u64::from(me % 2), members[0], size);
+    let mut b = if half.rank() == 0 {
+        root_data.clone()
+    } else {
+        vec![0u8; size]
+    };
+    half.broadcast(0, &mut b)?;
+    if b != root_data {
+        return Err(Fail::Other("a half's broadcast: wrong bytes".into()));
+    }
+    let mut recv = vec![0u8; size * members.len()];
+    half.allgather(&pattern(93, me, size), &mut recv)?;
+    let want: Vec<u8> = members.iter().flat_map(|&r| pattern(93, r, size)).collect();
+    if recv != want {
+        return Err(Fail::Other("a half's allgather: wrong bytes".into()));
+    }
+    if on_whole.wait()? != whole_blocks.concat() {
+        return Err(Fail::Other("the whole's allgather: wrong bytes".into()));
+    }
+    let host = comm.split_by_host(me).map_err(sp)?;
+    let data = pattern(94, 0, size);
+    let mut b = if host.rank() == 0 {
+        data.clone()
+    } else {
+        vec![0u8; size]
+    };
+    host.broadcast(0, &mut b)?;
+    if b != data {
+        return Err(Fail::Other("the host part's broadcast: wrong bytes".into()));
+    }
+    say(&format!(
+        "SPLIT rank={me} half={}/{} host={}/{} half_mode={}",
+        half.rank(),
+        half.size(),
+        host.rank(),
+        host.size(),
+        mode_name(half.transport_mode())
+    ));
+    say(&format!(
+        "CHECKED rank={me} ops=5 ms={}",
+        t.elapsed().as_millis()
+    ));
+    Ok(())
 }
 
 fn flood(comm: &Communicator, ops: u64, size: usize, late: Duration) -> Result<(), Fail> {
