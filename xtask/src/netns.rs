@@ -773,6 +773,8 @@ fn split(ctx: &Ctx<'_>) -> Result<String, String> {
         let want = [
             ("half", format!("{}/{half_size}", i / 2)),
             ("host", format!("{i}/{p}")),
+            // Namespaces have their own addresses: a copy must know the kernel id too.
+            ("copy_host", format!("{i}/{p}")),
             ("half_mode", "multicast".to_owned()),
         ];
         for (k, v) in want {

@@ -32,7 +32,8 @@
 //!   own multicast groups, joined through the snooping bridge, and its own start-up check)
 //!   run a Broadcast and an Allgather of B bytes per rank while the whole runs an Allgather
 //!   of its own; then the ranks of this host's kernel (`split_by_host`: every namespace's
-//!   rank) run a Broadcast. Each verified; `SPLIT half=RANK/SIZE host=RANK/SIZE`, `CHECKED`.
+//!   rank) run a Broadcast, and a copy's (`dup`) `split_by_host` finds them all too. Each
+//!   verified; `SPLIT half=RANK/SIZE host=RANK/SIZE copy_host=RANK/SIZE`, `CHECKED`.
 //!
 //! Exit status: 0 done, 1 a collective failed or delivered wrong bytes, 3 the communicator
 //! could not be built (`BUILD_ERROR` line).
@@ -351,12 +352,16 @@ fn split(comm: &Communicator, size: usize) -> Result<(), Fail> {
     if b != data {
         return Err(Fail::Other("the host part's broadcast: wrong bytes".into()));
     }
+    // A copy knows the hosts too (it was built from a peer table, which carries no ids).
+    let copy_host = comm.dup().map_err(sp)?.split_by_host(me).map_err(sp)?;
     say(&format!(
-        "SPLIT rank={me} half={}/{} host={}/{} half_mode={}",
+        "SPLIT rank={me} half={}/{} host={}/{} copy_host={}/{} half_mode={}",
         half.rank(),
         half.size(),
         host.rank(),
         host.size(),
+        copy_host.rank(),
+        copy_host.size(),
         mode_name(half.transport_mode())
     ));
     say(&format!(

@@ -127,6 +127,9 @@ pub struct CommBuilder {
     tcp_threshold: Option<u64>,
     /// [`job_id`](Self::job_id).
     job_id: Option<String>,
+    /// Per rank, the lowest rank of its host, where a split knows them (its parent's); a
+    /// given peer table's otherwise go by address.
+    hosts: Option<Vec<u32>>,
 }
 
 impl Default for CommBuilder {
@@ -153,6 +156,7 @@ impl Default for CommBuilder {
             verify_icrc: false,
             tcp_threshold: None,
             job_id: None,
+            hosts: None,
         }
     }
 }
@@ -515,8 +519,15 @@ impl CommBuilder {
             peers: None,
             listener: None,
             job_id: None,
+            hosts: None,
             ..*self
         }
+    }
+
+    /// Each rank's host color (see `host_colors`), known from a parent (a split).
+    pub(super) fn host_colors_of(mut self, hosts: Vec<u32>) -> Self {
+        self.hosts = Some(hosts);
+        self
     }
 
     /// Connects to the other ranks (every rank calls it at about the same time) and starts
@@ -685,8 +696,12 @@ impl CommBuilder {
                     lanes: 1,
                     chains: None,
                 };
-                // No host ids in a given table: ranks of one address share a host.
-                let hosts = host_colors(control.iter().map(|a| format!("address {}", a.ip())));
+                // No host ids in a given table: those a split's parent knew, or ranks of one
+                // address share a host.
+                let hosts = match self.hosts {
+                    Some(h) if h.len() == control.len() => h,
+                    _ => host_colors(control.iter().map(|a| format!("address {}", a.ip()))),
+                };
                 (control, nonce, listener, iface, auto, hosts)
             }
             Peers::Rendezvous { addr, job_key } => {
@@ -1033,7 +1048,20 @@ fn default_tcp_threshold(control: &[SocketAddr]) -> u64 {
 /// receive and a send socket per lane, and room for listeners, eventfds, epoll and the
 /// application's own files.
 fn files_needed(ranks: u32, meshes: u32, lanes: u16) -> u64 {
-    u64::from(ranks.saturating_sub(1)) * u64::from(meshes) + 2 * u64::from(lanes) + 64
+    files_needed_beside(ranks, meshes, lanes, open_files())
+}
+
+/// [`files_needed`] in a process that has `open` descriptors open already (other
+/// communicators, the application's files): 64 to spare, or those and 16 more.
+fn files_needed_beside(ranks: u32, meshes: u32, lanes: u16, open: u64) -> u64 {
+    u64::from(ranks.saturating_sub(1)) * u64::from(meshes)
+        + 2 * u64::from(lanes)
+        + open.saturating_add(16).max(64)
+}
+
+/// Descriptors this process has open (`/proc/self/fd`; 0 where it cannot be read).
+fn open_files() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
 }
 
 /// Raises the soft `RLIMIT_NOFILE` as far as needed and allowed; [`BuildError::FileLimit`]
@@ -1953,6 +1981,17 @@ mod tests {
             Auto::of(&[anon[0].clone(), anon[0].clone(), anon[0].clone()]).lanes,
             2
         );
+    }
+
+    /// A communicator's descriptors come on top of those the process holds already (another
+    /// communicator's, say, for a `dup`): past 48 of them, they are counted.
+    #[test]
+    fn files_needed_counts_those_already_open() {
+        // 63 peers on 2 meshes, 4 lanes: 126 + 8, and 64 to spare.
+        assert_eq!(files_needed_beside(64, 2, 4, 5), 198);
+        assert_eq!(files_needed_beside(64, 2, 4, 48), 198);
+        assert_eq!(files_needed_beside(64, 2, 4, 100), 126 + 8 + 116);
+        assert!(open_files() >= 3, "stdin, stdout, stderr");
     }
 
     /// `split_by_host`'s colors: the lowest rank of each host, by its kernel's id where the

@@ -50,9 +50,20 @@ pub enum SplitError {
         /// The parent rank.
         rank: u32,
     },
-    /// `rank`'s record is not one this version writes (the ranks run different builds).
-    #[error("parent rank {rank} sent a split record this build cannot read")]
+    /// `rank`'s record is not one this version writes: it called another collective of the
+    /// same size in this place (an erroneous program), or runs another build.
+    #[error(
+        "parent rank {rank} sent no split record this build can read (did it call another \
+         collective in this place?)"
+    )]
     BadRecord {
+        /// The parent rank.
+        rank: u32,
+    },
+    /// `rank` called another of `split`, `dup` and `split_by_host` in this place, or (for a
+    /// `dup`) did not join this rank's copy: every rank must call the same.
+    #[error("parent rank {rank} called another kind of split in this place")]
+    Mismatch {
         /// The parent rank.
         rank: u32,
     },
@@ -66,22 +77,37 @@ pub enum SplitError {
 pub(super) enum Record {
     /// No color (`MPI_UNDEFINED`): joins nothing.
     None,
-    /// Joins `color` at `key`, listening on `addr`; `salt` is random (for the nonce).
+    /// Joins `color` at `key`, listening on `addr`, by `call`; `salt` is random (for the
+    /// nonce).
     Join {
         color: u32,
         key: u32,
         addr: SocketAddr,
         salt: u64,
+        call: Call,
     },
     /// Has `color` but could not listen.
     Failed { color: u32 },
 }
 
+/// Which call made a rank's record: the members of one new communicator must agree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Call {
+    Split,
+    Dup,
+    ByHost,
+}
+
+/// The last three bytes of every record.
+const MAGIC: [u8; 3] = *b"RCS";
+
 impl Record {
     /// Layout: kind (0 none, 1 join, 2 failed), address family (4 or 6), port (LE), color
-    /// (LE), key (LE), 16 address bytes (IPv4 in the first 4), salt (LE), 4 zero bytes.
+    /// (LE), key (LE), 16 address bytes (IPv4 in the first 4), salt (LE), the call (0 split,
+    /// 1 dup, 2 by host), [`MAGIC`].
     pub(super) fn encode(&self) -> [u8; RECORD] {
         let mut b = [0u8; RECORD];
+        b[37..].copy_from_slice(&MAGIC);
         match *self {
             Record::None => {}
             Record::Join {
@@ -89,9 +115,15 @@ impl Record {
                 key,
                 addr,
                 salt,
+                call,
             } => {
                 b[0] = 1;
                 b[28..36].copy_from_slice(&salt.to_le_bytes());
+                b[36] = match call {
+                    Call::Split => 0,
+                    Call::Dup => 1,
+                    Call::ByHost => 2,
+                };
                 b[2..4].copy_from_slice(&addr.port().to_le_bytes());
                 b[4..8].copy_from_slice(&color.to_le_bytes());
                 b[8..12].copy_from_slice(&key.to_le_bytes());
@@ -116,6 +148,9 @@ impl Record {
 
     pub(super) fn decode(b: &[u8]) -> Option<Record> {
         let b: &[u8; RECORD] = b.try_into().ok()?;
+        if b[37..] != MAGIC {
+            return None;
+        }
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         match b[0] {
             0 => Some(Record::None),
@@ -135,11 +170,18 @@ impl Record {
                 }
                 let mut salt = [0u8; 8];
                 salt.copy_from_slice(&b[28..36]);
+                let call = match b[36] {
+                    0 => Call::Split,
+                    1 => Call::Dup,
+                    2 => Call::ByHost,
+                    _ => return None,
+                };
                 Some(Record::Join {
                     color: u32_at(4),
                     key: u32_at(8),
                     addr: SocketAddr::new(ip, port),
                     salt: u64::from_le_bytes(salt),
+                    call,
                 })
             }
             2 => Some(Record::Failed { color: u32_at(4) }),
@@ -155,6 +197,8 @@ pub(super) struct Plan {
     pub(super) rank: u32,
     pub(super) control: Vec<SocketAddr>,
     pub(super) nonce: u64,
+    /// Every member's parent rank, by new rank.
+    pub(super) members: Vec<u32>,
 }
 
 /// The plan of parent rank `me` from every rank's record (`records[r * RECORD..]`), or
@@ -165,8 +209,8 @@ pub(super) fn plan(records: &[u8], me: u32, parent_nonce: u64) -> Result<Option<
         .enumerate()
         .map(|(r, b)| Record::decode(b).ok_or(SplitError::BadRecord { rank: r as u32 }))
         .collect::<Result<Vec<_>, _>>()?;
-    let color = match decoded.get(me as usize) {
-        Some(Record::Join { color, .. }) => *color,
+    let (color, call) = match decoded.get(me as usize) {
+        Some(Record::Join { color, call, .. }) => (*color, *call),
         Some(Record::None) => return Ok(None),
         // Our own failure is returned by the caller; ranks past the table are not ours.
         Some(Record::Failed { .. }) | None => return Err(SplitError::BadRecord { rank: me }),
@@ -176,15 +220,29 @@ pub(super) fn plan(records: &[u8], me: u32, parent_nonce: u64) -> Result<Option<
         match *rec {
             Record::Join {
                 color: c,
+                call: theirs,
+                ..
+            } if c == color && theirs != call => {
+                return Err(SplitError::Mismatch { rank: r as u32 });
+            }
+            Record::Join {
+                color: c,
                 key,
                 addr,
                 salt,
+                ..
             } if c == color => members.push((key, r, addr, salt)),
             Record::Failed { color: c } if c == color => {
                 return Err(SplitError::MemberFailed { rank: r as u32 });
             }
             _ => {}
         }
+    }
+    // A copy has every rank, each at its own place.
+    if call == Call::Dup
+        && let Some(r) = (0..decoded.len()).find(|&r| members.get(r).is_none_or(|m| m.1 != r))
+    {
+        return Err(SplitError::Mismatch { rank: r as u32 });
     }
     members.sort_unstable_by_key(|&(key, r, _, _)| (key, r));
     let rank = members
@@ -201,6 +259,7 @@ pub(super) fn plan(records: &[u8], me: u32, parent_nonce: u64) -> Result<Option<
         rank: rank as u32,
         control: members.iter().map(|&(_, _, a, _)| a).collect(),
         nonce,
+        members: members.iter().map(|&(_, r, _, _)| r as u32).collect(),
     }))
 }
 
@@ -239,7 +298,7 @@ impl Communicator {
     pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>, SplitError> {
         match color {
             None => self.exchange(Record::None).map(|_| None),
-            Some(color) => self.join(color, key).map(Some),
+            Some(color) => self.join(color, key, Call::Split).map(Some),
         }
     }
 
@@ -247,7 +306,7 @@ impl Communicator {
     /// can run its collectives apart from the application's. Collective, as
     /// [`split`](Self::split).
     pub fn dup(&self) -> Result<Communicator, SplitError> {
-        self.join(0, self.rank)
+        self.join(0, self.rank, Call::Dup)
     }
 
     /// The ranks of this rank's host, ranked by `key` (ties by rank here), as
@@ -263,10 +322,10 @@ impl Communicator {
             .get(self.rank as usize)
             .copied()
             .unwrap_or(self.rank);
-        self.join(color, key)
+        self.join(color, key, Call::ByHost)
     }
 
-    fn join(&self, color: u32, key: u32) -> Result<Communicator, SplitError> {
+    fn join(&self, color: u32, key: u32, call: Call) -> Result<Communicator, SplitError> {
         let l = &self.lineage;
         let at = SocketAddr::new(l.ip, 0);
         let bound = TcpListener::bind(at).and_then(|s| s.local_addr().map(|a| (s, a)));
@@ -284,11 +343,27 @@ impl Communicator {
             key,
             addr,
             salt,
+            call,
         })?;
         let Some(p) = plan(&records, self.rank, l.nonce)? else {
             return Err(SplitError::BadRecord { rank: self.rank });
         };
         let size = p.control.len() as u32;
+        // The hosts of the members as this communicator knows them (by kernel where the
+        // rendezvous told it), for the new one's `split_by_host`: a new communicator is
+        // built from a peer table, which carries none.
+        let parent_color = |r: u32| l.hosts.get(r as usize).copied().unwrap_or(r);
+        let hosts: Vec<u32> = p
+            .members
+            .iter()
+            .map(|&m| {
+                let c = parent_color(m);
+                p.members
+                    .iter()
+                    .position(|&o| parent_color(o) == c)
+                    .unwrap_or(0) as u32
+            })
+            .collect();
         tracing::debug!(
             parent_rank = self.rank,
             color,
@@ -306,6 +381,7 @@ impl Communicator {
             .lanes(self.lanes)
             .allgather_chains(self.chains.clamp(1, size.max(1)))
             .chunk_size(l.chunk)
+            .host_colors_of(hosts)
             .build()
             .map_err(SplitError::Build)
     }
@@ -329,6 +405,7 @@ mod tests {
             key,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             salt: u64::from(port) << 32 | u64::from(key),
+            call: Call::Split,
         }
     }
 
@@ -343,6 +420,7 @@ mod tests {
             key: u32::MAX,
             addr: "[fd00::1]:4000".parse().unwrap(),
             salt: u64::MAX - 1,
+            call: Call::ByHost,
         };
         for r in [
             Record::None,
@@ -447,6 +525,40 @@ mod tests {
                 assert!(p.control.len() <= ranks);
             }
         }
+    }
+
+    /// A rank that called another collective of the same size (its bytes, zeros included,
+    /// carry no record), or another kind of split, or stayed out of a `dup`: refused.
+    #[test]
+    fn calls_that_do_not_match_are_refused() {
+        let dup = |key: u32, port: u16| Record::Join {
+            color: 0,
+            key,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            salt: 1,
+            call: Call::Dup,
+        };
+        let mut zeros = table(&[join(0, 0, 10), join(0, 1, 11)]);
+        zeros[RECORD..].fill(0);
+        assert!(matches!(
+            plan(&zeros, 0, 1),
+            Err(SplitError::BadRecord { rank: 1 })
+        ));
+        let t = table(&[dup(0, 10), join(0, 1, 11), dup(2, 12)]);
+        assert!(matches!(
+            plan(&t, 0, 1),
+            Err(SplitError::Mismatch { rank: 1 })
+        ));
+        // Rank 1 asked for no color: a dup without it is no copy.
+        let t = table(&[dup(0, 10), Record::None, dup(2, 12)]);
+        assert!(matches!(
+            plan(&t, 2, 1),
+            Err(SplitError::Mismatch { rank: 1 })
+        ));
+        // Every rank at its place: a copy.
+        let t = table(&[dup(0, 10), dup(1, 11), dup(2, 12)]);
+        let p = plan(&t, 1, 1).unwrap().unwrap();
+        assert_eq!((p.rank, p.members.as_slice()), (1, &[0, 1, 2][..]));
     }
 
     #[test]
