@@ -130,10 +130,11 @@ impl Collective {
         mut send: RootSend,
     ) -> Result<Self, StartError> {
         let max = c.limits.max_chunks_per_op;
+        // Saturating: sizes near 2^64 are refused below, never an overflow.
         let chunks: u64 = sizes
             .iter()
             .map(|s| s.div_ceil(u64::from(c.chunk_size)))
-            .sum();
+            .fold(0, u64::saturating_add);
         if chunks > u64::from(max) {
             return Err(StartError::TooLarge { chunks, max });
         }
@@ -422,6 +423,10 @@ impl Collective {
         lane: u16,
         bits: crate::bitmap::ChunkBitmap,
     ) -> Option<Outcome> {
+        // A bitmap of another length is another operation's (a driver's routing bug).
+        if bits.len() != self.layout.lane_len(u32::from(lane)) {
+            return None;
+        }
         self.rx.on_closed(usize::from(lane), bits);
         self.lanes_known(cx)
     }

@@ -1,6 +1,8 @@
 //! A root's side of an operation: its block's multicasts, one [`LaneTx`](crate::lane::LaneTx)
 //! per lane, and the Allgather chain token it passes on when they are done.
 
+use bitvec::{bitvec, vec::BitVec};
+
 use crate::config::Rank;
 use crate::event::OpId;
 use crate::lane::{LaneCommand, TxCommand, TxStart};
@@ -19,6 +21,9 @@ pub(crate) struct RootSend {
     started: bool,
     /// Lanes whose sends are not reported done yet.
     lanes_left: u32,
+    /// Which lanes those are: a lane's done note counts once (a driver that forwards one
+    /// twice, or names a lane with nothing to send, does not end the sends early).
+    sending_on: BitVec,
     token_passed: bool,
     /// Our block has no chunk: there is nothing to send.
     pub(crate) empty: bool,
@@ -32,6 +37,7 @@ impl RootSend {
             chain_prev: prev,
             started: false,
             lanes_left: 0,
+            sending_on: BitVec::new(),
             token_passed: false,
             empty: false,
         }
@@ -60,12 +66,14 @@ impl RootSend {
             return;
         }
         self.started = true;
+        self.sending_on = bitvec![0; layout.lanes() as usize];
         for l in 0..layout.lanes() {
             let block = layout.lane_block(me.0, l);
             if block.count == 0 {
                 continue;
             }
             self.lanes_left += 1;
+            self.sending_on.set(l as usize, true);
             cx.lane(LaneCommand::Tx {
                 lane: l as u16,
                 cmd: TxCommand::Start(TxStart { op, tag, block }),
@@ -73,9 +81,12 @@ impl RootSend {
         }
     }
 
-    /// A lane finished its part of our block.
-    pub(crate) fn on_sends_done(&mut self) {
-        self.lanes_left = self.lanes_left.saturating_sub(1);
+    /// Lane `lane` finished its part of our block.
+    pub(crate) fn on_sends_done(&mut self, lane: u16) {
+        if self.sending_on.get(usize::from(lane)).is_some_and(|b| *b) {
+            self.sending_on.set(usize::from(lane), false);
+            self.lanes_left -= 1;
+        }
     }
 
     /// Passes the chain token once our block is sent.

@@ -666,17 +666,21 @@ impl Session {
     /// ended are ignored.
     pub fn handle_lane_note(&mut self, now: Instant, note: LaneNote) {
         self.timeout.set(None);
-        let op = match &note {
+        let (op, lane) = match &note {
             LaneNote::Rx(
-                RxNote::Full { op, .. }
-                | RxNote::Closed { op, .. }
-                | RxNote::Count { op, .. }
-                | RxNote::Started { op, .. }
-                | RxNote::Progress { op, .. }
-                | RxNote::Settled { op, .. },
+                RxNote::Full { op, lane }
+                | RxNote::Closed { op, lane, .. }
+                | RxNote::Count { op, lane, .. }
+                | RxNote::Started { op, lane, .. }
+                | RxNote::Progress { op, lane, .. }
+                | RxNote::Settled { op, lane, .. },
             )
-            | LaneNote::Tx(TxNote::SendsDone { op, .. }) => *op,
+            | LaneNote::Tx(TxNote::SendsDone { op, lane }) => (*op, *lane),
         };
+        // A note from a lane this session does not have (a driver's routing bug): dropped.
+        if lane >= self.config.lanes {
+            return;
+        }
         let Some(i) = self.ops.iter().position(|o| o.id == op) else {
             return;
         };
@@ -703,8 +707,8 @@ impl Session {
                 missing,
                 ..
             }) => c.on_lane_settled(&mut cx, lane, block, run, &missing),
-            LaneNote::Tx(TxNote::SendsDone { .. }) => {
-                c.send.on_sends_done();
+            LaneNote::Tx(TxNote::SendsDone { lane, .. }) => {
+                c.send.on_sends_done(lane);
                 // Requests held back while we were sending may be answered now.
                 c.lanes_changed(&mut cx)
             }

@@ -1,0 +1,233 @@
+//! A driver that misroutes the lanes' notes (a queue bug in an engine that runs its lanes on
+//! threads of their own), or asks for absurd sizes: the session drops what cannot be its
+//! own and never completes an operation whose bytes it did not see arrive.
+
+use ringcast_core::Transmit;
+use ringcast_core::lane::{LaneCommand, LaneNote, LaneRx, LaneTx, RxNote};
+use ringcast_core::{ChunkRun, Config, Event, Instant, Node, OpId, Rank, Session, StartError};
+
+fn config(rank: u32, lanes: u16) -> Config {
+    let mut c = Config::new(rank, 2);
+    c.lanes = lanes;
+    c.chunk_size = 16;
+    c
+}
+
+/// Moves control messages both ways between a root `Node` and a leaf `Session` until none is
+/// left; reads the leaf asks for succeed (the root holds every byte); returns the bytes read
+/// per operation.
+fn exchange(root: &mut Node, leaf: &mut Session, now: Instant, read: &mut Vec<(OpId, u64)>) {
+    let mut buf = Vec::new();
+    loop {
+        let mut moved = false;
+        while let Some(t) = leaf.poll_transmit(&mut buf) {
+            moved = true;
+            match t {
+                Transmit::Control { len, .. } => {
+                    let msg = buf[..len].to_vec();
+                    root.handle_control(now, Rank(1), &msg);
+                }
+                Transmit::Read(r) => {
+                    read.push((r.op, r.len));
+                    leaf.handle_read_done(now, r.id, Ok(()));
+                }
+                _ => {}
+            }
+        }
+        while let Some(t) = root.poll_transmit(&mut buf) {
+            moved = true;
+            if let Transmit::Control { len, .. } = t {
+                let msg = buf[..len].to_vec();
+                leaf.handle_control(now, Rank(0), &msg);
+            }
+        }
+        if !moved {
+            return;
+        }
+    }
+}
+
+#[test]
+fn chunk_counts_past_2_to_the_64_are_too_large_not_an_overflow() {
+    let mut c = Config::new(0, 2);
+    c.chunk_size = 1;
+    let mut s = Session::new(c).expect("config");
+    let r = s.start_allgather(Instant::ZERO, &[u64::MAX, u64::MAX]);
+    assert!(matches!(r, Err(StartError::TooLarge { .. })), "{r:?}");
+    let mut s = Session::new(Config::new(0, 3)).expect("config");
+    let r = s.start_allgather(Instant::ZERO, &[u64::MAX; 3]);
+    assert!(matches!(r, Err(StartError::TooLarge { .. })), "{r:?}");
+    assert_eq!(s.inflight(), 0);
+}
+
+/// Notes naming a lane the session does not have: dropped (a `Settled` one indexed the
+/// layout out of bounds), and the operation goes on.
+#[test]
+fn notes_from_a_lane_that_does_not_exist_are_dropped() {
+    let mut root = Node::new(config(0, 2)).expect("config");
+    let mut leaf = Session::new(config(1, 2)).expect("config");
+    let op = root
+        .start_broadcast(Instant::ZERO, Rank(0), 160)
+        .expect("start");
+    leaf.start_broadcast(Instant::ZERO, Rank(0), 160)
+        .expect("start");
+    exchange(&mut root, &mut leaf, Instant::ZERO, &mut Vec::new());
+    for note in [
+        RxNote::Settled {
+            lane: 7,
+            op,
+            block: Rank(0),
+            run: ChunkRun { start: 0, len: 1 },
+            missing: vec![],
+        },
+        RxNote::Full { lane: 2, op },
+        RxNote::Started {
+            lane: 9,
+            op,
+            block: Rank(0),
+        },
+    ] {
+        leaf.handle_lane_note(Instant::ZERO, LaneNote::Rx(note));
+    }
+    assert_eq!(leaf.poll_event(), None);
+    assert_eq!(leaf.inflight(), 1);
+}
+
+/// A root on two lanes whose lane 0 reports its sends done twice, while lane 1's multicasts
+/// are still posted: not done (its buffer must stay untouched until lane 1's are out too).
+#[test]
+fn a_lane_that_says_its_sends_are_done_twice_does_not_end_the_others() {
+    let mut root = Session::new(config(0, 2)).expect("config");
+    let mut leaf = Node::new(config(1, 2)).expect("config");
+    let mut tx: Vec<LaneTx> = (0..2).map(|l| LaneTx::new(root.config(), l)).collect();
+    let mut rx: Vec<LaneRx> = (0..2).map(|l| LaneRx::new(root.config(), l)).collect();
+    let op = root
+        .start_broadcast(Instant::ZERO, Rank(0), 1600)
+        .expect("start");
+    leaf.start_broadcast(Instant::ZERO, Rank(0), 1600)
+        .expect("start");
+    let mut buf = Vec::new();
+    let mut lane1_posted = 0u32;
+    let mut done = false;
+    for step in 0..200u64 {
+        let now = Instant::from_nanos(step * 100_000);
+        // From step 50 on, lane 1's multicasts leave too.
+        let lane1_out = step >= 50;
+        while let Some(t) = leaf.poll_transmit(&mut buf) {
+            match t {
+                Transmit::Control { len, .. } => {
+                    let msg = buf[..len].to_vec();
+                    root.handle_control(now, Rank(1), &msg);
+                }
+                // The leaf reads what it lacks from the root (no multicast reaches it).
+                Transmit::Read(r) => leaf.handle_read_done(now, r.id, Ok(())),
+                _ => {}
+            }
+        }
+        while let Some(c) = root.poll_lane_command() {
+            match c {
+                LaneCommand::Rx { lane, cmd } => rx[lane as usize].handle_command(cmd),
+                LaneCommand::Tx { lane, cmd } => tx[lane as usize].handle_command(cmd),
+                _ => {}
+            }
+        }
+        while let Some(m) = tx[0].poll_multicast() {
+            tx[0].handle_send_done(m.op, 1);
+        }
+        while tx[1].poll_multicast().is_some() {
+            lane1_posted += 1;
+        }
+        if lane1_out && lane1_posted > 0 {
+            tx[1].handle_send_done(op, lane1_posted);
+            lane1_posted = 0;
+        }
+        while let Some(n) = tx[0].poll_note() {
+            // Forwarded twice.
+            let n: LaneNote = n.into();
+            root.handle_lane_note(now, n.clone());
+            root.handle_lane_note(now, n);
+        }
+        while let Some(n) = tx[1].poll_note() {
+            root.handle_lane_note(now, n.into());
+        }
+        for r in &mut rx {
+            while let Some(n) = r.poll_note() {
+                root.handle_lane_note(now, n.into());
+            }
+        }
+        while let Some(Transmit::Control { len, .. }) = root.poll_transmit(&mut buf) {
+            let msg = buf[..len].to_vec();
+            leaf.handle_control(now, Rank(0), &msg);
+        }
+        root.handle_timeout(now);
+        leaf.handle_timeout(now);
+        if let Some(ev) = root.poll_event() {
+            assert!(
+                lane1_out,
+                "step {step}: {ev:?} with lane 1's multicasts still posted"
+            );
+            assert_eq!(ev, Event::Completed { op });
+            done = true;
+            break;
+        }
+    }
+    assert!(done, "the root completes once every lane's sends are out");
+}
+
+/// Two operations' `Closed` notes swapped: each bitmap is of the other's length, so neither
+/// is taken. The 3 200-byte operation, none of whose multicasts arrived, completes only
+/// after reading every byte, never on the 16-byte one's bitmap.
+#[test]
+fn a_closed_note_with_another_operations_bitmap_is_not_taken() {
+    let mut root = Node::new(config(0, 1)).expect("config");
+    let mut leaf = Session::new(config(1, 1)).expect("config");
+    let mut rx = LaneRx::new(leaf.config(), 0);
+    let a = root
+        .start_broadcast(Instant::ZERO, Rank(0), 16 * 200)
+        .expect("start");
+    let b = root
+        .start_broadcast(Instant::ZERO, Rank(0), 16)
+        .expect("start");
+    leaf.start_broadcast(Instant::ZERO, Rank(0), 16 * 200)
+        .expect("start");
+    leaf.start_broadcast(Instant::ZERO, Rank(0), 16)
+        .expect("start");
+    let mut read = Vec::new();
+    let mut closed: Vec<RxNote> = Vec::new();
+    for step in 0..400u64 {
+        let now = Instant::from_nanos(step * 50_000);
+        while let Some(c) = leaf.poll_lane_command() {
+            if let LaneCommand::Rx { cmd, .. } = c {
+                rx.handle_command(cmd);
+            }
+        }
+        while let Some(n) = rx.poll_note() {
+            match n {
+                RxNote::Closed { .. } => closed.push(n),
+                n => leaf.handle_lane_note(now, n.into()),
+            }
+        }
+        // Both in: handed over with their operations swapped.
+        if closed.len() == 2 {
+            for n in closed.drain(..) {
+                if let RxNote::Closed { lane, op, bitmap } = n {
+                    let op = if op == a { b } else { a };
+                    leaf.handle_lane_note(now, RxNote::Closed { lane, op, bitmap }.into());
+                }
+            }
+        }
+        exchange(&mut root, &mut leaf, now, &mut read);
+        // Every multicast is lost.
+        while let Some(m) = root.poll_multicast() {
+            root.handle_send_done(now, m.lane, m.op, 1);
+        }
+        while let Some(e) = leaf.poll_event() {
+            if e == (Event::Completed { op: a }) {
+                let got: u64 = read.iter().filter(|r| r.0 == a).map(|r| r.1).sum();
+                assert_eq!(got, 16 * 200, "completed {a:?} having read {got} bytes");
+            }
+        }
+        leaf.handle_timeout(now);
+        root.handle_timeout(now);
+    }
+}
