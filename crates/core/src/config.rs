@@ -44,6 +44,9 @@ pub struct Limits {
     /// more is split into reads of at most this many (whole chunks, at least one). At least
     /// `chunk_size`.
     pub max_read: u64,
+    /// Most lanes: each costs receive state per rank for every operation in flight (about
+    /// 70 bytes per lane and rank for each), and a worker pair in an engine.
+    pub max_lanes: u16,
 }
 
 impl Default for Limits {
@@ -54,6 +57,7 @@ impl Default for Limits {
             max_chunks_per_op: 1 << 20,
             max_control_len: 16 + 8 * 512,
             max_read: u64::MAX,
+            max_lanes: 256,
         }
     }
 }
@@ -134,7 +138,7 @@ impl Config {
         if self.chunk_size == 0 {
             return Err(ConfigError::ChunkSize);
         }
-        if self.lanes == 0 {
+        if self.lanes == 0 || self.lanes > l.max_lanes {
             return Err(ConfigError::Lanes);
         }
         if self.link_bandwidth == 0 {
@@ -199,7 +203,7 @@ pub enum ConfigError {
     RankOutOfRange,
     /// `chunk_size` is zero.
     ChunkSize,
-    /// `lanes` is zero.
+    /// `lanes` is zero or above `limits.max_lanes`.
     Lanes,
     /// `link_bandwidth` is zero.
     Bandwidth,
@@ -231,7 +235,7 @@ impl fmt::Display for ConfigError {
             ConfigError::Ranks => "ranks must be in 1..=limits.max_ranks",
             ConfigError::RankOutOfRange => "rank must be below ranks",
             ConfigError::ChunkSize => "chunk_size must be positive",
-            ConfigError::Lanes => "lanes must be positive",
+            ConfigError::Lanes => "lanes must be between 1 and limits.max_lanes",
             ConfigError::Bandwidth => "link_bandwidth must be positive",
             ConfigError::PeerTimeout => "peer_timeout must be positive and at most a week",
             ConfigError::PostTimeout => {
@@ -307,5 +311,21 @@ mod tests {
             with(&|c| c.cutoff_extension = Some(Duration::MAX)),
             Err(ConfigError::CutoffExtension)
         );
+    }
+
+    /// Lanes are bounded (65 535 of them took 356 MB before any operation existed).
+    #[test]
+    fn lanes_are_bounded() {
+        let with = |lanes: u16, max: u16| {
+            let mut c = Config::new(0, 2);
+            c.lanes = lanes;
+            c.limits.max_lanes = max;
+            c.validate()
+        };
+        assert_eq!(with(256, 256), Ok(()));
+        assert_eq!(with(257, 256), Err(ConfigError::Lanes));
+        assert_eq!(with(u16::MAX, 256), Err(ConfigError::Lanes));
+        assert_eq!(with(0, 256), Err(ConfigError::Lanes));
+        assert_eq!(with(u16::MAX, u16::MAX), Ok(()));
     }
 }
