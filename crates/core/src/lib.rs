@@ -93,6 +93,6 @@ pub use lane::Multicast;
 pub use node::Node;
 pub use reports::Reports;
 pub use session::Session;
-pub use shape::{allgather_shape, broadcast_shape};
+pub use shape::{allgather_shape, allgather_shape_tagged, broadcast_shape};
 pub use time::Instant;
 pub use wire::ChunkRun;

@@ -29,7 +29,7 @@ use crate::ring::Recovery;
 use crate::rxview::RxView;
 use crate::schedule::Chains;
 use crate::send::RootSend;
-use crate::shape::{allgather_shape, broadcast_shape};
+use crate::shape::{allgather_shape_tagged, broadcast_shape};
 use crate::time::Instant;
 use crate::timer::{Timer, TimerTable};
 use crate::wire::ChunkRun;
@@ -99,8 +99,14 @@ impl Collective {
         Self::new(c, id, (root, broadcast_shape(root, len)), &sizes, send)
     }
 
-    /// An Allgatherv with block `r` of `sizes[r]` bytes.
-    pub(crate) fn allgather(cx: &Ctx<'_>, id: OpId, sizes: &[u64]) -> Result<Self, StartError> {
+    /// An Allgatherv with block `r` of `sizes[r]` bytes (`tag`: see
+    /// [`allgather_shape_tagged`]).
+    pub(crate) fn allgather(
+        cx: &Ctx<'_>,
+        id: OpId,
+        sizes: &[u64],
+        tag: u32,
+    ) -> Result<Self, StartError> {
         let c = cx.config;
         if sizes.len() != c.ranks as usize {
             return Err(StartError::SizesLength {
@@ -114,7 +120,8 @@ impl Collective {
             chains.next(c.rank),
             chains.prev(c.rank),
         );
-        let mut op = Self::new(c, id, (Rank(0), allgather_shape(sizes)), sizes, send)?;
+        let shape = allgather_shape_tagged(sizes, tag);
+        let mut op = Self::new(c, id, (Rank(0), shape), sizes, send)?;
         // Each step needs a token to travel; give the cutoff slack for every step.
         op.cutoff_after += c.cutoff_alpha * chains.steps().saturating_sub(1);
         op.block_roots = c.chains.clamp(1, c.ranks);

@@ -221,7 +221,20 @@ impl Session {
     /// byte `sizes[..r].sum()`). Before calling, the caller places its own block there (the
     /// local copy of `MPI_Allgather`); it is never sent to itself.
     pub fn start_allgather(&mut self, now: Instant, sizes: &[u64]) -> Result<OpId, StartError> {
-        self.start(now, |cx, id| Collective::allgather(cx, id, sizes))
+        self.start_allgather_tagged(now, sizes, 0)
+    }
+
+    /// [`start_allgather`](Self::start_allgather) for a collective of a library's own kind
+    /// (see [`allgather_shape_tagged`](crate::allgather_shape_tagged)): every rank passes the
+    /// same `tag`, and a rank that starts a plain Allgather of the same sizes in its place
+    /// fails it with a `ShapeMismatch` instead of exchanging bytes with it.
+    pub fn start_allgather_tagged(
+        &mut self,
+        now: Instant,
+        sizes: &[u64],
+        tag: u32,
+    ) -> Result<OpId, StartError> {
+        self.start(now, |cx, id| Collective::allgather(cx, id, sizes, tag))
     }
 
     /// Takes the next operation id without running anything here: the operation runs over

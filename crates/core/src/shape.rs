@@ -16,6 +16,7 @@ use crate::port::mix;
 
 const BROADCAST: u64 = 1;
 const ALLGATHER: u64 = 2;
+const TAGGED: u64 = 3;
 
 /// The fingerprint of a Broadcast of `len` bytes from `root`.
 pub fn broadcast_shape(root: Rank, len: u64) -> u32 {
@@ -26,6 +27,21 @@ pub fn broadcast_shape(root: Rank, len: u64) -> u32 {
 pub fn allgather_shape(sizes: &[u64]) -> u32 {
     fold(
         [ALLGATHER, sizes.len() as u64]
+            .into_iter()
+            .chain(sizes.iter().copied()),
+    )
+}
+
+/// The fingerprint of an Allgather(v) of `sizes` that a library runs for itself under `tag`
+/// (its own kind of collective: a `ringcast` split's exchange): a user's Allgather of the same
+/// sizes, posted by mistake in its place, fails with a `ShapeMismatch` instead of matching
+/// it. Tag 0 is [`allgather_shape`].
+pub fn allgather_shape_tagged(sizes: &[u64], tag: u32) -> u32 {
+    if tag == 0 {
+        return allgather_shape(sizes);
+    }
+    fold(
+        [TAGGED, u64::from(tag), sizes.len() as u64]
             .into_iter()
             .chain(sizes.iter().copied()),
     )
@@ -60,6 +76,13 @@ mod tests {
         assert_ne!(ag, allgather_shape(&[4096, 8192, 0, 4096]));
         assert_ne!(ag, allgather_shape(&[4096, 0, 8192, 4096, 0]));
         assert_ne!(ag, allgather_shape(&[4096, 0, 8192]));
+        // A tag makes it another collective; tag 0 is none.
+        assert_eq!(allgather_shape_tagged(&sizes, 0), ag);
+        assert_ne!(allgather_shape_tagged(&sizes, 1), ag);
+        assert_ne!(
+            allgather_shape_tagged(&sizes, 1),
+            allgather_shape_tagged(&sizes, 2)
+        );
     }
 
     #[test]

@@ -201,6 +201,37 @@ fn split_parts_run_their_own_collectives_beside_the_parent() {
     );
 }
 
+/// A rank that posts an Allgather of a split's size where the others split: neither takes
+/// the other's bytes (the split's exchange is a collective of its own kind): all fail with
+/// `ShapeMismatch`, and the next operation lines up.
+#[test]
+fn an_allgather_posted_in_a_splits_place_fails_both() {
+    for threshold in [0, 64 << 10] {
+        world_with(
+            64 + threshold,
+            move |b| b.tcp_threshold(threshold),
+            |comm| {
+                let me = comm.rank();
+                if me == 0 {
+                    let mut recv = vec![0u8; 40 * RANKS as usize];
+                    match comm.allgather(&[0u8; 40], &mut recv) {
+                        Err(CommError::ShapeMismatch { .. }) => {}
+                        other => return Err(format!("the allgather: {other:?} {recv:?}")),
+                    }
+                } else {
+                    match comm.split(Some(0), me) {
+                        Err(ringcast::SplitError::Exchange(CommError::ShapeMismatch {
+                            ..
+                        })) => {}
+                        other => return Err(format!("the split: {other:?}")),
+                    }
+                }
+                broadcast_checked(&comm, "after", 65, 1, 3000).map(|_| ())
+            },
+        );
+    }
+}
+
 /// A non-blocking call's vector of any element type is the operation's buffer and comes back
 /// as itself (the same allocation, no copy), over TCP (small) and over multicast alike; a
 /// blocking call writes into the caller's slice.

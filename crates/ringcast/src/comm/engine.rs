@@ -116,8 +116,16 @@ const REPORT_ON_DROPS: Duration = Duration::from_millis(1);
 /// A collective, as posted by the application thread.
 #[derive(Debug)]
 pub(crate) enum Kind {
-    Broadcast { root: u32 },
-    Allgather { sizes: Vec<u64> },
+    Broadcast {
+        root: u32,
+    },
+    /// `tag`: 0 for the user's; a collective of the library's own (a split's exchange)
+    /// otherwise, which a user's Allgather of the same sizes never matches
+    /// ([`ringcast_core::allgather_shape_tagged`]).
+    Allgather {
+        sizes: Vec<u64>,
+        tag: u32,
+    },
 }
 
 /// An operation posted and not started yet.
@@ -589,8 +597,8 @@ impl Engine {
                     self.session.start_broadcast(now, Rank(*root), len),
                     vec![*root],
                 ),
-                Kind::Allgather { sizes } => (
-                    self.session.start_allgather(now, sizes),
+                Kind::Allgather { sizes, tag } => (
+                    self.session.start_allgather_tagged(now, sizes, *tag),
                     (0..sizes.len() as u32)
                         .filter(|&r| sizes[r as usize] > 0)
                         .collect(),

@@ -171,7 +171,7 @@ use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
 use ringcast_core::port::{ControlInput, ControlPort};
-use ringcast_core::{Rank, Reports, allgather_shape, broadcast_shape};
+use ringcast_core::{Rank, Reports, allgather_shape_tagged, broadcast_shape};
 use ringcast_transport_rocev2_udp::{
     IoWait, IoWaker, Lander, Landing, OpBuffer, SEND_LOW_WATER, TcpControl,
 };
@@ -2494,7 +2494,7 @@ impl Dispatcher {
         let len = p.buf.len() as u64;
         let fingerprint = match &p.kind {
             Kind::Broadcast { root } => broadcast_shape(Rank(*root), len),
-            Kind::Allgather { sizes } => allgather_shape(sizes),
+            Kind::Allgather { sizes, tag } => allgather_shape_tagged(sizes, *tag),
         };
         let (shape, own_block, own_at, own_len, want) = match p.kind {
             Kind::Broadcast { root } => {
@@ -2509,7 +2509,7 @@ impl Dispatcher {
                 };
                 (shape, root, 0, own, want)
             }
-            Kind::Allgather { sizes } => {
+            Kind::Allgather { sizes, .. } => {
                 let mut displs = Vec::with_capacity(sizes.len());
                 let mut at = 0u64;
                 for s in &sizes {
@@ -3197,6 +3197,7 @@ impl Dispatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ringcast_core::allgather_shape;
     use ringcast_transport_rocev2_udp::{ControlConfig, Registry};
     use std::net::{SocketAddr, TcpListener};
 
@@ -3530,6 +3531,7 @@ mod tests {
             buf[r * block..][..block].copy_from_slice(&own(i, r));
             let kind = Kind::Allgather {
                 sizes: vec![block as u64; p as usize],
+                tag: 0,
             };
             h.post::<u8>(kind, buf, tracing::Span::none())
                 .expect("post")
@@ -3692,6 +3694,7 @@ mod tests {
         buf.resize(2 * S, 0);
         let kind = Kind::Allgather {
             sizes: vec![S as u64; 2],
+            tag: 0,
         };
         let req = zero
             .post::<u8>(kind, buf, tracing::Span::none())
@@ -3791,6 +3794,7 @@ mod tests {
                 me,
                 Kind::Allgather {
                     sizes: vec![len as u64; P as usize],
+                    tag: 0,
                 },
                 buf,
             )
@@ -4149,6 +4153,7 @@ mod tests {
         let sizes = vec![B as u64; 3];
         let kind = Kind::Allgather {
             sizes: sizes.clone(),
+            tag: 0,
         };
         let op1 = zero
             .post::<u8>(kind, vec![0; 3 * B], tracing::Span::none())
@@ -4485,6 +4490,7 @@ mod tests {
                 buf[at..at + own].copy_from_slice(&block(op as u32, me, own));
                 let kind = Kind::Allgather {
                     sizes: sizes.iter().map(|&s| s as u64).collect(),
+                    tag: 0,
                 };
                 let req = h
                     .post::<u8>(kind, buf, tracing::Span::none())
@@ -4558,6 +4564,7 @@ mod tests {
                     buf[at..at + own.len()].copy_from_slice(&own);
                     let kind = Kind::Allgather {
                         sizes: sizes.iter().map(|&s| s as u64).collect(),
+                        tag: 0,
                     };
                     let want: Vec<u8> = (0..p as usize)
                         .flat_map(|r| bytes((g * 100 + r) as u64, sizes[r]))
@@ -4671,6 +4678,7 @@ mod tests {
             buf[me as usize * B..][..B].fill(me as u8 + 1);
             let kind = Kind::Allgather {
                 sizes: sizes.clone(),
+                tag: 0,
             };
             h.post::<u8>(kind, buf, tracing::Span::none())
                 .expect("post")
@@ -5050,6 +5058,7 @@ mod tests {
                     buf[at as usize..at as usize + own.len()].copy_from_slice(&own);
                     let kind = Kind::Allgather {
                         sizes: sizes.clone(),
+                        tag: 0,
                     };
                     let req = h.post::<u8>(kind, buf, tracing::Span::none());
                     reqs.push((me, op, req.expect("post")));
@@ -5105,6 +5114,7 @@ mod tests {
         buf.resize(200, 0);
         let kind = Kind::Allgather {
             sizes: vec![100, 100],
+            tag: 0,
         };
         let req = zero.post::<u8>(kind, buf, tracing::Span::none());
         let got = req.expect("post").wait().expect("the allgather completes");

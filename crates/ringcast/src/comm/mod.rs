@@ -487,6 +487,7 @@ impl Communicator {
         Ok(GatherShape {
             kind: Kind::Allgather {
                 sizes: counts.iter().map(|&c| (c * elem) as u64).collect(),
+                tag: 0,
             },
             at: counts[..me].iter().sum::<usize>() * elem,
             span,
@@ -591,6 +592,26 @@ impl Communicator {
         let bytes = bytemuck::cast_slice_mut::<T, u8>(recv);
         let own = (bytemuck::cast_slice::<T, u8>(send), shape.at);
         self.run_lent(shape.kind, bytes, Some(own), shape.span)
+    }
+}
+
+impl Communicator {
+    /// A blocking Allgather of `send`'s bytes from every rank into `recv`, as a collective of
+    /// the library's own kind `tag` (a split's exchange): a user's Allgather of the same
+    /// sizes in its place fails it, and itself, with a `ShapeMismatch` at every rank.
+    fn allgather_tagged(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        tag: u32,
+    ) -> Result<OpStats, CommError> {
+        let counts = vec![send.len(); self.size as usize];
+        let mut shape = self.allgatherv_shape(Some(send), recv.len(), &counts)?;
+        if let Kind::Allgather { tag: t, .. } = &mut shape.kind {
+            *t = tag;
+        }
+        let own = (send, shape.at);
+        self.run_lent(shape.kind, recv, Some(own), shape.span)
     }
 }
 

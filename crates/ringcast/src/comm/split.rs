@@ -98,6 +98,11 @@ pub(super) enum Call {
     ByHost,
 }
 
+/// The exchange's collective kind ([`ringcast_core::allgather_shape_tagged`]): a user's
+/// Allgather of 40 bytes per rank posted in a split's place fails, and the split with it,
+/// instead of either taking the other's bytes.
+const SPLIT_TAG: u32 = u32::from_be_bytes(*b"SPLT");
+
 /// The last three bytes of every record.
 const MAGIC: [u8; 3] = *b"RCS";
 
@@ -389,7 +394,7 @@ impl Communicator {
     /// Allgathers this rank's record over this communicator: every rank's.
     fn exchange(&self, mine: Record) -> Result<Vec<u8>, SplitError> {
         let mut all = vec![0u8; RECORD * self.size as usize];
-        self.allgather(&mine.encode(), &mut all)
+        self.allgather_tagged(&mine.encode(), &mut all, SPLIT_TAG)
             .map_err(SplitError::Exchange)?;
         Ok(all)
     }
