@@ -283,6 +283,11 @@ impl Communicator {
     /// there), and every later call fails with [`CommError::Cancelled`]. Returns without
     /// waiting; dropping the communicator then joins its threads. Calling it again does
     /// nothing.
+    ///
+    /// A [`split`](Self::split) already past its exchange is building the new communicator,
+    /// which is not this one's to abort: that build ends within its connect timeout. Not for
+    /// a signal handler (it takes locks and may log), nor for a `tracing` layer that runs on
+    /// the library's own threads.
     pub fn abort(&self) {
         tracing::debug!(rank = self.rank, "abort");
         if let Some(f) = &self.fallback {
