@@ -144,6 +144,9 @@ impl Node {
 
     /// The payload of a chunk placed for `op` on `lane` is written. Returns whether the
     /// session heard of it (the lane filled up): only then may outputs or timers have changed.
+    ///
+    /// The driver's contract, as [`LaneRx::commit`](crate::lane::LaneRx::commit)'s: exactly
+    /// one commit per [`Placement::Place`], after its bytes are written.
     #[inline]
     pub fn commit(&mut self, now: Instant, lane: u16, op: OpId) -> bool {
         let Some(rx) = self.rx.get_mut(usize::from(lane)) else {

@@ -772,6 +772,14 @@ impl LaneRx {
 
     /// The payload of a chunk that [`handle_chunk`](Self::handle_chunk) placed for `op` is
     /// written. When the lane's part of the operation is complete, queues [`RxNote::Full`].
+    ///
+    /// The driver's contract: exactly one commit per [`Placement::Place`], after its bytes
+    /// are written, before the next command. The lane counts commits, it does not check
+    /// them against its bitmap (this is the hot path): a commit too many, or a placed chunk
+    /// whose copy failed and that is then left uncommitted while later ones are committed,
+    /// can make it report chunks present that are not. A driver whose copy fails must fail
+    /// the operation itself (ringcast's transport writes into a buffer registered before the
+    /// operation starts, so its copies cannot fail).
     #[inline(always)]
     pub fn commit(&mut self, op: OpId) {
         // The vacant slot's id is no open operation's: a commit of it counts there harmlessly.
