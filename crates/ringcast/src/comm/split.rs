@@ -1,9 +1,11 @@
-//! [`Communicator::split`] and [`Communicator::dup`]: new communicators over a subset of the
-//! ranks, as `MPI_Comm_split` and `ncclCommSplit` make them, without a new rendezvous.
+//! [`Communicator::split`], [`Communicator::dup`] and [`Communicator::split_by_host`]: new
+//! communicators over a subset of the ranks, as `MPI_Comm_split` and `ncclCommSplit` make
+//! them, without a new rendezvous.
 //!
 //! Every rank of the parent calls it. Each binds a control listener for the new communicator
-//! first, then the parent Allgathers one [`RECORD`]-byte record per rank: its color, key,
-//! listener address and 64 random bits (or that it has no color, or could not listen). Each
+//! first, then the parent Allgathers one [`RECORD`]-byte record per rank, as a collective of
+//! its own kind (`SPLIT_TAG`): its color, key, listener address, 64 random bits and which call
+//! it made (or that it has no color, or could not listen). Each
 //! color's members, ordered by key and then by parent rank, build a communicator from that
 //! table with the parent's settings, under a nonce hashed from the parent's, the color and the
 //! members' random bits: every new communicator has its own multicast groups and Q_Key, and
@@ -35,7 +37,8 @@ pub(super) struct Lineage {
     pub(super) hosts: Vec<u32>,
 }
 
-/// Why [`Communicator::split`] or [`Communicator::dup`] failed.
+/// Why [`Communicator::split`], [`Communicator::dup`] or [`Communicator::split_by_host`]
+/// failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SplitError {
@@ -283,7 +286,9 @@ impl Communicator {
     /// and gets `Ok(None)`.
     ///
     /// Collective: every rank of this communicator calls it, in the same place among its
-    /// operations (the colors travel as an Allgather of 40 bytes per rank). The new
+    /// operations (the colors travel as an Allgather of 40 bytes per rank, of a kind of its
+    /// own: a rank that posts another collective in its place fails it, and the others'
+    /// split, with a `ShapeMismatch`). The new
     /// communicators take this one's settings (interface, lanes, chunk size, timeouts,
     /// fallback, UDP port, multicast prefix, ICRC check, TCP threshold if one was given) and
     /// have their own control connections, engine and multicast groups: operations on
