@@ -1523,8 +1523,9 @@ impl TcpControl {
         }
         match &mut self.io {
             IoMode::Inline(io, events) => {
-                // The drain's own look at the poll may have taken the waker's event: then the
-                // owner was woken already, and must not wait for another.
+                // The drain's own look at the poll may have taken the waker's event, or
+                // drained a long queue: then the owner was woken already, and must not wait
+                // for another.
                 if !std::mem::take(&mut io.woken) {
                     io.turn(events, Some(timeout));
                 }
@@ -2108,7 +2109,8 @@ struct Io {
     poll: mio::Poll,
     /// The poll failed: every connection was ended.
     failed: bool,
-    /// A turn saw the waker's event since the owner last waited (inline I/O).
+    /// A turn saw the waker's event, or drained a long queue below [`SEND_LOW_WATER`], since
+    /// the owner last waited (inline I/O): the owner must not wait for another event then.
     woken: bool,
     io_state: Arc<AtomicU8>,
     owner: Owner,
@@ -2173,13 +2175,15 @@ impl Io {
                 let mut out = p.link.out();
                 let before = out.bytes;
                 p.link.flush(&mut out);
-                // An owner that holds data back while a queue is long hears that it drained
-                // (inline, the poll's return already tells it).
-                if before >= SEND_LOW_WATER
-                    && out.bytes < SEND_LOW_WATER
-                    && let Some(t) = self.owner.waker.get()
-                {
-                    t.unpark();
+                // An owner that holds data back while a queue is long hears that it drained.
+                // Inline, the poll's return tells it, unless this was `poll_io`'s look
+                // before it waits (`drain_inbound`): a flush that took the whole queue there
+                // leaves no write to raise another edge, so the wait must not start.
+                if before >= SEND_LOW_WATER && out.bytes < SEND_LOW_WATER {
+                    self.woken = true;
+                    if let Some(t) = self.owner.waker.get() {
+                        t.unpark();
+                    }
                 }
             }
             if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
@@ -2808,7 +2812,11 @@ mod tests {
                     got += 1;
                 }
             }
-            assert_eq!(rx.recv_timeout(Duration::from_secs(60)), Ok(()));
+            assert_eq!(
+                rx.recv_timeout(Duration::from_secs(60)),
+                Ok(()),
+                "inline {inline}: the waiter was not woken"
+            );
             let zero = waiter.join().expect("waiter");
             assert_eq!(zero.queued(Rank(1)), 0);
         }
