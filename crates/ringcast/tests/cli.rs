@@ -256,6 +256,11 @@ fn closed_output_pipe_is_a_quiet_exit() {
     }
 }
 
+/// `args` and then `more`.
+fn then<'a>(args: &[&'a str], more: &[&'a str]) -> Vec<&'a str> {
+    args.iter().chain(more).copied().collect()
+}
+
 /// Runs a command that must fail with exit status 2 (bad flags) and an error naming `want`;
 /// never a panic or an abort.
 fn refused(args: &[&str], want: &str) {
@@ -325,8 +330,7 @@ fn sim_ranks_are_checked_before_allocating_per_rank() {
 
 #[test]
 fn sim_fabric_and_lane_flags_are_bounded() {
-    let ls = ["sim", "bcast", "--topology", "leaf-spine"];
-    let with = |more: &[&'static str]| ls.iter().chain(more).copied().collect::<Vec<_>>();
+    let with = |more: &[&'static str]| then(&["sim", "bcast", "--topology", "leaf-spine"], more);
     refused(&with(&["--spines", "100000000"]), "--spines 100000000");
     refused(
         &with(&["--hosts-per-leaf", "100000"]),
@@ -359,13 +363,7 @@ fn sim_fabric_and_lane_flags_are_bounded() {
 /// memory than any host has (lanes multiply it), a chunk of 4 GiB.
 #[test]
 fn sim_flags_that_doom_every_run_are_refused() {
-    let b = |more: &[&'static str]| {
-        ["sim", "bcast", "--ranks", "4", "--size", "4KiB"]
-            .iter()
-            .chain(more)
-            .copied()
-            .collect::<Vec<_>>()
-    };
+    let b = |more: &[&'static str]| then(&["sim", "bcast", "--ranks", "4", "--size", "4KiB"], more);
     // A 16 MiB chunk takes 1.34 ms at 100 Gbit/s: longer than the 1 ms default.
     refused(&b(&["--chunk", "16MiB"]), "--peer-timeout 1ms is too short");
     refused(&b(&["--bandwidth", "1Mbps"]), "--peer-timeout");
@@ -496,13 +494,8 @@ fn sim_run_in_which_every_rank_crashed_is_a_failure() {
 
 #[test]
 fn bench_and_demo_refuse_bad_flags_before_spawning() {
-    let bench = |more: &[&'static str]| {
-        ["bench", "bcast", "--sizes", "4KiB", "--local", "2"]
-            .iter()
-            .chain(more)
-            .copied()
-            .collect::<Vec<_>>()
-    };
+    let bench =
+        |more: &[&'static str]| then(&["bench", "bcast", "--sizes", "4KiB", "--local", "2"], more);
     // Overflowed `1 + warmup + iters` (u32), then aborted reserving the timings.
     refused(&bench(&["--iters", "4294967295"]), "--iters 4294967295");
     refused(&bench(&["--warmup", "4294967295"]), "--warmup 4294967295");

@@ -44,6 +44,14 @@ fn rank3_elsewhere(r: u32, b: CommBuilder, port: u16) -> CommBuilder {
     }
 }
 
+/// [`rank3_elsewhere`], with a short start-up check and the TCP fallback: every rank runs
+/// over TCP.
+fn falls_back(r: u32, b: CommBuilder, port: u16) -> CommBuilder {
+    rank3_elsewhere(r, b, port)
+        .startup_check(Duration::from_millis(800))
+        .fallback(Fallback::Tcp)
+}
+
 /// Broadcast, Allgather, Allgatherv (zero-sized blocks), then several in flight at once,
 /// checked byte for byte; the ops' stats.
 fn collectives(comm: &Communicator, salt: u64) -> Result<Vec<OpStats>, String> {
@@ -201,48 +209,40 @@ fn multicast_that_cannot_arrive_is_a_clear_error() {
 
 #[test]
 fn with_fallback_the_collectives_run_over_tcp_and_say_so() {
-    world(
-        4,
-        |r, b, port| {
-            rank3_elsewhere(r, b, port)
-                .startup_check(Duration::from_millis(800))
-                .fallback(Fallback::Tcp)
-        },
-        |r, comm| {
-            let comm = comm.map_err(|e| format!("build: {e}"))?;
-            let want = TransportMode::Tcp {
-                from_op: 0,
-                reason: FallbackReason::StartupCheck,
-            };
-            if comm.transport_mode() != want {
-                return Err(format!("mode {:?}", comm.transport_mode()));
+    world(4, falls_back, |r, comm| {
+        let comm = comm.map_err(|e| format!("build: {e}"))?;
+        let want = TransportMode::Tcp {
+            from_op: 0,
+            reason: FallbackReason::StartupCheck,
+        };
+        if comm.transport_mode() != want {
+            return Err(format!("mode {:?}", comm.transport_mode()));
+        }
+        let stats = collectives(&comm, 4)?;
+        for (i, s) in stats.iter().enumerate() {
+            if s.op != i as u64 {
+                return Err(format!("op {i} reported as {}", s.op));
             }
-            let stats = collectives(&comm, 4)?;
-            for (i, s) in stats.iter().enumerate() {
-                if s.op != i as u64 {
-                    return Err(format!("op {i} reported as {}", s.op));
-                }
-                if s.counters.chunks_sent != 0 {
-                    return Err(format!("op {i} multicast"));
-                }
+            if s.counters.chunks_sent != 0 {
+                return Err(format!("op {i} multicast"));
             }
-            // Rank 3 is last in the chain from 2... every rank but the root received.
-            if r != 2 && stats[0].counters.tcp_bytes_received != (1 << 20) + 13 {
-                return Err(format!("broadcast received {:?}", stats[0].counters));
-            }
-            // Its 256 KiB pieces land straight in the buffer (the 13 bytes at its end, a
-            // message read whole, do not).
-            let c = &stats[0].counters;
-            if r != 2 && (c.tcp_bytes_landed == 0 || c.tcp_bytes_landed > c.tcp_bytes_received) {
-                return Err(format!("broadcast landed {c:?}"));
-            }
-            let st = comm.stats().map_err(e)?;
-            if st.mode != want || st.counters.tcp_bytes_sent == 0 || st.ops_completed != 9 {
-                return Err(format!("stats: {st:?}"));
-            }
-            Ok(())
-        },
-    );
+        }
+        // Rank 3 is last in the chain from 2... every rank but the root received.
+        if r != 2 && stats[0].counters.tcp_bytes_received != (1 << 20) + 13 {
+            return Err(format!("broadcast received {:?}", stats[0].counters));
+        }
+        // Its 256 KiB pieces land straight in the buffer (the 13 bytes at its end, a
+        // message read whole, do not).
+        let c = &stats[0].counters;
+        if r != 2 && (c.tcp_bytes_landed == 0 || c.tcp_bytes_landed > c.tcp_bytes_received) {
+            return Err(format!("broadcast landed {c:?}"));
+        }
+        let st = comm.stats().map_err(e)?;
+        if st.mode != want || st.counters.tcp_bytes_sent == 0 || st.ops_completed != 9 {
+            return Err(format!("stats: {st:?}"));
+        }
+        Ok(())
+    });
 }
 
 /// A communicator running over TCP after its check failed: a copy of it (`dup`, whose own
@@ -251,47 +251,39 @@ fn with_fallback_the_collectives_run_over_tcp_and_say_so() {
 /// operation fails naming the aborted rank.
 #[test]
 fn over_the_fallback_a_dup_runs_and_an_abort_cancels() {
-    world(
-        6,
-        |r, b, port| {
-            rank3_elsewhere(r, b, port)
-                .startup_check(Duration::from_millis(800))
-                .fallback(Fallback::Tcp)
-        },
-        |r, comm| {
-            let comm = comm.map_err(|e| format!("build: {e}"))?;
-            let copy = comm.dup().map_err(|x| format!("dup: {x}"))?;
-            if !matches!(copy.transport_mode(), TransportMode::Tcp { .. }) {
-                return Err(format!("the copy's mode: {:?}", copy.transport_mode()));
+    world(6, falls_back, |r, comm| {
+        let comm = comm.map_err(|e| format!("build: {e}"))?;
+        let copy = comm.dup().map_err(|x| format!("dup: {x}"))?;
+        if !matches!(copy.transport_mode(), TransportMode::Tcp { .. }) {
+            return Err(format!("the copy's mode: {:?}", copy.transport_mode()));
+        }
+        collectives(&copy, 60)?;
+        let comm = std::sync::Arc::new(comm);
+        if r == 0 {
+            let req = comm
+                .iallgather(&[1u8; 5000], vec![0u8; 20_000])
+                .map_err(e)?;
+            let watchdog = {
+                let comm = std::sync::Arc::clone(&comm);
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(300));
+                    comm.abort();
+                })
+            };
+            let got = req.wait().err();
+            watchdog.join().map_err(|_| "watchdog panicked")?;
+            let later = comm.broadcast(1, &mut [0u8; 64]).err();
+            if (&got, &later) != (&Some(CommError::Cancelled), &Some(CommError::Cancelled)) {
+                return Err(format!("after the abort: {got:?}, then {later:?}"));
             }
-            collectives(&copy, 60)?;
-            let comm = std::sync::Arc::new(comm);
-            if r == 0 {
-                let req = comm
-                    .iallgather(&[1u8; 5000], vec![0u8; 20_000])
-                    .map_err(e)?;
-                let watchdog = {
-                    let comm = std::sync::Arc::clone(&comm);
-                    std::thread::spawn(move || {
-                        std::thread::sleep(Duration::from_millis(300));
-                        comm.abort();
-                    })
-                };
-                let got = req.wait().err();
-                watchdog.join().map_err(|_| "watchdog panicked")?;
-                let later = comm.broadcast(1, &mut [0u8; 64]).err();
-                if (&got, &later) != (&Some(CommError::Cancelled), &Some(CommError::Cancelled)) {
-                    return Err(format!("after the abort: {got:?}, then {later:?}"));
-                }
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(800));
-            match comm.broadcast(1, &mut [0u8; 64]) {
-                Err(err) if err.peer() == Some(0) => Ok(()),
-                other => Err(format!("after rank 0's abort: {other:?}")),
-            }
-        },
-    );
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(800));
+        match comm.broadcast(1, &mut [0u8; 64]) {
+            Err(err) if err.peer() == Some(0) => Ok(()),
+            other => Err(format!("after rank 0's abort: {other:?}")),
+        }
+    });
 }
 
 /// No start-up check: multicast to and from rank 3 silently fails, the ring recovery fetches
