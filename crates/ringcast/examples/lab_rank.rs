@@ -323,15 +323,7 @@ fn split(comm: &Communicator, size: usize) -> Result<(), Fail> {
     let whole_blocks: Vec<Vec<u8>> = (0..n).map(|r| pattern(90, r, size)).collect();
     let on_whole = comm.iallgather(&whole_blocks[me as usize], vec![0u8; size * n as usize])?;
     let root_data = pattern(91 + u64::from(me % 2), members[0], size);
-    let mut b = if half.rank() == 0 {
-        root_data.clone()
-    } else {
-        vec![0u8; size]
-    };
-    half.broadcast(0, &mut b)?;
-    if b != root_data {
-        return Err(Fail::Other("a half's broadcast: wrong bytes".into()));
-    }
+    broadcast_from_0(&half, &root_data, "a half's broadcast")?;
     let mut recv = vec![0u8; size * members.len()];
     half.allgather(&pattern(93, me, size), &mut recv)?;
     let want: Vec<u8> = members.iter().flat_map(|&r| pattern(93, r, size)).collect();
@@ -342,16 +334,7 @@ fn split(comm: &Communicator, size: usize) -> Result<(), Fail> {
         return Err(Fail::Other("the whole's allgather: wrong bytes".into()));
     }
     let host = comm.split_by_host(me).map_err(sp)?;
-    let data = pattern(94, 0, size);
-    let mut b = if host.rank() == 0 {
-        data.clone()
-    } else {
-        vec![0u8; size]
-    };
-    host.broadcast(0, &mut b)?;
-    if b != data {
-        return Err(Fail::Other("the host part's broadcast: wrong bytes".into()));
-    }
+    broadcast_from_0(&host, &pattern(94, 0, size), "the host part's broadcast")?;
     // A copy knows the hosts too (it was built from a peer table, which carries no ids).
     let copy_host = comm.dup().map_err(sp)?.split_by_host(me).map_err(sp)?;
     say(&format!(
@@ -368,6 +351,20 @@ fn split(comm: &Communicator, size: usize) -> Result<(), Fail> {
         "CHECKED rank={me} ops=5 ms={}",
         t.elapsed().as_millis()
     ));
+    Ok(())
+}
+
+/// A Broadcast of `data` from rank 0 of `comm`, checked byte for byte (`what` names it).
+fn broadcast_from_0(comm: &Communicator, data: &[u8], what: &str) -> Result<(), Fail> {
+    let mut b = if comm.rank() == 0 {
+        data.to_vec()
+    } else {
+        vec![0u8; data.len()]
+    };
+    comm.broadcast(0, &mut b)?;
+    if b != data {
+        return Err(Fail::Other(format!("{what}: wrong bytes")));
+    }
     Ok(())
 }
 
