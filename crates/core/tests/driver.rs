@@ -231,3 +231,65 @@ fn a_closed_note_with_another_operations_bitmap_is_not_taken() {
         root.handle_timeout(now);
     }
 }
+
+/// A driver that commits chunks it was never given (a leaf that received nothing): the lane
+/// does not say `Full` on the count alone, so the operation completes only after reading
+/// every byte it lacks, never with a buffer of zeros.
+#[test]
+fn commits_without_chunks_do_not_complete_an_operation() {
+    let mut root = Node::new(config(0, 1)).expect("config");
+    let mut leaf = Node::new(config(1, 1)).expect("config");
+    let op = root
+        .start_broadcast(Instant::ZERO, Rank(0), 64)
+        .expect("start");
+    leaf.start_broadcast(Instant::ZERO, Rank(0), 64)
+        .expect("start");
+    let mut buf = Vec::new();
+    let mut read = 0u64;
+    let mut done = false;
+    for step in 0..400u64 {
+        let now = Instant::from_nanos(step * 50_000);
+        loop {
+            let mut moved = false;
+            while let Some(t) = leaf.poll_transmit(&mut buf) {
+                moved = true;
+                match t {
+                    Transmit::Control { len, .. } => {
+                        let msg = buf[..len].to_vec();
+                        root.handle_control(now, Rank(1), &msg);
+                    }
+                    Transmit::Read(r) => {
+                        read += r.len;
+                        leaf.handle_read_done(now, r.id, Ok(()));
+                    }
+                    _ => {}
+                }
+            }
+            while let Some(t) = root.poll_transmit(&mut buf) {
+                moved = true;
+                if let Transmit::Control { len, .. } = t {
+                    let msg = buf[..len].to_vec();
+                    leaf.handle_control(now, Rank(0), &msg);
+                }
+            }
+            // Every multicast is lost; the leaf's driver commits one chunk for each anyway.
+            while let Some(m) = root.poll_multicast() {
+                moved = true;
+                root.handle_send_done(now, m.lane, m.op, 1);
+                leaf.commit(now, m.lane, op);
+            }
+            if !moved {
+                break;
+            }
+        }
+        if let Some(e) = leaf.poll_event() {
+            assert_eq!(e, Event::Completed { op });
+            assert_eq!(read, 64, "completed having read {read} of its 64 bytes");
+            done = true;
+            break;
+        }
+        leaf.handle_timeout(now);
+        root.handle_timeout(now);
+    }
+    assert!(done, "the leaf completes by reading what it lacks");
+}

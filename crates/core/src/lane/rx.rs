@@ -265,9 +265,18 @@ impl RxOp {
                 self.on_watch(k, lane, bi as usize, c, notes);
             }
         }
-        if self.committed == k.expect && k.expect == expect {
+        if self.committed == k.expect && k.expect == expect && self.commits_match() {
             notes.push_back(RxNote::Full { lane, op: self.id });
         }
+    }
+
+    /// Whether every commit counted has its chunk in the bitmap (own chunks included): a
+    /// driver that commits a chunk it was not given (or one twice) never makes the lane say
+    /// `Full`; the cutoff then hands the session the bitmap, and it recovers what is
+    /// missing. Checked only where the lane would say `Full` (once per operation), so the
+    /// hot path stays a count.
+    fn commits_match(&self) -> bool {
+        self.words.iter().map(|w| w.count_ones()).sum::<u32>() == self.committed
     }
 
     /// A chunk `c` of block `bi` at the block's watch point was written: note the block's
@@ -355,7 +364,7 @@ impl RxOp {
             run,
             missing,
         });
-        if z > 0 && self.committed == k.expect {
+        if z > 0 && self.committed == k.expect && self.commits_match() {
             notes.push_back(RxNote::Full { lane, op: self.id });
         }
     }
