@@ -783,12 +783,13 @@ impl LaneRx {
     /// written. When the lane's part of the operation is complete, queues [`RxNote::Full`].
     ///
     /// The driver's contract: exactly one commit per [`Placement::Place`], after its bytes
-    /// are written, before the next command. The lane counts commits, it does not check
-    /// them against its bitmap (this is the hot path): a commit too many, or a placed chunk
-    /// whose copy failed and that is then left uncommitted while later ones are committed,
-    /// can make it report chunks present that are not. A driver whose copy fails must fail
-    /// the operation itself (ringcast's transport writes into a buffer registered before the
-    /// operation starts, so its copies cannot fail).
+    /// are written, before the next command. The lane counts commits on the hot path and
+    /// checks the count against its bitmap once, before it says `Full`: a commit too many
+    /// only delays the operation to its cutoff, where the session recovers what is missing.
+    /// But a placed chunk whose copy failed, left uncommitted while later ones are committed,
+    /// can be reported present (its bit was set when it was placed). A driver whose copy
+    /// fails must fail the operation itself (ringcast's transport writes into a buffer
+    /// registered before the operation starts, so its copies cannot fail).
     #[inline(always)]
     pub fn commit(&mut self, op: OpId) {
         // The vacant slot's id is no open operation's: a commit of it counts there harmlessly.
