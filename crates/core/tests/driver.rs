@@ -13,10 +13,41 @@ fn config(rank: u32, lanes: u16) -> Config {
     c
 }
 
-/// Moves control messages both ways between a root `Node` and a leaf `Session` until none is
-/// left; reads the leaf asks for succeed (the root holds every byte); returns the bytes read
-/// per operation.
-fn exchange(root: &mut Node, leaf: &mut Session, now: Instant, read: &mut Vec<(OpId, u64)>) {
+/// A leaf as these tests drive it: a whole `Node`, or a `Session` whose lanes they drive.
+trait Leaf {
+    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit>;
+    fn handle_control(&mut self, now: Instant, from: Rank, bytes: &[u8]);
+    fn handle_read_done(&mut self, now: Instant, id: ringcast_core::ReadId);
+}
+
+impl Leaf for Node {
+    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+        Node::poll_transmit(self, buf)
+    }
+    fn handle_control(&mut self, now: Instant, from: Rank, bytes: &[u8]) {
+        Node::handle_control(self, now, from, bytes);
+    }
+    fn handle_read_done(&mut self, now: Instant, id: ringcast_core::ReadId) {
+        Node::handle_read_done(self, now, id, Ok(()));
+    }
+}
+
+impl Leaf for Session {
+    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+        Session::poll_transmit(self, buf)
+    }
+    fn handle_control(&mut self, now: Instant, from: Rank, bytes: &[u8]) {
+        Session::handle_control(self, now, from, bytes);
+    }
+    fn handle_read_done(&mut self, now: Instant, id: ringcast_core::ReadId) {
+        Session::handle_read_done(self, now, id, Ok(()));
+    }
+}
+
+/// Moves control messages both ways between a root `Node` (rank 0) and a leaf (rank 1)
+/// until none is left; reads the leaf asks for succeed (the root holds every byte) and are
+/// recorded with their operation and length.
+fn exchange(root: &mut Node, leaf: &mut impl Leaf, now: Instant, read: &mut Vec<(OpId, u64)>) {
     let mut buf = Vec::new();
     loop {
         let mut moved = false;
@@ -29,7 +60,7 @@ fn exchange(root: &mut Node, leaf: &mut Session, now: Instant, read: &mut Vec<(O
                 }
                 Transmit::Read(r) => {
                     read.push((r.op, r.len));
-                    leaf.handle_read_done(now, r.id, Ok(()));
+                    leaf.handle_read_done(now, r.id);
                 }
                 _ => {}
             }
@@ -244,47 +275,21 @@ fn commits_without_chunks_do_not_complete_an_operation() {
         .expect("start");
     leaf.start_broadcast(Instant::ZERO, Rank(0), 64)
         .expect("start");
-    let mut buf = Vec::new();
-    let mut read = 0u64;
+    let mut read = Vec::new();
     let mut done = false;
     for step in 0..400u64 {
         let now = Instant::from_nanos(step * 50_000);
-        loop {
-            let mut moved = false;
-            while let Some(t) = leaf.poll_transmit(&mut buf) {
-                moved = true;
-                match t {
-                    Transmit::Control { len, .. } => {
-                        let msg = buf[..len].to_vec();
-                        root.handle_control(now, Rank(1), &msg);
-                    }
-                    Transmit::Read(r) => {
-                        read += r.len;
-                        leaf.handle_read_done(now, r.id, Ok(()));
-                    }
-                    _ => {}
-                }
-            }
-            while let Some(t) = root.poll_transmit(&mut buf) {
-                moved = true;
-                if let Transmit::Control { len, .. } = t {
-                    let msg = buf[..len].to_vec();
-                    leaf.handle_control(now, Rank(0), &msg);
-                }
-            }
-            // Every multicast is lost; the leaf's driver commits one chunk for each anyway.
-            while let Some(m) = root.poll_multicast() {
-                moved = true;
-                root.handle_send_done(now, m.lane, m.op, 1);
-                leaf.commit(now, m.lane, op);
-            }
-            if !moved {
-                break;
-            }
+        exchange(&mut root, &mut leaf, now, &mut read);
+        // Every multicast is lost; the leaf's driver commits one chunk for each anyway.
+        while let Some(m) = root.poll_multicast() {
+            root.handle_send_done(now, m.lane, m.op, 1);
+            leaf.commit(now, m.lane, op);
         }
+        exchange(&mut root, &mut leaf, now, &mut read);
         if let Some(e) = leaf.poll_event() {
             assert_eq!(e, Event::Completed { op });
-            assert_eq!(read, 64, "completed having read {read} of its 64 bytes");
+            let got: u64 = read.iter().map(|r| r.1).sum();
+            assert_eq!(got, 64, "completed having read {got} of its 64 bytes");
             done = true;
             break;
         }

@@ -403,9 +403,10 @@ fn sim_flags_that_doom_every_run_are_refused() {
 /// environment), a bad setting is named alone, without that hint.
 #[test]
 fn bench_hints_at_local_runs_only_without_a_launcher() {
-    let bench = |env: &[(&str, &str)]| {
+    // A usage error (status 2), run with only `env` in its environment: its message.
+    let refused_with = |args: &[&str], env: &[(&str, &str)]| {
         let out = Command::new(env!("CARGO_BIN_EXE_ringcast"))
-            .args(["bench", "bcast", "--sizes", "4KiB"])
+            .args(args)
             .env_clear()
             .envs(env.iter().copied())
             .stdin(std::process::Stdio::null())
@@ -414,6 +415,7 @@ fn bench_hints_at_local_runs_only_without_a_launcher() {
         assert_eq!(out.status.code(), Some(2), "{out:?}");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
+    let bench = |env: &[(&str, &str)]| refused_with(&["bench", "bcast", "--sizes", "4KiB"], env);
     let alone = bench(&[]);
     assert!(alone.contains("no rank in the environment"), "{alone}");
     assert!(alone.contains("--local N"), "{alone}");
@@ -426,14 +428,10 @@ fn bench_hints_at_local_runs_only_without_a_launcher() {
     assert!(!launched.contains("--local"), "{launched}");
     // Under a launcher too, sizes past this host's memory are refused before anything is
     // allocated (the kernel overcommits: the ranks would be killed touching their pages).
-    let out = Command::new(env!("CARGO_BIN_EXE_ringcast"))
-        .args(["bench", "allgather", "--sizes", "1TiB"])
-        .env_clear()
-        .envs([("RINGCAST_RANK", "0"), ("RINGCAST_WORLD_SIZE", "1")])
-        .output()
-        .expect("the binary runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = refused_with(
+        &["bench", "allgather", "--sizes", "1TiB"],
+        &[("RINGCAST_RANK", "0"), ("RINGCAST_WORLD_SIZE", "1")],
+    );
     assert!(err.contains("--sizes"), "{err}");
 }
 
