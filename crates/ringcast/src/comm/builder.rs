@@ -1308,7 +1308,6 @@ fn auto_chains(halves: &[u32]) -> Option<u32> {
 /// Per rank, in halves of a core, what it has to itself (see [`auto_lanes`]): twice its share
 /// of its host's cores, rounded down.
 fn half_cores(ranks: &[(SocketAddr, Host)]) -> Vec<u32> {
-    let key = host_key;
     #[derive(Default)]
     struct Seen {
         most_cpus: u32,
@@ -1318,7 +1317,7 @@ fn half_cores(ranks: &[(SocketAddr, Host)]) -> Vec<u32> {
     }
     let mut hosts: std::collections::HashMap<String, Seen> = Default::default();
     for r in ranks {
-        let e = hosts.entry(key(r)).or_insert_with(|| Seen {
+        let e = hosts.entry(host_key(r)).or_insert_with(|| Seen {
             sharers: Some(Default::default()),
             ..Default::default()
         });
@@ -1336,7 +1335,7 @@ fn half_cores(ranks: &[(SocketAddr, Host)]) -> Vec<u32> {
     ranks
         .iter()
         .map(|r| {
-            let seen = &hosts[&key(r)];
+            let seen = &hosts[&host_key(r)];
             match (&seen.sharers, &r.1.set) {
                 (Some(sharers), Some(set)) => {
                     let share: f64 = set.iter().map(|c| 1.0 / f64::from(sharers[c])).sum();
@@ -1383,10 +1382,10 @@ fn host_key((a, h): &(SocketAddr, Host)) -> String {
     }
 }
 
-/// Per rank, the lowest rank of its host (by [`host_key`]s in rank order): the color of
-/// [`Communicator::split_by_host`].
-fn host_colors(keys: impl Iterator<Item = String>) -> Vec<u32> {
-    let mut first: std::collections::HashMap<String, u32> = Default::default();
+/// Per rank, the lowest rank with the same key (its host's, by [`host_key`]s in rank order):
+/// the color of [`Communicator::split_by_host`].
+pub(super) fn host_colors<K: std::hash::Hash + Eq>(keys: impl Iterator<Item = K>) -> Vec<u32> {
+    let mut first: std::collections::HashMap<K, u32> = Default::default();
     keys.enumerate()
         .map(|(r, k)| *first.entry(k).or_insert(r as u32))
         .collect()
@@ -2008,7 +2007,7 @@ mod tests {
         ];
         let ranks: Vec<_> = entries.iter().filter_map(|e| parse_entry(e)).collect();
         assert_eq!(host_colors(ranks.iter().map(host_key)), [0, 1, 0, 3, 3, 5]);
-        assert!(host_colors(std::iter::empty()).is_empty());
+        assert!(host_colors(std::iter::empty::<String>()).is_empty());
     }
 
     #[test]

@@ -363,17 +363,7 @@ impl Communicator {
         // rendezvous told it), for the new one's `split_by_host`: a new communicator is
         // built from a peer table, which carries none.
         let parent_color = |r: u32| l.hosts.get(r as usize).copied().unwrap_or(r);
-        let hosts: Vec<u32> = p
-            .members
-            .iter()
-            .map(|&m| {
-                let c = parent_color(m);
-                p.members
-                    .iter()
-                    .position(|&o| parent_color(o) == c)
-                    .unwrap_or(0) as u32
-            })
-            .collect();
+        let hosts = super::builder::host_colors(p.members.iter().map(|&m| parent_color(m)));
         tracing::debug!(
             parent_rank = self.rank,
             color,
