@@ -416,17 +416,15 @@ impl Sink {
 fn rank(a: &BenchArgs, child: bool) -> Result<(), CmdError> {
     // Under a launcher, before meeting anyone: the ranks this host runs, each holding its
     // buffers (a local run's parent checked them all).
-    if !child && let Ok(job) = ringcast::bootstrap::JobEnv::from_env() {
+    let job = ringcast::bootstrap::JobEnv::from_env();
+    if !child && let Ok(job) = &job {
         let here = job.local_size.unwrap_or(1).max(1);
         local::check_memory(here, held(a, job.world_size), "--sizes / --iters")?;
     }
+    // Only where no launcher started this process: under one, the setting named is what is
+    // wrong.
+    let no_launcher = matches!(job, Err(ringcast::bootstrap::EnvError::NoLauncher));
     let comm = net::connect(&a.net, None).map_err(|e| {
-        // Only where no launcher started this process: under one, the setting named is what
-        // is wrong.
-        let no_launcher = matches!(
-            ringcast::bootstrap::JobEnv::from_env(),
-            Err(ringcast::bootstrap::EnvError::NoLauncher)
-        );
         if child || !no_launcher {
             e
         } else {
