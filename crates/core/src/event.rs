@@ -263,6 +263,9 @@ pub struct Stats {
     pub dropped_own: u64,
     /// Dropped: payload length mismatch.
     pub dropped_bad_length: u64,
+    /// Chunks placed whose payload the driver could not write, given back to be recovered
+    /// like lost ones.
+    pub chunks_released: u64,
     /// Control messages that failed to parse or named impossible values.
     pub control_malformed: u64,
     /// Control messages for operations no longer in flight.
@@ -294,6 +297,7 @@ impl Stats {
         add(&mut self.dropped_wrong_lane, rx.dropped_wrong_lane);
         add(&mut self.dropped_own, rx.dropped_own);
         add(&mut self.dropped_bad_length, rx.dropped_bad_length);
+        add(&mut self.chunks_released, rx.released);
     }
 
     /// Adds one lane's send counters.

@@ -146,7 +146,8 @@ impl Node {
     /// session heard of it (the lane filled up): only then may outputs or timers have changed.
     ///
     /// The driver's contract, as [`LaneRx::commit`](crate::lane::LaneRx::commit)'s: exactly
-    /// one commit per [`Placement::Place`], after its bytes are written.
+    /// one commit per [`Placement::Place`], after its bytes are written (or one
+    /// [`release`](Self::release), when they could not be).
     #[inline]
     pub fn commit(&mut self, now: Instant, lane: u16, op: OpId) -> bool {
         let Some(rx) = self.rx.get_mut(usize::from(lane)) else {
@@ -159,6 +160,15 @@ impl Node {
             self.route(now);
         }
         heard
+    }
+
+    /// The payload of a chunk placed on `lane` (sent by `from` with immediate `imm`) could not
+    /// be written: call this instead of [`commit`](Self::commit). The chunk is recovered like
+    /// a lost one; see [`LaneRx::release`](crate::lane::LaneRx::release).
+    pub fn release(&mut self, lane: u16, from: Rank, imm: u32) {
+        if let Some(rx) = self.rx.get_mut(usize::from(lane)) {
+            rx.release(from, imm);
+        }
     }
 
     /// See [`Session::handle_control`].

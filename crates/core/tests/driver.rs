@@ -46,8 +46,8 @@ impl Leaf for Session {
 
 /// Moves control messages both ways between a root `Node` (rank 0) and a leaf (rank 1)
 /// until none is left; reads the leaf asks for succeed (the root holds every byte) and are
-/// recorded with their operation and length.
-fn exchange(root: &mut Node, leaf: &mut impl Leaf, now: Instant, read: &mut Vec<(OpId, u64)>) {
+/// recorded with their operation, offset and length.
+fn exchange(root: &mut Node, leaf: &mut impl Leaf, now: Instant, read: &mut Vec<(OpId, u64, u64)>) {
     let mut buf = Vec::new();
     loop {
         let mut moved = false;
@@ -59,7 +59,7 @@ fn exchange(root: &mut Node, leaf: &mut impl Leaf, now: Instant, read: &mut Vec<
                     root.handle_control(now, Rank(1), &msg);
                 }
                 Transmit::Read(r) => {
-                    read.push((r.op, r.len));
+                    read.push((r.op, r.offset, r.len));
                     leaf.handle_read_done(now, r.id);
                 }
                 _ => {}
@@ -254,7 +254,7 @@ fn a_closed_note_with_another_operations_bitmap_is_not_taken() {
         }
         while let Some(e) = leaf.poll_event() {
             if e == (Event::Completed { op: a }) {
-                let got: u64 = read.iter().filter(|r| r.0 == a).map(|r| r.1).sum();
+                let got: u64 = read.iter().filter(|r| r.0 == a).map(|r| r.2).sum();
                 assert_eq!(got, 16 * 200, "completed {a:?} having read {got} bytes");
             }
         }
@@ -288,7 +288,7 @@ fn commits_without_chunks_do_not_complete_an_operation() {
         exchange(&mut root, &mut leaf, now, &mut read);
         if let Some(e) = leaf.poll_event() {
             assert_eq!(e, Event::Completed { op });
-            let got: u64 = read.iter().map(|r| r.1).sum();
+            let got: u64 = read.iter().map(|r| r.2).sum();
             assert_eq!(got, 64, "completed having read {got} of its 64 bytes");
             done = true;
             break;
@@ -297,4 +297,53 @@ fn commits_without_chunks_do_not_complete_an_operation() {
         root.handle_timeout(now);
     }
     assert!(done, "the leaf completes by reading what it lacks");
+}
+
+/// A driver whose copy of one placed chunk fails releases it: the leaf does not count it
+/// present, reads it from the root, and completes. Chunk 0 starts the block and 63 ends it
+/// (both watch points, whose work waits for a commit that never comes); 1, 30 and 62 lie
+/// between.
+#[test]
+fn a_released_chunk_is_read_again_before_the_operation_completes() {
+    const CHUNKS: u64 = 64;
+    for released in [0u64, 1, 30, 62, 63] {
+        let mut root = Node::new(config(0, 1)).expect("config");
+        let mut leaf = Node::new(config(1, 1)).expect("config");
+        let op = root
+            .start_broadcast(Instant::ZERO, Rank(0), 16 * CHUNKS)
+            .expect("start");
+        leaf.start_broadcast(Instant::ZERO, Rank(0), 16 * CHUNKS)
+            .expect("start");
+        let mut read = Vec::new();
+        let mut done = false;
+        for step in 0..400u64 {
+            let now = Instant::from_nanos(step * 50_000);
+            exchange(&mut root, &mut leaf, now, &mut read);
+            while let Some(m) = root.poll_multicast() {
+                root.handle_send_done(now, m.lane, m.op, 1);
+                let p = leaf.handle_chunk(m.lane, Rank(0), m.imm, m.len as usize);
+                assert!(matches!(p, ringcast_core::Placement::Place { .. }), "{p:?}");
+                if u64::from(m.chunk) == released {
+                    leaf.release(m.lane, Rank(0), m.imm);
+                } else {
+                    leaf.commit(now, m.lane, op);
+                }
+            }
+            exchange(&mut root, &mut leaf, now, &mut read);
+            if let Some(e) = leaf.poll_event() {
+                assert_eq!(e, Event::Completed { op }, "chunk {released}");
+                let at = released * 16;
+                assert!(
+                    read.iter().any(|r| r.1 <= at && at + 16 <= r.1 + r.2),
+                    "chunk {released} completed without being read: {read:?}"
+                );
+                assert_eq!(leaf.stats().chunks_released, 1, "chunk {released}");
+                done = true;
+                break;
+            }
+            leaf.handle_timeout(now);
+            root.handle_timeout(now);
+        }
+        assert!(done, "chunk {released}: the leaf completes by reading it");
+    }
 }

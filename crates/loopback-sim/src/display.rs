@@ -175,13 +175,14 @@ impl Display for Report {
         writeln!(
             f,
             "fabric: lost {}, burst-lost {}, checksum drops {} (payload) + {} (imm), \
-             escaped checksum {}, rnr {}, \
+             escaped checksum {}, copies failed {}, rnr {}, \
              duplicated {}, reordered {}, to crashed {}, control to crashed {}, reads failed {}",
             c.lost,
             c.burst_lost,
             c.corrupted_payload,
             c.corrupted_imm,
             c.escaped_checksum,
+            c.copy_failed,
             c.rnr,
             c.duplicated,
             c.reordered,
@@ -193,7 +194,7 @@ impl Display for Report {
         writeln!(
             f,
             "core drops: duplicate {}, stale {}, out of range {}, wrong source {}, wrong lane {}, \
-             own {}, bad length {}, control {}",
+             own {}, bad length {}, control {}; released {}",
             d.duplicate,
             d.stale,
             d.out_of_range,
@@ -201,7 +202,8 @@ impl Display for Report {
             d.wrong_lane,
             d.own,
             d.bad_length,
-            d.control
+            d.control,
+            d.released
         )?;
         writeln!(f, "\nlinks by level: {} in all", bytes(self.link_bytes))?;
         writeln!(

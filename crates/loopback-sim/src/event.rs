@@ -12,6 +12,8 @@ pub(crate) struct Delivery {
     pub(crate) lane: u16,
     /// The packet was corrupted in flight (the transport checksum will fail).
     pub(crate) corrupt: bool,
+    /// The receiver's copy of the payload will fail (it releases the chunk).
+    pub(crate) copy_fails: bool,
 }
 
 /// Something that happens at a virtual time.

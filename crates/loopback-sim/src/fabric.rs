@@ -166,6 +166,7 @@ impl Fabric {
                     len: pkt.len,
                     lane: pkt.lane,
                     corrupt: false,
+                    copy_fails: false,
                 };
                 if edge_faults.any {
                     let extra = link.serialize(bytes);
@@ -245,6 +246,10 @@ fn last_hop(
         let n = 32 - u32::from(chunk_bits);
         d.imm ^= 1 << (u32::from(chunk_bits) + rng.below(u64::from(n.max(1))) as u32);
         c.escaped_checksum += 1;
+    }
+    if rng.chance(f.copy_fail) {
+        d.copy_fails = true;
+        c.copy_failed += 1;
     }
     if rng.chance(f.reorder) {
         at += rng.below(f.reorder_max_ps);

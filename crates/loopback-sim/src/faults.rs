@@ -91,6 +91,10 @@ pub struct Faults {
     /// Opt-in: probability that an operation-tag bit of the immediate flips **and escapes
     /// the checksum**, so the packet reaches the core, which must drop it as stale.
     pub corrupt_escaping: f64,
+    /// Probability that the receiver's driver fails to write a chunk the core placed (a
+    /// copy that faults): it releases the chunk instead of committing it, and the core
+    /// recovers it like a lost one.
+    pub copy_fail: f64,
     /// Receiver overrun; `None`: receives never run out.
     pub rx_slots: Option<RxSlots>,
     /// Node crashes.
@@ -117,6 +121,7 @@ pub(crate) struct EdgeFaults {
     pub(crate) corrupt_payload: Prob,
     pub(crate) corrupt_imm: Prob,
     pub(crate) corrupt_escaping: Prob,
+    pub(crate) copy_fail: Prob,
     pub(crate) any: bool,
 }
 
@@ -146,6 +151,7 @@ impl Faults {
             corrupt_payload: Prob::new(self.corrupt_payload),
             corrupt_imm: Prob::new(self.corrupt_imm),
             corrupt_escaping: Prob::new(self.corrupt_escaping),
+            copy_fail: Prob::new(self.copy_fail),
             any: false,
         };
         EdgeFaults {
@@ -153,7 +159,8 @@ impl Faults {
                 && e.reorder.is_zero()
                 && e.corrupt_payload.is_zero()
                 && e.corrupt_imm.is_zero()
-                && e.corrupt_escaping.is_zero()),
+                && e.corrupt_escaping.is_zero()
+                && e.copy_fail.is_zero()),
             ..e
         }
     }

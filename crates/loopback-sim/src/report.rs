@@ -125,6 +125,8 @@ pub struct FabricCounters {
     /// Deliveries with a flipped operation-tag bit that escaped the checksum (opt-in fault),
     /// handed to the core.
     pub escaped_checksum: u64,
+    /// Deliveries whose payload the receiver's copy failed to write (it released them).
+    pub copy_failed: u64,
     /// Chunks that found no posted receive (RNR drops).
     pub rnr: u64,
     /// Chunks that arrived at a crashed host.
@@ -155,6 +157,8 @@ pub struct CoreDrops {
     pub own: u64,
     /// Payload length mismatch.
     pub bad_length: u64,
+    /// Placed, then released by the driver (its copy failed).
+    pub released: u64,
     /// Control messages malformed, stale or unexpected.
     pub control: u64,
 }
@@ -168,6 +172,7 @@ impl CoreDrops {
         self.wrong_lane += s.dropped_wrong_lane;
         self.own += s.dropped_own;
         self.bad_length += s.dropped_bad_length;
+        self.released += s.chunks_released;
         self.control += s.control_malformed + s.control_stale + s.control_unexpected;
     }
 }

@@ -331,14 +331,22 @@ impl Sim {
             .handle_chunk(d.lane, Rank(d.src), d.imm, d.len as usize);
         let mut heard = false;
         if let Placement::Place { op, offset, len } = p {
-            h.bytes_received += u64::from(len);
             if let Some(w) = h.op_index(op.0) {
                 let layout = &self.layouts[w];
                 if let Some((b, s)) = h.ops[w].buf.as_mut().zip(layout.slot(d.src, offset)) {
-                    b.set(s, layout.expected().get(s) == Some(&d.token));
+                    // A failed copy leaves garbage in the slot.
+                    b.set(
+                        s,
+                        !d.copy_fails && layout.expected().get(s) == Some(&d.token),
+                    );
                 }
             }
-            heard = h.node.commit(now, d.lane, op);
+            if d.copy_fails {
+                h.node.release(d.lane, Rank(d.src), d.imm);
+            } else {
+                h.bytes_received += u64::from(len);
+                heard = h.node.commit(now, d.lane, op);
+            }
         }
         if heard || h.node.has_output() {
             self.drain(d.dst);

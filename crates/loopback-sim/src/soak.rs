@@ -202,6 +202,10 @@ pub fn config(seed: u64) -> (SimConfig, usize) {
             });
         }
     }
+    // Drawn last, so that every earlier draw of a seed stays as it was.
+    if pick(&mut rng, 4) == 0 {
+        f.copy_fail = maybe(&mut rng, 1e-4, 1e-2);
+    }
     cfg.faults = f;
     (cfg, kind)
 }

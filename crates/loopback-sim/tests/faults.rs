@@ -125,6 +125,26 @@ fn op_tag_corruption_escaping_the_checksum_is_dropped_by_the_core() {
     }
 }
 
+/// A driver whose copy of a placed chunk fails releases it: the core recovers it like a lost
+/// one, and every buffer ends right (a failed copy leaves its slot wrong until then).
+#[test]
+fn failed_copies_are_released_and_recovered() {
+    for seed in SEEDS {
+        let f = Faults {
+            copy_fail: 1e-2,
+            ..Faults::default()
+        };
+        let ag = Workload::new().allgather_uniform(Duration::ZERO, 8, MIB / 8);
+        for w in [bcast(0, MIB), ag] {
+            let r = run(star(8), w, f.clone(), seed);
+            assert_all_ok(&r);
+            assert!(r.core.released > 0, "{r}");
+            assert_eq!(r.core.released, r.fabric.copy_failed, "{r}");
+            assert!(r.chunks_fetched >= r.core.released, "{r}");
+        }
+    }
+}
+
 #[test]
 fn receiver_overrun_drops_are_recovered() {
     for seed in SEEDS {
@@ -159,6 +179,7 @@ fn everything_at_once() {
             corrupt_payload: 2e-3,
             corrupt_imm: 2e-3,
             corrupt_escaping: 2e-3,
+            copy_fail: 2e-3,
             rx_slots: Some(RxSlots {
                 slots: 128,
                 service: Duration::from_nanos(340),

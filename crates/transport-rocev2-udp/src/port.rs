@@ -518,33 +518,35 @@ impl RxToken for UdpToken<'_> {
         self.meta
     }
 
-    fn consume(self, placement: &Placement) {
-        if let Placement::Place { op, offset, len } = *placement {
-            if self.placed == Some((op, offset)) {
-                // Received in place: nothing to copy.
-                return;
-            }
-            if self.cache.as_ref().is_none_or(|(o, _)| *o != op) {
-                *self.cache = self.registry.get(op).map(|b| (op, b));
-            }
-            let ok = match (self.placed, self.cache.as_ref()) {
-                // In place in `op`'s buffer, but the core puts it elsewhere (it cannot, for a
-                // chunk that matched its prediction; kept whole rather than trusted).
-                (Some((o, from)), Some((_, buf))) if o == op => {
-                    *self.moved += 1;
-                    buf.copy_within(from, offset, u64::from(len))
-                }
-                (Some(_), _) => false,
-                (None, Some((_, buf))) => match self.payload.get(..len as usize) {
-                    Some(b) => buf.write_at(offset, b),
-                    None => false,
-                },
-                (None, None) => false,
-            };
-            if !ok {
-                *self.bad_place += 1;
-            }
+    fn consume(self, placement: &Placement) -> bool {
+        let Placement::Place { op, offset, len } = *placement else {
+            return true;
+        };
+        if self.placed == Some((op, offset)) {
+            // Received in place: nothing to copy.
+            return true;
         }
+        if self.cache.as_ref().is_none_or(|(o, _)| *o != op) {
+            *self.cache = self.registry.get(op).map(|b| (op, b));
+        }
+        let ok = match (self.placed, self.cache.as_ref()) {
+            // In place in `op`'s buffer, but the core puts it elsewhere (it cannot, for a
+            // chunk that matched its prediction; kept whole rather than trusted).
+            (Some((o, from)), Some((_, buf))) if o == op => {
+                *self.moved += 1;
+                buf.copy_within(from, offset, u64::from(len))
+            }
+            (Some(_), _) => false,
+            (None, Some((_, buf))) => match self.payload.get(..len as usize) {
+                Some(b) => buf.write_at(offset, b),
+                None => false,
+            },
+            (None, None) => false,
+        };
+        if !ok {
+            *self.bad_place += 1;
+        }
+        ok
     }
 }
 

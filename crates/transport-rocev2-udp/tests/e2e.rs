@@ -250,8 +250,8 @@ fn snapshot(
     }
 }
 
-/// Runs the 4 ranks; `lossy` names a rank that drops 10% of the chunks it receives;
-/// `concurrent` starts the Allgather before the Broadcast finished.
+/// Runs the 4 ranks; `lossy` names a rank that drops 10% of the chunks it receives and fails
+/// to copy 2% of the rest; `concurrent` starts the Allgather before the Broadcast finished.
 fn run_job(salt: u64, lossy: Option<u32>, concurrent: bool) -> Vec<RankReport> {
     let nonce = nonce(salt);
     let udp_port = free_udp_port();
@@ -276,6 +276,8 @@ fn run_job(salt: u64, lossy: Option<u32>, concurrent: bool) -> Vec<RankReport> {
                     let result = if lossy == Some(rank) {
                         let faults = Faults {
                             rx_loss: 0.1,
+                            // Copies that fail: the chunk is released and read instead.
+                            rx_copy_fail: 0.02,
                             seed: nonce,
                             ..Faults::default()
                         };
@@ -362,6 +364,10 @@ fn one_rank_losing_a_tenth_recovers_through_reads() {
     assert!(
         lossy.stats.chunks_fetched > 0,
         "the lossy rank fetched nothing"
+    );
+    assert!(
+        lossy.stats.chunks_released > 0,
+        "no failed copy was released"
     );
     let served: u64 = reports.iter().map(|r| r.reads_served).sum();
     assert!(served > 0, "no read was served over TCP");
@@ -564,11 +570,11 @@ fn receive_half_reads_a_predicted_run_in_place_once() {
         while rx.held() > 0 {
             let t = rx.receive().unwrap();
             let m = t.meta();
-            t.consume(&Placement::Place {
+            assert!(t.consume(&Placement::Place {
                 op,
                 offset: u64::from(m.imm) * 4096,
                 len: 4096,
-            });
+            }));
             placed += 1;
         }
     }

@@ -29,6 +29,9 @@ pub struct RxStats {
     pub dropped_own: u64,
     /// Dropped: payload length mismatch.
     pub dropped_bad_length: u64,
+    /// Placed, then given back by the driver because its write failed
+    /// ([`LaneRx::release`]): recovered like lost chunks.
+    pub released: u64,
 }
 
 impl RxStats {
@@ -783,13 +786,12 @@ impl LaneRx {
     /// written. When the lane's part of the operation is complete, queues [`RxNote::Full`].
     ///
     /// The driver's contract: exactly one commit per [`Placement::Place`], after its bytes
-    /// are written, before the next command. The lane counts commits on the hot path and
+    /// are written, before the next command; or, when the bytes could not be written, one
+    /// [`release`](Self::release) instead. The lane counts commits on the hot path and
     /// checks the count against its bitmap once, before it says `Full`: a commit too many
     /// only delays the operation to its cutoff, where the session recovers what is missing.
-    /// But a placed chunk whose copy failed, left uncommitted while later ones are committed,
-    /// can be reported present (its bit was set when it was placed). A driver whose copy
-    /// fails must fail the operation itself (ringcast's transport writes into a buffer
-    /// registered before the operation starts, so its copies cannot fail).
+    /// A placed chunk neither committed nor released still counts as present (its bit was
+    /// set when it was placed).
     #[inline(always)]
     pub fn commit(&mut self, op: OpId) {
         // The vacant slot's id is no open operation's: a commit of it counts there harmlessly.
@@ -826,6 +828,48 @@ impl LaneRx {
             if o.committed >= o.notify {
                 o.committed_cold(cold, lane, &mut self.notes);
             }
+        }
+    }
+
+    /// The payload of a chunk that [`handle_chunk`](Self::handle_chunk) placed could not be
+    /// written (the driver's copy failed): call this instead of [`commit`](Self::commit),
+    /// with the chunk's source and immediate, before the lane takes another chunk or
+    /// command. The chunk is given back as if it had never arrived: the lane does not count
+    /// it present, and the session recovers it as it recovers a lost one (whatever the failed
+    /// copy left in its bytes is overwritten then). Counted in [`RxStats::released`]. A
+    /// release of a chunk the lane does not hold claimed changes nothing.
+    #[cold]
+    #[inline(never)]
+    pub fn release(&mut self, from: Rank, imm: u32) {
+        let (tag, c) = (imm >> self.shift, imm & self.mask);
+        let Some(LaneOp { op, cold }) = core::iter::once(&mut self.hot)
+            .chain(self.ops.iter_mut())
+            .find(|o| !o.is_vacant() && o.op.tag == tag)
+        else {
+            return;
+        };
+        let Some(b) = op.blocks.get_mut(from.index()) else {
+            return;
+        };
+        let k = c.wrapping_sub(b.lo);
+        if k >= b.count {
+            return;
+        }
+        let Some((w, m)) = word_of(&mut op.words, b.base + k) else {
+            return;
+        };
+        if *w & m == 0 {
+            return;
+        }
+        *w &= !m;
+        self.stats.released = self.stats.released.saturating_add(1);
+        // Gap checks behind it look again from here.
+        b.checked = b.checked.min(c);
+        if op.notify == 0 && cold.watched == (from.0, c) {
+            // It was a watch point, whose work waited for its commit: the next chunk of the
+            // block from here on is the watch point instead.
+            op.notify = cold.expect;
+            b.set_watch(k.min(b.watch));
         }
     }
 

@@ -57,6 +57,9 @@ pub struct Faults {
     pub rx_loss: f64,
     /// A received chunk arrives one byte short (the core must drop it).
     pub rx_truncate: f64,
+    /// A received chunk's payload cannot be written where the core placed it (the token
+    /// drops it and says so: the driver must release the chunk).
+    pub rx_copy_fail: f64,
     /// A posted multicast never leaves (it is still reported sent).
     pub tx_loss: f64,
     /// Seed of the faults' generator.
@@ -84,24 +87,32 @@ pub struct FaultyTx<T> {
     pub injected: u64,
 }
 
-/// A token whose length may have been cut.
-pub struct FaultyToken<Tk> {
+/// A token whose length may have been cut, or whose payload may fail to be written.
+pub struct FaultyToken<'a, Tk> {
     inner: Tk,
     meta: RxMeta,
+    fail_copy: bool,
+    injected: &'a mut u64,
 }
 
-impl<Tk: RxToken> RxToken for FaultyToken<Tk> {
+impl<Tk: RxToken> RxToken for FaultyToken<'_, Tk> {
     fn meta(&self) -> RxMeta {
         self.meta
     }
-    fn consume(self, placement: &Placement) {
+    fn consume(self, placement: &Placement) -> bool {
+        if self.fail_copy && matches!(placement, Placement::Place { .. }) {
+            *self.injected += 1;
+            // The payload goes nowhere; the buffer goes back.
+            let _ = self.inner.consume(&Placement::Drop(DropReason::Stale));
+            return false;
+        }
         self.inner.consume(placement)
     }
 }
 
 impl<R: LaneRxPort> LaneRxPort for FaultyRx<R> {
     type Token<'a>
-        = FaultyToken<R::Token<'a>>
+        = FaultyToken<'a, R::Token<'a>>
     where
         Self: 'a;
 
@@ -111,16 +122,22 @@ impl<R: LaneRxPort> LaneRxPort for FaultyRx<R> {
         while self.rng.chance(self.faults.rx_loss) {
             let tok = self.inner.receive()?;
             self.injected += 1;
-            tok.consume(&Placement::Drop(DropReason::Stale));
+            let _ = tok.consume(&Placement::Drop(DropReason::Stale));
         }
         let truncate = self.rng.chance(self.faults.rx_truncate);
+        let fail_copy = self.rng.chance(self.faults.rx_copy_fail);
         let tok = self.inner.receive()?;
         let mut meta = tok.meta();
         if truncate && meta.len > 0 {
             self.injected += 1;
             meta.len -= 1;
         }
-        Some(FaultyToken { inner: tok, meta })
+        Some(FaultyToken {
+            inner: tok,
+            meta,
+            fail_copy,
+            injected: &mut self.injected,
+        })
     }
 }
 
@@ -211,6 +228,7 @@ mod tests {
             rx_truncate: 0.25,
             tx_loss: 0.5,
             seed: 7,
+            ..Faults::default()
         };
         let mut p = inject(mailbox::<u32>(1), faults);
         for i in 0..1000 {
@@ -222,7 +240,7 @@ mod tests {
             if tok.meta().len == 99 {
                 short += 1;
             }
-            tok.consume(&Placement::Drop(DropReason::BadLength));
+            let _ = tok.consume(&Placement::Drop(DropReason::BadLength));
         }
         // Every token is consumed exactly once, delivered or dropped by the injector.
         assert_eq!(p.rx[0].inner.consumed.len(), 1000);
@@ -257,8 +275,48 @@ mod tests {
         let mut again = 0;
         while let Some(tok) = q.rx[0].receive() {
             again += 1;
-            tok.consume(&Placement::Drop(DropReason::BadLength));
+            let _ = tok.consume(&Placement::Drop(DropReason::BadLength));
         }
         assert_eq!(again, seen);
+    }
+
+    #[test]
+    fn a_failed_copy_gives_the_buffer_back_and_says_so_for_placed_chunks_only() {
+        let faults = Faults {
+            rx_copy_fail: 0.5,
+            seed: 3,
+            ..Faults::default()
+        };
+        let mut p = inject(mailbox::<u32>(1), faults);
+        for i in 0..400 {
+            p.rx[0].inner.push(meta(i), i);
+        }
+        let place = Placement::Place {
+            op: OpId(1),
+            offset: 0,
+            len: 100,
+        };
+        let (mut failed, mut i) = (0u64, 0);
+        while let Some(tok) = p.rx[0].receive() {
+            // Every other chunk is dropped by the core: nothing to write, nothing fails.
+            if i % 2 == 0 {
+                assert!(tok.consume(&Placement::Drop(DropReason::Stale)));
+            } else if !tok.consume(&place) {
+                failed += 1;
+            }
+            i += 1;
+        }
+        assert_eq!(i, 400);
+        assert!((60..140).contains(&failed), "failed {failed}");
+        assert_eq!(p.rx[0].injected, failed);
+        // A failed copy's buffer goes back with nothing written: the inner token saw a drop.
+        let placed = p.rx[0]
+            .inner
+            .consumed
+            .iter()
+            .filter(|(pl, _)| matches!(pl, Placement::Place { .. }))
+            .count() as u64;
+        assert_eq!(placed, 200 - failed);
+        assert_eq!(p.rx[0].inner.consumed.len(), 400);
     }
 }

@@ -51,8 +51,9 @@ impl<P> RxToken for MailToken<'_, P> {
     fn meta(&self) -> RxMeta {
         self.meta
     }
-    fn consume(self, placement: &Placement) {
+    fn consume(self, placement: &Placement) -> bool {
         self.consumed.push((*placement, self.payload));
+        true
     }
 }
 

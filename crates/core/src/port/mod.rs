@@ -58,7 +58,13 @@ pub trait RxToken {
     fn meta(&self) -> RxMeta;
     /// Writes the payload where `placement` says (nothing on [`Placement::Drop`], or when the
     /// transport placed it already) and gives the receive buffer back to the transport.
-    fn consume(self, placement: &Placement);
+    ///
+    /// Returns whether the payload is now where the placement says: `false` only for a
+    /// [`Placement::Place`] whose bytes could not be written (the transport counts why). The
+    /// driver then [releases](Node::release) the chunk instead of committing it, and the
+    /// core recovers it like a lost one.
+    #[must_use = "a placed chunk whose write failed must be released, not committed"]
+    fn consume(self, placement: &Placement) -> bool;
 }
 
 /// One lane's receive half.
@@ -198,9 +204,13 @@ pub fn pump<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
             };
             let meta = tok.meta();
             let p = node.handle_chunk(lane, meta.from, meta.imm, meta.len);
-            tok.consume(&p);
+            let written = tok.consume(&p);
             if let Placement::Place { op, .. } = p {
-                let _ = node.commit(now, lane, op);
+                if written {
+                    let _ = node.commit(now, lane, op);
+                } else {
+                    node.release(lane, meta.from, meta.imm);
+                }
             }
             done.chunks += 1;
         }

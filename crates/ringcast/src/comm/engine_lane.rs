@@ -526,7 +526,8 @@ impl RxWorker {
     }
 
     /// Claims, copies and commits every chunk of the batch held: no command is taken before
-    /// the batch is over, so every claimed chunk is committed before the next command.
+    /// the batch is over, so every claimed chunk is committed (or released, when its copy
+    /// failed) before the next command.
     fn batch(&mut self) {
         let (lane, port) = (&mut self.lane, &mut self.port);
         while port.held() > 0 {
@@ -535,9 +536,13 @@ impl RxWorker {
             };
             let m = tok.meta();
             let p = lane.handle_chunk(m.from, m.imm, m.len);
-            tok.consume(&p);
+            let written = tok.consume(&p);
             if let Placement::Place { op, .. } = p {
-                lane.commit(op);
+                if written {
+                    lane.commit(op);
+                } else {
+                    lane.release(m.from, m.imm);
+                }
             }
         }
     }

@@ -735,14 +735,16 @@ fn listen(s: &ProbeSetup, lane: usize, rx: &mut UdpRx, inbox: &OpBuffer, heard: 
         let m = token.meta();
         if m.imm != PROBE_IMM || m.len != PROBE_LEN {
             // Nothing else is sent before every report is in; ignore it.
-            token.consume(&Placement::Drop(DropReason::Stale));
+            let _ = token.consume(&Placement::Drop(DropReason::Stale));
             continue;
         }
-        token.consume(&Placement::Place {
+        if !token.consume(&Placement::Place {
             op: PROBE_RX_OP,
             offset: 0,
             len: PROBE_LEN as u32,
-        });
+        }) {
+            continue;
+        }
         let p = inbox.to_vec();
         let rank = u32::from_be_bytes([p[8], p[9], p[10], p[11]]);
         let on = u16::from_be_bytes([p[12], p[13]]);

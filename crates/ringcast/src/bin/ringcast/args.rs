@@ -151,6 +151,10 @@ pub(crate) struct SimArgs {
     /// must drop the chunk as stale).
     #[arg(long, default_value = "0", value_parser = units::probability)]
     pub(crate) corrupt_escaping: f64,
+    /// Probability that a receiver's copy of a placed chunk fails (its driver releases the
+    /// chunk, and the ring recovers it).
+    #[arg(long, default_value = "0", value_parser = units::probability)]
+    pub(crate) copy_fail: f64,
     /// Crash a rank: `RANK@TIME`, e.g. `3@50us` (repeatable).
     #[arg(long, value_parser = parse_crash)]
     pub(crate) crash: Vec<(u32, Duration)>,

@@ -192,6 +192,7 @@ fn config(a: &SimArgs, workload: Workload, buffer: u64) -> Result<SimConfig, Str
         corrupt_payload: a.corrupt,
         corrupt_imm: a.corrupt_imm,
         corrupt_escaping: a.corrupt_escaping,
+        copy_fail: a.copy_fail,
         rx_slots: a
             .rx_slots
             .map(|(slots, service)| RxSlots { slots, service }),
