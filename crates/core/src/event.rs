@@ -141,6 +141,13 @@ pub enum OpError {
         /// The rank that did not post.
         peer: Rank,
     },
+    /// This rank's transport stopped completing its multicasts: none completed for a whole
+    /// [`Config::peer_timeout`](crate::Config::peer_timeout) (after its block's wire time).
+    /// The operation fails here, and the other ranks hear of it naming this rank.
+    SendsStalled {
+        /// This rank.
+        rank: Rank,
+    },
 }
 
 impl OpError {
@@ -153,6 +160,7 @@ impl OpError {
             | OpError::PeerLost { peer }
             | OpError::ShapeMismatch { peer, .. }
             | OpError::NotPosted { peer } => peer,
+            OpError::SendsStalled { rank } => rank,
         }
     }
 }
@@ -176,6 +184,10 @@ impl fmt::Display for OpError {
             OpError::NotPosted { peer } => {
                 write!(f, "{peer} is alive but did not post this operation in time")
             }
+            OpError::SendsStalled { rank } => write!(
+                f,
+                "the transport of {rank} (this rank) stopped completing its multicasts"
+            ),
         }
     }
 }

@@ -288,7 +288,34 @@ impl Collective {
         if self.timers.expired(Timer::Blocks, now) {
             self.blocks_overdue(cx);
         }
+        if self.timers.expired(Timer::Sends, now) {
+            if self.send.done() {
+                self.timers.stop(Timer::Sends);
+            } else if self.send.look(cx, self.id) {
+                return Some(Outcome::Failed {
+                    error: OpError::SendsStalled { rank: self.me },
+                    abort: true,
+                });
+            } else {
+                self.timers.set(Timer::Sends, now + self.sends_patience(cx));
+            }
+        }
         None
+    }
+
+    /// How long a root waits between looks at its sends' completions: its block's wire
+    /// time, and a peer timeout beyond it. Two looks without a completion between them fail
+    /// the operation ([`OpError::SendsStalled`]).
+    fn sends_patience(&self, cx: &Ctx<'_>) -> Duration {
+        transfer_time(cx.config, self.layout.block_size(self.me.0)) + cx.config.peer_timeout
+    }
+
+    /// Lane `lane` finished its part of our block.
+    pub(crate) fn on_sends_done(&mut self, lane: u16) {
+        self.send.on_sends_done(lane);
+        if self.send.done() {
+            self.timers.stop(Timer::Sends);
+        }
     }
 
     /// Allgather: a block started on a lane. Its chunks should be in after its share of the
@@ -464,9 +491,13 @@ impl Collective {
             self.send_ack(cx, self.succ, d);
         }
         self.answer_requesters(cx);
-        if self.phase == Phase::Data {
-            self.send
-                .start(cx, self.id, self.tag, &self.layout, self.me);
+        if self.phase == Phase::Data
+            && self
+                .send
+                .start(cx, self.id, self.tag, &self.layout, self.me)
+        {
+            self.timers
+                .set(Timer::Sends, cx.now + self.sends_patience(cx));
         }
         self.send.pass_token(cx, self.id);
         if self.ring.reads_idle() && self.phase == Phase::Data && self.rx.complete() {

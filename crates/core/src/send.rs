@@ -27,6 +27,11 @@ pub(crate) struct RootSend {
     token_passed: bool,
     /// Our block has no chunk: there is nothing to send.
     pub(crate) empty: bool,
+    /// The sends' watch ([`look`](Self::look)): completions per lane at the last count,
+    /// whether any lane moved since the last look, and whether there was one.
+    seen: alloc::vec::Vec<u32>,
+    progressed: bool,
+    looked: bool,
 }
 
 impl RootSend {
@@ -40,6 +45,9 @@ impl RootSend {
             sending_on: BitVec::new(),
             token_passed: false,
             empty: false,
+            seen: alloc::vec::Vec::new(),
+            progressed: false,
+            looked: false,
         }
     }
 
@@ -53,7 +61,8 @@ impl RootSend {
         self.started && self.lanes_left > 0
     }
 
-    /// Hands our block to the lanes once activated (the data phase has begun).
+    /// Hands our block to the lanes once activated (the data phase has begun). Returns
+    /// whether lanes began sending now.
     pub(crate) fn start(
         &mut self,
         cx: &mut Ctx<'_>,
@@ -61,12 +70,13 @@ impl RootSend {
         tag: u32,
         layout: &Layout,
         me: Rank,
-    ) {
+    ) -> bool {
         if !self.activated || self.started {
-            return;
+            return false;
         }
         self.started = true;
         self.sending_on = bitvec![0; layout.lanes() as usize];
+        self.seen = alloc::vec![0; layout.lanes() as usize];
         for l in 0..layout.lanes() {
             let block = layout.lane_block(me.0, l);
             if block.count == 0 {
@@ -79,14 +89,50 @@ impl RootSend {
                 cmd: TxCommand::Start(TxStart { op, tag, block }),
             });
         }
+        self.lanes_left > 0
+    }
+
+    /// Whether lane `lane` still sends our block.
+    fn sends_on(&self, lane: u16) -> bool {
+        self.sending_on.get(usize::from(lane)).is_some_and(|b| *b)
     }
 
     /// Lane `lane` finished its part of our block.
     pub(crate) fn on_sends_done(&mut self, lane: u16) {
-        if self.sending_on.get(usize::from(lane)).is_some_and(|b| *b) {
+        if self.sends_on(lane) {
             self.sending_on.set(usize::from(lane), false);
             self.lanes_left -= 1;
+            self.progressed = true;
         }
+    }
+
+    /// Lane `lane` counted `done` of our multicasts completed.
+    pub(crate) fn on_sent(&mut self, lane: u16, done: u32) {
+        if self.sends_on(lane)
+            && let Some(s) = self.seen.get_mut(usize::from(lane))
+            && done > *s
+        {
+            *s = done;
+            self.progressed = true;
+        }
+    }
+
+    /// The sends' watch, once per patience: true when no lane completed a multicast since
+    /// the last look (the transport stalled). Otherwise asks the lanes still sending for
+    /// their counts, which the next look judges.
+    pub(crate) fn look(&mut self, cx: &mut Ctx<'_>, op: OpId) -> bool {
+        if self.looked && !self.progressed {
+            return true;
+        }
+        self.looked = true;
+        self.progressed = false;
+        for l in self.sending_on.iter_ones() {
+            cx.lane(LaneCommand::Tx {
+                lane: l as u16,
+                cmd: TxCommand::Count { op },
+            });
+        }
+        false
     }
 
     /// Passes the chain token once our block is sent.

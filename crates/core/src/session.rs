@@ -688,7 +688,9 @@ impl Session {
                 | RxNote::Progress { op, lane, .. }
                 | RxNote::Settled { op, lane, .. },
             )
-            | LaneNote::Tx(TxNote::SendsDone { op, lane }) => (*op, *lane),
+            | LaneNote::Tx(TxNote::SendsDone { op, lane } | TxNote::Sent { op, lane, .. }) => {
+                (*op, *lane)
+            }
         };
         // A note from a lane this session does not have (a driver's routing bug): dropped.
         if lane >= self.config.lanes {
@@ -720,8 +722,12 @@ impl Session {
                 missing,
                 ..
             }) => c.on_lane_settled(&mut cx, lane, block, run, &missing),
+            LaneNote::Tx(TxNote::Sent { lane, done, .. }) => {
+                c.send.on_sent(lane, done);
+                None
+            }
             LaneNote::Tx(TxNote::SendsDone { lane, .. }) => {
-                c.send.on_sends_done(lane);
+                c.on_sends_done(lane);
                 // Requests held back while we were sending may be answered now.
                 c.lanes_changed(&mut cx)
             }

@@ -22,10 +22,12 @@ pub(crate) enum Timer {
     Keepalive,
     /// A block's fast path on a lane is overdue (Allgather): settle what it has.
     Blocks,
+    /// Root: look whether the transport still completes our multicasts.
+    Sends,
 }
 
 impl Timer {
-    const COUNT: usize = 8;
+    const COUNT: usize = 9;
     pub(crate) const ALL: [Timer; Self::COUNT] = [
         Timer::Ready,
         Timer::Go,
@@ -35,6 +37,7 @@ impl Timer {
         Timer::Fin,
         Timer::Keepalive,
         Timer::Blocks,
+        Timer::Sends,
     ];
 }
 

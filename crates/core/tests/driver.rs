@@ -347,3 +347,109 @@ fn a_released_chunk_is_read_again_before_the_operation_completes() {
         assert!(done, "chunk {released}: the leaf completes by reading it");
     }
 }
+
+/// Drives a Broadcast root `Session` whose one lane's send completions come when `complete`
+/// says (by step, and the multicasts posted and not completed), to a leaf `Node` that
+/// receives every multicast as it is posted. Steps of 5 ms; returns the root's event and
+/// the step it came at.
+fn root_with_completions(
+    chunks: u64,
+    mut complete: impl FnMut(u64, u32) -> u32,
+) -> Option<(Event, u64)> {
+    let peer_timeout = core::time::Duration::from_millis(100);
+    let mut c0 = config(0, 1);
+    c0.peer_timeout = peer_timeout;
+    let mut c1 = config(1, 1);
+    c1.peer_timeout = peer_timeout;
+    let mut root = Session::new(c0).expect("config");
+    let mut leaf = Node::new(c1).expect("config");
+    let mut tx = LaneTx::new(root.config(), 0);
+    let mut rx = LaneRx::new(root.config(), 0);
+    let len = 16 * chunks;
+    let op = root
+        .start_broadcast(Instant::ZERO, Rank(0), len)
+        .expect("start");
+    leaf.start_broadcast(Instant::ZERO, Rank(0), len)
+        .expect("start");
+    let mut buf = Vec::new();
+    let mut posted = 0u32;
+    for step in 0..4000u64 {
+        let now = Instant::from_nanos(step * 5_000_000);
+        while let Some(t) = leaf.poll_transmit(&mut buf) {
+            match t {
+                Transmit::Control { len, .. } => {
+                    let msg = buf[..len].to_vec();
+                    root.handle_control(now, Rank(1), &msg);
+                }
+                // The root holds every byte: reads succeed.
+                Transmit::Read(r) => leaf.handle_read_done(now, r.id, Ok(())),
+                _ => {}
+            }
+        }
+        while let Some(c) = root.poll_lane_command() {
+            match c {
+                LaneCommand::Rx { cmd, .. } => rx.handle_command(cmd),
+                LaneCommand::Tx { cmd, .. } => tx.handle_command(cmd),
+                _ => {}
+            }
+        }
+        while let Some(m) = tx.poll_multicast() {
+            posted += 1;
+            if let ringcast_core::Placement::Place { .. } =
+                leaf.handle_chunk(0, Rank(0), m.imm, m.len as usize)
+            {
+                leaf.commit(now, 0, op);
+            }
+        }
+        let n = complete(step, posted).min(posted);
+        if n > 0 {
+            tx.handle_send_done(op, n);
+            posted -= n;
+        }
+        while let Some(n) = tx.poll_note() {
+            root.handle_lane_note(now, n.into());
+        }
+        while let Some(n) = rx.poll_note() {
+            root.handle_lane_note(now, n.into());
+        }
+        while let Some(Transmit::Control { len, .. }) = root.poll_transmit(&mut buf) {
+            let msg = buf[..len].to_vec();
+            leaf.handle_control(now, Rank(0), &msg);
+        }
+        root.handle_timeout(now);
+        leaf.handle_timeout(now);
+        if let Some(e) = root.poll_event() {
+            return Some((e, step));
+        }
+    }
+    None
+}
+
+/// A root whose transport never completes its multicasts (they left, the completions were
+/// lost): it fails naming itself within a few peer timeouts, where it waited forever.
+#[test]
+fn a_root_whose_sends_never_complete_fails_naming_itself() {
+    let (e, step) = root_with_completions(64, |_, _| 0).expect("the root ends");
+    assert!(
+        matches!(
+            e,
+            Event::Failed {
+                error: ringcast_core::OpError::SendsStalled { rank: Rank(0) },
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // Two looks a patience (a peer timeout, 100 ms, and the block's wire time) apart.
+    assert!(step * 5 <= 400, "failed only after {} ms", step * 5);
+}
+
+/// A root whose completions come slowly but steadily (one every 60 ms, 64 of them: about
+/// 4 s, many peer timeouts) is not stalled: it completes.
+#[test]
+fn a_root_whose_sends_complete_slowly_completes() {
+    let (e, step) =
+        root_with_completions(64, |step, _| u32::from(step % 12 == 11)).expect("the root ends");
+    assert!(matches!(e, Event::Completed { .. }), "{e:?} at step {step}");
+    assert!(step * 5 >= 3000, "completed at {} ms", step * 5);
+}

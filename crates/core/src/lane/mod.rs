@@ -159,6 +159,12 @@ pub enum TxCommand {
         /// Operation.
         op: OpId,
     },
+    /// Say how many of the operation's multicasts on this lane completed so far
+    /// ([`TxNote::Sent`]): the session's check that its sends still progress.
+    Count {
+        /// Operation.
+        op: OpId,
+    },
 }
 
 /// A command from the session for one lane, from [`Session::poll_lane_command`](crate::Session::poll_lane_command).
@@ -279,6 +285,16 @@ pub enum TxNote {
         lane: u16,
         /// Operation.
         op: OpId,
+    },
+    /// The answer to [`TxCommand::Count`]: `done` multicasts of the operation on this lane
+    /// were reported sent so far (0 when the lane no longer sends it).
+    Sent {
+        /// Lane.
+        lane: u16,
+        /// Operation.
+        op: OpId,
+        /// Completions so far.
+        done: u32,
     },
 }
 

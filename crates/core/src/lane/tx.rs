@@ -120,6 +120,14 @@ impl LaneTx {
                 self.ops.retain(|o| o.id != op);
                 self.cursor = 0;
             }
+            TxCommand::Count { op } => {
+                let done = self.ops.iter().find(|o| o.id == op).map_or(0, |o| o.done);
+                self.notes.push_back(TxNote::Sent {
+                    lane: self.lane,
+                    op,
+                    done,
+                });
+            }
         }
     }
 

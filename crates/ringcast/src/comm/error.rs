@@ -67,6 +67,17 @@ pub enum CommError {
         /// The rank that did not post.
         peer: u32,
     },
+    /// This rank's multicasts stopped completing: its send workers reported no send done for
+    /// a whole peer timeout past the block's wire time (the socket's send path is stuck).
+    /// The other ranks fail the operation naming this rank.
+    #[error(
+        "rank {rank} (this rank) stopped completing its multicasts: no send finished within \
+         the peer timeout"
+    )]
+    SendsStalled {
+        /// This rank.
+        rank: u32,
+    },
     /// The communicator was dropped (or its engine stopped) before the operation finished.
     #[error(
         "cancelled: the communicator was dropped, or its engine thread stopped (see the log), \
@@ -123,6 +134,7 @@ impl CommError {
             | CommError::PeerLost { peer }
             | CommError::ShapeMismatch { peer, .. }
             | CommError::NotPosted { peer } => Some(peer),
+            CommError::SendsStalled { rank } => Some(rank),
             _ => None,
         }
     }
@@ -142,6 +154,7 @@ impl From<OpError> for CommError {
                 reported_by: reported_by.0,
             },
             OpError::NotPosted { peer } => CommError::NotPosted { peer: peer.0 },
+            OpError::SendsStalled { rank } => CommError::SendsStalled { rank: rank.0 },
             // `PeerUnresponsive`, and any later variant, blame `peer()`.
             other => CommError::PeerUnresponsive {
                 peer: other.peer().0,
