@@ -130,6 +130,9 @@ pub struct CommBuilder {
     /// Per rank, the lowest rank of its host, where a split knows them (its parent's); a
     /// given peer table's otherwise go by address.
     hosts: Option<Vec<u32>>,
+    /// With `RINGCAST_PIN=1`, the first core of this rank's threads: a split's parent's
+    /// (the process's cores); otherwise by the rank's place among its host's ranks.
+    pin_base: Option<usize>,
 }
 
 impl Default for CommBuilder {
@@ -157,6 +160,7 @@ impl Default for CommBuilder {
             tcp_threshold: None,
             job_id: None,
             hosts: None,
+            pin_base: None,
         }
     }
 }
@@ -520,6 +524,7 @@ impl CommBuilder {
             listener: None,
             job_id: None,
             hosts: None,
+            pin_base: None,
             ..*self
         }
     }
@@ -527,6 +532,13 @@ impl CommBuilder {
     /// Each rank's host color (see `host_colors`), known from a parent (a split).
     pub(super) fn host_colors_of(mut self, hosts: Vec<u32>) -> Self {
         self.hosts = Some(hosts);
+        self
+    }
+
+    /// The first core this rank's threads take with `RINGCAST_PIN=1`: its parent's (a
+    /// split), so that a process's communicators share its cores, never another process's.
+    pub(super) fn pin_base_of(mut self, base: usize) -> Self {
+        self.pin_base = Some(base);
         self
     }
 
@@ -771,6 +783,9 @@ impl CommBuilder {
             });
         }
         let chunk = pick_chunk(self.chunk_size, chunk_room(iface), iface)?;
+        let pin_base = self
+            .pin_base
+            .unwrap_or_else(|| pin_base(&hosts, rank, lanes));
         let lineage = Lineage {
             settings,
             ip: match control[rank as usize].ip() {
@@ -781,6 +796,7 @@ impl CommBuilder {
             nonce,
             chunk,
             hosts,
+            pin_base,
         };
         // Every rank holds the same table, so every rank picks the same default (the start-up
         // check compares them all the same).
@@ -986,7 +1002,7 @@ impl CommBuilder {
         let (posts, prx) = mpsc::sync_channel(POST_QUEUE);
         let numbered = Arc::new(AtomicU64::new(0));
         let blame = Blame::new(rank);
-        let engine = Engine::new(node, ports, prx, numbered.clone(), blame.clone());
+        let engine = Engine::new(node, ports, prx, numbered.clone(), blame.clone(), pin_base);
         let thread = thread::Builder::new()
             .name(format!("ringcast-r{rank}"))
             .spawn(move || engine.run())
@@ -1285,6 +1301,18 @@ fn auto_lanes(ranks: &[(SocketAddr, Host)], halves: &[u32]) -> u16 {
         .min()
         .unwrap_or(1);
     u16::try_from(fewest).map_or(MAX_AUTO_LANES, |l| l.clamp(1, MAX_AUTO_LANES))
+}
+
+/// The first core of rank `rank`'s threads with `RINGCAST_PIN=1` (`hosts`: each rank's host
+/// color): the ranks of a host take consecutive runs of cores, one thread a core (the
+/// control thread, then each lane's receive and send worker), in the order of their ranks.
+fn pin_base(hosts: &[u32], rank: u32, lanes: u16) -> usize {
+    let mine = hosts.get(rank as usize);
+    let local = hosts[..(rank as usize).min(hosts.len())]
+        .iter()
+        .filter(|h| Some(*h) == mine)
+        .count();
+    local * (1 + 2 * usize::from(lanes))
 }
 
 /// Allgather chains (roots multicasting at once) where some rank of the job has less than a
@@ -1995,6 +2023,17 @@ mod tests {
 
     /// `split_by_host`'s colors: the lowest rank of each host, by its kernel's id where the
     /// entry has one (namespaces with their own addresses share it), else by address.
+    #[test]
+    fn pinned_ranks_take_consecutive_cores_by_their_place_on_their_host() {
+        // Hosts 0 and 2; one lane: three threads a rank.
+        let hosts = [0, 0, 2, 2, 0];
+        let bases: Vec<usize> = (0..5).map(|r| pin_base(&hosts, r, 1)).collect();
+        assert_eq!(bases, [0, 3, 0, 3, 6]);
+        assert_eq!(pin_base(&hosts, 4, 2), 10);
+        // A rank past the table (never built so) takes the first cores.
+        assert_eq!(pin_base(&hosts, 9, 1), 0);
+    }
+
     #[test]
     fn host_colors_are_each_hosts_lowest_rank() {
         let entries = [

@@ -299,6 +299,8 @@ pub(crate) struct Engine {
     /// more per window of operations the session runs at once (200 queued, 10 min: 40 min
     /// for the last). Operations posted after it run as usual.
     stalled: Option<(CommError, StdInstant)>,
+    /// With `RINGCAST_PIN=1`, the first core of this rank's threads.
+    pin_base: usize,
     /// Whom this rank's failures blame, and its goodbye: one record with the TCP path's.
     blame: Blame,
     /// The last TCP failure handed to the session ([`Self::heard_tcp_failure`]).
@@ -325,6 +327,7 @@ impl Engine {
         posts: Receiver<Command>,
         numbered: Arc<AtomicU64>,
         blame: Blame,
+        pin_base: usize,
     ) -> Self {
         let config = node.config().clone();
         let session = Session::new(config.clone()).expect("the node's configuration is valid");
@@ -366,6 +369,7 @@ impl Engine {
             live: Vec::new(),
             lost: Vec::new(),
             stalled: None,
+            pin_base,
             blame,
             heard_failed: None,
             next_op: 0,
@@ -447,8 +451,7 @@ impl Engine {
             return Ok(());
         };
         let rank = self.rank();
-        let lanes = self.session.config().lanes;
-        let pin = Pinning::from_env(rank, lanes);
+        let pin = Pinning::from_env(self.pin_base);
         if let Some(p) = &pin {
             p.pin(0, "control thread");
         }

@@ -226,7 +226,7 @@ fn drained_past(at: &[u64], now: &[u64]) -> bool {
 }
 
 /// Where a thread is pinned, when `RINGCAST_PIN=1`: the rank's threads take consecutive
-/// cores (control, then each lane's receive and send worker), wrapping around.
+/// cores from its base (control, then each lane's receive and send worker), wrapping around.
 #[derive(Clone, Debug)]
 pub(super) struct Pinning {
     cores: Vec<core_affinity::CoreId>,
@@ -235,16 +235,13 @@ pub(super) struct Pinning {
 
 impl Pinning {
     /// From `RINGCAST_PIN`; `None` when unset, off, or the cores cannot be listed (logged).
-    pub(super) fn from_env(rank: u32, lanes: u16) -> Option<Self> {
+    pub(super) fn from_env(base: usize) -> Option<Self> {
         let on = std::env::var("RINGCAST_PIN").is_ok_and(|v| matches!(v.trim(), "1" | "true"));
         if !on {
             return None;
         }
         match core_affinity::get_core_ids() {
-            Some(cores) if !cores.is_empty() => Some(Pinning {
-                cores,
-                base: rank as usize * (1 + 2 * usize::from(lanes)),
-            }),
+            Some(cores) if !cores.is_empty() => Some(Pinning { cores, base }),
             _ => {
                 tracing::info!("RINGCAST_PIN=1 but the cores cannot be listed: not pinning");
                 None

@@ -35,6 +35,9 @@ pub(super) struct Lineage {
     pub(super) chunk: u32,
     /// Per rank, the lowest rank on its host ([`Communicator::split_by_host`]'s colors).
     pub(super) hosts: Vec<u32>,
+    /// The first core of this rank's threads with `RINGCAST_PIN=1`, which its children
+    /// take too.
+    pub(super) pin_base: usize,
 }
 
 /// Why [`Communicator::split`], [`Communicator::dup`] or [`Communicator::split_by_host`]
@@ -382,6 +385,7 @@ impl Communicator {
             .allgather_chains(self.chains.clamp(1, size.max(1)))
             .chunk_size(l.chunk)
             .host_colors_of(hosts)
+            .pin_base_of(l.pin_base)
             .build()
             .map_err(SplitError::Build)
     }
