@@ -44,7 +44,8 @@ pub struct SimConfig {
     pub faults: Faults,
     /// Operations to run.
     pub workload: Workload,
-    /// Virtual time after which the run stops (reported as truncated).
+    /// Virtual time after which the run stops (reported as truncated); at most
+    /// [`MAX_TIME_LIMIT`](crate::MAX_TIME_LIMIT).
     pub time_limit: Duration,
 }
 

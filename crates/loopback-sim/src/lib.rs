@@ -64,6 +64,6 @@ pub use report::{
     CoreDrops, FabricCounters, Failure, LevelReport, LinkReport, OpReport, Outcome, RankReport,
     Report,
 };
-pub use sim::{Progress, Sim};
+pub use sim::{MAX_TIME_LIMIT, Progress, Sim};
 pub use topology::{TopologyError, TopologySpec};
 pub use workload::{OpKind, OpSpec, Workload};

@@ -83,6 +83,10 @@ pub struct Sim {
     expected_deliveries: u64,
 }
 
+/// The longest [`SimConfig::time_limit`] the virtual clock holds (about 53 days): the
+/// clock counts picoseconds in a `u64`, with room for the events scheduled past the end.
+pub const MAX_TIME_LIMIT: Duration = Duration::from_nanos(u64::MAX / 4 / PS_PER_NS);
+
 fn ps(d: Duration) -> Ps {
     u64::try_from(d.as_nanos())
         .unwrap_or(u64::MAX / PS_PER_NS)
@@ -100,6 +104,11 @@ impl Sim {
         }
         if cfg.chunk_size == 0 {
             return Err(SimError::Invalid("chunk size must be positive"));
+        }
+        if cfg.time_limit > MAX_TIME_LIMIT {
+            return Err(SimError::Invalid(
+                "time limit past the virtual clock's end (sim::MAX_TIME_LIMIT, about 53 days)",
+            ));
         }
         let ops = cfg.workload.sorted();
         if let Some(index) = cfg.workload.ops().iter().position(|o| !o.kind.check(ranks)) {

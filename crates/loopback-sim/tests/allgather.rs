@@ -154,3 +154,16 @@ fn wrong_sizes_length_is_a_config_error() {
     let w = Workload::new().allgather(Duration::ZERO, &[1, 2, 3]);
     assert!(Sim::new(SimConfig::new(star(4), w)).is_err());
 }
+
+#[test]
+fn a_time_limit_past_the_virtual_clock_is_a_config_error() {
+    let w = Workload::new().allgather(Duration::ZERO, &[1, 2, 3, 4]);
+    let mut cfg = SimConfig::new(star(4), w);
+    cfg.time_limit = ringcast_loopback_sim::MAX_TIME_LIMIT;
+    assert!(Sim::new(cfg.clone()).is_ok());
+    cfg.time_limit += Duration::from_nanos(1);
+    let Err(e) = Sim::new(cfg) else {
+        panic!("a time limit past the clock was taken")
+    };
+    assert!(e.to_string().contains("time limit"), "{e}");
+}

@@ -1439,3 +1439,25 @@ fn the_bootstrap_fuzz_seeds_parse() {
     }
     assert!(seen >= 5, "{seen} seeds");
 }
+
+/// A second process started as rank 0 finds the rendezvous port taken by the first: the
+/// message names that cause and the variables, not only "address in use".
+#[test]
+fn a_second_rank_0_is_told_it_may_be_a_duplicate() {
+    let first = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).expect("bind");
+    let port = first.local_addr().expect("addr").port();
+    let addr = RendezvousAddr {
+        host: "127.0.0.1".into(),
+        port,
+        origin: "RINGCAST_BOOTSTRAP",
+    };
+    let e = Rendezvous::new(0, 2, addr)
+        .run(b"127.0.0.1:1")
+        .expect_err("the port is taken");
+    assert!(matches!(e, RendezvousError::Bind { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("two processes were started as rank 0") && msg.contains("RINGCAST_RANK"),
+        "{msg}"
+    );
+}

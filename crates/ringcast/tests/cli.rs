@@ -373,6 +373,11 @@ fn sim_flags_that_doom_every_run_are_refused() {
         "--peer-timeout must be positive",
     );
     refused(&b(&["--time-limit", "0ns"]), "--time-limit");
+    // 58 days: past the simulator's clock (it was clamped to 53 days without a word).
+    refused(
+        &b(&["--time-limit", "5000000s"]),
+        "--time-limit 5000000s is past the simulator's clock",
+    );
     refused(&b(&["--chunk", "4GiB"]), "4 294 967 295 B");
     // About 1.2 TB: was 19 GB at 1024 ranks before it was refused.
     refused(

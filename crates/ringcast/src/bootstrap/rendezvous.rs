@@ -44,14 +44,29 @@ pub struct PeerTable {
     pub peers: Vec<Peer>,
 }
 
+/// What to do about a rendezvous port rank 0 could not listen on.
+fn bind_hint(e: &io::Error) -> String {
+    let free = "set RINGCAST_BOOTSTRAP to host:port with a free port";
+    if e.kind() == io::ErrorKind::AddrInUse {
+        format!(
+            "another process listens there: if it is this job's rank 0, two processes were \
+             started as rank 0 (every process needs its own rank: set {RANK_VARIABLES}); \
+             otherwise {free}"
+        )
+    } else {
+        free.to_string()
+    }
+}
+
 /// A failed rendezvous. Messages name the address and the variables behind it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RendezvousError {
-    /// Rank 0 could not listen.
+    /// Rank 0 could not listen. When the port is in use, the message says that a second
+    /// process started as rank 0 is one cause.
     #[error(
-        "rank 0 could not listen on port {port} (from {origin}): {source}; set RINGCAST_BOOTSTRAP \
-         to host:port with a free port"
+        "rank 0 could not listen on port {port} (from {origin}): {source}; {}",
+        bind_hint(source)
     )]
     Bind {
         /// The port.

@@ -204,6 +204,14 @@ fn config(a: &SimArgs, workload: Workload, buffer: u64) -> Result<SimConfig, Str
         // No flag for link outages yet: the property tests and campaigns set them.
         links_down: Vec::new(),
     };
+    if a.time_limit > ringcast_loopback_sim::MAX_TIME_LIMIT {
+        return Err(format!(
+            "--time-limit {:?} is past the simulator's clock, which ends after {:?} (about 53 \
+             days) of virtual time",
+            a.time_limit,
+            ringcast_loopback_sim::MAX_TIME_LIMIT
+        ));
+    }
     // The core's bounds, named by the flags they come from (it would name its own fields).
     let week = ringcast_core::MAX_TIMEOUT;
     if a.peer_timeout > week {
