@@ -24,7 +24,7 @@
 //! `chunk_size u16` (1 + x % 8192), `max_inflight u8` (1 + x % 8), `send_window u8` (1 + x % 64),
 //! `peer_timeout_us u8` (1 + x), `alpha_us u8`.
 //!
-//! Then steps until the input ends, each `kind u8` (% 14) and its fields. Chunk steps (1, 2)
+//! Then steps until the input ends, each `kind u8` (% 15) and its fields. Chunk steps (1, 2, 14)
 //! only queue the chunk on its lane's receive port; every other step ends with a pump
 //! (budget: every queued chunk), and a last pump runs when the input ends.
 //! * 0 start broadcast: `root u8` (% (ranks + 1): may be out of range), `len u16` (bytes)
@@ -55,6 +55,8 @@
 //!   taken; it may name one never taken, started here, or not skipped), `culprit u8`
 //!   (% (ranks + 1): may be this rank or out of range)
 //! * 13 abandon (`abandon_op`): `culprit u8` (as in 12); the next id is taken
+//! * 14 chunk whose copy fails, as 1: placed, the token says the write failed and the pump
+//!   releases it (the placement is checked as any other)
 #![no_main]
 
 use arbitrary::{Result, Unstructured};
@@ -177,7 +179,11 @@ impl Driver {
     fn check_placements(&mut self, ended_before: &BTreeSet<OpId>) {
         let c = self.node.config().clone();
         for l in 0..self.ports.rx.len() {
-            for (p, sent) in std::mem::take(&mut self.ports.rx[l].consumed) {
+            let failed = std::mem::take(&mut self.ports.rx[l].failed);
+            for (p, sent) in std::mem::take(&mut self.ports.rx[l].consumed)
+                .into_iter()
+                .chain(failed)
+            {
                 assert_eq!(usize::from(sent.lane), l);
                 let Placement::Place { op, offset, len } = p else {
                     continue;
@@ -268,7 +274,7 @@ impl Driver {
     fn step(&mut self, u: &mut Unstructured<'_>) -> Result<()> {
         let c = self.node.config().clone();
         let ranks = c.ranks;
-        match u.arbitrary::<u8>()? % 14 {
+        match u.arbitrary::<u8>()? % 15 {
             0 => {
                 let root = Rank(u32::from(u.arbitrary::<u8>()?) % (ranks + 1));
                 let len = u64::from(u.arbitrary::<u16>()?);
@@ -294,7 +300,7 @@ impl Driver {
                     self.ops.push((id, sizes, shape));
                 }
             }
-            1 => {
+            k @ (1 | 14) => {
                 let op = self.pick_op(u.arbitrary::<u8>()?);
                 let chunk = u32::from(u.arbitrary::<u16>()?);
                 let lane = u16::from(u.arbitrary::<u8>()?);
@@ -307,7 +313,7 @@ impl Driver {
                 };
                 let tag = c.imm.tag_of(op.0);
                 if let Some(imm) = c.imm.encode(Imm { op_tag: tag, chunk }) {
-                    self.chunk(lane, from, imm, len);
+                    self.chunk(lane, from, imm, len, k == 14);
                 }
                 return Ok(());
             }
@@ -316,7 +322,7 @@ impl Driver {
                 let lane = u16::from(u.arbitrary::<u8>()?);
                 let from = Rank(u32::from(u.arbitrary::<u8>()?));
                 let len = usize::from(u.arbitrary::<u16>()?);
-                self.chunk(lane, from, imm, len);
+                self.chunk(lane, from, imm, len, false);
                 return Ok(());
             }
             3 => {
@@ -473,11 +479,12 @@ impl Driver {
         }
     }
 
-    /// Queues a chunk on its lane's receive port; a lane the rank does not have goes to the
-    /// node directly (no port carries it) and must be dropped.
-    fn chunk(&mut self, lane: u16, from: Rank, imm: u32, len: usize) {
+    /// Queues a chunk on its lane's receive port (`fails`: its copy fails); a lane the rank
+    /// does not have goes to the node directly (no port carries it) and must be dropped.
+    fn chunk(&mut self, lane: u16, from: Rank, imm: u32, len: usize, fails: bool) {
         let meta = RxMeta { from, imm, len };
         match self.ports.rx.get_mut(usize::from(lane)) {
+            Some(rx) if fails => rx.push_failing(meta, Sent { lane, meta }),
             Some(rx) => rx.push(meta, Sent { lane, meta }),
             None => {
                 let p = self.node.handle_chunk(lane, from, imm, len);

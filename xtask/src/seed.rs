@@ -132,6 +132,13 @@ impl Script {
         self.0.extend_from_slice(&[lane, from, 0]);
         self
     }
+    /// As [`chunk`](Self::chunk), but the driver's copy of it fails (the pump releases it).
+    fn failing_chunk(mut self, op: u8, chunk: u16, lane: u8, from: u8) -> Self {
+        self.0.extend_from_slice(&[14, op]);
+        self.0.extend_from_slice(&chunk.to_le_bytes());
+        self.0.extend_from_slice(&[lane, from, 0]);
+        self
+    }
     /// A control message of `kind` (0 Ready, 1 Go, 2 Fetch, 3 FetchAck, 4 FetchNack, 5 Fin).
     fn control(self, from: u8, kind: u8, op: u8, runs: &[(u16, u16)]) -> Self {
         self.control_arg(from, kind, op, 0, runs)
@@ -217,6 +224,19 @@ fn session_seeds() -> Vec<(String, Vec<u8>)> {
         .control(0, 1, 0, &[])
         .chunk(0, 0, 0, 0)
         .chunk(0, 1, 0, 0)
+        .chunk(0, 3, 0, 0)
+        .next_timeout()
+        .control(0, 3, 0, &[(2, 1)])
+        .read_done(0, true)
+        .control(2, 5, 0, &[]);
+
+    // The same leaf's copy of chunk 2 fails: it releases it and recovers it as a lost one.
+    let failed_copy = Script::new(3, 1, 1, 1024)
+        .start(0, 4096)
+        .control(0, 1, 0, &[])
+        .chunk(0, 0, 0, 0)
+        .chunk(0, 1, 0, 0)
+        .failing_chunk(0, 2, 0, 0)
         .chunk(0, 3, 0, 0)
         .next_timeout()
         .control(0, 3, 0, &[(2, 1)])
@@ -329,6 +349,7 @@ fn session_seeds() -> Vec<(String, Vec<u8>)> {
         ("skipped-ids", skipped),
         ("allgather", allgather),
         ("lossy-leaf", lossy),
+        ("failed-copy", failed_copy),
         ("root", root),
         ("burst", burst),
         ("stray-reads", stray_reads),

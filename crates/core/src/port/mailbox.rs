@@ -17,10 +17,14 @@ use alloc::vec::Vec;
 /// [`consumed`](Self::consumed) with the core's verdict.
 #[derive(Debug)]
 pub struct MailRx<P> {
-    queue: VecDeque<(RxMeta, P)>,
+    /// Arrivals; `true`: its copy fails ([`push_failing`](Self::push_failing)).
+    queue: VecDeque<(RxMeta, P, bool)>,
     /// Chunks consumed, with the core's placement and their payloads, in order: the driver
     /// writes the placed ones (and may log the drops).
     pub consumed: Vec<(Placement, P)>,
+    /// Chunks placed whose copy failed, with their placement: nothing is written, and the
+    /// token said so (the driver released them).
+    pub failed: Vec<(Placement, P)>,
 }
 
 impl<P> Default for MailRx<P> {
@@ -28,6 +32,7 @@ impl<P> Default for MailRx<P> {
         MailRx {
             queue: VecDeque::new(),
             consumed: Vec::new(),
+            failed: Vec::new(),
         }
     }
 }
@@ -35,7 +40,14 @@ impl<P> Default for MailRx<P> {
 impl<P> MailRx<P> {
     /// A chunk arrives.
     pub fn push(&mut self, meta: RxMeta, payload: P) {
-        self.queue.push_back((meta, payload));
+        self.queue.push_back((meta, payload, false));
+    }
+
+    /// A chunk arrives whose copy will fail if the core places it: its token's
+    /// [`consume`](RxToken::consume) then returns `false` and logs it in
+    /// [`failed`](Self::failed) (a drop goes to [`consumed`](Self::consumed) as usual).
+    pub fn push_failing(&mut self, meta: RxMeta, payload: P) {
+        self.queue.push_back((meta, payload, true));
     }
 }
 
@@ -43,8 +55,10 @@ impl<P> MailRx<P> {
 #[derive(Debug)]
 pub struct MailToken<'a, P> {
     consumed: &'a mut Vec<(Placement, P)>,
+    failed: &'a mut Vec<(Placement, P)>,
     meta: RxMeta,
     payload: P,
+    fails: bool,
 }
 
 impl<P> RxToken for MailToken<'_, P> {
@@ -52,6 +66,10 @@ impl<P> RxToken for MailToken<'_, P> {
         self.meta
     }
     fn consume(self, placement: &Placement) -> bool {
+        if self.fails && matches!(placement, Placement::Place { .. }) {
+            self.failed.push((*placement, self.payload));
+            return false;
+        }
         self.consumed.push((*placement, self.payload));
         true
     }
@@ -64,11 +82,13 @@ impl<P> LaneRxPort for MailRx<P> {
         Self: 'a;
 
     fn receive(&mut self) -> Option<MailToken<'_, P>> {
-        let (meta, payload) = self.queue.pop_front()?;
+        let (meta, payload, fails) = self.queue.pop_front()?;
         Some(MailToken {
             consumed: &mut self.consumed,
+            failed: &mut self.failed,
             meta,
             payload,
+            fails,
         })
     }
 }
