@@ -304,10 +304,19 @@ impl Collective {
     }
 
     /// How long a root waits between looks at its sends' completions: its block's wire
-    /// time, and a peer timeout beyond it. Two looks without a completion between them fail
-    /// the operation ([`OpError::SendsStalled`]).
+    /// time, and a peer timeout beyond it. A look whose answers show no completion since the
+    /// last one's (no lane's count grew, none finished), or whose answers never all came by
+    /// the next look, fails the operation ([`OpError::SendsStalled`]).
     fn sends_patience(&self, cx: &Ctx<'_>) -> Duration {
         transfer_time(cx.config, self.layout.block_size(self.me.0)) + cx.config.peer_timeout
+    }
+
+    /// Lane `lane` answered the sends' look: `done` of our multicasts on it completed.
+    pub(crate) fn on_sent(&mut self, lane: u16, done: u32) -> Option<Outcome> {
+        self.send.on_sent(lane, done).then_some(Outcome::Failed {
+            error: OpError::SendsStalled { rank: self.me },
+            abort: true,
+        })
     }
 
     /// Lane `lane` finished its part of our block.

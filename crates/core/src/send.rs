@@ -27,11 +27,12 @@ pub(crate) struct RootSend {
     token_passed: bool,
     /// Our block has no chunk: there is nothing to send.
     pub(crate) empty: bool,
-    /// The sends' watch ([`look`](Self::look)): completions per lane at the last count,
-    /// whether any lane moved since the last look, and whether there was one.
+    /// The sends' watch ([`look`](Self::look)): completions per lane at the last answers,
+    /// the lanes whose answer to the current look is awaited, and whether a lane advanced
+    /// or finished since the last verdict.
     seen: alloc::vec::Vec<u32>,
-    progressed: bool,
-    looked: bool,
+    awaiting: BitVec,
+    moved: bool,
 }
 
 impl RootSend {
@@ -46,8 +47,8 @@ impl RootSend {
             token_passed: false,
             empty: false,
             seen: alloc::vec::Vec::new(),
-            progressed: false,
-            looked: false,
+            awaiting: BitVec::new(),
+            moved: false,
         }
     }
 
@@ -77,6 +78,7 @@ impl RootSend {
         self.started = true;
         self.sending_on = bitvec![0; layout.lanes() as usize];
         self.seen = alloc::vec![0; layout.lanes() as usize];
+        self.awaiting = bitvec![0; layout.lanes() as usize];
         for l in 0..layout.lanes() {
             let block = layout.lane_block(me.0, l);
             if block.count == 0 {
@@ -102,30 +104,40 @@ impl RootSend {
         if self.sends_on(lane) {
             self.sending_on.set(usize::from(lane), false);
             self.lanes_left -= 1;
-            self.progressed = true;
+            self.moved = true;
         }
     }
 
-    /// Lane `lane` counted `done` of our multicasts completed.
-    pub(crate) fn on_sent(&mut self, lane: u16, done: u32) {
+    /// Lane `lane` answered a look: `done` of our multicasts on it completed so far. When
+    /// it was the last answer awaited, the verdict: true (stalled) when no lane's count grew
+    /// since the last answers and no lane finished since the last verdict.
+    pub(crate) fn on_sent(&mut self, lane: u16, done: u32) -> bool {
+        let l = usize::from(lane);
+        if !self.awaiting.get(l).is_some_and(|b| *b) {
+            return false;
+        }
+        self.awaiting.set(l, false);
         if self.sends_on(lane)
-            && let Some(s) = self.seen.get_mut(usize::from(lane))
+            && let Some(s) = self.seen.get_mut(l)
             && done > *s
         {
             *s = done;
-            self.progressed = true;
+            self.moved = true;
         }
+        if self.awaiting.any() {
+            return false;
+        }
+        !core::mem::replace(&mut self.moved, false) && !self.done()
     }
 
-    /// The sends' watch, once per patience: true when no lane completed a multicast since
-    /// the last look (the transport stalled). Otherwise asks the lanes still sending for
-    /// their counts, which the next look judges.
+    /// The sends' watch, once per patience: asks the lanes still sending how many of our
+    /// multicasts completed ([`on_sent`](Self::on_sent) judges their answers). True
+    /// (stalled) when the last look's answers never all came: the lanes are stuck.
     pub(crate) fn look(&mut self, cx: &mut Ctx<'_>, op: OpId) -> bool {
-        if self.looked && !self.progressed {
+        if self.awaiting.any() {
             return true;
         }
-        self.looked = true;
-        self.progressed = false;
+        self.awaiting.clone_from(&self.sending_on);
         for l in self.sending_on.iter_ones() {
             cx.lane(LaneCommand::Tx {
                 lane: l as u16,

@@ -722,10 +722,7 @@ impl Session {
                 missing,
                 ..
             }) => c.on_lane_settled(&mut cx, lane, block, run, &missing),
-            LaneNote::Tx(TxNote::Sent { lane, done, .. }) => {
-                c.send.on_sent(lane, done);
-                None
-            }
+            LaneNote::Tx(TxNote::Sent { lane, done, .. }) => c.on_sent(lane, done),
             LaneNote::Tx(TxNote::SendsDone { lane, .. }) => {
                 c.on_sends_done(lane);
                 // Requests held back while we were sending may be answered now.

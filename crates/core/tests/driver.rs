@@ -453,3 +453,34 @@ fn a_root_whose_sends_complete_slowly_completes() {
     assert!(matches!(e, Event::Completed { .. }), "{e:?} at step {step}");
     assert!(step * 5 >= 3000, "completed at {} ms", step * 5);
 }
+
+/// Completions that pause for longer than a patience (150 ms, the peer timeout 100 ms)
+/// fail the operation while they are paused, judged on the counts of that moment (a
+/// verdict on the counts of the look before failed it after they had resumed); a pause
+/// shorter than a patience (75 ms) fails nothing.
+#[test]
+fn the_sends_watch_judges_the_pause_while_it_lasts() {
+    let (e, step) = root_with_completions(64, |step, _| u32::from(!(15..45).contains(&step)))
+        .expect("the root ends");
+    assert!(
+        matches!(
+            e,
+            Event::Failed {
+                error: ringcast_core::OpError::SendsStalled { rank: Rank(0) },
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        (15..45).contains(&step),
+        "failed at step {step}, outside the pause"
+    );
+    // Every step but a pause of 15 (75 ms), wherever the looks fall.
+    for from in [5, 15, 25] {
+        let (e, step) =
+            root_with_completions(64, |step, _| u32::from(!(from..from + 15).contains(&step)))
+                .expect("the root ends");
+        assert!(matches!(e, Event::Completed { .. }), "{e:?} at step {step}");
+    }
+}

@@ -41,6 +41,9 @@
 //!   driver here commits each chunk right after its copy) never has a claimed, unwritten
 //!   chunk handed over. A driver commits every claimed chunk before it hands the lane its
 //!   next command (so a `Settle` command sees only written bits).
+//! * A claimed chunk whose copy failed is released ([`LaneRx::release`]) instead of
+//!   committed, before the lane takes another chunk or command: it counts as never
+//!   arrived, and the session recovers it.
 
 mod rx;
 mod tx;

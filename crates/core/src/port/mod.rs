@@ -186,7 +186,8 @@ impl Pumped {
 ///
 /// A caller loops on it (sleeping until [`Node::poll_timeout`] or the transport's next
 /// arrival when a call did nothing). Every chunk is committed right after its token was
-/// consumed, so the control path never vouches for bytes not yet written.
+/// consumed (released instead, when the token says its write failed), so the control path
+/// never vouches for bytes not yet written.
 pub fn pump<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
     node: &mut Node,
     port: &mut Ports<R, T, C>,

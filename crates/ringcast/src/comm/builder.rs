@@ -686,7 +686,9 @@ impl CommBuilder {
             "peers",
             "call CommBuilder::peer_table or CommBuilder::rendezvous, or set RINGCAST_BOOTSTRAP",
         ))?;
-        let (control, nonce, listener, iface, auto, hosts) = match peers {
+        // `by_kernel`: the host colors come from every rank's kernel id (a rendezvous whose
+        // entries all carry one), not from addresses.
+        let (control, nonce, listener, iface, auto, (hosts, by_kernel)) = match peers {
             Peers::Table { control, nonce } => {
                 if control.len() != size as usize {
                     return Err(BuildError::Invalid {
@@ -714,7 +716,7 @@ impl CommBuilder {
                     Some(h) if h.len() == control.len() => h,
                     _ => host_colors(control.iter().map(|a| format!("address {}", a.ip()))),
                 };
-                (control, nonce, listener, iface, auto, hosts)
+                (control, nonce, listener, iface, auto, (hosts, false))
             }
             Peers::Rendezvous { addr, job_key } => {
                 let iface = match self.interface {
@@ -783,9 +785,16 @@ impl CommBuilder {
             });
         }
         let chunk = pick_chunk(self.chunk_size, chunk_room(iface), iface)?;
-        let pin_base = self
-            .pin_base
-            .unwrap_or_else(|| pin_base(&hosts, rank, lanes));
+        let threads = 1 + 2 * usize::from(lanes);
+        let pin_base = self.pin_base.unwrap_or_else(|| {
+            if by_kernel {
+                pin_base(&hosts, rank, lanes)
+            } else {
+                // Colors by address may split one kernel's ranks (an address per rank): by
+                // rank, as they come.
+                rank as usize * threads
+            }
+        });
         let lineage = Lineage {
             settings,
             ip: match control[rank as usize].ip() {
@@ -1304,8 +1313,9 @@ fn auto_lanes(ranks: &[(SocketAddr, Host)], halves: &[u32]) -> u16 {
 }
 
 /// The first core of rank `rank`'s threads with `RINGCAST_PIN=1` (`hosts`: each rank's host
-/// color): the ranks of a host take consecutive runs of cores, one thread a core (the
-/// control thread, then each lane's receive and send worker), in the order of their ranks.
+/// color, by kernel id): the ranks of a host take consecutive runs of cores, one thread a
+/// core (the control thread, then each lane's receive and send worker), in the order of
+/// their ranks.
 fn pin_base(hosts: &[u32], rank: u32, lanes: u16) -> usize {
     let mine = hosts.get(rank as usize);
     let local = hosts[..(rank as usize).min(hosts.len())]
@@ -1419,9 +1429,14 @@ pub(super) fn host_colors<K: std::hash::Hash + Eq>(keys: impl Iterator<Item = K>
         .collect()
 }
 
+/// Each rank's host color ([`host_colors`]), and whether the colors tell kernels apart
+/// (every entry gave its kernel's id) rather than addresses.
+type HostColors = (Vec<u32>, bool);
+
 /// The control addresses, the nonce, what every rank picks from them ([`Auto`]), and each
-/// rank's host color ([`host_colors`]).
-fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64, Auto, Vec<u32>), BuildError> {
+/// rank's host color ([`host_colors`]) with whether every entry gave its kernel's id (the
+/// colors then tell kernels apart, not addresses).
+fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64, Auto, HostColors), BuildError> {
     let ranks = t
         .peers
         .iter()
@@ -1435,11 +1450,12 @@ fn parse_table(t: &PeerTable) -> Result<(Vec<SocketAddr>, u64, Auto, Vec<u32>), 
         .collect::<Result<Vec<_>, _>>()?;
     let auto = Auto::of(&ranks);
     let hosts = host_colors(ranks.iter().map(host_key));
+    let by_kernel = ranks.iter().all(|(_, h)| h.id.is_some());
     Ok((
         ranks.into_iter().map(|(a, _)| a).collect(),
         t.nonce,
         auto,
-        hosts,
+        (hosts, by_kernel),
     ))
 }
 

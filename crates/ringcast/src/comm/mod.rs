@@ -75,9 +75,10 @@
 //! wakes it with no hand-off. Otherwise the application thread only posts (a bounded
 //! channel) and waits (each request has its own channel).
 //! `RINGCAST_PIN=1` pins the control thread and the lane workers to consecutive cores, the
-//! ranks of a host one run after another in rank order (a split's communicators take their
-//! parent's cores: a process's threads stay on its own); `RINGCAST_PACING=off` disables
-//! pacing.
+//! ranks of a host one run after another in rank order (hosts told apart by their kernels'
+//! ids, from the rendezvous; with a peer table, or entries without ids, all ranks in rank
+//! order). A split's communicators take their parent's cores: a process's threads stay on
+//! its own. `RINGCAST_PACING=off` disables pacing.
 //!
 //! ## Sub-communicators
 //! [`Communicator::split`] (`MPI_Comm_split`, `ncclCommSplit`), [`Communicator::dup`]
@@ -116,8 +117,8 @@
 //!   still waits on it after its goodbye, when the ranks disagreed on it, fails at once
 //!   naming it.)
 //! * A root whose own multicasts stop completing (its socket's send path is stuck: no send
-//!   finished for a peer timeout past its block's wire time, twice in a row) fails the
-//!   operation with [`CommError::SendsStalled`] naming itself, and the others with
+//!   finished between two looks, a peer timeout past its block's wire time apart) fails
+//!   the operation with [`CommError::SendsStalled`] naming itself, and the others with
 //!   [`CommError::PeerFailed`] naming it.
 //! * Ranks that post an operation with another kind, root or size fail it with
 //!   [`CommError::ShapeMismatch`] (see Ordering): no rank crashed or hung, and the
