@@ -57,7 +57,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::thread::{self, JoinHandle, Thread};
@@ -308,6 +308,9 @@ pub enum ControlError {
     /// A peer's hello was wrong (another job, a stray client, a duplicate rank).
     #[error("bad hello from {0}: {1}")]
     BadHello(SocketAddr, &'static str),
+    /// The caller cancelled the start-up ([`TcpControl::connect_or_cancel`]).
+    #[error("control mesh start-up cancelled")]
+    Cancelled,
     /// A socket call failed.
     #[error("{what}: {source}")]
     Io {
@@ -851,17 +854,41 @@ fn read_frame(s: &mut impl Read, max: usize, buf: &mut Vec<u8>) -> io::Result<bo
 
 /// A socket whose reads all end by a deadline: each sets the socket's timeout to the time
 /// left, so that a peer trickling a frame byte by byte cannot stretch a start-up past it.
-struct ReadBy<'a>(&'a TcpStream, Instant);
+/// Reads from a stream until a deadline, giving up early once `cancel` is set (looked at
+/// every [`CANCEL_POLL`]).
+struct ReadBy<'a>(&'a TcpStream, Instant, &'a AtomicBool);
+
+/// How often a start-up blocked in a connect, an accept or a read looks at its cancel flag.
+const CANCEL_POLL: Duration = Duration::from_millis(100);
+
+/// The longest single connect try of a start-up (it retries until the deadline).
+const CONNECT_TRY: Duration = Duration::from_secs(1);
 
 impl Read for ReadBy<'_> {
     fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
-        let left = self
-            .1
-            .checked_duration_since(Instant::now())
-            .filter(|d| !d.is_zero())
-            .ok_or(io::ErrorKind::TimedOut)?;
-        self.0.set_read_timeout(Some(left))?;
-        (&*self.0).read(b)
+        loop {
+            if self.2.load(Ordering::Relaxed) {
+                return Err(io::Error::other("cancelled"));
+            }
+            let left = self
+                .1
+                .checked_duration_since(Instant::now())
+                .filter(|d| !d.is_zero())
+                .ok_or(io::ErrorKind::TimedOut)?;
+            self.0.set_read_timeout(Some(left.min(CANCEL_POLL)))?;
+            match (&*self.0).read(b) {
+                Err(e)
+                    if left > CANCEL_POLL
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) =>
+                {
+                    continue;
+                }
+                r => return r,
+            }
+        }
     }
 }
 
@@ -1325,6 +1352,27 @@ impl TcpControl {
         registry: Registry,
         cfg: ControlConfig,
     ) -> Result<Self, ControlError> {
+        Self::connect_or_cancel(
+            rank,
+            table,
+            listener,
+            registry,
+            cfg,
+            &AtomicBool::new(false),
+        )
+    }
+
+    /// [`connect`](Self::connect), giving up with [`ControlError::Cancelled`] within about
+    /// 100 ms once `cancel` is set by another thread (a connect try to an address that does
+    /// not answer, at most a second).
+    pub fn connect_or_cancel(
+        rank: u32,
+        table: &[SocketAddr],
+        listener: TcpListener,
+        registry: Registry,
+        cfg: ControlConfig,
+        cancel: &AtomicBool,
+    ) -> Result<Self, ControlError> {
         let cfg = cfg.framable();
         let ranks = table.len();
         if rank as usize >= ranks || ranks > 1 << 24 {
@@ -1335,17 +1383,31 @@ impl TcpControl {
             .checked_add(cfg.connect_timeout)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 24 * 3600));
         let left = |peer: u32| {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(ControlError::Cancelled);
+            }
             deadline
                 .checked_duration_since(Instant::now())
                 .filter(|d| !d.is_zero())
                 .ok_or(ControlError::Timeout(cfg.connect_timeout, peer))
+        };
+        // A failed read during the start-up: cancelled, or the socket's error.
+        let read_err = |what: &'static str| {
+            move |e: io::Error| {
+                if cancel.load(Ordering::Relaxed) {
+                    ControlError::Cancelled
+                } else {
+                    io_err(what)(e)
+                }
+            }
         };
         let mut streams: Vec<Option<TcpStream>> = (0..ranks).map(|_| None).collect();
         let mut buf = Vec::new();
         // Lower ranks: connect (retrying until they listen), hello, their hello.
         for (j, addr) in table.iter().enumerate().take(rank as usize) {
             let s = loop {
-                match TcpStream::connect_timeout(addr, left(j as u32)?) {
+                // A try at most a second long, so that a cancel is seen.
+                match TcpStream::connect_timeout(addr, left(j as u32)?.min(CONNECT_TRY)) {
                     Ok(s) => break s,
                     Err(_) => thread::sleep(Duration::from_millis(10)),
                 }
@@ -1353,8 +1415,8 @@ impl TcpControl {
             left(j as u32)?;
             (&s).write_all(&hello(cfg.nonce, rank))
                 .map_err(io_err("send hello"))?;
-            let ok = read_frame(&mut ReadBy(&s, deadline), HELLO_LEN, &mut buf)
-                .map_err(io_err("read hello"))?;
+            let ok = read_frame(&mut ReadBy(&s, deadline, cancel), HELLO_LEN, &mut buf)
+                .map_err(read_err("read hello"))?;
             let got = if ok {
                 check_hello(&buf, cfg.nonce).map_err(|m| ControlError::BadHello(*addr, m))?
             } else {
@@ -1388,7 +1450,7 @@ impl TcpControl {
             // or trickling) is a stray, and must not hold up the start-up.
             let by = Instant::now() + left(first_missing)?.min(HELLO_WAIT);
             // A stray client is refused without failing the mesh.
-            let got = match read_frame(&mut ReadBy(&s, by), HELLO_LEN, &mut buf) {
+            let got = match read_frame(&mut ReadBy(&s, by, cancel), HELLO_LEN, &mut buf) {
                 Ok(true) => check_hello(&buf, cfg.nonce),
                 _ => Err("no hello"),
             };
@@ -3607,6 +3669,46 @@ mod tests {
         // The stray of another job got no hello back: its connection was closed.
         let mut b = [0u8; 1];
         assert!(matches!(other_job.read(&mut b), Ok(0) | Err(_)));
+    }
+
+    /// A start-up blocked on a peer that never comes (rank 0 waiting to accept rank 1), or
+    /// on one whose listener never answers (rank 1 connected, waiting for rank 0's hello),
+    /// ends with `Cancelled` once another thread sets the flag, long before its minute of
+    /// connect timeout.
+    #[test]
+    fn a_start_up_waiting_on_a_silent_peer_ends_when_cancelled() {
+        for me in [0u32, 1] {
+            let l0 = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let l1 = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let table = vec![l0.local_addr().expect("a"), l1.local_addr().expect("a")];
+            // The other rank's listener stays bound and never accepts nor says hello.
+            let (mine, _silent) = if me == 0 { (l0, l1) } else { (l1, l0) };
+            let mut cfg = ControlConfig::new(7);
+            cfg.connect_timeout = Duration::from_secs(60);
+            let cancel = Arc::new(AtomicBool::new(false));
+            let t = {
+                let cancel = Arc::clone(&cancel);
+                thread::spawn(move || {
+                    TcpControl::connect_or_cancel(
+                        me,
+                        &table,
+                        mine,
+                        Registry::default(),
+                        cfg,
+                        &cancel,
+                    )
+                })
+            };
+            thread::sleep(Duration::from_millis(300));
+            assert!(!t.is_finished(), "rank {me}: the start-up did not wait");
+            cancel.store(true, Ordering::Relaxed);
+            let r = t.join().expect("join");
+            assert!(
+                matches!(r, Err(ControlError::Cancelled)),
+                "rank {me}: {:?}",
+                r.err()
+            );
+        }
     }
 
     #[test]

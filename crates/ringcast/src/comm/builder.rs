@@ -1,7 +1,7 @@
 //! [`CommBuilder`]: everything explicit, or read from the launcher's environment.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::Duration;
@@ -133,6 +133,8 @@ pub struct CommBuilder {
     /// With `RINGCAST_PIN=1`, the first core of this rank's threads: a split's parent's
     /// (the process's cores); otherwise by the rank's place among its host's ranks.
     pin_base: Option<usize>,
+    /// Set by another thread to give the start-up up (a split's parent aborted).
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl Default for CommBuilder {
@@ -161,6 +163,7 @@ impl Default for CommBuilder {
             job_id: None,
             hosts: None,
             pin_base: None,
+            cancel: None,
         }
     }
 }
@@ -525,6 +528,7 @@ impl CommBuilder {
             job_id: None,
             hosts: None,
             pin_base: None,
+            cancel: None,
             ..*self
         }
     }
@@ -539,6 +543,13 @@ impl CommBuilder {
     /// split), so that a process's communicators share its cores, never another process's.
     pub(super) fn pin_base_of(mut self, base: usize) -> Self {
         self.pin_base = Some(base);
+        self
+    }
+
+    /// Gives the start-up up with [`ControlError::Cancelled`] once `flag` is set (a split's
+    /// parent aborted while the split built its child).
+    pub(super) fn cancelled_by(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.cancel = Some(flag);
         self
     }
 
@@ -806,6 +817,7 @@ impl CommBuilder {
             chunk,
             hosts,
             pin_base,
+            aborted: Arc::default(),
         };
         // Every rank holds the same table, so every rank picks the same default (the start-up
         // check compares them all the same).
@@ -841,7 +853,15 @@ impl CommBuilder {
         cc.max_read = MAX_READ;
         cc.max_message = CONTROL_MAX_LEN.max(probe::Report::max_len(lanes.into(), size as usize));
         cc.connect_timeout = self.connect_timeout;
-        let tcp = TcpControl::connect(rank, &control, listener, Registry::default(), cc)?;
+        let cancel = self.cancel.clone().unwrap_or_default();
+        let tcp = TcpControl::connect_or_cancel(
+            rank,
+            &control,
+            listener,
+            Registry::default(),
+            cc,
+            &cancel,
+        )?;
         let pc = UdpPortConfig {
             rank,
             ranks: size,
@@ -910,6 +930,7 @@ impl CommBuilder {
             chunk_size: chunk,
             chains,
             extra: fb_extra,
+            cancel: Arc::clone(&cancel),
         };
         let ex = match probe::run(&setup, &mut rx, &mut tx, &mut control) {
             Ok(ex) => ex,
@@ -992,12 +1013,13 @@ impl CommBuilder {
                 // Only the dispatcher waits on it, and it serves no reads: the dispatcher
                 // reads it itself (no I/O thread to wake it for every piece).
                 fc.inline_io = true;
-                Some(TcpControl::connect(
+                Some(TcpControl::connect_or_cancel(
                     rank,
                     &table,
                     l,
                     Registry::default(),
                     fc,
+                    &cancel,
                 )?)
             }
             None => None,

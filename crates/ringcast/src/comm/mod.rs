@@ -291,12 +291,16 @@ impl Communicator {
     /// waiting; dropping the communicator then joins its threads. Calling it again does
     /// nothing.
     ///
-    /// A [`split`](Self::split) already past its exchange is building the new communicator,
-    /// which is not this one's to abort: that build ends within its connect timeout. Not for
-    /// a signal handler (it takes locks and may log), nor for a `tracing` layer that runs on
+    /// A [`split`](Self::split) already past its exchange, building the new communicator,
+    /// gives up within about 100 ms ([`SplitError::Cancelled`]); the other members' builds
+    /// fail once they miss it (within their connect timeout and start-up check). Not for a
+    /// signal handler (it takes locks and may log), nor for a `tracing` layer that runs on
     /// the library's own threads.
     pub fn abort(&self) {
         tracing::debug!(rank = self.rank, "abort");
+        self.lineage
+            .aborted
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(f) = &self.fallback {
             f.start_close();
         }

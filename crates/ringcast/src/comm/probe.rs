@@ -97,6 +97,8 @@ pub(crate) struct ProbeSetup {
     pub(crate) chains: u32,
     /// Opaque bytes handed to every peer (the fallback listener's address).
     pub(crate) extra: Vec<u8>,
+    /// Set by another thread to give the check up (a split's parent aborted).
+    pub(crate) cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What the start-up exchange produced.
@@ -681,6 +683,11 @@ fn exchange(
         }
         if reported && reports.iter().all(Option::is_some) {
             break;
+        }
+        if s.cancel.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(BuildError::Control(
+                ringcast_transport_rocev2_udp::control::ControlError::Cancelled,
+            ));
         }
         if now >= deadline {
             let missing: Vec<u32> = reports

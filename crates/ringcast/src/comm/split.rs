@@ -16,6 +16,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use super::Communicator;
 use super::builder::CommBuilder;
 use super::error::{BuildError, CommError};
+use ringcast_transport_rocev2_udp::control::ControlError;
 
 /// Bytes of one rank's record.
 pub(super) const RECORD: usize = 40;
@@ -38,6 +39,9 @@ pub(super) struct Lineage {
     /// The first core of this rank's threads with `RINGCAST_PIN=1`, which its children
     /// take too.
     pub(super) pin_base: usize,
+    /// Set by [`Communicator::abort`]: a split building a child from this communicator
+    /// gives up.
+    pub(super) aborted: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Why [`Communicator::split`], [`Communicator::dup`] or [`Communicator::split_by_host`]
@@ -76,6 +80,10 @@ pub enum SplitError {
     /// Building the new communicator failed.
     #[error("building the new communicator: {0}")]
     Build(#[source] BuildError),
+    /// This communicator was aborted ([`Communicator::abort`]) while the split built the
+    /// new one: the build gave up (the other members' builds fail once they miss it).
+    #[error("cancelled: the parent communicator was aborted while the split built the new one")]
+    Cancelled,
 }
 
 /// One rank's part in a split.
@@ -386,8 +394,12 @@ impl Communicator {
             .chunk_size(l.chunk)
             .host_colors_of(hosts)
             .pin_base_of(l.pin_base)
+            .cancelled_by(std::sync::Arc::clone(&l.aborted))
             .build()
-            .map_err(SplitError::Build)
+            .map_err(|e| match e {
+                BuildError::Control(ControlError::Cancelled) => SplitError::Cancelled,
+                e => SplitError::Build(e),
+            })
     }
 
     /// Allgathers this rank's record over this communicator: every rank's.
