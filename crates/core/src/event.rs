@@ -176,6 +176,11 @@ impl fmt::Display for OpError {
             OpError::PeerLost { peer } => {
                 write!(f, "{peer} is gone (its control connection closed)")
             }
+            OpError::ShapeMismatch { peer, reported_by } if peer == reported_by => write!(
+                f,
+                "{peer} refused its own call of this operation, or posted another kind, root \
+                 or size"
+            ),
             OpError::ShapeMismatch { peer, reported_by } => write!(
                 f,
                 "{peer} posted this operation with another kind, root or size than \

@@ -107,6 +107,11 @@ impl Node {
         self.session.skip_op()
     }
 
+    /// See [`Session::refuse_op`].
+    pub fn refuse_op(&mut self) -> OpId {
+        self.session.refuse_op()
+    }
+
     /// See [`Session::abandon_op`].
     pub fn abandon_op(&mut self, culprit: Rank) -> OpId {
         self.session.abandon_op(culprit)

@@ -51,6 +51,9 @@ struct Recent {
     seq: u64,
     /// `None`: skipped (it ran over another path); `Some`: empty, with its shape.
     shape: Option<u32>,
+    /// Skipped because this rank refused the call ([`Session::refuse_op`]): a disagreement
+    /// on it is this rank's doing.
+    refused: bool,
     /// The other ranks were told of a disagreement on it.
     told: bool,
 }
@@ -249,7 +252,20 @@ impl Session {
         let id = OpId(self.next_seq);
         self.next_seq += 1;
         self.stopped_over = None;
-        self.ended_here(id.0, None);
+        self.ended_here(id.0, None, false);
+        id
+    }
+
+    /// Takes the next operation id for a call this rank refused before starting it (its
+    /// arguments failed the caller's own checks: a root out of range, a buffer of the wrong
+    /// size). As [`Self::skip_op`], but the disagreement is this rank's: a `Ready` for it
+    /// makes this rank tell every other one (`Mismatch`) naming itself, not the sender, so
+    /// that the ranks that started it fail it at once blaming the rank that refused.
+    pub fn refuse_op(&mut self) -> OpId {
+        let id = OpId(self.next_seq);
+        self.next_seq += 1;
+        self.stopped_over = None;
+        self.ended_here(id.0, None, true);
         id
     }
 
@@ -303,10 +319,11 @@ impl Session {
 
     /// Operation `seq` ended here without a barrier: skipped (`shape` `None`) or empty. Its
     /// `Ready`s that came early are compared now, later ones on arrival ([`Self::late_ready`]).
-    fn ended_here(&mut self, seq: u64, shape: Option<u32>) {
+    fn ended_here(&mut self, seq: u64, shape: Option<u32>, refused: bool) {
         let r = Recent {
             seq,
             shape,
+            refused,
             told: false,
         };
         keep_last(&mut self.recent, RECENT_KEEP, r);
@@ -334,12 +351,13 @@ impl Session {
         if core::mem::replace(&mut r.told, true) {
             return false;
         }
+        let culprit = if r.refused { self.config.rank } else { from };
         for r in (0..self.config.ranks).map(Rank) {
             if r != self.config.rank {
                 let msg = ControlMsg {
                     kind: ControlKind::Mismatch,
                     op: seq,
-                    arg: from.0,
+                    arg: culprit.0,
                     runs: Vec::new(),
                 };
                 self.out.push_back(Outgoing::Control { to: r, msg });
@@ -373,7 +391,7 @@ impl Session {
             // bytes hear of the disagreement (see the barrier).
             op.say_ready(&mut cx);
             let shape = op.barrier.shape();
-            self.ended_here(id.0, Some(shape));
+            self.ended_here(id.0, Some(shape), false);
             self.events.push_back(Event::Completed { op: id });
             return Ok(id);
         }

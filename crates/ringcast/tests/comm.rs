@@ -984,13 +984,20 @@ fn a_rank_that_ran_an_operation_over_multicast_tells_the_tcp_ranks_waiting_on_it
 
 /// An erroneous program: rank 1 passes a root that does not exist where the others pass
 /// rank 0, so its call fails at once, before anything is posted. Its place in the sequence
-/// of collectives is taken all the same: the others' operation fails (or completes with the
-/// root's bytes, upstream of rank 1 over TCP) and the Broadcasts after it, on which every
+/// of collectives is taken all the same: the others' operation fails naming rank 1 (or
+/// completes with the root's bytes, upstream of rank 1 over TCP) and the Broadcasts after it, on which every
 /// rank agrees, deliver the root's bytes everywhere, not those of the operation before.
 /// Small (over TCP) and large (over multicast), with and without the TCP path.
 #[test]
 fn a_call_refused_at_one_rank_does_not_shift_the_others() {
-    for (salt, threshold, len) in [(30, 64 << 10, 4096), (31, 64 << 10, 1 << 20), (32, 0, 4096)] {
+    for (salt, threshold, len, refuser) in [
+        (30, 64 << 10, 4096, 1),
+        (31, 64 << 10, 1 << 20, 1),
+        (32, 0, 4096, 1),
+        // Over TCP, rank 2 refusing: a piece of it reached rank 2, which named the piece's
+        // sender (rank 0, the root) before it named itself.
+        (39, 64 << 10, 1000, 2),
+    ] {
         world_with(
             salt,
             move |b| {
@@ -1000,14 +1007,17 @@ fn a_call_refused_at_one_rank_does_not_shift_the_others() {
             move |comm| {
                 let me = comm.rank();
                 let want = pattern(salt, 0, len);
-                if me == 1 {
+                if me == refuser {
                     match comm.ibroadcast(99, vec![0u8; len]) {
                         Err(CommError::RootOutOfRange { root: 99, .. }) => {}
                         other => return Err(format!("a root out of range: {:?}", other.err())),
                     }
                 } else {
                     match ibroadcast_of(&comm, 0, &want)?.wait() {
-                        Err(_) => {}
+                        // Failed naming the rank that refused (they named another rank over
+                        // TCP, or the first to say `Ready`, before `refuse_op`).
+                        Err(e) if e.peer() == Some(refuser) => {}
+                        Err(e) => return Err(format!("{threshold}/{len}: {e:?}")),
                         Ok(v) if v == want => {}
                         Ok(_) => return Err(format!("{threshold}/{len}: other bytes")),
                     }
@@ -1020,6 +1030,42 @@ fn a_call_refused_at_one_rank_does_not_shift_the_others() {
             },
         );
     }
+}
+
+/// Rank 0, the Broadcast's root and its barrier's hub, refuses its call (a root out of
+/// range) over multicast: the others' `Ready`s reach it for an operation it refused, and it
+/// tells them at once naming itself. They named the first rank whose `Ready` came (rank 1,
+/// which posted the operation correctly) before `Session::refuse_op`.
+#[test]
+fn a_call_refused_at_the_hub_names_the_hub() {
+    world_with(
+        36,
+        |b| b.tcp_threshold(0).peer_timeout(Duration::from_secs(5)),
+        |comm| {
+            let me = comm.rank();
+            let len = 1 << 20;
+            if me == 0 {
+                match comm.ibroadcast(99, vec![0u8; len]) {
+                    Err(CommError::RootOutOfRange { root: 99, .. }) => {}
+                    other => return Err(format!("a root out of range: {:?}", other.err())),
+                }
+            } else {
+                match ibroadcast_of(&comm, 0, &pattern(36, 0, len))?.wait() {
+                    Err(e @ CommError::ShapeMismatch { .. }) if e.peer() == Some(0) => {}
+                    other => {
+                        return Err(format!(
+                            "rank {me}, beside rank 0's refusal: {:?}",
+                            other.map(|v| v.len())
+                        ));
+                    }
+                }
+            }
+            for k in 0..2u64 {
+                broadcast_checked(&comm, &format!("broadcast {k} after"), 37 + k, 0, 20_000)?;
+            }
+            Ok(())
+        },
+    );
 }
 
 /// Ranks that disagree on a Broadcast's length, so that only the root's is too large for

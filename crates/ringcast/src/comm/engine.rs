@@ -540,7 +540,7 @@ impl Engine {
             }
             if forfeit {
                 self.queued.pop_front();
-                self.next_op = self.session.skip_op().0 + 1;
+                self.next_op = self.session.refuse_op().0 + 1;
                 continue;
             }
             // A peer it needs is gone: it fails here, and takes its id as a failed operation

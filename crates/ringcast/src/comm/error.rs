@@ -44,12 +44,10 @@ pub enum CommError {
     /// the same order, with the same root and sizes). Over multicast it is found before any
     /// data moves and every rank fails the operation; over TCP, ranks upstream of the
     /// disagreement may complete it with the bytes they posted for. The communicator goes on
-    /// with the next operation.
-    #[error(
-        "rank {peer} posted this operation with another kind, root or size than rank \
-         {reported_by} did (every rank must post the same collectives in the same order, \
-         with the same root and sizes)"
-    )]
+    /// with the next operation. `peer == reported_by`: that rank refused its own call (its
+    /// arguments failed its checks: a root out of range, a buffer of the wrong size) and told
+    /// the others.
+    #[error("{}", shape_mismatch(*peer, *reported_by))]
     ShapeMismatch {
         /// The rank whose operation differs.
         peer: u32,
@@ -122,6 +120,24 @@ pub enum CommError {
     /// No answer from the engine thread in time (it is stuck or gone).
     #[error("the engine did not answer within {0:?}")]
     EngineTimeout(std::time::Duration),
+}
+
+/// [`CommError::ShapeMismatch`]'s message.
+fn shape_mismatch(peer: u32, reported_by: u32) -> String {
+    const RULE: &str = "every rank must post the same collectives in the same order, with the \
+                        same root and sizes";
+    if peer == reported_by {
+        format!(
+            "rank {peer} refused its own call of this operation (its arguments failed its \
+             checks: see the error its call returned) or posted another kind, root or size \
+             ({RULE})"
+        )
+    } else {
+        format!(
+            "rank {peer} posted this operation with another kind, root or size than rank \
+             {reported_by} did ({RULE})"
+        )
+    }
 }
 
 impl CommError {

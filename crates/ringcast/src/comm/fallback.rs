@@ -552,8 +552,9 @@ struct Shared {
 #[derive(Debug)]
 enum Msg {
     Post(u64, Post),
-    /// Operation `k` ran over multicast here: pieces of it are another rank's mistake.
-    Elsewhere(u64),
+    /// Operation `k` ran over multicast here: pieces of it are another rank's mistake. With
+    /// `true`, this rank refused its call instead ([`Handle::forfeit`]): the mistake is its.
+    Elsewhere(u64, bool),
     Loss {
         op: u64,
         permille: u32,
@@ -962,7 +963,7 @@ impl Handle {
             r.next += 1;
             r.publish();
             // Without a wake-up: the dispatcher takes it at its next turn.
-            let _ = self.tx.tx.send(Msg::Elsewhere(k));
+            let _ = self.tx.tx.send(Msg::Elsewhere(k, false));
             return Ok(Request::new(rx));
         }
         r.next += 1;
@@ -1017,7 +1018,7 @@ impl Handle {
             let _ = engine.send(Command::Post(Post::forfeit(Some(k))));
         }
         r.publish();
-        let _ = self.tx.tx.send(Msg::Elsewhere(k));
+        let _ = self.tx.tx.send(Msg::Elsewhere(k, true));
     }
 
     /// The transport operations run on from now on.
@@ -1385,10 +1386,10 @@ struct Dispatcher {
     /// here. A peer this rank waits on that gave up on an earlier operation over a third
     /// rank is stuck on that rank, not hung itself.
     reports: Reports,
-    /// The last [`ENDED_KEEP`] operations that ran over multicast here, each with whether a
-    /// piece of one came (the ranks were told: ranks that disagree on its length across the
-    /// threshold).
-    elsewhere: VecDeque<(u64, bool)>,
+    /// The last [`ENDED_KEEP`] operations that ran over multicast here (or that this rank
+    /// refused), each with whether a piece of one came (the ranks were told: ranks that
+    /// disagree on its length across the threshold) and whether it was refused here.
+    elsewhere: VecDeque<(u64, bool, bool)>,
     /// One past the last TCP operation started here (for the goodbye's mark).
     next_tcp: u64,
     /// The peers lost, in the order their connections closed, each with the first TCP
@@ -1537,7 +1538,7 @@ impl Dispatcher {
     fn msg(&mut self, m: Msg) {
         match m {
             Msg::Post(k, p) => self.post(k, p),
-            Msg::Elsewhere(k) => self.ran_elsewhere(k),
+            Msg::Elsewhere(k, refused) => self.ran_elsewhere(k, refused),
             Msg::Loss { op, permille } => {
                 if self.loss_asked {
                     return;
@@ -1765,7 +1766,7 @@ impl Dispatcher {
             loop {
                 match self.rx.try_recv() {
                     Ok(Msg::Post(k, p)) => self.held.push_back((k, p)),
-                    Ok(Msg::Elsewhere(k)) => elsewhere.push(k),
+                    Ok(Msg::Elsewhere(k, refused)) => elsewhere.push((k, refused)),
                     Ok(Msg::Shutdown) => self.stopping = true,
                     Ok(Msg::Loss { .. }) => {}
                     Err(_) => break,
@@ -1774,7 +1775,7 @@ impl Dispatcher {
             for (k, p) in self.held.drain(..) {
                 // Small operations taken from the channel here run over TCP like the others.
                 if k < at && !self.cfg.small(p.buf.len()) {
-                    elsewhere.push(k);
+                    elsewhere.push((k, false));
                     let Some(engine) = r.engine.as_ref() else {
                         cancelled.push(p.reply);
                         continue;
@@ -1808,8 +1809,8 @@ impl Dispatcher {
             "ringcast falls back to TCP: operations from {at} on run as a TCP ring Allgather / \
              chain or tree Broadcast"
         );
-        for k in elsewhere {
-            self.ran_elsewhere(k);
+        for (k, refused) in elsewhere {
+            self.ran_elsewhere(k, refused);
         }
         for (k, p) in tcp {
             self.start(k, p);
@@ -1820,32 +1821,43 @@ impl Dispatcher {
     /// say the ranks disagree on its length across the threshold: they are dropped, and every
     /// rank is told once, so that those waiting for pieces this rank will not pass on fail
     /// it now rather than at the peer timeout.
-    fn ran_elsewhere(&mut self, k: u64) {
-        keep_last(&mut self.elsewhere, (k, false));
+    fn ran_elsewhere(&mut self, k: u64, refused: bool) {
+        keep_last(&mut self.elsewhere, (k, false, refused));
         self.aborts.remove(&k);
         if let Some(&(from, _)) = self.take_early(k).first() {
             self.piece_elsewhere(k, from);
         }
     }
 
-    /// A piece of operation `k` came from `from`; true if `k` ran over multicast here (the
-    /// ranks are then told, once).
+    /// A piece of operation `k` came from `from`; true if `k` ran over multicast here, or
+    /// was refused here (the ranks are then told, once, naming `from`, or this rank when it
+    /// refused its call).
     fn piece_elsewhere(&mut self, k: u64, from: u32) -> bool {
-        let Some(told) = self
+        let me = self.cfg.rank;
+        let Some((told, refused)) = self
             .elsewhere
             .iter_mut()
-            .find(|(e, _)| *e == k)
-            .map(|(_, t)| t)
+            .find(|(e, ..)| *e == k)
+            .map(|(_, t, r)| (t, *r))
         else {
             return false;
         };
         if !std::mem::replace(told, true) {
-            tracing::warn!(
-                op = k,
-                peer = from,
-                "a peer ran over TCP an operation this rank ran over multicast"
-            );
-            self.tell_others(&abort_message(ABORT_MISMATCH, from, k));
+            let culprit = if refused {
+                tracing::debug!(
+                    op = k,
+                    "a peer ran an operation whose call this rank refused"
+                );
+                me
+            } else {
+                tracing::warn!(
+                    op = k,
+                    peer = from,
+                    "a peer ran over TCP an operation this rank ran over multicast"
+                );
+                from
+            };
+            self.tell_others(&abort_message(ABORT_MISMATCH, culprit, k));
         }
         true
     }
@@ -1892,7 +1904,7 @@ impl Dispatcher {
                             Some((f, c)) if f + 1 == next => (HERE_LATE_AFTER, c),
                             _ => (HERE_LATE, 0),
                         }
-                    } else if self.elsewhere.iter().any(|&(x, _)| x == k) {
+                    } else if self.elsewhere.iter().any(|&(x, ..)| x == k) {
                         (HERE_ELSEWHERE, 0)
                     } else if let Some(shape) = shape {
                         (HERE_SHAPE, shape)
@@ -3148,7 +3160,7 @@ impl Dispatcher {
 
     /// A peer gave up on operation `k`: it fails here too with `e` (now, or when it starts).
     fn aborted(&mut self, k: u64, e: CommError) {
-        let over = self.ended.contains(&k) || self.elsewhere.iter().any(|&(x, _)| x == k);
+        let over = self.ended.contains(&k) || self.elsewhere.iter().any(|&(x, ..)| x == k);
         if over || (self.long_over(k) && !self.active.iter().any(|o| o.k == k)) {
             return;
         }
