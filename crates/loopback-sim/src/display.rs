@@ -240,7 +240,7 @@ impl Display for Report {
         } else if rows.is_empty() {
             writeln!(
                 f,
-                "\nranks: all {} completed with the root's data (--json lists each)",
+                "\nranks: all {} completed with every byte right (--json lists each)",
                 self.per_rank.len()
             )?;
         } else {

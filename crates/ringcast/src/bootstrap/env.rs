@@ -262,10 +262,7 @@ impl JobEnv {
             .map_err(EnvError::BadIfname)?;
         let timeout = match get("RINGCAST_BOOTSTRAP_TIMEOUT") {
             None => DEFAULT_TIMEOUT,
-            Some(v) => v
-                .trim()
-                .parse::<f64>()
-                .ok()
+            Some(v) => parse_seconds(&v)
                 .filter(|s| *s > 0.0)
                 .and_then(|s| Duration::try_from_secs_f64(s).ok())
                 // A positive number can still round to no time at all (1e-10).
@@ -595,9 +592,50 @@ pub(super) fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
+/// Seconds from a variable's value: a plain number of seconds (`2.5`), or a number with a
+/// unit, as the CLI's flags take them (`500ms`, `3s`, `2min`, `1h`; also `ns`, `us`).
+/// `None` when it is neither, or not finite.
+pub(crate) fn parse_seconds(v: &str) -> Option<f64> {
+    let v = v.trim();
+    let units: [(&str, f64); 6] = [
+        ("ns", 1e-9),
+        ("us", 1e-6),
+        ("ms", 1e-3),
+        ("min", 60.0),
+        ("h", 3600.0),
+        ("s", 1.0),
+    ];
+    let (num, scale) = units
+        .iter()
+        .find_map(|&(u, k)| v.strip_suffix(u).map(|n| (n.trim_end(), k)))
+        .unwrap_or((v, 1.0));
+    let x = num.parse::<f64>().ok()? * scale;
+    x.is_finite().then_some(x)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds_are_plain_numbers_or_numbers_with_a_unit() {
+        for (v, want) in [
+            ("2.5", 2.5),
+            (" 30 ", 30.0),
+            ("3s", 3.0),
+            ("500ms", 0.5),
+            ("250 us", 250e-6),
+            ("2min", 120.0),
+            ("1h", 3600.0),
+            ("10ns", 10e-9),
+        ] {
+            let got = parse_seconds(v).unwrap_or_else(|| panic!("{v:?} refused"));
+            assert!((got - want).abs() <= want * 1e-12, "{v:?}: {got}");
+        }
+        for v in ["", "s", "3 sec", "abc", "1e400", "inf", "3x"] {
+            assert_eq!(parse_seconds(v), None, "{v:?}");
+        }
+    }
 
     fn job(vars: &[(&str, &str)]) -> Result<JobEnv, EnvError> {
         JobEnv::from_lookup(|k| {

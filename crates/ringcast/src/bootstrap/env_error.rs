@@ -121,8 +121,8 @@ pub enum EnvError {
     BadIfname(#[source] IfnameSyntaxError),
     /// An unreadable `RINGCAST_BOOTSTRAP_TIMEOUT`.
     #[error(
-        "RINGCAST_BOOTSTRAP_TIMEOUT={0:?} is not a positive number of seconds up to a week: \
-         set RINGCAST_BOOTSTRAP_TIMEOUT like 30 or 2.5"
+        "RINGCAST_BOOTSTRAP_TIMEOUT={0:?} is not a positive duration up to a week: set \
+         RINGCAST_BOOTSTRAP_TIMEOUT like 30 or 2.5 (seconds), or 500ms, 3s, 2min"
     )]
     BadTimeout(String),
 }

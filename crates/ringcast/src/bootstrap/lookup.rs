@@ -14,7 +14,7 @@ use std::time::Duration;
 /// The rendezvous host's name did not resolve within the rendezvous timeout.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "looking up the rendezvous host {host:?} (from {origin}) got no answer within {} s; check \
+    "looking up the rendezvous host {host:?} (from {origin}) got no answer within {:.1} s; check \
      this host's resolver, or name rank 0's host by its IP address (RINGCAST_BOOTSTRAP=ip:port, \
      or MASTER_ADDR under torchrun)",
     waited.as_secs_f64()

@@ -69,7 +69,7 @@ pub use env::{
     DEFAULT_TIMEOUT, DERIVED_PORT_BASE, DERIVED_PORT_SPAN, EnvError, JobEnv, Launcher,
     MAX_WORLD_SIZE, RendezvousAddr, TORCHRUN_PORT_OFFSET, parse_rendezvous,
 };
-pub(crate) use env::{env_var, job_key_of};
+pub(crate) use env::{env_var, job_key_of, parse_seconds};
 pub use hostlist::{HostlistError, first_host, host_count};
 pub use iface::{
     IfnameFilter, IfnameSyntaxError, InterfaceError, NetInterface, choose_interface,

@@ -79,7 +79,7 @@ pub enum RendezvousError {
     },
     /// Rank 0 gave up waiting for some ranks.
     #[error(
-        "waited {} s for ranks {} at {addr}; are they started with the same {origin}?{}",
+        "waited {:.1} s for ranks {} at {addr}; are they started with the same {origin}?{}",
         waited.as_secs_f64(), RankList(missing), Rejected(rejected)
     )]
     Timeout {
@@ -145,7 +145,7 @@ pub enum RendezvousError {
     },
     /// A joining rank never reached rank 0.
     #[error(
-        "could not connect to the rendezvous at {addr} for {} s (last error: {last_error}); is \
+        "could not connect to the rendezvous at {addr} for {:.1} s (last error: {last_error}); is \
          rank 0 running, with the same {origin}?",
         waited.as_secs_f64()
     )]
@@ -164,7 +164,7 @@ pub enum RendezvousError {
     Lookup(#[from] LookupTimeout),
     /// Rank 0 accepted but never answered.
     #[error(
-        "rank 0 at {addr} did not answer within {} s; see its log (RINGCAST_BOOTSTRAP_TIMEOUT \
+        "rank 0 at {addr} did not answer within {:.1} s; see its log (RINGCAST_BOOTSTRAP_TIMEOUT \
          sets the wait)",
         waited.as_secs_f64()
     )]

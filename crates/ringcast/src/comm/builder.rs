@@ -172,6 +172,19 @@ fn var(name: &str) -> Option<String> {
     bootstrap::env_var(name).filter(|v| !v.trim().is_empty())
 }
 
+/// A duration in seconds as a variable gives it: see [`bootstrap::parse_seconds`] (a plain
+/// number, or one with a unit: `500ms`, `3s`).
+struct Seconds(f64);
+
+impl std::str::FromStr for Seconds {
+    type Err = &'static str;
+    fn from_str(v: &str) -> Result<Self, Self::Err> {
+        bootstrap::parse_seconds(v)
+            .map(Seconds)
+            .ok_or("not a duration: give seconds (2.5) or a number with a unit (500ms, 3s, 2min)")
+    }
+}
+
 fn parse_var<T: std::str::FromStr>(name: &str) -> Result<Option<T>, BuildError>
 where
     T::Err: std::fmt::Display,
@@ -202,10 +215,10 @@ impl CommBuilder {
     /// `RINGCAST_LANES` (a count, or `auto`: see [`lanes`](Self::lanes)), `RINGCAST_CHAINS` (a
     /// count, or `auto`: see [`allgather_chains`](Self::allgather_chains)),
     /// `RINGCAST_CHUNK_SIZE` (bytes), `RINGCAST_LINK_GBPS` (gigabits per second,
-    /// see [`link_bandwidth`](Self::link_bandwidth)), `RINGCAST_PEER_TIMEOUT` (seconds),
-    /// `RINGCAST_POST_TIMEOUT` (seconds),
-    /// `RINGCAST_FALLBACK` (`tcp` or `off`), `RINGCAST_PROBE_WINDOW` (seconds of the start-up
-    /// check, 0 turns it off), `RINGCAST_FALLBACK_LOSS` (fraction, e.g. `0.1`) and
+    /// see [`link_bandwidth`](Self::link_bandwidth)), `RINGCAST_PEER_TIMEOUT` (seconds, or
+    /// with a unit: `500ms`, `3s`, `2min`), `RINGCAST_POST_TIMEOUT` (the same),
+    /// `RINGCAST_FALLBACK` (`tcp` or `off`), `RINGCAST_PROBE_WINDOW` (the start-up check's
+    /// window, the same; 0 turns it off), `RINGCAST_FALLBACK_LOSS` (fraction, e.g. `0.1`) and
     /// `RINGCAST_VERIFY_ICRC` (`1` checks every datagram's ICRC, see
     /// [`verify_icrc`](Self::verify_icrc)) and `RINGCAST_TCP_THRESHOLD` (bytes, see
     /// [`tcp_threshold`](Self::tcp_threshold); `0` sends every operation to multicast).
@@ -234,13 +247,13 @@ impl CommBuilder {
                 why: "not a positive number of gigabits per second".into(),
             })?);
         }
-        if let Some(t) = parse_var::<f64>("RINGCAST_PEER_TIMEOUT")? {
+        if let Some(t) = parse_var::<Seconds>("RINGCAST_PEER_TIMEOUT")?.map(|s| s.0) {
             b.peer_timeout = Duration::try_from_secs_f64(t).map_err(|e| BuildError::Invalid {
                 setting: format!("RINGCAST_PEER_TIMEOUT={t}"),
                 why: e.to_string(),
             })?;
         }
-        if let Some(t) = parse_var::<f64>("RINGCAST_POST_TIMEOUT")? {
+        if let Some(t) = parse_var::<Seconds>("RINGCAST_POST_TIMEOUT")?.map(|s| s.0) {
             let t = Duration::try_from_secs_f64(t).map_err(|e| BuildError::Invalid {
                 setting: format!("RINGCAST_POST_TIMEOUT={t}"),
                 why: e.to_string(),
@@ -250,7 +263,7 @@ impl CommBuilder {
         if let Some(f) = parse_var::<Fallback>("RINGCAST_FALLBACK")? {
             b.fallback = f;
         }
-        if let Some(t) = parse_var::<f64>("RINGCAST_PROBE_WINDOW")? {
+        if let Some(t) = parse_var::<Seconds>("RINGCAST_PROBE_WINDOW")?.map(|s| s.0) {
             b.probe_window = Duration::try_from_secs_f64(t).map_err(|e| BuildError::Invalid {
                 setting: format!("RINGCAST_PROBE_WINDOW={t}"),
                 why: e.to_string(),
