@@ -24,7 +24,7 @@
 //! `chunk_size u16` (1 + x % 8192), `max_inflight u8` (1 + x % 8), `send_window u8` (1 + x % 64),
 //! `peer_timeout_us u8` (1 + x), `alpha_us u8`.
 //!
-//! Then steps until the input ends, each `kind u8` (% 15) and its fields. Chunk steps (1, 2, 14)
+//! Then steps until the input ends, each `kind u8` (% 16) and its fields. Chunk steps (1, 2, 14)
 //! only queue the chunk on its lane's receive port; every other step ends with a pump
 //! (budget: every queued chunk), and a last pump runs when the input ends.
 //! * 0 start broadcast: `root u8` (% (ranks + 1): may be out of range), `len u16` (bytes)
@@ -57,6 +57,7 @@
 //! * 13 abandon (`abandon_op`): `culprit u8` (as in 12); the next id is taken
 //! * 14 chunk whose copy fails, as 1: placed, the token says the write failed and the pump
 //!   releases it (the placement is checked as any other)
+//! * 15 refuse (`refuse_op`): the next id is taken, and every other rank told
 #![no_main]
 
 use arbitrary::{Result, Unstructured};
@@ -274,7 +275,7 @@ impl Driver {
     fn step(&mut self, u: &mut Unstructured<'_>) -> Result<()> {
         let c = self.node.config().clone();
         let ranks = c.ranks;
-        match u.arbitrary::<u8>()? % 15 {
+        match u.arbitrary::<u8>()? % 16 {
             0 => {
                 let root = Rank(u32::from(u.arbitrary::<u8>()?) % (ranks + 1));
                 let len = u64::from(u.arbitrary::<u16>()?);
@@ -450,6 +451,10 @@ impl Driver {
                 let culprit = Rank(u32::from(u.arbitrary::<u8>()?) % (ranks + 1));
                 let seq = OpId(self.next_id.wrapping_sub(1).wrapping_sub(back));
                 self.node.failed_elsewhere(seq, culprit);
+            }
+            15 => {
+                assert_eq!(self.node.refuse_op().0, self.next_id, "ids go in order");
+                self.next_id += 1;
             }
             13 => {
                 let culprit = Rank(u32::from(u.arbitrary::<u8>()?) % (ranks + 1));

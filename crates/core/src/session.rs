@@ -258,14 +258,32 @@ impl Session {
 
     /// Takes the next operation id for a call this rank refused before starting it (its
     /// arguments failed the caller's own checks: a root out of range, a buffer of the wrong
-    /// size). As [`Self::skip_op`], but the disagreement is this rank's: a `Ready` for it
-    /// makes this rank tell every other one (`Mismatch`) naming itself, not the sender, so
-    /// that the ranks that started it fail it at once blaming the rank that refused.
+    /// size). As [`Self::skip_op`], but the disagreement is this rank's, and every other rank
+    /// is told at once (`Mismatch` naming this rank): the ranks that started the operation,
+    /// or start it later, fail it at once blaming this rank, not at their deadline; those that
+    /// ran it over another path, or skip it too, take the message as stale.
     pub fn refuse_op(&mut self) -> OpId {
         let id = OpId(self.next_seq);
         self.next_seq += 1;
         self.stopped_over = None;
         self.ended_here(id.0, None, true);
+        let me = self.config.rank;
+        let untold = self
+            .recent
+            .iter_mut()
+            .find(|r| r.seq == id.0)
+            .is_some_and(|r| !core::mem::replace(&mut r.told, true));
+        if untold {
+            for r in (0..self.config.ranks).map(Rank).filter(|&r| r != me) {
+                let msg = ControlMsg {
+                    kind: ControlKind::Mismatch,
+                    op: id.0,
+                    arg: me.0,
+                    runs: Vec::new(),
+                };
+                self.out.push_back(Outgoing::Control { to: r, msg });
+            }
+        }
         id
     }
 

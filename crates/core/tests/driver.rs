@@ -484,3 +484,40 @@ fn the_sends_watch_judges_the_pause_while_it_lasts() {
         assert!(matches!(e, Event::Completed { .. }), "{e:?} at step {step}");
     }
 }
+
+/// A rank that refuses its call (`refuse_op`) tells the others at once, naming itself: a
+/// leaf that started the operation fails it at once, and so does one that starts it later.
+#[test]
+fn a_refused_call_fails_the_others_at_once_naming_the_refuser() {
+    for leaf_first in [true, false] {
+        let mut root = Node::new(config(0, 1)).expect("config");
+        let mut leaf = Node::new(config(1, 1)).expect("config");
+        let now = Instant::ZERO;
+        if leaf_first {
+            leaf.start_broadcast(now, Rank(0), 1600).expect("start");
+        }
+        let refused = root.refuse_op();
+        exchange(&mut root, &mut leaf, now, &mut Vec::new());
+        let op = if leaf_first {
+            OpId(0)
+        } else {
+            leaf.start_broadcast(now, Rank(0), 1600).expect("start")
+        };
+        assert_eq!(op, refused, "the same id on both ranks");
+        assert_eq!(
+            leaf.poll_event(),
+            Some(Event::Failed {
+                op,
+                error: ringcast_core::OpError::ShapeMismatch {
+                    peer: Rank(0),
+                    reported_by: Rank(0),
+                },
+            }),
+            "leaf first: {leaf_first}"
+        );
+        // The next operation lines up.
+        let a = root.start_broadcast(now, Rank(0), 16).expect("start");
+        let b = leaf.start_broadcast(now, Rank(0), 16).expect("start");
+        assert_eq!(a, b);
+    }
+}

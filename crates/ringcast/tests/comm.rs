@@ -1014,9 +1014,11 @@ fn a_call_refused_at_one_rank_does_not_shift_the_others() {
                     }
                 } else {
                     match ibroadcast_of(&comm, 0, &want)?.wait() {
-                        // Failed naming the rank that refused (they named another rank over
-                        // TCP, or the first to say `Ready`, before `refuse_op`).
-                        Err(e) if e.peer() == Some(refuser) => {}
+                        // Failed naming the rank that refused, which told them at once
+                        // (they named another rank over TCP, or the first to say `Ready`,
+                        // and over multicast waited for the hub's deadline, before
+                        // `refuse_op`).
+                        Err(e @ CommError::ShapeMismatch { .. }) if e.peer() == Some(refuser) => {}
                         Err(e) => return Err(format!("{threshold}/{len}: {e:?}")),
                         Ok(v) if v == want => {}
                         Ok(_) => return Err(format!("{threshold}/{len}: other bytes")),
@@ -1033,9 +1035,9 @@ fn a_call_refused_at_one_rank_does_not_shift_the_others() {
 }
 
 /// Rank 0, the Broadcast's root and its barrier's hub, refuses its call (a root out of
-/// range) over multicast: the others' `Ready`s reach it for an operation it refused, and it
-/// tells them at once naming itself. They named the first rank whose `Ready` came (rank 1,
-/// which posted the operation correctly) before `Session::refuse_op`.
+/// range) over multicast: it tells the others at once, naming itself. They named the first
+/// rank whose `Ready` reached it (a rank that posted the operation correctly) before
+/// `Session::refuse_op`.
 #[test]
 fn a_call_refused_at_the_hub_names_the_hub() {
     world_with(
@@ -1051,7 +1053,10 @@ fn a_call_refused_at_the_hub_names_the_hub() {
                 }
             } else {
                 match ibroadcast_of(&comm, 0, &pattern(36, 0, len))?.wait() {
-                    Err(e @ CommError::ShapeMismatch { .. }) if e.peer() == Some(0) => {}
+                    Err(CommError::ShapeMismatch {
+                        peer: 0,
+                        reported_by: 0,
+                    }) => {}
                     other => {
                         return Err(format!(
                             "rank {me}, beside rank 0's refusal: {:?}",

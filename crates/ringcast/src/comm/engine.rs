@@ -155,9 +155,9 @@ pub(crate) struct Post {
 
 impl Post {
     /// The place in the sequence of an operation that failed this rank's own checks: its id
-    /// is taken all the same (`Session::skip_op`), so that the next operation still meets the
-    /// same one at every rank. The peers fail this one (`ShapeMismatch` when they started it,
-    /// or at their deadline), never with another operation's bytes.
+    /// is taken all the same (`Session::refuse_op`), so that the next operation still meets
+    /// the same one at every rank. The peers fail this one at once (`ShapeMismatch` naming
+    /// this rank, which `refuse_op` tells them), never with another operation's bytes.
     pub(crate) fn forfeit(index: Option<u64>) -> Post {
         Post {
             kind: Kind::Broadcast { root: 0 },
