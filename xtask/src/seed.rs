@@ -218,30 +218,26 @@ fn session_seeds() -> Vec<(String, Vec<u8>)> {
     }
     let leaf = leaf.control(2, 5, 0, &[]);
 
-    // The same leaf misses chunk 2: the cutoff fires, it fetches, the ACK comes, it reads.
-    let lossy = Script::new(3, 1, 1, 1024)
-        .start(0, 4096)
-        .control(0, 1, 0, &[])
-        .chunk(0, 0, 0, 0)
-        .chunk(0, 1, 0, 0)
-        .chunk(0, 3, 0, 0)
-        .next_timeout()
-        .control(0, 3, 0, &[(2, 1)])
-        .read_done(0, true)
-        .control(2, 5, 0, &[]);
-
-    // The same leaf's copy of chunk 2 fails: it releases it and recovers it as a lost one.
-    let failed_copy = Script::new(3, 1, 1, 1024)
-        .start(0, 4096)
-        .control(0, 1, 0, &[])
-        .chunk(0, 0, 0, 0)
-        .chunk(0, 1, 0, 0)
-        .failing_chunk(0, 2, 0, 0)
-        .chunk(0, 3, 0, 0)
-        .next_timeout()
-        .control(0, 3, 0, &[(2, 1)])
-        .read_done(0, true)
-        .control(2, 5, 0, &[]);
+    // The same leaf misses chunk 2 (`lossy`), or its copy of chunk 2 fails and it releases
+    // it (`failed_copy`): the cutoff fires, it fetches, the ACK comes, it reads.
+    let missing_2 = |fails: bool| {
+        let s = Script::new(3, 1, 1, 1024)
+            .start(0, 4096)
+            .control(0, 1, 0, &[])
+            .chunk(0, 0, 0, 0)
+            .chunk(0, 1, 0, 0);
+        let s = if fails {
+            s.failing_chunk(0, 2, 0, 0)
+        } else {
+            s
+        };
+        s.chunk(0, 3, 0, 0)
+            .next_timeout()
+            .control(0, 3, 0, &[(2, 1)])
+            .read_done(0, true)
+            .control(2, 5, 0, &[])
+    };
+    let (lossy, failed_copy) = (missing_2(false), missing_2(true));
 
     // Rank 0 of 2 is the root: Ready from the leaf, both lanes' sends complete, the leaf's Fin.
     let root = Script::new(2, 0, 2, 512)

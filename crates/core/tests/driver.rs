@@ -78,6 +78,21 @@ fn exchange(root: &mut Node, leaf: &mut impl Leaf, now: Instant, read: &mut Vec<
     }
 }
 
+/// Moves a leaf `Node`'s control messages (rank 1) to a root `Session` (rank 0), and
+/// completes the reads the leaf asks for (the root holds every byte).
+fn leaf_to_root(leaf: &mut Node, root: &mut Session, now: Instant, buf: &mut Vec<u8>) {
+    while let Some(t) = leaf.poll_transmit(buf) {
+        match t {
+            Transmit::Control { len, .. } => {
+                let msg = buf[..len].to_vec();
+                root.handle_control(now, Rank(1), &msg);
+            }
+            Transmit::Read(r) => leaf.handle_read_done(now, r.id, Ok(())),
+            _ => {}
+        }
+    }
+}
+
 #[test]
 fn chunk_counts_past_2_to_the_64_are_too_large_not_an_overflow() {
     let mut c = Config::new(0, 2);
@@ -144,17 +159,7 @@ fn a_lane_that_says_its_sends_are_done_twice_does_not_end_the_others() {
         let now = Instant::from_nanos(step * 100_000);
         // From step 50 on, lane 1's multicasts leave too.
         let lane1_out = step >= 50;
-        while let Some(t) = leaf.poll_transmit(&mut buf) {
-            match t {
-                Transmit::Control { len, .. } => {
-                    let msg = buf[..len].to_vec();
-                    root.handle_control(now, Rank(1), &msg);
-                }
-                // The leaf reads what it lacks from the root (no multicast reaches it).
-                Transmit::Read(r) => leaf.handle_read_done(now, r.id, Ok(())),
-                _ => {}
-            }
-        }
+        leaf_to_root(&mut leaf, &mut root, now, &mut buf);
         while let Some(c) = root.poll_lane_command() {
             match c {
                 LaneCommand::Rx { lane, cmd } => rx[lane as usize].handle_command(cmd),
@@ -375,17 +380,7 @@ fn root_with_completions(
     let mut posted = 0u32;
     for step in 0..4000u64 {
         let now = Instant::from_nanos(step * 5_000_000);
-        while let Some(t) = leaf.poll_transmit(&mut buf) {
-            match t {
-                Transmit::Control { len, .. } => {
-                    let msg = buf[..len].to_vec();
-                    root.handle_control(now, Rank(1), &msg);
-                }
-                // The root holds every byte: reads succeed.
-                Transmit::Read(r) => leaf.handle_read_done(now, r.id, Ok(())),
-                _ => {}
-            }
-        }
+        leaf_to_root(&mut leaf, &mut root, now, &mut buf);
         while let Some(c) = root.poll_lane_command() {
             match c {
                 LaneCommand::Rx { cmd, .. } => rx.handle_command(cmd),
