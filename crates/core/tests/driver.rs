@@ -93,6 +93,17 @@ fn leaf_to_root(leaf: &mut Node, root: &mut Session, now: Instant, buf: &mut Vec
     }
 }
 
+/// Moves a root `Session`'s control messages (rank 0) to a leaf `Node` (rank 1), then fires
+/// both ranks' due timers.
+fn root_to_leaf(root: &mut Session, leaf: &mut Node, now: Instant, buf: &mut Vec<u8>) {
+    while let Some(Transmit::Control { len, .. }) = root.poll_transmit(buf) {
+        let msg = buf[..len].to_vec();
+        leaf.handle_control(now, Rank(0), &msg);
+    }
+    root.handle_timeout(now);
+    leaf.handle_timeout(now);
+}
+
 #[test]
 fn chunk_counts_past_2_to_the_64_are_too_large_not_an_overflow() {
     let mut c = Config::new(0, 2);
@@ -191,12 +202,7 @@ fn a_lane_that_says_its_sends_are_done_twice_does_not_end_the_others() {
                 root.handle_lane_note(now, n.into());
             }
         }
-        while let Some(Transmit::Control { len, .. }) = root.poll_transmit(&mut buf) {
-            let msg = buf[..len].to_vec();
-            leaf.handle_control(now, Rank(0), &msg);
-        }
-        root.handle_timeout(now);
-        leaf.handle_timeout(now);
+        root_to_leaf(&mut root, &mut leaf, now, &mut buf);
         if let Some(ev) = root.poll_event() {
             assert!(
                 lane1_out,
@@ -407,12 +413,7 @@ fn root_with_completions(
         while let Some(n) = rx.poll_note() {
             root.handle_lane_note(now, n.into());
         }
-        while let Some(Transmit::Control { len, .. }) = root.poll_transmit(&mut buf) {
-            let msg = buf[..len].to_vec();
-            leaf.handle_control(now, Rank(0), &msg);
-        }
-        root.handle_timeout(now);
-        leaf.handle_timeout(now);
+        root_to_leaf(&mut root, &mut leaf, now, &mut buf);
         if let Some(e) = root.poll_event() {
             return Some((e, step));
         }
