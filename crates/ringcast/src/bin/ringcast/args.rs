@@ -345,9 +345,9 @@ pub(crate) struct NetArgs {
     /// the largest power of two up to 4 KiB that fits the MTU.
     #[arg(long, value_parser = units::size)]
     pub(crate) chunk: Option<u64>,
-    /// Link bandwidth the cutoff timer and the pacer assume: `10Gbps`, `1.25GB/s` (default:
-    /// the interface's speed as the kernel reports it; 20Gbps per lane on loopback, 10Gbps
-    /// where the kernel reports none).
+    /// Link bandwidth the cutoff timer and the pacer assume: `10Gbps`, `1.25GB/s`, or a bare
+    /// number of Gbit/s (default: the interface's speed as the kernel reports it; 20Gbps per
+    /// lane on loopback, 10Gbps where the kernel reports none).
     #[arg(long, value_parser = units::bandwidth)]
     pub(crate) link_bandwidth: Option<u64>,
     /// How long a rank waits on a silent peer before failing the operation (a post timeout

@@ -80,8 +80,14 @@ pub(crate) fn check_flags(net: &NetArgs) -> Result<(), String> {
     if let Some(t) = net.peer_timeout
         && (t.is_zero() || t > ringcast::core::MAX_TIMEOUT)
     {
+        // Zero as the user may have written it (`0s`, `0ms`): not echoed as `0ns`.
+        let given = if t.is_zero() {
+            String::new()
+        } else {
+            format!(" {t:?}")
+        };
         return Err(format!(
-            "--peer-timeout {t:?} must be positive and at most {:?}",
+            "--peer-timeout{given} must be positive and at most {:?}",
             ringcast::core::MAX_TIMEOUT
         ));
     }
