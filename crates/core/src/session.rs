@@ -249,11 +249,7 @@ impl Session {
     /// the operation: this rank tells every other one (`Mismatch`, naming the sender), so
     /// that the ranks that started it fail it at once, not at their deadline.
     pub fn skip_op(&mut self) -> OpId {
-        let id = OpId(self.next_seq);
-        self.next_seq += 1;
-        self.stopped_over = None;
-        self.ended_here(id.0, None, false);
-        id
+        self.take_skipped(false)
     }
 
     /// Takes the next operation id for a call this rank refused before starting it (its
@@ -263,28 +259,43 @@ impl Session {
     /// or start it later, fail it at once blaming this rank, not at their deadline; those that
     /// ran it over another path, or skip it too, take the message as stale.
     pub fn refuse_op(&mut self) -> OpId {
-        let id = OpId(self.next_seq);
-        self.next_seq += 1;
-        self.stopped_over = None;
-        self.ended_here(id.0, None, true);
-        let me = self.config.rank;
+        let id = self.take_skipped(true);
+        // `Ready`s that came early told the others already (`late_ready`).
         let untold = self
             .recent
             .iter_mut()
             .find(|r| r.seq == id.0)
             .is_some_and(|r| !core::mem::replace(&mut r.told, true));
         if untold {
-            for r in (0..self.config.ranks).map(Rank).filter(|&r| r != me) {
+            self.tell_others(ControlKind::Mismatch, id.0, self.config.rank, None);
+        }
+        id
+    }
+
+    /// Takes the next operation id for an operation that does not run here (`refused`: see
+    /// [`Self::refuse_op`], else [`Self::skip_op`]).
+    fn take_skipped(&mut self, refused: bool) -> OpId {
+        let id = OpId(self.next_seq);
+        self.next_seq += 1;
+        self.stopped_over = None;
+        self.ended_here(id.0, None, refused);
+        id
+    }
+
+    /// Tells every other rank but `skip` that operation `seq` ended over `culprit`: `kind` is
+    /// `Mismatch` (the ranks disagree on it) or `Abort`.
+    fn tell_others(&mut self, kind: ControlKind, seq: u64, culprit: Rank, skip: Option<Rank>) {
+        for r in (0..self.config.ranks).map(Rank) {
+            if r != self.config.rank && Some(r) != skip {
                 let msg = ControlMsg {
-                    kind: ControlKind::Mismatch,
-                    op: id.0,
-                    arg: me.0,
+                    kind,
+                    op: seq,
+                    arg: culprit.0,
                     runs: Vec::new(),
                 };
                 self.out.push_back(Outgoing::Control { to: r, msg });
             }
         }
-        id
     }
 
     /// Operation `seq`, which ran over another path ([`Self::skip_op`]), failed there naming
@@ -370,17 +381,7 @@ impl Session {
             return false;
         }
         let culprit = if r.refused { self.config.rank } else { from };
-        for r in (0..self.config.ranks).map(Rank) {
-            if r != self.config.rank {
-                let msg = ControlMsg {
-                    kind: ControlKind::Mismatch,
-                    op: seq,
-                    arg: culprit.0,
-                    runs: Vec::new(),
-                };
-                self.out.push_back(Outgoing::Control { to: r, msg });
-            }
-        }
+        self.tell_others(ControlKind::Mismatch, seq, culprit, None);
         false
     }
 
@@ -916,17 +917,8 @@ impl Session {
                         OpError::NotPosted { .. } => (ControlKind::Abort, true),
                         _ => (ControlKind::Abort, false),
                     };
-                    for r in (0..self.config.ranks).map(Rank) {
-                        if r != self.config.rank && (r != culprit || tell_culprit) {
-                            let msg = ControlMsg {
-                                kind,
-                                op: op.id.0,
-                                arg: culprit.0,
-                                runs: Vec::new(),
-                            };
-                            self.out.push_back(Outgoing::Control { to: r, msg });
-                        }
-                    }
+                    let skip = (!tell_culprit).then_some(culprit);
+                    self.tell_others(kind, op.id.0, culprit, skip);
                 }
                 self.events.push_back(Event::Failed { op: op.id, error });
             }
