@@ -16,6 +16,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use super::Communicator;
 use super::builder::CommBuilder;
 use super::error::{BuildError, CommError};
+use ringcast_core::port::splitmix64;
 use ringcast_transport_rocev2_udp::control::ControlError;
 
 /// Bytes of one rank's record.
@@ -269,25 +270,16 @@ pub(super) fn plan(records: &[u8], me: u32, parent_nonce: u64) -> Result<Option<
         .position(|&(_, r, _, _)| r == me as usize)
         .ok_or(SplitError::BadRecord { rank: me })?;
     // Every member hashes the same records in the same order.
-    let nonce = members
-        .iter()
-        .fold(mix(mix(parent_nonce) ^ u64::from(color)), |h, m| {
-            mix(h ^ m.3)
-        });
+    let nonce = members.iter().fold(
+        splitmix64(splitmix64(parent_nonce) ^ u64::from(color)),
+        |h, m| splitmix64(h ^ m.3),
+    );
     Ok(Some(Plan {
         rank: rank as u32,
         control: members.iter().map(|&(_, _, a, _)| a).collect(),
         nonce,
         members: members.iter().map(|&(_, r, _, _)| r as u32).collect(),
     }))
-}
-
-/// SplitMix64's finalizer: every input bit moves every output bit.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 impl Communicator {
@@ -505,7 +497,7 @@ mod tests {
     fn any_records_give_an_error_or_a_consistent_plan() {
         let mut x = 0x5EED_u64;
         let mut next = move || {
-            x = mix(x);
+            x = splitmix64(x);
             x
         };
         for _ in 0..20_000 {
