@@ -809,16 +809,9 @@ impl CommBuilder {
             });
         }
         let chunk = pick_chunk(self.chunk_size, chunk_room(iface), iface)?;
-        let threads = 1 + 2 * usize::from(lanes);
-        let pin_base = self.pin_base.unwrap_or_else(|| {
-            if by_kernel {
-                pin_base(&hosts, rank, lanes)
-            } else {
-                // Colors by address may split one kernel's ranks (an address per rank): by
-                // rank, as they come.
-                rank as usize * threads
-            }
-        });
+        let pin_base = self
+            .pin_base
+            .unwrap_or_else(|| pin_base(&hosts, by_kernel, rank, lanes));
         let lineage = Lineage {
             settings,
             ip: match control[rank as usize].ip() {
@@ -1347,17 +1340,22 @@ fn auto_lanes(ranks: &[(SocketAddr, Host)], halves: &[u32]) -> u16 {
     u16::try_from(fewest).map_or(MAX_AUTO_LANES, |l| l.clamp(1, MAX_AUTO_LANES))
 }
 
-/// The first core of rank `rank`'s threads with `RINGCAST_PIN=1` (`hosts`: each rank's host
-/// color, by kernel id): the ranks of a host take consecutive runs of cores, one thread a
-/// core (the control thread, then each lane's receive and send worker), in the order of
-/// their ranks.
-fn pin_base(hosts: &[u32], rank: u32, lanes: u16) -> usize {
-    let mine = hosts.get(rank as usize);
-    let local = hosts[..(rank as usize).min(hosts.len())]
-        .iter()
-        .filter(|h| Some(*h) == mine)
-        .count();
-    local * (1 + 2 * usize::from(lanes))
+/// The first core of rank `rank`'s threads with `RINGCAST_PIN=1`: ranks take consecutive
+/// runs of cores, one thread a core (the control thread, then each lane's receive and send
+/// worker), in the order of their ranks; those of one host from its first core where the
+/// host colors tell kernels apart (`by_kernel`), all of them otherwise (colors by address
+/// may split one kernel's ranks, an address each).
+fn pin_base(hosts: &[u32], by_kernel: bool, rank: u32, lanes: u16) -> usize {
+    let place = if by_kernel {
+        let mine = hosts.get(rank as usize);
+        hosts[..(rank as usize).min(hosts.len())]
+            .iter()
+            .filter(|h| Some(*h) == mine)
+            .count()
+    } else {
+        rank as usize
+    };
+    place * (1 + 2 * usize::from(lanes))
 }
 
 /// Allgather chains (roots multicasting at once) where some rank of the job has less than a
@@ -2078,11 +2076,14 @@ mod tests {
     fn pinned_ranks_take_consecutive_cores_by_their_place_on_their_host() {
         // Hosts 0 and 2; one lane: three threads a rank.
         let hosts = [0, 0, 2, 2, 0];
-        let bases: Vec<usize> = (0..5).map(|r| pin_base(&hosts, r, 1)).collect();
+        let bases: Vec<usize> = (0..5).map(|r| pin_base(&hosts, true, r, 1)).collect();
         assert_eq!(bases, [0, 3, 0, 3, 6]);
-        assert_eq!(pin_base(&hosts, 4, 2), 10);
+        assert_eq!(pin_base(&hosts, true, 4, 2), 10);
         // A rank past the table (never built so) takes the first cores.
-        assert_eq!(pin_base(&hosts, 9, 1), 0);
+        assert_eq!(pin_base(&hosts, true, 9, 1), 0);
+        // Colors by address: by rank.
+        let bases: Vec<usize> = (0..5).map(|r| pin_base(&hosts, false, r, 1)).collect();
+        assert_eq!(bases, [0, 3, 6, 9, 12]);
     }
 
     #[test]
