@@ -854,8 +854,7 @@ fn read_frame(s: &mut impl Read, max: usize, buf: &mut Vec<u8>) -> io::Result<bo
 
 /// A socket whose reads all end by a deadline: each sets the socket's timeout to the time
 /// left, so that a peer trickling a frame byte by byte cannot stretch a start-up past it.
-/// Reads from a stream until a deadline, giving up early once `cancel` is set (looked at
-/// every [`CANCEL_POLL`]).
+/// A read gives up early once the flag is set (looked at every [`CANCEL_POLL`]).
 struct ReadBy<'a>(&'a TcpStream, Instant, &'a AtomicBool);
 
 /// How often a start-up blocked in a connect, an accept or a read looks at its cancel flag.

@@ -592,14 +592,15 @@ pub(super) fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// Seconds from a variable's value: a plain number of seconds (`2.5`), or a number with a
-/// unit, as the CLI's flags take them (`500ms`, `3s`, `2min`, `1h`; also `ns`, `us`).
-/// `None` when it is neither, or not finite.
+/// Seconds from a variable's value: a plain number of seconds (`2.5`), or a number with one
+/// of the CLI's duration units (`ns`, `us` or `µs`, `ms`, `s`: `500ms`, `3s`) or `min` or
+/// `h`. `None` when it is neither, or not finite.
 pub(crate) fn parse_seconds(v: &str) -> Option<f64> {
     let v = v.trim();
-    let units: [(&str, f64); 6] = [
+    let units: [(&str, f64); 7] = [
         ("ns", 1e-9),
         ("us", 1e-6),
+        ("µs", 1e-6),
         ("ms", 1e-3),
         ("min", 60.0),
         ("h", 3600.0),
@@ -628,6 +629,7 @@ mod tests {
             ("2min", 120.0),
             ("1h", 3600.0),
             ("10ns", 10e-9),
+            ("7µs", 7e-6),
         ] {
             let got = parse_seconds(v).unwrap_or_else(|| panic!("{v:?} refused"));
             assert!((got - want).abs() <= want * 1e-12, "{v:?}: {got}");
