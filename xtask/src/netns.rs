@@ -1,7 +1,8 @@
 //! `cargo xtask netns`: ringcast on a switched (bridged) fabric of network namespaces:
 //! correctness with several operations in flight, a seeded random mix of every kind and size
 //! (small ones over TCP) under loss, sub-communicators (`split`, `split_by_host`) on their
-//! own groups, random loss, hostile traffic, killed ranks,
+//! own groups, random loss, hostile traffic, killed ranks, a rank whose egress stops (a tbf
+//! qdisc that holds every packet: all of it, or only the data port, as PFC pauses a class),
 //! blocked control connections, multicast that cannot arrive (and the TCP fallback), wire
 //! checks with tshark and scapy, and Open MPI's mpirun locally and across the namespaces.
 //! See `netns_lab` for the lab and how it is always removed.
@@ -193,6 +194,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
             ("lanes", lanes),
             ("hostile", hostile),
             ("kill", kill),
+            ("pause", pause),
             ("tcp-block", tcp_block),
             ("unreachable", unreachable),
             ("no-querier", no_querier),
@@ -1191,6 +1193,86 @@ fn kill(ctx: &Ctx<'_>) -> Result<String, String> {
         "rank {victim} SIGKILLed during 4 MiB Allgathers; {who} (deadline {}s)",
         FAIL_DEADLINE.as_secs()
     ))
+}
+
+/// A rank whose egress stops during 4 MiB Allgathers: a tbf qdisc lets one packet through,
+/// then 8 bit/s, and queues up to 1 GB, so every packet (and the socket memory it holds)
+/// stays queued, never dropped.
+/// * All of its egress (a wedged queue): every other rank fails within the deadline naming
+///   it; it fails too (its peers look silent from where it stands).
+/// * Only the data port, as PFC pauses RoCE's priority class and not TCP's: its multicast
+///   sends stop completing, and every rank, itself included, fails naming it.
+///
+/// Either way it exits while still paused: no thread stuck in a send holds its drop.
+fn pause(ctx: &Ctx<'_>) -> Result<String, String> {
+    let mut done = Vec::new();
+    for data_only in [false, true] {
+        let what = if data_only { "data port" } else { "all egress" };
+        let r = pause_with(ctx, data_only).map_err(|e| format!("{what}: {e}"))?;
+        done.push(format!("{what}: {r}"));
+    }
+    Ok(format!(
+        "{} (peer timeout {}s, deadline {}s)",
+        done.join("; "),
+        PEER_TIMEOUT.as_secs(),
+        FAIL_DEADLINE.as_secs()
+    ))
+}
+
+fn pause_with(ctx: &Ctx<'_>, data_only: bool) -> Result<String, String> {
+    let victim = ctx.p() / 2;
+    let ns = ctx.lab.ns[victim].clone();
+    let tag = if data_only { "pausedata" } else { "pauseall" };
+    let mut r = looping(ctx, tag, 4 << 20, &[])?;
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    let tc = |args: &str| in_ns(&ns, "tc", &args.split(' ').collect::<Vec<_>>());
+    let hold = "tbf rate 8bit burst 9100 limit 1000000000";
+    let held = if data_only {
+        // Everything in class 1:10 (unlimited) but the data port's datagrams (1:20, held).
+        tc("qdisc add dev eth0 root handle 1: htb default 10")
+            .and_then(|_| tc("class add dev eth0 parent 1: classid 1:10 htb rate 100gbit"))
+            .and_then(|_| tc("class add dev eth0 parent 1: classid 1:20 htb rate 8bit ceil 8bit"))
+            .and_then(|_| tc(&format!("qdisc add dev eth0 parent 1:20 handle 20: {hold}")))
+            .and_then(|_| {
+                tc(&format!(
+                    "filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport {DATA_PORT} 0xffff flowid 1:20"
+                ))
+            })
+    } else {
+        tc(&format!("qdisc add dev eth0 root {hold}"))
+    };
+    let res = held.and_then(|_| {
+        let who = survivors_name(&mut r, ctx.p(), victim, t0)?;
+        let out = r.out(victim);
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("FAILED"))
+            .ok_or_else(|| format!("rank {victim} did not fail: {out} {}", r.err_tail(victim)))?
+            .to_owned();
+        let m = kv(&line);
+        let after = r.ended[victim].map(|e| e.duration_since(t0));
+        if data_only && m.get("peer").map(String::as_str) != Some(&victim.to_string()) {
+            return Err(format!(
+                "rank {victim} (paused) blamed another rank: {line}"
+            ));
+        }
+        match after {
+            Some(d) if d <= FAIL_DEADLINE => Ok(format!(
+                "{who}, rank {victim} (paused): {} naming {} after {:.2}s",
+                m.get("error").map_or("?", String::as_str),
+                m.get("peer").map_or("?", String::as_str),
+                d.as_secs_f64()
+            )),
+            _ => Err(format!(
+                "rank {victim} (paused) ended after {after:?}: {line}"
+            )),
+        }
+    });
+    let cleared = tc("qdisc del dev eth0 root");
+    let who = res?;
+    cleared?;
+    Ok(who)
 }
 
 /// A rank's control connections blocked by nft drops on their TCP ports: detected like a

@@ -260,6 +260,12 @@ impl Collective {
         {
             return Some(o);
         }
+        // Our successor's `Fin` may wait on our own block, which our lanes have not sent
+        // yet: while they have not, the sends' watch judges (it names us when they are
+        // stuck), not the wait for `Fin`, which would name a rank that waits on us.
+        if self.timers.expired(Timer::Fin, now) && !self.send.done() {
+            self.timers.set(Timer::Fin, now + cx.config.peer_timeout);
+        }
         let blame = [
             (Timer::Fetch, self.pred),
             (Timer::Reads, self.ring.reads_peer(self.pred)),

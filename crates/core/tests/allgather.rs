@@ -206,3 +206,57 @@ fn a_root_answers_for_its_own_block_while_its_lane_is_open() {
         "{lossy} ns against {clean} ns loss-free"
     );
 }
+
+/// A rank whose NIC stops sending (a PFC pause of its data class; control still flows)
+/// at any point of its block fails naming itself (`SendsStalled`), and every rank that does
+/// not complete names it; nobody hangs. (`driver.rs` has the root whose wait for `Fin` ran
+/// out first and named its successor.)
+#[test]
+fn a_rank_whose_sends_stop_is_named_by_all_itself_included() {
+    let sizes = vec![64 * 1024; 4];
+    let mut clean = Net::new(4, |c| c.chains = 2);
+    clean.byte_ns = 0.8;
+    clean.allgather_at(0, 0, sizes.clone());
+    clean.run(STEPS);
+    clean.assert_all_completed();
+    let done = (0..4)
+        .map(|r| match clean.outcome(r, 0) {
+            Outcome::Completed(t) => t,
+            o => panic!("r{r}: {o:?}"),
+        })
+        .max()
+        .expect("ranks");
+    // Pauses from the start to past the end of rank 2's posts (it posts its block in
+    // windows; what it posted before the pause leaves).
+    let mut stalled = 0;
+    for k in 0..16 {
+        let at = done * k / 256;
+        let mut net = Net::new(4, |c| c.chains = 2);
+        net.byte_ns = 0.8;
+        net.faults.paused.push((2, at));
+        net.allgather_at(0, 0, sizes.clone());
+        net.run(STEPS);
+        assert!(net.errors.is_empty(), "paused at {at}: {:?}", net.errors);
+        match net.outcome(2, 0) {
+            Outcome::Failed(e) => {
+                assert_eq!(
+                    e,
+                    ringcast_core::OpError::SendsStalled { rank: Rank(2) },
+                    "paused at {at} of {done}"
+                );
+                stalled += 1;
+            }
+            // Its block was out before the pause.
+            Outcome::Completed(_) => {}
+            Outcome::Pending => panic!("r2 hangs, paused at {at}"),
+        }
+        for r in [0, 1, 3] {
+            match net.outcome(r, 0) {
+                Outcome::Completed(_) => {}
+                Outcome::Failed(e) => assert_eq!(e.peer(), Rank(2), "r{r} paused at {at}: {e:?}"),
+                Outcome::Pending => panic!("r{r} hangs, paused at {at}"),
+            }
+        }
+    }
+    assert!(stalled >= 2, "only {stalled} pauses caught the block");
+}

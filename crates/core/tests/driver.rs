@@ -3,7 +3,7 @@
 //! own and never completes an operation whose bytes it did not see arrive.
 
 use ringcast_core::Transmit;
-use ringcast_core::lane::{LaneCommand, LaneNote, LaneRx, LaneTx, RxNote};
+use ringcast_core::lane::{LaneCommand, LaneNote, LaneRx, LaneTx, RxNote, TxCommand};
 use ringcast_core::{ChunkRun, Config, Event, Instant, Node, OpId, Rank, Session, StartError};
 
 fn config(rank: u32, lanes: u16) -> Config {
@@ -365,7 +365,19 @@ fn a_released_chunk_is_read_again_before_the_operation_completes() {
 /// the step it came at.
 fn root_with_completions(
     chunks: u64,
+    complete: impl FnMut(u64, u32) -> u32,
+) -> Option<(Event, u64)> {
+    root_with_completions_to(chunks, complete, |_| true, 0)
+}
+
+/// As [`root_with_completions`], the leaf receiving the multicasts `deliver` lets through
+/// (by the count posted so far), and the send worker answering a look (`Count`) `lag`
+/// steps late (a worker that waits in a send on a full socket buffer answers after it).
+fn root_with_completions_to(
+    chunks: u64,
     mut complete: impl FnMut(u64, u32) -> u32,
+    mut deliver: impl FnMut(u32) -> bool,
+    lag: u64,
 ) -> Option<(Event, u64)> {
     let peer_timeout = core::time::Duration::from_millis(100);
     let mut c0 = config(0, 1);
@@ -384,18 +396,32 @@ fn root_with_completions(
         .expect("start");
     let mut buf = Vec::new();
     let mut posted = 0u32;
+    let mut sent_ever = 0u32;
+    let mut looks = Vec::new();
     for step in 0..4000u64 {
         let now = Instant::from_nanos(step * 5_000_000);
         leaf_to_root(&mut leaf, &mut root, now, &mut buf);
         while let Some(c) = root.poll_lane_command() {
             match c {
                 LaneCommand::Rx { cmd, .. } => rx.handle_command(cmd),
+                LaneCommand::Tx {
+                    cmd: cmd @ TxCommand::Count { .. },
+                    ..
+                } => looks.push((step + lag, cmd)),
                 LaneCommand::Tx { cmd, .. } => tx.handle_command(cmd),
                 _ => {}
             }
         }
+        while looks.first().is_some_and(|(at, _)| *at <= step) {
+            let (_, cmd) = looks.remove(0);
+            tx.handle_command(cmd);
+        }
         while let Some(m) = tx.poll_multicast() {
             posted += 1;
+            sent_ever += 1;
+            if !deliver(sent_ever) {
+                continue;
+            }
             if let ringcast_core::Placement::Place { .. } =
                 leaf.handle_chunk(0, Rank(0), m.imm, m.len as usize)
             {
@@ -478,6 +504,42 @@ fn the_sends_watch_judges_the_pause_while_it_lasts() {
             root_with_completions(64, |step, _| u32::from(!(from..from + 15).contains(&step)))
                 .expect("the root ends");
         assert!(matches!(e, Event::Completed { .. }), "{e:?} at step {step}");
+    }
+}
+
+/// A root whose NIC stops after some of its 64 multicasts (a PFC pause: the rest neither
+/// leave nor complete) fails naming itself, wherever the pause falls and however late its
+/// send worker answers the looks (one blocked in a send answers after it): the leaf, which
+/// cannot finish without the rest (nor send `Fin`), is not blamed. Before, with looks
+/// answered 10 ms late, the wait for the leaf's `Fin` ran out first and named the leaf.
+#[test]
+fn a_root_paused_mid_block_names_itself_not_the_leaf_waiting_on_it() {
+    for (first, lag) in [8u32, 16, 40, 63]
+        .into_iter()
+        .flat_map(|f| [0, 2, 4].map(|l| (f, l)))
+    {
+        let mut completed = 0u32;
+        let (e, step) = root_with_completions_to(
+            64,
+            |_, posted| {
+                let n = posted.min(first.saturating_sub(completed));
+                completed += n;
+                n
+            },
+            |k| k <= first,
+            lag,
+        )
+        .expect("the root ends");
+        assert!(
+            matches!(
+                e,
+                Event::Failed {
+                    error: ringcast_core::OpError::SendsStalled { rank: Rank(0) },
+                    ..
+                }
+            ),
+            "{first} sent, looks answered {lag} steps late: {e:?} at step {step}"
+        );
     }
 }
 

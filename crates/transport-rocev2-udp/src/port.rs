@@ -26,6 +26,7 @@
 //! after starting it on the node and before the next `pump`.
 
 use std::collections::VecDeque;
+use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 
 use ringcast_core::Rank;
@@ -226,6 +227,7 @@ impl UdpPort {
                 posted: VecDeque::new(),
                 done: VecDeque::new(),
                 lost: 0,
+                blocked: 0,
             });
         }
         Ok(UdpPort {
@@ -597,6 +599,9 @@ pub struct UdpTx {
     done: VecDeque<(OpId, u32)>,
     /// Multicasts not sent: unregistered op, range outside the buffer, socket error.
     pub lost: u64,
+    /// Sends that waited [`SEND_TIMEOUT`](crate::socket::SEND_TIMEOUT) for socket buffer space
+    /// in vain (the send path stuck); their chunks stayed queued.
+    pub blocked: u64,
 }
 
 impl UdpTx {
@@ -654,6 +659,11 @@ impl UdpTx {
     /// batch covers (shared: other readers go on, and writers of other stripes). With
     /// in-place sending off, it is laid out from the buffer under those stripes instead (the
     /// payload's only copy in user space) and sent after they are released.
+    ///
+    /// A send that times out with the socket buffer full ([`SEND_TIMEOUT`]) ends the pass:
+    /// the chunks it did not send stay queued, and only those before it are reported done.
+    ///
+    /// [`SEND_TIMEOUT`]: crate::socket::SEND_TIMEOUT
     fn flush_one(&mut self) {
         let Some(first) = self.posted.front().copied() else {
             return;
@@ -734,6 +744,16 @@ impl UdpTx {
                 Ok(s) if s.chunks > 0 => at += s.chunks,
                 Ok(_) => {
                     self.lost += (n - at) as u64;
+                    at = n;
+                    break;
+                }
+                Err(TxError::Io { sent, source }) if source.kind() == io::ErrorKind::WouldBlock => {
+                    // The socket buffer stayed full for a whole `SEND_TIMEOUT`: the send path
+                    // is stuck. The rest stays queued, to be sent when it moves again (or
+                    // dropped by a cancel); the worker goes back to its commands meanwhile.
+                    at += sent;
+                    self.blocked += 1;
+                    tracing::debug!("multicast send timed out: the send path is stuck");
                     break;
                 }
                 Err(TxError::Io { sent, source }) => {
@@ -749,8 +769,12 @@ impl UdpTx {
                 }
             }
         }
-        self.posted.drain(..n);
-        self.done.push_back((first.op, n as u32));
+        // Every chunk before `at` was sent or lost; those from it on wait for the next try.
+        let at = at.min(n);
+        self.posted.drain(..at);
+        if at > 0 {
+            self.done.push_back((first.op, at as u32));
+        }
     }
 }
 

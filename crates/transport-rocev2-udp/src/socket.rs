@@ -404,7 +404,15 @@ fn udp_drops(table: &str, inode: u64) -> Option<u64> {
     })
 }
 
-/// The send socket of one lane: unconnected, bound to `interface:0`, DF set, blocking.
+/// How long one send waits for socket buffer space before it gives up with
+/// [`io::ErrorKind::WouldBlock`] (`SO_SNDTIMEO`). Space comes back as the device drains the
+/// queue, within microseconds; a send that waits this long meets a stuck send path (a NIC
+/// paused by PFC, a wedged queue), and its worker must go back to its commands (a cancel,
+/// its communicator's drop) rather than wait for ever.
+pub const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The send socket of one lane: unconnected, bound to `interface:0`, DF set, blocking for at
+/// most [`SEND_TIMEOUT`] per send.
 #[derive(Debug)]
 pub struct TxSocket {
     sock: Socket,
@@ -417,7 +425,8 @@ impl TxSocket {
     /// Opens a send socket on `cfg.interface` with `IP_MULTICAST_IF`, `IP_MULTICAST_LOOP` and
     /// TTL set.
     ///
-    /// It is left blocking: a send worker waits for socket buffer space instead of spinning.
+    /// It is left blocking: a send worker waits for socket buffer space instead of spinning,
+    /// for up to [`SEND_TIMEOUT`] per send.
     pub fn open(cfg: &SocketConfig) -> Result<Self, SocketError> {
         Self::open_from(cfg, cfg.interface)
     }
@@ -442,6 +451,8 @@ impl TxSocket {
         let state = UdpSocketState::new((&sock).into()).map_err(io_err("quinn-udp setup"))?;
         bind(&sock, SocketAddrV4::new(source, 0))?;
         sock.set_nonblocking(false).map_err(io_err("O_NONBLOCK"))?;
+        sock.set_write_timeout(Some(SEND_TIMEOUT))
+            .map_err(io_err("SO_SNDTIMEO"))?;
         let local = sock
             .local_addr()
             .map_err(io_err("getsockname"))?

@@ -97,6 +97,9 @@ pub struct Faults {
     /// (rank, time ns): from that time on, every control message from or to the rank is
     /// dropped (an nft drop on its TCP ports); its multicast still flows.
     pub control_cut: Vec<(u32, u64)>,
+    /// (rank, time ns): from that time on, the rank's NIC holds every multicast posted to
+    /// it (a PFC pause of its data class): none leaves, none completes; control still flows.
+    pub paused: Vec<(u32, u64)>,
 }
 
 #[derive(Debug, Clone)]
@@ -542,6 +545,15 @@ impl Net {
     }
 
     fn multicast(&mut self, r: u32, m: ringcast_core::Multicast) {
+        if self
+            .faults
+            .paused
+            .iter()
+            .any(|&(p, t)| p == r && self.now >= t)
+        {
+            self.log(|| format!("r{r} multicast {} chunk {} held (paused)", m.op, m.chunk));
+            return;
+        }
         let ranks = self.ranks();
         let start = self.nic_free_at[r as usize].max(self.now);
         let done = start + (f64::from(m.len) * self.byte_ns) as u64;

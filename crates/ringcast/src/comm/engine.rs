@@ -292,8 +292,8 @@ pub(crate) struct Engine {
     live: Vec<Live>,
     lost: Vec<Lost>,
     /// The last failure over a rank that does not go on (`NotPosted`, `PeerUnresponsive`,
-    /// `PeerFailed`, `PeerLost`; not a `ShapeMismatch`, whose rank is alive and well, nor a
-    /// `ReadFailed`, one operation's) and when it came. The operations posted before it and
+    /// `PeerFailed`, `PeerLost`, and this rank's own `SendsStalled`; not a `ShapeMismatch`,
+    /// whose rank is alive and well, nor a `ReadFailed`, one operation's) and when it came. The operations posted before it and
     /// still queued then fail with it, as NCCL's operations fail once a timeout aborted the
     /// communicator: behind a rank that never posts they would otherwise wait a post timeout
     /// more per window of operations the session runs at once (200 queued, 10 min: 40 min
@@ -808,7 +808,8 @@ impl Engine {
                 t @ (CommError::NotPosted { .. }
                 | CommError::PeerUnresponsive { .. }
                 | CommError::PeerFailed { .. }
-                | CommError::PeerLost { .. }),
+                | CommError::PeerLost { .. }
+                | CommError::SendsStalled { .. }),
             ) => self.stalled = Some((t.clone(), StdInstant::now())),
             Some(_) => {}
             None => self.stalled = None,
@@ -1026,6 +1027,7 @@ impl Engine {
             let t = lane::read(&l.tx_snap);
             c.bytes_sent += t.udp.payload_bytes;
             c.multicasts_lost += t.lost;
+            c.sends_timed_out += t.timed_out;
         }
         c
     }

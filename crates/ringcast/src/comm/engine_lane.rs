@@ -86,6 +86,7 @@ pub(super) struct TxSnap {
     pub(super) lane: LaneTxStats,
     pub(super) udp: TxStats,
     pub(super) lost: u64,
+    pub(super) timed_out: u64,
     /// UDP bytes per second the worker reached over its last full window with something to
     /// send (0, unknown: before the first, and once it is stale; see [`SendMeter`]).
     pub(super) sending: u64,
@@ -806,6 +807,7 @@ impl TxWorker {
                 lane: *self.core.lane.stats(),
                 udp: *tx.stats(),
                 lost: self.core.port.lost,
+                timed_out: self.core.port.blocked,
                 sending: self.meter.rate(),
             },
         );

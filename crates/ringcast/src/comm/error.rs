@@ -18,8 +18,10 @@ pub enum CommError {
         peer: u32,
     },
     /// Another rank gave up on `peer` (it stopped answering, or did not post the operation
-    /// within the post timeout) and aborted the operation.
-    #[error("rank {reported_by} gave up on rank {peer}: it stopped answering or did not post")]
+    /// within the post timeout) and aborted the operation. `peer == reported_by`: that rank
+    /// failed the operation on its own side (its multicast sends stalled, or it had given up
+    /// on the operation already) and told the others.
+    #[error("{}", peer_failed(*peer, *reported_by))]
     PeerFailed {
         /// The rank that did not answer.
         peer: u32,
@@ -120,6 +122,19 @@ pub enum CommError {
     /// No answer from the engine thread in time (it is stuck or gone).
     #[error("the engine did not answer within {0:?}")]
     EngineTimeout(std::time::Duration),
+}
+
+/// [`CommError::PeerFailed`]'s message.
+fn peer_failed(peer: u32, reported_by: u32) -> String {
+    if peer == reported_by {
+        format!(
+            "rank {peer} failed this operation on its own side and told the others (its \
+             multicast sends stalled, or it had given up on the operation already: see the \
+             error its call returned)"
+        )
+    } else {
+        format!("rank {reported_by} gave up on rank {peer}: it stopped answering or did not post")
+    }
 }
 
 /// [`CommError::ShapeMismatch`]'s message.

@@ -102,7 +102,8 @@
 //!   whichever path (multicast or TCP) each operation ran on. A program stuck before its
 //!   call, its engine alive, is named only at the post timeout.
 //! * An operation that fails over a rank that does not go on ([`CommError::NotPosted`],
-//!   [`CommError::PeerUnresponsive`], [`CommError::PeerFailed`], [`CommError::PeerLost`])
+//!   [`CommError::PeerUnresponsive`], [`CommError::PeerFailed`], [`CommError::PeerLost`],
+//!   and this rank's own [`CommError::SendsStalled`])
 //!   fails the operations posted before it failed and still waiting to start (beyond the
 //!   operations in flight at once), with the same error, as NCCL's fail once a timeout
 //!   aborted the communicator: behind a rank that never posts, each window of them would
@@ -116,10 +117,12 @@
 //!   normally elsewhere, the others fail with [`CommError::PeerLost`]. (Over TCP, one that
 //!   still waits on it after its goodbye, when the ranks disagreed on it, fails at once
 //!   naming it.)
-//! * A root whose own multicasts stop completing (its socket's send path is stuck: no send
-//!   finished between two looks, a peer timeout past its block's wire time apart) fails
-//!   the operation with [`CommError::SendsStalled`] naming itself, and the others with
-//!   [`CommError::PeerFailed`] naming it.
+//! * A root whose own multicasts stop completing (its socket's send path is stuck, as on a
+//!   NIC paused by PFC: no send finished between two looks, a peer timeout past its block's
+//!   wire time apart) fails the operation with [`CommError::SendsStalled`] naming itself,
+//!   and the others with [`CommError::PeerFailed`] naming it. A send waits at most 100 ms
+//!   for socket buffer space ([`Counters::sends_timed_out`] counts those that waited in
+//!   vain), so a stuck send path never holds a cancel or the communicator's drop.
 //! * Ranks that post an operation with another kind, root or size fail it with
 //!   [`CommError::ShapeMismatch`] (see Ordering): no rank crashed or hung, and the
 //!   next operation runs as usual.

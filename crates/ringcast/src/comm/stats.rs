@@ -31,6 +31,11 @@ pub struct Counters {
     pub datagrams_dropped: u64,
     /// Multicasts that could not be sent (socket errors, no buffer); the ring repairs them.
     pub multicasts_lost: u64,
+    /// Multicast sends that waited for socket buffer space in vain (100 ms each): the send
+    /// path was stuck (a NIC paused by PFC, a wedged queue). Their chunks stayed queued; an
+    /// operation whose sends stop for good fails with
+    /// [`CommError::SendsStalled`](super::CommError::SendsStalled).
+    pub sends_timed_out: u64,
     /// Payload bytes sent over the TCP fallback (own pieces and pieces passed on).
     pub tcp_bytes_sent: u64,
     /// Payload bytes received over the TCP fallback.
@@ -55,6 +60,7 @@ impl Counters {
             chunks_dropped: d(self.chunks_dropped, earlier.chunks_dropped),
             datagrams_dropped: d(self.datagrams_dropped, earlier.datagrams_dropped),
             multicasts_lost: d(self.multicasts_lost, earlier.multicasts_lost),
+            sends_timed_out: d(self.sends_timed_out, earlier.sends_timed_out),
             tcp_bytes_sent: d(self.tcp_bytes_sent, earlier.tcp_bytes_sent),
             tcp_bytes_received: d(self.tcp_bytes_received, earlier.tcp_bytes_received),
             tcp_bytes_landed: d(self.tcp_bytes_landed, earlier.tcp_bytes_landed),

@@ -265,9 +265,15 @@ impl Output {
             "# multicast lanes: {l} (--lanes or RINGCAST_LANES; by default from the cores); \
              Allgather roots at once: {c} (RINGCAST_CHAINS; by default from the cores)"
         ))?;
+        let tcp = if t == 0 {
+            // `--tcp-threshold 0`, or no TCP path to take (one rank).
+            "none: every operation goes to multicast".to_owned()
+        } else {
+            format!("operations of at most {t} B")
+        };
         self.line(&format!(
-            "# over TCP: operations of at most {t} B (--tcp-threshold or \
-             RINGCAST_TCP_THRESHOLD; by default {} with every rank on one host, else {})",
+            "# over TCP: {tcp} (--tcp-threshold or RINGCAST_TCP_THRESHOLD; by default {} \
+             with every rank on one host, else {}; none for one rank)",
             crate::units::human(ringcast::comm::ONE_HOST_TCP_THRESHOLD),
             crate::units::human(ringcast::comm::DEFAULT_TCP_THRESHOLD),
         ))?;
