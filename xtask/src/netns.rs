@@ -1,7 +1,8 @@
 //! `cargo xtask netns`: ringcast on a switched (bridged) fabric of network namespaces:
 //! correctness with several operations in flight, a seeded random mix of every kind and size
 //! (small ones over TCP) under loss, sub-communicators (`split`, `split_by_host`) on their
-//! own groups, random loss, hostile traffic, killed ranks, a rank whose egress stops (a tbf
+//! own groups, random loss, hostile traffic, killed ranks, a bridge port whose MTU is below
+//! the hosts' (found by the start-up check), a rank whose egress stops (a tbf
 //! qdisc that holds every packet: all of it, or only the data port, as PFC pauses a class),
 //! blocked control connections, multicast that cannot arrive (and the TCP fallback), wire
 //! checks with tshark and scapy, and Open MPI's mpirun locally and across the namespaces.
@@ -195,6 +196,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
             ("hostile", hostile),
             ("kill", kill),
             ("pause", pause),
+            ("mtu", mtu),
             ("tcp-block", tcp_block),
             ("unreachable", unreachable),
             ("no-querier", no_querier),
@@ -1193,6 +1195,54 @@ fn kill(ctx: &Ctx<'_>) -> Result<String, String> {
         "rank {victim} SIGKILLed during 4 MiB Allgathers; {who} (deadline {}s)",
         FAIL_DEADLINE.as_secs()
     ))
+}
+
+/// The fabric's MTU below the hosts': rank 1's switch port (the host side of its veth) at
+/// 1500 bytes while every host runs 9000 and sizes its chunks from that. Small datagrams
+/// reach rank 1, the data's do not (the bridge drops them, and says nothing). Every rank
+/// fails to build within seconds with `MulticastUnreachable` naming the MTU; before, the
+/// start-up check passed and the first operation failed a peer timeout later, blaming a rank.
+fn mtu(ctx: &Ctx<'_>) -> Result<String, String> {
+    let victim = 1;
+    let port = ctx.lab.veths[victim].clone();
+    sh("ip", &["link", "set", "dev", &port, "mtu", "1500"])?;
+    let res = (|| {
+        let t = Instant::now();
+        let mut r = ctx.start("mtu", &["check", "--rounds", "1", "--inflight", "2"], &[])?;
+        r.wait_all(Duration::from_secs(60));
+        let took = t.elapsed();
+        let mut msg = String::new();
+        for i in 0..ctx.p() {
+            let out = r.out(i);
+            let line = out
+                .lines()
+                .find(|l| l.starts_with("BUILD_ERROR"))
+                .ok_or_else(|| {
+                    format!("rank {i} did not fail to build: {out} {}", r.err_tail(i))
+                })?;
+            let m = kv(line);
+            let text = m.get("msg").cloned().unwrap_or_default();
+            if m.get("kind").map(String::as_str) != Some("MulticastUnreachable")
+                || !text.contains("smaller MTU")
+                || !text.contains(&format!("rank {victim} heard small multicast"))
+            {
+                return Err(format!("rank {i}: {line}"));
+            }
+            if i == 0 {
+                msg = text;
+            }
+        }
+        let short: String = msg.chars().take(300).collect();
+        Ok(format!(
+            "rank {victim}'s bridge port at MTU 1500 under 9000-byte hosts: every rank failed \
+             to build in {:.1}s with MulticastUnreachable (\"{short}...\")",
+            took.as_secs_f64()
+        ))
+    })();
+    let restored = sh("ip", &["link", "set", "dev", &port, "mtu", "9000"]);
+    let r = res?;
+    restored?;
+    Ok(r)
 }
 
 /// A rank whose egress stops during 4 MiB Allgathers: a tbf qdisc lets one packet through,

@@ -35,7 +35,9 @@ pub struct Limits {
     pub max_ranks: u32,
     /// Most operations in flight at once on one session.
     pub max_inflight_ops: u32,
-    /// Most chunks one operation may have (further bounded by the immediate's chunk bits).
+    /// Most chunks one operation may have, further bounded by the immediate's chunk bits:
+    /// below `2^chunk_bits`, as the all-ones index is never a chunk's (an engine's start-up
+    /// probes carry it, and every operation's receive path drops it as out of range).
     pub max_chunks_per_op: u32,
     /// Longest control message accepted or sent, in bytes.
     pub max_control_len: usize,
@@ -54,7 +56,7 @@ impl Default for Limits {
         Limits {
             max_ranks: 1 << 16,
             max_inflight_ops: 64,
-            max_chunks_per_op: 1 << 20,
+            max_chunks_per_op: (1 << 20) - 1,
             max_control_len: 16 + 8 * 512,
             max_read: u64::MAX,
             max_lanes: 256,

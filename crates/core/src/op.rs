@@ -136,7 +136,11 @@ impl Collective {
         sizes: &[u64],
         mut send: RootSend,
     ) -> Result<Self, StartError> {
-        let max = c.limits.max_chunks_per_op;
+        // The all-ones chunk index is never a chunk's (see `Limits::max_chunks_per_op`).
+        let max = c
+            .limits
+            .max_chunks_per_op
+            .min(u32::try_from(c.imm.max_chunks() - 1).unwrap_or(u32::MAX));
         // Saturating: sizes near 2^64 are refused below, never an overflow.
         let chunks: u64 = sizes
             .iter()

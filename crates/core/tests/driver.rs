@@ -579,3 +579,43 @@ fn a_refused_call_fails_the_others_at_once_naming_the_refuser() {
         assert_eq!(a, b);
     }
 }
+
+/// The all-ones chunk index is never a chunk's: an operation of `2^chunk_bits` chunks is
+/// refused (its last chunk would carry it), one chunk fewer runs, and a datagram carrying
+/// that index (an engine's start-up probe, sized like a chunk) is dropped as out of range,
+/// never placed.
+#[test]
+fn the_all_ones_chunk_index_is_never_a_chunk() {
+    let imm = ringcast_core::wire::ImmLayout::new(8).expect("layout");
+    let tweak = |rank| {
+        let mut c = config(rank, 1);
+        c.imm = imm;
+        // As wide as the immediate indexes: the index still caps it.
+        c.limits.max_chunks_per_op = 256;
+        c
+    };
+    let mut leaf = Node::new(tweak(1)).expect("config");
+    assert_eq!(
+        leaf.start_broadcast(Instant::ZERO, Rank(0), 256 * 16),
+        Err(StartError::TooLarge {
+            chunks: 256,
+            max: 255
+        })
+    );
+    let op = leaf
+        .start_broadcast(Instant::ZERO, Rank(0), 255 * 16)
+        .expect("one chunk fewer runs");
+    let probe = imm
+        .encode(ringcast_core::wire::Imm {
+            op_tag: imm.tag_of(op.0),
+            chunk: 255,
+        })
+        .expect("fits");
+    assert!(
+        matches!(
+            leaf.handle_chunk(0, Rank(0), probe, 16),
+            ringcast_core::Placement::Drop(_)
+        ),
+        "the all-ones index is dropped"
+    );
+}

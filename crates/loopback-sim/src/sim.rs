@@ -131,14 +131,15 @@ impl Sim {
             .collect::<Option<Vec<_>>>()
             .ok_or(SimError::Invalid("an operation has more than 2^32 chunks"))?;
         let most_chunks = layouts.iter().map(|l| l.total() as u64).max().unwrap_or(1);
-        // Widen the immediate's chunk index (down to the narrowest allowed op tag) if needed.
-        let bits = (64 - most_chunks.saturating_sub(1).leading_zeros()).clamp(20, 22) as u8;
+        // Widen the immediate's chunk index (down to the narrowest allowed op tag) if needed;
+        // the all-ones index is never a chunk's.
+        let bits = (64 - most_chunks.leading_zeros()).clamp(20, 22) as u8;
         let imm = ImmLayout::new(bits).map_err(|_| SimError::Invalid("immediate layout"))?;
         let mut hosts = Vec::with_capacity(ranks as usize);
         for r in 0..ranks {
             let mut c = cfg.core_config(r, ranks);
             c.imm = imm;
-            c.limits.max_chunks_per_op = 1 << bits;
+            c.limits.max_chunks_per_op = (1 << bits) - 1;
             let n = Node::new(c)?;
             hosts.push(Host::new(n, cfg.faults.rx_slots, ops.len()));
         }

@@ -56,7 +56,8 @@ impl ImmLayout {
         32 - self.chunk_bits
     }
 
-    /// Number of distinct chunk indices (the most chunks one operation may have).
+    /// Number of distinct chunk indices (one more than the most chunks one operation may
+    /// have: the all-ones index is never a chunk's).
     pub const fn max_chunks(self) -> u64 {
         1u64 << self.chunk_bits
     }

@@ -245,8 +245,9 @@ pub enum BuildError {
     /// A feature that is not built yet.
     #[error("{0}")]
     Unsupported(&'static str),
-    /// The start-up check found that multicast does not reach every rank, and the fallback
-    /// is off: the message names who did not hear whom, where, and what to check.
+    /// The start-up check found that multicast does not reach every rank (or not in
+    /// datagrams as large as the data's: a path MTU below the hosts'), and the fallback is
+    /// off: the message names who did not hear whom, where, and what to check.
     #[error(transparent)]
     MulticastUnreachable(Box<super::probe::ProbeFailure>),
     /// The start-up check could not run to its end (a peer's report missing or unreadable,

@@ -138,10 +138,12 @@
 //!
 //! ## Start-up check and TCP fallback
 //! [`CommBuilder::build`] checks that multicast arrives before it returns: every rank
-//! multicasts probe datagrams on every lane and reports over TCP whom it heard; within the
-//! window ([`CommBuilder::startup_check`], 2 s by default, ended early once everyone heard
-//! everyone) every rank reaches the same verdict. Multicast that does not reach every rank (no
-//! route, a snooping switch without a querier, a firewall dropping the UDP port) is a
+//! multicasts probe datagrams on every lane, small ones and ones as large as a chunk, and
+//! reports over TCP whom it heard; within the window ([`CommBuilder::startup_check`], 2 s by
+//! default, ended early once everyone heard everyone) every rank reaches the same verdict.
+//! Multicast that does not reach every rank (no route, a snooping switch without a querier, a
+//! firewall dropping the UDP port), or reaches it only in datagrams smaller than the data's (a
+//! link or switch port on the way with a smaller MTU than the hosts'), is a
 //! [`BuildError::MulticastUnreachable`] whose message names who did not hear whom, on which
 //! group and interface, and what to check.
 //!

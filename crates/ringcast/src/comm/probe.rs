@@ -4,11 +4,12 @@
 //! every lane's data sockets joined their groups, before the engine starts.
 //!
 //! ## Protocol
-//! 1. Every rank multicasts a **probe datagram** on every lane, again every
+//! 1. Every rank multicasts two **probe datagrams** on every lane, again every
 //!    [`PROBE_INTERVAL`], from the lane's own send socket (same interface, TTL and loop
-//!    settings as the data), and reads its own lane sockets, noting which ranks it heard on
-//!    which lane.
-//! 2. Once it heard every other rank on every lane, or once the window (default 2 s,
+//!    settings as the data): a small one, and one as large as a chunk (the data's datagram
+//!    size). It reads its own lane sockets, noting which ranks it heard on which lane, in
+//!    small datagrams and in chunk-sized ones.
+//! 2. Once it heard every other rank on every lane in both sizes, or once the window (default 2 s,
 //!    [`CommBuilder::startup_check`](super::CommBuilder::startup_check)) is over, it stops
 //!    reading its data sockets and sends a **report** to every peer over the TCP control mesh:
 //!    what it heard, its interface, UDP port and groups, its fallback setting (and, with
@@ -16,7 +17,9 @@
 //!    every report is in, so a late joiner still hears it.
 //! 3. With every report in, every rank judges the same matrix the same way
 //!    ([`judge`]): all heard → multicast is fine; otherwise a [`ProbeFailure`] naming who did
-//!    not hear whom, where, and what to check. No coordinator is needed and every rank reaches
+//!    not hear whom, where, and what to check. A sender heard in small datagrams but not in
+//!    chunk-sized ones is a path whose MTU is below the hosts' (a switch port, a link, a
+//!    bridge): the data would never arrive, and the failure says so. No coordinator is needed and every rank reaches
 //!    the same verdict.
 //!
 //! A rank starts its engine only after every report is in, i.e. after every rank stopped
@@ -28,21 +31,22 @@
 //! ## The probe datagram (what the core sees of a late one)
 //! A valid RoCEv2 UD `SEND_ONLY_WITH_IMMEDIATE` of the job (its P_Key, Q_Key, DestQP), so that
 //! it crosses exactly the filters the data crosses, with **ImmDt `0xFFFF_FFFF`**
-//! ([`PROBE_IMM`]) and a 16-byte payload `"RCPROBE1" | rank u32 | lane u16 | round u16`.
+//! ([`PROBE_IMM`]) and a payload `"RCPROBE1" | rank u32 | lane u16 | round u16` (16 bytes),
+//! or `"RCPROBE2"` and the same fields, zero-padded to the chunk size.
 //! Probes still queued when the engine starts reach the core's receive path, which drops them
 //! cleanly: the op tag is all ones, so no operation is open for it until the 4095th one
 //! (default layout) and the chunk is counted **stale**; should a late probe ever meet an open
-//! operation with that tag, its chunk index (all ones, `2^chunk_bits - 1`) lies outside every
-//! block shorter than `2^chunk_bits` chunks (out of range / wrong lane) and its 16-byte length
-//! matches no chunk of any longer block (bad length). It is never placed.
+//! operation with that tag, its chunk index (all ones, `2^chunk_bits - 1`) is never a chunk's
+//! (the core refuses operations of `2^chunk_bits` chunks), so it is dropped as out of range.
+//! It is never placed.
 //!
 //! ## Reports on the control mesh
 //! A control message whose first byte is [`REPORT_KIND`] (`0xF0`; the core's kinds are small
 //! integers, 1 to 9 today, so the core would reject one as malformed): `kind, version, flags,
 //! 0, rank u32, ranks u32, tcp_threshold u64, chunk_size u32, chains u32, lanes u16, port u16,
 //! interface
-//! [4], groups [4] x lanes, heard bitmap (lane-major, ceil(lanes x ranks / 8) bytes),
-//! extra_len u16, extra`.
+//! [4], groups [4] x lanes, heard bitmap (lane-major, ceil(lanes x ranks / 8) bytes), the
+//! same bitmap for chunk-sized probes, extra_len u16, extra`.
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -52,7 +56,9 @@ use std::time::{Duration, Instant};
 use ringcast_core::lane::Multicast;
 use ringcast_core::port::{ControlInput, ControlPort, LaneRxPort, LaneTxPort, RxToken};
 use ringcast_core::{DropReason, OpId, Placement, Rank};
-use ringcast_transport_rocev2_udp::{OpBuffer, Registry, TcpControl, UdpRx, UdpTx};
+use ringcast_transport_rocev2_udp::{
+    DATAGRAM_OVERHEAD, OpBuffer, Registry, TcpControl, UdpRx, UdpTx,
+};
 
 use super::error::BuildError;
 
@@ -60,13 +66,15 @@ use super::error::BuildError;
 pub(crate) const PROBE_IMM: u32 = u32::MAX;
 /// Probe payload: magic, rank, lane, round.
 const PROBE_MAGIC: [u8; 8] = *b"RCPROBE1";
+/// A chunk-sized probe's payload starts with this, then rank, lane and round as a small one's.
+const FULL_MAGIC: [u8; 8] = *b"RCPROBE2";
 pub(crate) const PROBE_LEN: usize = 16;
 /// Registry ids of the probe's send and receive scratch buffers (no operation gets near them).
 const PROBE_TX_OP: OpId = OpId(u64::MAX);
 const PROBE_RX_OP: OpId = OpId(u64::MAX - 1);
 /// First byte of a report on the control mesh.
 pub(crate) const REPORT_KIND: u8 = 0xF0;
-const REPORT_VERSION: u8 = 4;
+const REPORT_VERSION: u8 = 5;
 const FLAG_CHECKED: u8 = 1;
 const FLAG_FALLBACK_TCP: u8 = 2;
 /// How often a rank multicasts its probes.
@@ -125,8 +133,10 @@ pub(crate) struct Report {
     pub(crate) interface: Ipv4Addr,
     pub(crate) port: u16,
     pub(crate) groups: Vec<Ipv4Addr>,
-    /// `heard[lane * ranks + sender]`.
+    /// `heard[lane * ranks + sender]`: its small probes arrived.
     pub(crate) heard: Vec<bool>,
+    /// The same, for its chunk-sized probes.
+    pub(crate) heard_full: Vec<bool>,
     pub(crate) extra: Vec<u8>,
 }
 
@@ -134,7 +144,7 @@ impl Report {
     /// Bytes of the longest report of a job of `ranks` ranks on `lanes` lanes (its extra
     /// bytes as long as their 16-bit length allows).
     pub(crate) fn max_len(lanes: usize, ranks: usize) -> usize {
-        36 + 4 * lanes + lanes.saturating_mul(ranks).div_ceil(8) + 2 + usize::from(u16::MAX)
+        36 + 4 * lanes + 2 * lanes.saturating_mul(ranks).div_ceil(8) + 2 + usize::from(u16::MAX)
     }
 
     fn lanes(&self) -> usize {
@@ -148,9 +158,17 @@ impl Report {
             .unwrap_or(false)
     }
 
+    fn heard_full(&self, lane: usize, from: u32) -> bool {
+        self.heard_full
+            .get(lane * self.ranks as usize + from as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         let bits = self.heard.len();
-        let mut b = Vec::with_capacity(40 + 4 * self.lanes() + bits.div_ceil(8) + self.extra.len());
+        let mut b =
+            Vec::with_capacity(40 + 4 * self.lanes() + 2 * bits.div_ceil(8) + self.extra.len());
         let flags = if self.checked { FLAG_CHECKED } else { 0 }
             | if self.fallback_tcp {
                 FLAG_FALLBACK_TCP
@@ -169,11 +187,13 @@ impl Report {
         for g in &self.groups {
             b.extend_from_slice(&g.octets());
         }
-        let mut map = vec![0u8; bits.div_ceil(8)];
-        for (i, _) in self.heard.iter().enumerate().filter(|(_, h)| **h) {
-            map[i / 8] |= 1 << (i % 8);
+        for heard in [&self.heard, &self.heard_full] {
+            let mut map = vec![0u8; bits.div_ceil(8)];
+            for (i, _) in heard.iter().enumerate().filter(|(_, h)| **h).take(bits) {
+                map[i / 8] |= 1 << (i % 8);
+            }
+            b.extend_from_slice(&map);
         }
-        b.extend_from_slice(&map);
         b.extend_from_slice(&(self.extra.len() as u16).to_be_bytes());
         b.extend_from_slice(&self.extra);
         b
@@ -212,10 +232,16 @@ impl Report {
         if rank >= ranks || bits > 1 << 24 {
             return None;
         }
-        let map = take(&mut at, bits.div_ceil(8))?;
-        let heard = (0..bits)
-            .map(|i| map[i / 8] & (1 << (i % 8)) != 0)
-            .collect();
+        let mut bitmap = || -> Option<Vec<bool>> {
+            let map = take(&mut at, bits.div_ceil(8))?;
+            Some(
+                (0..bits)
+                    .map(|i| map[i / 8] & (1 << (i % 8)) != 0)
+                    .collect(),
+            )
+        };
+        let heard = bitmap()?;
+        let heard_full = bitmap()?;
         let n = usize::from(u16_(take(&mut at, 2)?));
         let extra = take(&mut at, n)?.to_vec();
         if at != b.len() {
@@ -233,6 +259,7 @@ impl Report {
             port,
             groups,
             heard,
+            heard_full,
             extra,
         })
     }
@@ -254,8 +281,9 @@ pub struct Unheard {
     pub from: Vec<u32>,
 }
 
-/// Multicast does not reach every rank: who did not hear whom, and where. Its `Display` says
-/// what to check (route, IGMP snooping querier, firewall) and how to fall back to TCP.
+/// Multicast does not reach every rank, or not in datagrams as large as the data's: who did
+/// not hear whom, and where. Its `Display` says what to check (route, IGMP snooping querier,
+/// firewall; the path's MTU) and how to fall back to TCP.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ProbeFailure {
@@ -270,6 +298,12 @@ pub struct ProbeFailure {
     pub deaf: Vec<u32>,
     /// UDP port by rank, when the ranks disagree on it (a configuration mismatch).
     pub port_mismatch: Vec<(u32, u16)>,
+    /// Every (receiver, lane) that heard some senders' small probes but not their
+    /// chunk-sized ones (`from`): the path between them does not carry datagrams as large as
+    /// the data's (an MTU on the way below the hosts').
+    pub too_large: Vec<Unheard>,
+    /// The chunk size the ranks agreed on (payload bytes per data datagram).
+    pub chunk_size: u32,
 }
 
 fn list(r: &[u32]) -> String {
@@ -288,36 +322,38 @@ impl fmt::Display for ProbeFailure {
             "multicast start-up check failed (listened {:.1} s): ",
             self.window.as_secs_f64()
         )?;
-        // One line per receiver: lanes with the same missing senders are merged.
+        // IPv4, UDP and the RoCE headers and trailer around a chunk.
+        let packet = u64::from(self.chunk_size) + 28 + DATAGRAM_OVERHEAD as u64;
+        let large = format!("multicast of the data's size ({packet}-byte IP packets)");
         let mut first = true;
-        let mut i = 0;
-        while i < self.unheard.len() {
-            let u = &self.unheard[i];
-            let mut j = i + 1;
-            while j < self.unheard.len()
-                && self.unheard[j].rank == u.rank
-                && self.unheard[j].from == u.from
-            {
-                j += 1;
+        for (rows, what) in [
+            (&self.unheard, "no multicast".to_owned()),
+            (&self.too_large, format!("small multicast but no {large}")),
+        ] {
+            // One line per receiver: lanes with the same missing senders are merged.
+            let mut i = 0;
+            while i < rows.len() {
+                let u = &rows[i];
+                let mut j = i + 1;
+                while j < rows.len() && rows[j].rank == u.rank && rows[j].from == u.from {
+                    j += 1;
+                }
+                let groups: Vec<String> = rows[i..j].iter().map(|x| x.group.to_string()).collect();
+                if !first {
+                    f.write_str("; ")?;
+                }
+                first = false;
+                write!(
+                    f,
+                    "rank {} heard {what} from {} {} on {} via {}",
+                    u.rank,
+                    ranks_word(u.from.len()),
+                    list(&u.from),
+                    groups.join(", "),
+                    u.interface
+                )?;
+                i = j;
             }
-            let groups: Vec<String> = self.unheard[i..j]
-                .iter()
-                .map(|x| x.group.to_string())
-                .collect();
-            if !first {
-                f.write_str("; ")?;
-            }
-            first = false;
-            write!(
-                f,
-                "rank {} heard no multicast from {} {} on {} via {}",
-                u.rank,
-                ranks_word(u.from.len()),
-                list(&u.from),
-                groups.join(", "),
-                u.interface
-            )?;
-            i = j;
         }
         f.write_str(".")?;
         if !self.port_mismatch.is_empty() {
@@ -358,20 +394,32 @@ impl fmt::Display for ProbeFailure {
                 if self.deaf.len() == 1 { "it" } else { "them" }
             )?;
         }
-        let port = self
-            .unheard
-            .first()
-            .map_or(ringcast_transport_rocev2_udp::addr::ROCEV2_PORT, |u| {
-                u.group.port()
-            });
-        write!(
-            f,
-            " Check: no multicast route on the chosen interface (set RINGCAST_IFNAME, or \
-             `ip route add 224.0.0.0/4 dev <if>`); an IGMP-snooping switch or bridge without a \
-             querier (enable one, e.g. `ip link set <bridge> type bridge mcast_querier 1`, or \
-             turn snooping off); a firewall dropping UDP port {port} (allow it, e.g. \
-             `nft add rule inet filter input udp dport {port} accept`). To run over TCP instead, \
-             set RINGCAST_FALLBACK=tcp (CommBuilder::fallback(Fallback::Tcp))."
+        if !self.too_large.is_empty() {
+            write!(
+                f,
+                " A link, switch port or bridge on the way has a smaller MTU than the hosts' \
+                 interfaces (each host sizes its chunks, {} bytes here, from its interface's \
+                 MTU): raise the MTU along the whole path, or set RINGCAST_CHUNK_SIZE \
+                 (CommBuilder::chunk_size) to what the path carries (its MTU less 56 bytes; \
+                 1444 for 1500). TCP through that path may stall too, where nothing reports \
+                 the smaller MTU.",
+                self.chunk_size
+            )?;
+        }
+        if let Some(u) = self.unheard.first() {
+            let port = u.group.port();
+            write!(
+                f,
+                " Check: no multicast route on the chosen interface (set RINGCAST_IFNAME, or \
+                 `ip route add 224.0.0.0/4 dev <if>`); an IGMP-snooping switch or bridge \
+                 without a querier (enable one, e.g. `ip link set <bridge> type bridge \
+                 mcast_querier 1`, or turn snooping off); a firewall dropping UDP port {port} \
+                 (allow it, e.g. `nft add rule inet filter input udp dport {port} accept`)."
+            )?;
+        }
+        f.write_str(
+            " To run over TCP instead, set RINGCAST_FALLBACK=tcp \
+             (CommBuilder::fallback(Fallback::Tcp)).",
         )
     }
 }
@@ -476,7 +524,25 @@ pub(crate) fn judge(reports: &[Report], window: Duration) -> Result<Option<Probe
             }
         }
     }
-    if unheard.is_empty() {
+    // Heard in small datagrams, not in chunk-sized ones.
+    let mut too_large = Vec::new();
+    for r in reports {
+        for lane in 0..lanes {
+            let from: Vec<u32> = (0..ranks)
+                .filter(|&s| s != r.rank && r.heard(lane, s) && !r.heard_full(lane, s))
+                .collect();
+            if !from.is_empty() {
+                too_large.push(Unheard {
+                    rank: r.rank,
+                    interface: r.interface,
+                    lane: lane as u16,
+                    group: SocketAddrV4::new(r.groups[lane], r.port),
+                    from,
+                });
+            }
+        }
+    }
+    if unheard.is_empty() && too_large.is_empty() {
         return Ok(None);
     }
     let heard_any = |r: &Report, s: u32| (0..lanes).any(|l| r.heard(l, s));
@@ -516,6 +582,8 @@ pub(crate) fn judge(reports: &[Report], window: Duration) -> Result<Option<Probe
         unheard_by_all,
         deaf,
         port_mismatch,
+        too_large,
+        chunk_size: first.chunk_size,
     }))
 }
 
@@ -533,15 +601,20 @@ pub(crate) fn run(
     let started = Instant::now();
     let n = s.ranks as usize;
     let lanes = usize::from(s.lanes);
-    let mut heard = vec![false; lanes * n];
+    let mut heard = Heard {
+        small: vec![false; lanes * n],
+        full: vec![false; lanes * n],
+    };
     let mut ex = Exchange::default();
     if n <= 1 {
         ex.extras = vec![s.extra.clone()];
         return Ok(ex);
     }
     let registry: Registry = control.registry().clone();
-    let out = OpBuffer::zeroed(PROBE_LEN * lanes);
-    let inbox = OpBuffer::zeroed(PROBE_LEN);
+    // Per lane a small probe, then (from `PROBE_LEN * lanes` on) a chunk-sized one.
+    let full = s.chunk_size as usize;
+    let out = OpBuffer::zeroed((PROBE_LEN + full) * lanes);
+    let inbox = OpBuffer::zeroed(full.max(PROBE_LEN));
     registry.register(PROBE_TX_OP, out.clone());
     registry.register(PROBE_RX_OP, inbox.clone());
     let mut others = Vec::new();
@@ -578,7 +651,7 @@ fn exchange(
     control: &mut TcpControl,
     out: &OpBuffer,
     inbox: &OpBuffer,
-    heard: &mut [bool],
+    heard: &mut Heard,
     started: Instant,
     ex: &mut Exchange,
     others: &mut Vec<(Rank, Vec<u8>)>,
@@ -611,9 +684,12 @@ fn exchange(
                 listen(s, lane, r, inbox, heard);
             }
         }
-        // 3. Report once everything was heard, or the window is over.
-        let heard_all =
-            (0..lanes).all(|l| (0..n).all(|from| from == s.rank as usize || heard[l * n + from]));
+        // 3. Report once everything was heard in both sizes, or the window is over.
+        let heard_all = (0..lanes).all(|l| {
+            (0..n).all(|from| {
+                from == s.rank as usize || (heard.small[l * n + from] && heard.full[l * n + from])
+            })
+        });
         if !reported && (!checking || heard_all || now >= window_end) {
             let me = Report {
                 rank: s.rank,
@@ -626,7 +702,8 @@ fn exchange(
                 interface: s.interface,
                 port: s.groups.first().map_or(0, SocketAddrV4::port),
                 groups: s.groups.iter().map(|g| *g.ip()).collect(),
-                heard: heard.to_vec(),
+                heard: heard.small.clone(),
+                heard_full: heard.full.clone(),
                 extra: s.extra.clone(),
             };
             let bytes = me.encode();
@@ -712,35 +789,50 @@ fn exchange(
     Ok(())
 }
 
-/// One probe per lane, through the lane's own send half.
+/// Which senders a rank heard, by lane (`[lane * ranks + sender]`), in each probe size.
+#[derive(Debug)]
+pub(crate) struct Heard {
+    small: Vec<bool>,
+    full: Vec<bool>,
+}
+
+/// Two probes per lane, a small one and a chunk-sized one, through the lane's own send half.
 fn send_probes(s: &ProbeSetup, tx: &mut [UdpTx], out: &OpBuffer, round: u16) {
+    let lanes = tx.len();
+    let full = s.chunk_size as usize;
     for (lane, t) in tx.iter_mut().enumerate() {
-        let mut p = [0u8; PROBE_LEN];
-        p[..8].copy_from_slice(&PROBE_MAGIC);
-        p[8..12].copy_from_slice(&s.rank.to_be_bytes());
-        p[12..14].copy_from_slice(&(lane as u16).to_be_bytes());
-        p[14..16].copy_from_slice(&round.to_be_bytes());
-        let offset = (lane * PROBE_LEN) as u64;
-        out.write_at(offset, &p);
-        t.post_multicast(&Multicast {
-            op: PROBE_TX_OP,
-            lane: lane as u16,
-            imm: PROBE_IMM,
-            chunk: 0,
-            offset,
-            len: PROBE_LEN as u32,
-        });
-        // Sends the queued batch.
-        while t.poll_send_done().is_some() {}
+        for (magic, offset, len) in [
+            (PROBE_MAGIC, lane * PROBE_LEN, PROBE_LEN),
+            (FULL_MAGIC, lanes * PROBE_LEN + lane * full, full),
+        ] {
+            // The rest of a chunk-sized probe stays zero.
+            let mut p = [0u8; PROBE_LEN];
+            p[..8].copy_from_slice(&magic);
+            p[8..12].copy_from_slice(&s.rank.to_be_bytes());
+            p[12..14].copy_from_slice(&(lane as u16).to_be_bytes());
+            p[14..16].copy_from_slice(&round.to_be_bytes());
+            out.write_at(offset as u64, &p);
+            t.post_multicast(&Multicast {
+                op: PROBE_TX_OP,
+                lane: lane as u16,
+                imm: PROBE_IMM,
+                chunk: 0,
+                offset: offset as u64,
+                len: len as u32,
+            });
+            // Sends the queued batch.
+            while t.poll_send_done().is_some() {}
+        }
     }
 }
 
-/// Reads what lane `lane`'s socket holds; notes every valid probe's sender.
-fn listen(s: &ProbeSetup, lane: usize, rx: &mut UdpRx, inbox: &OpBuffer, heard: &mut [bool]) {
+/// Reads what lane `lane`'s socket holds; notes every valid probe's sender, by size.
+fn listen(s: &ProbeSetup, lane: usize, rx: &mut UdpRx, inbox: &OpBuffer, heard: &mut Heard) {
     let n = s.ranks as usize;
+    let full = s.chunk_size as usize;
     while let Some(token) = rx.receive() {
         let m = token.meta();
-        if m.imm != PROBE_IMM || m.len != PROBE_LEN {
+        if m.imm != PROBE_IMM || (m.len != PROBE_LEN && m.len != full) {
             // Nothing else is sent before every report is in; ignore it.
             let _ = token.consume(&Placement::Drop(DropReason::Stale));
             continue;
@@ -748,20 +840,28 @@ fn listen(s: &ProbeSetup, lane: usize, rx: &mut UdpRx, inbox: &OpBuffer, heard: 
         if !token.consume(&Placement::Place {
             op: PROBE_RX_OP,
             offset: 0,
-            len: PROBE_LEN as u32,
+            len: m.len as u32,
         }) {
             continue;
         }
-        let p = inbox.to_vec();
+        let Some(p) = inbox.view(0, PROBE_LEN as u64, |v| {
+            let mut p = [0u8; PROBE_LEN];
+            p.copy_from_slice(v);
+            p
+        }) else {
+            continue;
+        };
         let rank = u32::from_be_bytes([p[8], p[9], p[10], p[11]]);
         let on = u16::from_be_bytes([p[12], p[13]]);
-        if p[..8] == PROBE_MAGIC
-            && rank == m.from.0
-            && usize::from(on) == lane
-            && m.from.index() < n
-        {
-            heard[lane * n + m.from.index()] = true;
+        if rank != m.from.0 || usize::from(on) != lane || m.from.index() >= n {
+            continue;
         }
+        let seen = match &p[..8] {
+            x if x == PROBE_MAGIC && m.len == PROBE_LEN => &mut heard.small,
+            x if x == FULL_MAGIC && m.len == full => &mut heard.full,
+            _ => continue,
+        };
+        seen[lane * n + m.from.index()] = true;
     }
 }
 
@@ -785,6 +885,7 @@ mod tests {
             interface: Ipv4Addr::new(10, 0, 0, 1 + rank as u8),
             port: 4791,
             groups: vec![Ipv4Addr::new(239, 1, 2, 3)],
+            heard_full: heard.clone(),
             heard,
             extra: b"10.0.0.1:5555".to_vec(),
         }
@@ -799,6 +900,9 @@ mod tests {
         r.chains = 0x1112_1314;
         r.groups.push(Ipv4Addr::new(239, 9, 9, 9));
         r.heard.extend([true, false, true, true]);
+        r.heard_full = r.heard.clone();
+        r.heard_full[0] = false;
+        r.heard_full[6] = false;
         let b = r.encode();
         assert_eq!(Report::decode(&b), Some(r.clone()));
         for cut in 0..b.len() {
@@ -847,6 +951,45 @@ mod tests {
         ] {
             assert!(msg.contains(want), "{want:?} not in {msg}");
         }
+    }
+
+    /// Rank 1 hears everyone's small probes, but nothing chunk-sized from ranks 0 and 2 (its
+    /// switch port has a smaller MTU): the failure says so, names the chunk size and
+    /// RINGCAST_CHUNK_SIZE, and not the route, querier and firewall advice of a silent path.
+    #[test]
+    fn small_probes_heard_without_chunk_sized_ones_are_a_path_mtu() {
+        let mut rs: Vec<Report> = (0..3)
+            .map(|r| report(r, 3, &[0, 1, 2].map(|x| (x + r + 1) % 3)[..2]))
+            .collect();
+        rs[1].heard_full = vec![false; 3];
+        rs[0].heard_full[1] = false;
+        let f = judge(&rs, Duration::from_secs(2))
+            .expect("settings agree")
+            .expect("a failure");
+        assert!(f.unheard.is_empty());
+        let who: Vec<(u32, Vec<u32>)> = f
+            .too_large
+            .iter()
+            .map(|u| (u.rank, u.from.clone()))
+            .collect();
+        assert_eq!(who, vec![(0, vec![1]), (1, vec![0, 2])]);
+        let msg = f.to_string();
+        for want in [
+            "rank 1 heard small multicast but no multicast of the data's size (4152-byte IP \
+             packets) from ranks 0, 2 on 239.1.2.3:4791 via 10.0.0.2",
+            "smaller MTU",
+            "4096 bytes here",
+            "RINGCAST_CHUNK_SIZE",
+            "RINGCAST_FALLBACK=tcp",
+        ] {
+            assert!(msg.contains(want), "{want:?} not in {msg}");
+        }
+        assert!(!msg.contains("querier"), "{msg}");
+        // Chunk-sized probes heard too: fine.
+        for r in &mut rs {
+            r.heard_full = r.heard.clone();
+        }
+        assert_eq!(judge(&rs, Duration::from_secs(2)), Ok(None));
     }
 
     #[test]
