@@ -3,7 +3,8 @@
 //! (small ones over TCP) under loss, sub-communicators (`split`, `split_by_host`) on their
 //! own groups, random loss, hostile traffic, killed ranks, a bridge port whose MTU is below
 //! the hosts' (found by the start-up check), a rank whose egress stops (a tbf
-//! qdisc that holds every packet: all of it, or only the data port, as PFC pauses a class),
+//! qdisc that holds every packet: all of it, or only the data port, as PFC pauses a class) or
+//! whose cable is pulled,
 //! blocked control connections, multicast that cannot arrive (and the TCP fallback), wire
 //! checks with tshark and scapy, and Open MPI's mpirun locally and across the namespaces.
 //! See `netns_lab` for the lab and how it is always removed.
@@ -1252,13 +1253,19 @@ fn mtu(ctx: &Ctx<'_>) -> Result<String, String> {
 ///   it; it fails too (its peers look silent from where it stands).
 /// * Only the data port, as PFC pauses RoCE's priority class and not TCP's: its multicast
 ///   sends stop completing, and every rank, itself included, fails naming it.
+/// * Its cable pulled (the host side of its veth down): what it sends vanishes, nothing
+///   reaches it; every other rank names it.
 ///
-/// Either way it exits while still paused: no thread stuck in a send holds its drop.
+/// Every way, it exits while still cut off: no thread stuck in a send holds its drop.
 fn pause(ctx: &Ctx<'_>) -> Result<String, String> {
     let mut done = Vec::new();
-    for data_only in [false, true] {
-        let what = if data_only { "data port" } else { "all egress" };
-        let r = pause_with(ctx, data_only).map_err(|e| format!("{what}: {e}"))?;
+    for stop in [Stop::AllEgress, Stop::DataPort, Stop::Unplugged] {
+        let what = match stop {
+            Stop::AllEgress => "all egress",
+            Stop::DataPort => "data port",
+            Stop::Unplugged => "unplugged",
+        };
+        let r = pause_with(ctx, stop).map_err(|e| format!("{what}: {e}"))?;
         done.push(format!("{what}: {r}"));
     }
     Ok(format!(
@@ -1269,16 +1276,32 @@ fn pause(ctx: &Ctx<'_>) -> Result<String, String> {
     ))
 }
 
-fn pause_with(ctx: &Ctx<'_>, data_only: bool) -> Result<String, String> {
+/// How [`pause`] stops a rank.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    AllEgress,
+    DataPort,
+    Unplugged,
+}
+
+fn pause_with(ctx: &Ctx<'_>, stop: Stop) -> Result<String, String> {
     let victim = ctx.p() / 2;
     let ns = ctx.lab.ns[victim].clone();
-    let tag = if data_only { "pausedata" } else { "pauseall" };
+    let port = ctx.lab.veths[victim].clone();
+    let data_only = stop == Stop::DataPort;
+    let tag = match stop {
+        Stop::AllEgress => "pauseall",
+        Stop::DataPort => "pausedata",
+        Stop::Unplugged => "unplugged",
+    };
     let mut r = looping(ctx, tag, 4 << 20, &[])?;
     std::thread::sleep(Duration::from_millis(200));
     let t0 = Instant::now();
     let tc = |args: &str| in_ns(&ns, "tc", &args.split(' ').collect::<Vec<_>>());
     let hold = "tbf rate 8bit burst 9100 limit 1000000000";
-    let held = if data_only {
+    let held = if stop == Stop::Unplugged {
+        sh("ip", &["link", "set", "dev", &port, "down"])
+    } else if data_only {
         // Everything in class 1:10 (unlimited) but the data port's datagrams (1:20, held).
         tc("qdisc add dev eth0 root handle 1: htb default 10")
             .and_then(|_| tc("class add dev eth0 parent 1: classid 1:10 htb rate 100gbit"))
@@ -1307,8 +1330,15 @@ fn pause_with(ctx: &Ctx<'_>, data_only: bool) -> Result<String, String> {
                 "rank {victim} (paused) blamed another rank: {line}"
             ));
         }
+        // Cut off from everyone, it learns of nothing: its own timers end its wait (four
+        // peer timeouts, unplugged), later than the others' verdict on it.
+        let deadline = if data_only {
+            FAIL_DEADLINE
+        } else {
+            FAIL_DEADLINE + 2 * PEER_TIMEOUT
+        };
         match after {
-            Some(d) if d <= FAIL_DEADLINE => Ok(format!(
+            Some(d) if d <= deadline => Ok(format!(
                 "{who}, rank {victim} (paused): {} naming {} after {:.2}s",
                 m.get("error").map_or("?", String::as_str),
                 m.get("peer").map_or("?", String::as_str),
@@ -1319,7 +1349,11 @@ fn pause_with(ctx: &Ctx<'_>, data_only: bool) -> Result<String, String> {
             )),
         }
     });
-    let cleared = tc("qdisc del dev eth0 root");
+    let cleared = if stop == Stop::Unplugged {
+        sh("ip", &["link", "set", "dev", &port, "up"])
+    } else {
+        tc("qdisc del dev eth0 root")
+    };
     let who = res?;
     cleared?;
     Ok(who)
