@@ -1,7 +1,8 @@
 //! `cargo xtask netns`: ringcast on a switched (bridged) fabric of network namespaces:
 //! correctness with several operations in flight, a seeded random mix of every kind and size
 //! (small ones over TCP) under loss, sub-communicators (`split`, `split_by_host`) on their
-//! own groups, random loss, hostile traffic, killed ranks, a bridge port whose MTU is below
+//! own groups, random loss, hostile traffic, killed ranks, a rank deaf to multicast for a
+//! while (it reads what it missed over TCP), a bridge port whose MTU is below
 //! the hosts' (found by the start-up check), a rank whose egress stops (a tbf
 //! qdisc that holds every packet: all of it, or only the data port, as PFC pauses a class) or
 //! whose cable is pulled,
@@ -198,6 +199,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
             ("kill", kill),
             ("pause", pause),
             ("mtu", mtu),
+            ("deaf", deaf),
             ("tcp-block", tcp_block),
             ("unreachable", unreachable),
             ("no-querier", no_querier),
@@ -1195,6 +1197,56 @@ fn kill(ctx: &Ctx<'_>) -> Result<String, String> {
     Ok(format!(
         "rank {victim} SIGKILLed during 4 MiB Allgathers; {who} (deadline {}s)",
         FAIL_DEADLINE.as_secs()
+    ))
+}
+
+/// A rank that stops receiving multicast mid-run (nft drops the data port at its input for
+/// 3 s, then lets it through again) during 1 MiB operations back to back: every rank
+/// completes every operation byte for byte, the deaf one reading what it missed from its
+/// ring neighbour over TCP.
+fn deaf(ctx: &Ctx<'_>) -> Result<String, String> {
+    let victim = 1;
+    let ns = ctx.lab.ns[victim].clone();
+    let mut r = ctx.start("deaf", &["loop", "--size", "1048576", "--secs", "8"], &[])?;
+    for i in 0..ctx.p() {
+        r.wait_line(i, "RUNNING", Duration::from_secs(60))
+            .ok_or_else(|| format!("rank {i} never ran: {} {}", r.out(i), r.err_tail(i)))?;
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    let cut = ctx
+        .lab
+        .nft(&ns, &[format!("udp dport {DATA_PORT} drop")], &[]);
+    std::thread::sleep(Duration::from_secs(3));
+    let deaf_for = t.elapsed();
+    let healed = ctx.lab.nft_clear(&ns);
+    cut?;
+    healed?;
+    r.wait_all(Duration::from_secs(60));
+    let mut fetched = Vec::new();
+    for i in 0..ctx.p() {
+        let out = r.out(i);
+        if !out.lines().any(|l| l.starts_with("DONE")) {
+            return Err(format!(
+                "rank {i} did not complete: {out} {}",
+                r.err_tail(i)
+            ));
+        }
+        let s = stats(&out);
+        let a = s
+            .get("after")
+            .ok_or_else(|| format!("rank {i}: no STATS: {out}"))?;
+        fetched.push(num(a, "fetched"));
+    }
+    if fetched[victim] == 0 {
+        return Err(format!(
+            "rank {victim} recovered nothing while deaf: {fetched:?}"
+        ));
+    }
+    Ok(format!(
+        "rank {victim} deaf to multicast for {:.1}s of 8 s of 1 MiB operations: every rank \
+         completed every one byte for byte; chunks read over TCP by rank: {fetched:?}",
+        deaf_for.as_secs_f64()
     ))
 }
 

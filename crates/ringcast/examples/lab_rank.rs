@@ -475,7 +475,7 @@ fn run_loop(comm: &Communicator, size: usize, secs: Duration) -> Result<(), Fail
         }
         r += 1;
     }
-    Ok(())
+    stats(comm, "after")
 }
 
 fn stats(comm: &Communicator, when: &str) -> Result<(), Fail> {
