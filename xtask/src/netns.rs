@@ -2,7 +2,8 @@
 //! correctness with several operations in flight, a seeded random mix of every kind and size
 //! (small ones over TCP) under loss, sub-communicators (`split`, `split_by_host`) on their
 //! own groups, random loss, hostile traffic, killed ranks, a rank deaf to multicast for a
-//! while (it reads what it missed over TCP), a bridge port whose MTU is below
+//! while (it reads what it missed over TCP), a rank stopped for half a peer timeout (nobody
+//! is blamed), a bridge port whose MTU is below
 //! the hosts' (found by the start-up check), a rank whose egress stops (a tbf
 //! qdisc that holds every packet: all of it, or only the data port, as PFC pauses a class) or
 //! whose cable is pulled,
@@ -200,6 +201,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
             ("pause", pause),
             ("mtu", mtu),
             ("deaf", deaf),
+            ("stopped", stopped),
             ("tcp-block", tcp_block),
             ("unreachable", unreachable),
             ("no-querier", no_querier),
@@ -1247,6 +1249,52 @@ fn deaf(ctx: &Ctx<'_>) -> Result<String, String> {
         "rank {victim} deaf to multicast for {:.1}s of 8 s of 1 MiB operations: every rank \
          completed every one byte for byte; chunks read over TCP by rank: {fetched:?}",
         deaf_for.as_secs_f64()
+    ))
+}
+
+/// A rank stopped (SIGSTOP: a long GC pause, a preempted VM) for `PEER_TIMEOUT / 2`, then
+/// continued, during 1 MiB operations back to back: shorter than the peer timeout, so nobody
+/// is blamed and every operation completes byte for byte (what its socket dropped while it
+/// was stopped is read over TCP).
+fn stopped(ctx: &Ctx<'_>) -> Result<String, String> {
+    let victim = 2;
+    let mut r = ctx.start(
+        "stopped",
+        &["loop", "--size", "1048576", "--secs", "6"],
+        &[],
+    )?;
+    for i in 0..ctx.p() {
+        r.wait_line(i, "RUNNING", Duration::from_secs(60))
+            .ok_or_else(|| format!("rank {i} never ran: {} {}", r.out(i), r.err_tail(i)))?;
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let paused = r.signal(victim, "STOP");
+    std::thread::sleep(PEER_TIMEOUT / 2);
+    let resumed = r.signal(victim, "CONT");
+    paused?;
+    resumed?;
+    r.wait_all(Duration::from_secs(60));
+    let mut fetched = Vec::new();
+    for i in 0..ctx.p() {
+        let out = r.out(i);
+        if !out.lines().any(|l| l.starts_with("DONE")) {
+            return Err(format!(
+                "rank {i} did not complete: {out} {}",
+                r.err_tail(i)
+            ));
+        }
+        let s = stats(&out);
+        let a = s
+            .get("after")
+            .ok_or_else(|| format!("rank {i}: no STATS: {out}"))?;
+        fetched.push(num(a, "fetched"));
+    }
+    Ok(format!(
+        "rank {victim} stopped for {:.1}s (peer timeout {}s) during 6 s of 1 MiB operations: \
+         every rank completed every one byte for byte; chunks read over TCP by rank: \
+         {fetched:?}",
+        (PEER_TIMEOUT / 2).as_secs_f64(),
+        PEER_TIMEOUT.as_secs()
     ))
 }
 

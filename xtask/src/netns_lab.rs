@@ -582,6 +582,14 @@ impl Ranks {
         }
     }
 
+    /// Sends `signal` (`STOP`, `CONT`...) to rank `i`, if it still runs.
+    pub(crate) fn signal(&mut self, i: usize, signal: &str) -> Result<(), String> {
+        match &self.children[i] {
+            Some(c) => sh("kill", &[&format!("-{signal}"), &c.id().to_string()]).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
     fn kill_all(&mut self) {
         for c in self.children.iter_mut().flatten() {
             let _ = c.kill();

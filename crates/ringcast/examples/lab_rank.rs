@@ -465,15 +465,23 @@ fn hold(comm: &Communicator, size: usize, hold: Duration) -> Result<(), Fail> {
     stats(comm, "after")
 }
 
+/// Rounds until rank 0's clock says `secs` passed: after each, rank 0 broadcasts whether
+/// another follows, so that every rank runs the same rounds (each rank's own clock could
+/// stop one a round before the others, which would then wait on it).
 fn run_loop(comm: &Communicator, size: usize, secs: Duration) -> Result<(), Fail> {
     let t = Instant::now();
     let mut r = 0;
-    while t.elapsed() < secs {
+    loop {
         round(comm, r, 2, size)?;
         if r == 0 {
             say(&format!("RUNNING rank={}", comm.rank()));
         }
         r += 1;
+        let mut more = [u8::from(t.elapsed() < secs)];
+        comm.broadcast(0, &mut more)?;
+        if more[0] == 0 {
+            break;
+        }
     }
     stats(comm, "after")
 }
