@@ -35,9 +35,10 @@ pub struct Limits {
     pub max_ranks: u32,
     /// Most operations in flight at once on one session.
     pub max_inflight_ops: u32,
-    /// Most chunks one operation may have, further bounded by the immediate's chunk bits:
-    /// below `2^chunk_bits`, as the all-ones index is never a chunk's (an engine's start-up
-    /// probes carry it, and every operation's receive path drops it as out of range).
+    /// Most chunks one operation may have, at most `2^chunk_bits` (checked by
+    /// [`Config::validate`]); an operation of `2^chunk_bits` chunks is refused all the same,
+    /// as the all-ones index is never a chunk's (an engine's start-up probes carry it, and
+    /// every operation's receive path drops it, never placing it).
     pub max_chunks_per_op: u32,
     /// Longest control message accepted or sent, in bytes.
     pub max_control_len: usize,

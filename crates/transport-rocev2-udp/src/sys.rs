@@ -270,7 +270,8 @@ const _: () = assert!(SEGMENT_SPACE <= size_of::<SegmentControl>());
 /// One blocking `sendmsg` of `bufs`, in order, to `to`: as one datagram, or with `segment`
 /// as a GSO batch the kernel cuts into datagrams of `segment` bytes (the last may be
 /// shorter), with a `UDP_SEGMENT` control message. Returns the bytes sent (all of them: a
-/// datagram socket sends a message whole or fails).
+/// datagram socket sends a message whole or fails). A send a signal interrupted is made
+/// again (a socket with `SO_SNDTIMEO` is not restarted by the kernel).
 pub(crate) fn send_gathered(
     sock: &socket2::Socket,
     bufs: &[io::IoSlice<'_>],
@@ -278,8 +279,14 @@ pub(crate) fn send_gathered(
     segment: Option<u16>,
 ) -> io::Result<usize> {
     let msg = socket2::MsgHdr::new().with_addr(to).with_buffers(bufs);
+    let send = |m: &socket2::MsgHdr<'_, '_, '_>| loop {
+        match sock.sendmsg(m, 0) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    };
     let Some(segment) = segment else {
-        return sock.sendmsg(&msg, 0);
+        return send(&msg);
     };
     let mut control = SegmentControl([0; 32]);
     let hdr = control.0.as_mut_ptr().cast::<libc::cmsghdr>();
@@ -295,7 +302,7 @@ pub(crate) fn send_gathered(
         (*hdr).cmsg_type = libc::UDP_SEGMENT;
         std::ptr::write_unaligned(libc::CMSG_DATA(hdr).cast::<u16>(), segment);
     }
-    sock.sendmsg(&msg.with_control(&control.0[..SEGMENT_SPACE]), 0)
+    send(&msg.with_control(&control.0[..SEGMENT_SPACE]))
 }
 
 /// Stops `sock`, a member of `group` on the interface with address `interface`, from taking

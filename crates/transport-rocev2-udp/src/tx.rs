@@ -254,7 +254,9 @@ impl LaneSender {
     ///
     /// The batch ends at [`max_batch`](Self::max_batch) chunks, and (GSO needs equal segments,
     /// the last may be shorter) before a chunk longer than the first or after one shorter.
-    /// Blocks while the socket buffer is full.
+    /// Blocks while the socket buffer is full, up to the socket's
+    /// [`SEND_TIMEOUT`](crate::socket::SEND_TIMEOUT) (then `TxError::Io` with
+    /// `WouldBlock`, nothing of it sent).
     pub fn send_batch(&mut self, chunks: &[OutChunk<'_>]) -> Result<Sent, TxError> {
         let staged = self.stage(chunks)?;
         self.send_staged(staged)
@@ -279,7 +281,7 @@ impl LaneSender {
     /// [`set_send_in_place`](Self::set_send_in_place) turned it off) the datagrams are
     /// gathered from the payloads where they lie: nothing is copied in user space, and the
     /// caller keeps the payloads borrowed while the kernel copies them, blocking while the
-    /// socket buffer is full. Otherwise the batch is laid out and sent as `send_batch` does.
+    /// socket buffer is full (up to [`SEND_TIMEOUT`](crate::socket::SEND_TIMEOUT)). Otherwise the batch is laid out and sent as `send_batch` does.
     ///
     /// If the kernel refuses a gathered GSO send (`EIO` or `EINVAL`: the device cannot
     /// segment), the batch is laid out and sent through quinn-udp instead, as are all later

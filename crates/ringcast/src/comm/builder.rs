@@ -1572,13 +1572,18 @@ fn link_rate(loopback: bool, speed: Option<&str>, lanes: u16) -> u64 {
 }
 
 /// The largest chunk whose datagram fits the MTU of the interface at `iface`, where it can be
-/// read.
+/// read ([`room_in_mtu`]).
 fn chunk_room(iface: Ipv4Addr) -> Option<u32> {
     let mtu = interface_of(iface)
         .and_then(|(name, _)| sysfs_net(&name, "mtu"))
         .and_then(|m| m.parse::<u32>().ok())?;
-    // IPv4 20, UDP 8, BTH + DETH + ImmDt + ICRC.
-    Some(mtu.saturating_sub(28 + ringcast_transport_rocev2_udp::DATAGRAM_OVERHEAD as u32))
+    Some(room_in_mtu(mtu))
+}
+
+/// The largest chunk whose IPv4 packet fits `mtu` bytes: the MTU less IPv4 20, UDP 8 and the
+/// RoCE headers and ICRC, rounded down to a multiple of 4 (a payload is padded to one).
+pub(crate) fn room_in_mtu(mtu: u32) -> u32 {
+    mtu.saturating_sub(28 + ringcast_transport_rocev2_udp::DATAGRAM_OVERHEAD as u32) & !3
 }
 
 /// The chunk size: `asked`, unless its datagram would not fit the `room` the MTU of the
@@ -1704,7 +1709,8 @@ mod tests {
     fn chunks_must_fit_the_interface_s_mtu() {
         let at = Ipv4Addr::new(10, 0, 0, 1);
         // An Ethernet MTU of 1500 leaves 1500 - 28 - the RoCEv2 headers.
-        let room = 1500 - 28 - ringcast_transport_rocev2_udp::DATAGRAM_OVERHEAD as u32;
+        let room = room_in_mtu(1500);
+        assert_eq!(room, 1444);
         match pick_chunk(Some(2048), Some(room), at) {
             Err(BuildError::Invalid { setting, why }) => {
                 assert!(setting.contains("RINGCAST_CHUNK_SIZE"), "{setting}");
@@ -1718,6 +1724,27 @@ mod tests {
         assert_eq!(pick_chunk(None, Some(65_000), at).ok(), Some(4096));
         assert_eq!(pick_chunk(None, None, at).ok(), Some(4096));
         assert_eq!(pick_chunk(None, Some(10), at).ok(), Some(256));
+    }
+
+    /// The room an MTU leaves is the largest chunk whose packet (IPv4, UDP, the RoCE
+    /// headers, the payload padded to a multiple of 4, the ICRC) fits it. It ignored the pad:
+    /// at MTU 1450 (VXLAN's) it took 1394-byte chunks, whose 1452-byte packets the kernel
+    /// refused.
+    #[test]
+    fn the_room_an_mtu_leaves_counts_the_pad() {
+        let packet = |c: u32| 28 + ringcast_transport_rocev2_udp::datagram_len(c as usize) as u32;
+        assert_eq!(room_in_mtu(1450), 1392);
+        for mtu in 68..9300 {
+            let room = room_in_mtu(mtu);
+            if room == 0 {
+                continue;
+            }
+            assert!(packet(room) <= mtu, "mtu {mtu}: room {room}");
+            assert!(
+                packet(room + 1) > mtu,
+                "mtu {mtu}: room {room} is not the largest"
+            );
+        }
     }
 
     #[test]

@@ -293,10 +293,10 @@ pub(crate) struct Engine {
     lost: Vec<Lost>,
     /// The last failure over a rank that does not go on (`NotPosted`, `PeerUnresponsive`,
     /// `PeerFailed`, `PeerLost`, and this rank's own `SendsStalled`; not a `ShapeMismatch`,
-    /// whose rank is alive and well, nor a `ReadFailed`, one operation's) and when it came. The operations posted before it and
-    /// still queued then fail with it, as NCCL's operations fail once a timeout aborted the
-    /// communicator: behind a rank that never posts they would otherwise wait a post timeout
-    /// more per window of operations the session runs at once (200 queued, 10 min: 40 min
+    /// whose rank is alive and well, nor a `ReadFailed`, one operation's) and when it came.
+    /// The operations posted before it and still queued then fail with it, as NCCL's
+    /// operations fail once a timeout aborted the communicator: behind a rank that never
+    /// posts they would otherwise wait a post timeout more per window of operations the session runs at once (200 queued, 10 min: 40 min
     /// for the last). Operations posted after it run as usual.
     stalled: Option<(CommError, StdInstant)>,
     /// With `RINGCAST_PIN=1`, the first core of this rank's threads.

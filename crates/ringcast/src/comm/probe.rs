@@ -7,7 +7,7 @@
 //! 1. Every rank multicasts two **probe datagrams** on every lane, again every
 //!    [`PROBE_INTERVAL`], from the lane's own send socket (same interface, TTL and loop
 //!    settings as the data): a small one, and one as large as a chunk (the data's datagram
-//!    size). It reads its own lane sockets, noting which ranks it heard on which lane, in
+//!    size; in large jobs every few rounds, [`full_every`]). It reads its own lane sockets, noting which ranks it heard on which lane, in
 //!    small datagrams and in chunk-sized ones.
 //! 2. Once it heard every other rank on every lane in both sizes, or once the window (default 2 s,
 //!    [`CommBuilder::startup_check`](super::CommBuilder::startup_check)) is over, it stops
@@ -37,8 +37,8 @@
 //! cleanly: the op tag is all ones, so no operation is open for it until the 4095th one
 //! (default layout) and the chunk is counted **stale**; should a late probe ever meet an open
 //! operation with that tag, its chunk index (all ones, `2^chunk_bits - 1`) is never a chunk's
-//! (the core refuses operations of `2^chunk_bits` chunks), so it is dropped as out of range.
-//! It is never placed.
+//! (the core refuses operations of `2^chunk_bits` chunks), so it is dropped (out of range; as
+//! another rank's on an empty block, or as its own at the sender). It is never placed.
 //!
 //! ## Reports on the control mesh
 //! A control message whose first byte is [`REPORT_KIND`] (`0xF0`; the core's kinds are small
@@ -56,9 +56,7 @@ use std::time::{Duration, Instant};
 use ringcast_core::lane::Multicast;
 use ringcast_core::port::{ControlInput, ControlPort, LaneRxPort, LaneTxPort, RxToken};
 use ringcast_core::{DropReason, OpId, Placement, Rank};
-use ringcast_transport_rocev2_udp::{
-    DATAGRAM_OVERHEAD, OpBuffer, Registry, TcpControl, UdpRx, UdpTx,
-};
+use ringcast_transport_rocev2_udp::{OpBuffer, Registry, TcpControl, UdpRx, UdpTx, datagram_len};
 
 use super::error::BuildError;
 
@@ -79,6 +77,10 @@ const FLAG_CHECKED: u8 = 1;
 const FLAG_FALLBACK_TCP: u8 = 2;
 /// How often a rank multicasts its probes.
 pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(20);
+/// Chunk-sized probe bytes per second a rank may take in on one lane, from all senders
+/// together (at 4 ranks and 4 KiB chunks, far more than they send; at 1024 ranks, each
+/// sender's chunk-sized probes go out every few rounds, see [`full_every`]).
+const FULL_PROBE_BUDGET: u64 = 8 << 20;
 /// Sleep between polls of the sockets and the control mesh.
 const POLL: Duration = Duration::from_millis(1);
 
@@ -189,7 +191,7 @@ impl Report {
         }
         for heard in [&self.heard, &self.heard_full] {
             let mut map = vec![0u8; bits.div_ceil(8)];
-            for (i, _) in heard.iter().enumerate().filter(|(_, h)| **h).take(bits) {
+            for (i, _) in heard.iter().enumerate().filter(|(i, h)| **h && *i < bits) {
                 map[i / 8] |= 1 << (i % 8);
             }
             b.extend_from_slice(&map);
@@ -322,8 +324,8 @@ impl fmt::Display for ProbeFailure {
             "multicast start-up check failed (listened {:.1} s): ",
             self.window.as_secs_f64()
         )?;
-        // IPv4, UDP and the RoCE headers and trailer around a chunk.
-        let packet = u64::from(self.chunk_size) + 28 + DATAGRAM_OVERHEAD as u64;
+        // IPv4, UDP and the RoCE headers, pad and trailer around a chunk.
+        let packet = 28 + datagram_len(self.chunk_size as usize);
         let large = format!("multicast of the data's size ({packet}-byte IP packets)");
         let mut first = true;
         for (rows, what) in [
@@ -400,9 +402,9 @@ impl fmt::Display for ProbeFailure {
                 " A link, switch port or bridge on the way has a smaller MTU than the hosts' \
                  interfaces (each host sizes its chunks, {} bytes here, from its interface's \
                  MTU): raise the MTU along the whole path, or set RINGCAST_CHUNK_SIZE \
-                 (CommBuilder::chunk_size) to what the path carries (its MTU less 56 bytes; \
-                 1444 for 1500). TCP through that path may stall too, where nothing reports \
-                 the smaller MTU.",
+                 (CommBuilder::chunk_size) to what the path carries (its MTU less 56 bytes, \
+                 rounded down to a multiple of 4: 1444 for 1500, 1392 for 1450). TCP \
+                 through that path may stall too, where nothing reports the smaller MTU.",
                 self.chunk_size
             )?;
         }
@@ -634,9 +636,11 @@ pub(crate) fn run(
     control.unread(others);
     registry.unregister(PROBE_TX_OP);
     registry.unregister(PROBE_RX_OP);
-    // Drain what the senders report done (all were sent synchronously).
+    // Probes a stuck send path left queued are dropped, not left to the engine's workers;
+    // then what the senders report done is drained.
     for t in tx.iter_mut() {
-        while t.poll_send_done().is_some() {}
+        t.cancel(PROBE_TX_OP);
+        while t.take_done().is_some() {}
     }
     result?;
     ex.elapsed = started.elapsed();
@@ -661,6 +665,7 @@ fn exchange(
     let window_end = started + s.window;
     let deadline = window_end + s.report_wait;
     let checking = !s.window.is_zero();
+    let every = full_every(s.ranks, s.chunk_size, s.window);
     let mut reports: Vec<Option<Report>> = vec![None; n];
     let mut reported = false;
     let mut round: u16 = 0;
@@ -674,7 +679,7 @@ fn exchange(
             .all(|(r, x)| r == s.rank as usize || x.is_some());
         // 1. Probes, until every report is in (a slow peer may still be listening).
         if checking && !all_in && now >= next_probe {
-            send_probes(s, tx, out, round);
+            send_probes(s, tx, out, round, every);
             round = round.wrapping_add(1);
             next_probe = now + PROBE_INTERVAL;
         }
@@ -789,6 +794,16 @@ fn exchange(
     Ok(())
 }
 
+/// Every how many rounds a rank sends its chunk-sized probes: as often as a receiver's
+/// [`FULL_PROBE_BUDGET`] allows with every rank sending, yet at least four times a window.
+/// Ranks send them in different rounds (see [`send_probes`]).
+fn full_every(ranks: u32, chunk: u32, window: Duration) -> u16 {
+    let per_round = FULL_PROBE_BUDGET * PROBE_INTERVAL.as_millis() as u64 / 1000;
+    let wanted = (u64::from(ranks) * u64::from(chunk)).div_ceil(per_round.max(1));
+    let most = (window.as_millis() / (4 * PROBE_INTERVAL.as_millis())) as u64;
+    wanted.min(most).clamp(1, u64::from(u16::MAX)) as u16
+}
+
 /// Which senders a rank heard, by lane (`[lane * ranks + sender]`), in each probe size.
 #[derive(Debug)]
 pub(crate) struct Heard {
@@ -796,15 +811,25 @@ pub(crate) struct Heard {
     full: Vec<bool>,
 }
 
-/// Two probes per lane, a small one and a chunk-sized one, through the lane's own send half.
-fn send_probes(s: &ProbeSetup, tx: &mut [UdpTx], out: &OpBuffer, round: u16) {
+/// A small probe per lane, through the lane's own send half, and a chunk-sized one in the
+/// rounds of this rank's turn (every `every` rounds, in a phase of its own: the ranks' take
+/// turns, and no round carries all of them).
+fn send_probes(s: &ProbeSetup, tx: &mut [UdpTx], out: &OpBuffer, round: u16, every: u16) {
     let lanes = tx.len();
     let full = s.chunk_size as usize;
+    let sizes = if round % every == (s.rank % u32::from(every)) as u16 {
+        2
+    } else {
+        1
+    };
     for (lane, t) in tx.iter_mut().enumerate() {
         for (magic, offset, len) in [
             (PROBE_MAGIC, lane * PROBE_LEN, PROBE_LEN),
             (FULL_MAGIC, lanes * PROBE_LEN + lane * full, full),
-        ] {
+        ]
+        .into_iter()
+        .take(sizes)
+        {
             // The rest of a chunk-sized probe stays zero.
             let mut p = [0u8; PROBE_LEN];
             p[..8].copy_from_slice(&magic);
@@ -990,6 +1015,18 @@ mod tests {
             r.heard_full = r.heard.clone();
         }
         assert_eq!(judge(&rs, Duration::from_secs(2)), Ok(None));
+    }
+
+    /// Chunk-sized probes every round in small jobs; in large ones as often as a
+    /// receiver's budget allows, yet four times a window.
+    #[test]
+    fn chunk_sized_probes_are_spread_in_large_jobs() {
+        let w = Duration::from_secs(2);
+        assert_eq!(full_every(4, 4096, w), 1);
+        assert_eq!(full_every(64, 8192, w), 4);
+        assert_eq!(full_every(1024, 4096, w), 25);
+        assert_eq!(full_every(1024, 4096, Duration::from_millis(200)), 2);
+        assert_eq!(full_every(2, 16, Duration::ZERO), 1);
     }
 
     #[test]
