@@ -3,7 +3,7 @@
 //! (small ones over TCP) under loss, sub-communicators (`split`, `split_by_host`) on their
 //! own groups, random loss, hostile traffic, killed ranks, a rank deaf to multicast for a
 //! while (it reads what it missed over TCP), a rank stopped for half a peer timeout (nobody
-//! is blamed), a bridge port whose MTU is below
+//! is blamed) or two (it is named), a bridge port whose MTU is below
 //! the hosts' (found by the start-up check), a rank whose egress stops (a tbf
 //! qdisc that holds every packet: all of it, or only the data port, as PFC pauses a class) or
 //! whose cable is pulled,
@@ -1252,28 +1252,71 @@ fn deaf(ctx: &Ctx<'_>) -> Result<String, String> {
     ))
 }
 
-/// A rank stopped (SIGSTOP: a long GC pause, a preempted VM) for `PEER_TIMEOUT / 2`, then
-/// continued, during 1 MiB operations back to back: shorter than the peer timeout, so nobody
-/// is blamed and every operation completes byte for byte (what its socket dropped while it
-/// was stopped is read over TCP).
+/// A rank stopped (SIGSTOP: a long GC pause, a preempted VM), then continued, during 1 MiB
+/// operations back to back:
+/// * for half a peer timeout: nobody is blamed and every operation completes byte for byte
+///   (what its socket dropped while it was stopped is read over TCP);
+/// * for two peer timeouts: the others fail naming it within the deadline while it is
+///   stopped, and once continued it fails too and exits.
 fn stopped(ctx: &Ctx<'_>) -> Result<String, String> {
+    let short = stopped_for(ctx, PEER_TIMEOUT / 2)?;
+    let long = stopped_for(ctx, PEER_TIMEOUT * 2)?;
+    Ok(format!("{short}; {long}"))
+}
+
+fn stopped_for(ctx: &Ctx<'_>, stop: Duration) -> Result<String, String> {
     let victim = 2;
-    let mut r = ctx.start(
-        "stopped",
-        &["loop", "--size", "1048576", "--secs", "6"],
-        &[],
-    )?;
+    let long = stop > PEER_TIMEOUT;
+    let tag = if long { "stoplong" } else { "stopped" };
+    let mut r = ctx.start(tag, &["loop", "--size", "1048576", "--secs", "6"], &[])?;
     for i in 0..ctx.p() {
         r.wait_line(i, "RUNNING", Duration::from_secs(60))
             .ok_or_else(|| format!("rank {i} never ran: {} {}", r.out(i), r.err_tail(i)))?;
     }
     std::thread::sleep(Duration::from_millis(500));
-    let paused = r.signal(victim, "STOP");
-    std::thread::sleep(PEER_TIMEOUT / 2);
-    let resumed = r.signal(victim, "CONT");
-    paused?;
-    resumed?;
+    let t0 = Instant::now();
+    r.signal(victim, "STOP")?;
+    // While it is stopped, the others end (or go on) on their own.
+    let mut named = Vec::new();
+    if long {
+        for i in (0..ctx.p()).filter(|&i| i != victim) {
+            let left = (t0 + stop).saturating_duration_since(Instant::now());
+            let line = r.wait_line(i, "FAILED", left).ok_or_else(|| {
+                format!(
+                    "rank {i} did not fail while rank {victim} was stopped: {}",
+                    r.out(i)
+                )
+            })?;
+            if kv(&line).get("peer").map(String::as_str) != Some(&victim.to_string()) {
+                return Err(format!("rank {i} blamed the wrong rank: {line}"));
+            }
+            named.push(format!("rank {i} after {:.2}s", t0.elapsed().as_secs_f64()));
+        }
+    }
+    std::thread::sleep((t0 + stop).saturating_duration_since(Instant::now()));
+    let resumed = Instant::now();
+    r.signal(victim, "CONT")?;
     r.wait_all(Duration::from_secs(60));
+    if long {
+        let out = r.out(victim);
+        if !out.lines().any(|l| l.starts_with("FAILED")) {
+            return Err(format!("rank {victim} did not fail once continued: {out}"));
+        }
+        let after = r.ended[victim].map(|e| e.duration_since(resumed));
+        if after.is_none_or(|d| d > FAIL_DEADLINE) {
+            return Err(format!(
+                "rank {victim} ended {after:?} after it was continued: {out}"
+            ));
+        }
+        return Ok(format!(
+            "stopped {:.1}s: named by {} (peer timeout {}s); it failed and exited {:.2}s after \
+             it was continued",
+            stop.as_secs_f64(),
+            named.join(", "),
+            PEER_TIMEOUT.as_secs(),
+            after.unwrap_or_default().as_secs_f64()
+        ));
+    }
     let mut fetched = Vec::new();
     for i in 0..ctx.p() {
         let out = r.out(i);
@@ -1290,10 +1333,9 @@ fn stopped(ctx: &Ctx<'_>) -> Result<String, String> {
         fetched.push(num(a, "fetched"));
     }
     Ok(format!(
-        "rank {victim} stopped for {:.1}s (peer timeout {}s) during 6 s of 1 MiB operations: \
-         every rank completed every one byte for byte; chunks read over TCP by rank: \
-         {fetched:?}",
-        (PEER_TIMEOUT / 2).as_secs_f64(),
+        "rank {victim} stopped {:.1}s (peer timeout {}s) during 6 s of 1 MiB operations: every \
+         rank completed every one byte for byte; chunks read over TCP by rank: {fetched:?}",
+        stop.as_secs_f64(),
         PEER_TIMEOUT.as_secs()
     ))
 }
