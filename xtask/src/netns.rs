@@ -1,7 +1,8 @@
 //! `cargo xtask netns`: ringcast on a switched (bridged) fabric of network namespaces:
 //! correctness with several operations in flight, a seeded random mix of every kind and size
 //! (small ones over TCP) under loss, sub-communicators (`split`, `split_by_host`) on their
-//! own groups, random loss, hostile traffic, killed ranks, a rank deaf to multicast for a
+//! own groups, random loss, hostile traffic, killed ranks (mid-run, and during their
+//! start-up), a rank deaf to multicast for a
 //! while (it reads what it missed over TCP), a rank stopped for half a peer timeout (nobody
 //! is blamed) or two (it is named), a bridge port whose MTU is below
 //! the hosts' (found by the start-up check), a rank whose egress stops (a tbf
@@ -202,6 +203,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
             ("mtu", mtu),
             ("deaf", deaf),
             ("stopped", stopped),
+            ("kill-start", kill_start),
             ("tcp-block", tcp_block),
             ("unreachable", unreachable),
             ("no-querier", no_querier),
@@ -1338,6 +1340,61 @@ fn stopped_for(ctx: &Ctx<'_>, stop: Duration) -> Result<String, String> {
         stop.as_secs_f64(),
         PEER_TIMEOUT.as_secs()
     ))
+}
+
+/// A rank SIGKILLed 20 or 40 ms after it starts: during its rendezvous, the control mesh,
+/// the start-up check or its first operation, as the machine's speed has it. Every other
+/// rank ends with an error naming it (within the rendezvous timeout when it never joined,
+/// at once otherwise), or completes what did not need it; none hangs.
+fn kill_start(ctx: &Ctx<'_>) -> Result<String, String> {
+    let victim = 2;
+    let mut res = Vec::new();
+    for delay in [20u64, 40] {
+        let t0 = Instant::now();
+        let mut r = ctx.start(
+            &format!("killstart{delay}"),
+            &["check", "--rounds", "1", "--inflight", "1"],
+            &[],
+        )?;
+        std::thread::sleep(Duration::from_millis(delay));
+        r.kill(victim);
+        if !r.wait_all(Duration::from_secs(60)) {
+            return Err(format!("killed after {delay} ms: ranks ran past 60 s"));
+        }
+        let mut seen = Vec::new();
+        for i in (0..ctx.p()).filter(|&i| i != victim) {
+            let out = r.out(i);
+            let end = out
+                .lines()
+                .find(|l| {
+                    ["BUILD_ERROR", "FAILED", "CHECKED"]
+                        .iter()
+                        .any(|p| l.starts_with(p))
+                })
+                .ok_or_else(|| format!("killed after {delay} ms: rank {i} ended with {out}"))?;
+            let m = kv(end);
+            let text = m.get("msg").map_or("", String::as_str);
+            let names = m.get("peer").map(String::as_str) == Some("2")
+                || text.contains("rank 2")
+                || text.contains("[2]");
+            if !end.starts_with("CHECKED") && !names {
+                return Err(format!(
+                    "killed after {delay} ms: rank {i} did not name rank 2: {end}"
+                ));
+            }
+            let word = end.split_whitespace().next().unwrap_or("?");
+            let kind = m.get("kind").or(m.get("error")).map_or("", String::as_str);
+            seen.push(format!("{word} {kind}").trim().to_owned());
+        }
+        seen.sort();
+        seen.dedup();
+        res.push(format!(
+            "killed after {delay} ms: the others {} within {:.1}s",
+            seen.join(" / "),
+            t0.elapsed().as_secs_f64()
+        ));
+    }
+    Ok(res.join("; "))
 }
 
 /// The fabric's MTU below the hosts': rank 1's switch port (the host side of its veth) at

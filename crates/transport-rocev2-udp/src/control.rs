@@ -236,6 +236,12 @@ pub struct ControlConfig {
     /// read service then runs in the owner's calls too, so keep it for meshes with small
     /// reads or none.
     pub inline_io: bool,
+    /// Every peer's listener was bound before this rank learned its address (the table came
+    /// from a rendezvous, or a split's exchange): a connection refused then means the peer
+    /// is gone (its process exited, or failed its start-up), and the start-up fails at once
+    /// with [`ControlError::Refused`] instead of retrying until the connect timeout. Off for
+    /// a table whose peers may not have started yet.
+    pub listeners_bound: bool,
 }
 
 impl ControlConfig {
@@ -247,6 +253,7 @@ impl ControlConfig {
             max_message: 8 << 20,
             connect_timeout: Duration::from_secs(10),
             inline_io: false,
+            listeners_bound: false,
         }
     }
 
@@ -305,6 +312,22 @@ pub enum ControlError {
     /// Not every peer connected within [`ControlConfig::connect_timeout`].
     #[error("control mesh not connected within {0:?} (missing rank {1})")]
     Timeout(Duration, u32),
+    /// Rank `peer` went away during the start-up: it refused the connection while its
+    /// listener was known to be bound ([`ControlConfig::listeners_bound`]), or closed or
+    /// reset it before its hello.
+    #[error(
+        "rank {peer} (control address {addr}) is gone: {source} during the control mesh's \
+         start-up (its process exited, or failed its start-up)"
+    )]
+    PeerGone {
+        /// The rank.
+        peer: u32,
+        /// Its control address.
+        addr: SocketAddr,
+        /// What the connection said.
+        #[source]
+        source: io::Error,
+    },
     /// A peer's hello was wrong (another job, a stray client, a duplicate rank).
     #[error("bad hello from {0}: {1}")]
     BadHello(SocketAddr, &'static str),
@@ -1408,18 +1431,50 @@ impl TcpControl {
                 // A try at most a second long, so that a cancel is seen.
                 match TcpStream::connect_timeout(addr, left(j as u32)?.min(CONNECT_TRY)) {
                     Ok(s) => break s,
+                    Err(source)
+                        if cfg.listeners_bound
+                            && source.kind() == io::ErrorKind::ConnectionRefused =>
+                    {
+                        return Err(ControlError::PeerGone {
+                            peer: j as u32,
+                            addr: *addr,
+                            source,
+                        });
+                    }
                     Err(_) => thread::sleep(Duration::from_millis(10)),
                 }
             };
             left(j as u32)?;
+            // A peer that closes or resets the connection now is gone (a read that runs out
+            // of time, or a cancel, is not).
+            let gone = |what: &'static str| {
+                move |source: io::Error| match source.kind() {
+                    io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::UnexpectedEof
+                        if !cancel.load(Ordering::Relaxed) =>
+                    {
+                        ControlError::PeerGone {
+                            peer: j as u32,
+                            addr: *addr,
+                            source,
+                        }
+                    }
+                    _ => read_err(what)(source),
+                }
+            };
             (&s).write_all(&hello(cfg.nonce, rank))
-                .map_err(io_err("send hello"))?;
+                .map_err(gone("send hello"))?;
             let ok = read_frame(&mut ReadBy(&s, deadline, cancel), HELLO_LEN, &mut buf)
-                .map_err(read_err("read hello"))?;
+                .map_err(gone("read hello"))?;
             let got = if ok {
                 check_hello(&buf, cfg.nonce).map_err(|m| ControlError::BadHello(*addr, m))?
             } else {
-                return Err(ControlError::BadHello(*addr, "closed before hello"));
+                return Err(gone("read hello")(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed before its hello",
+                )));
             };
             if got as usize != j {
                 return Err(ControlError::BadHello(*addr, "wrong rank"));
@@ -1818,18 +1873,31 @@ impl TcpControl {
         for l in &live {
             l.send(Frame::Owned(bye.clone()));
         }
-        let live: Vec<Arc<Link>> = live.into_iter().cloned().collect();
         let mut this = self;
-        // The I/O thread (or, inline, this loop) writes the rest as the sockets take it.
-        // A linger past what an `Instant` can hold is no deadline.
+        this.flush(linger);
+        // Drop shuts the connections down and joins the I/O thread.
+    }
+
+    /// Waits up to `linger` for what is queued to the live peers to be written (the I/O
+    /// thread, or inline this loop, writes it as the sockets take it): a message sent just
+    /// before this mesh is dropped then reaches its peer, where one that does not read
+    /// holds nothing up past `linger`. A linger past what an `Instant` can hold is no
+    /// deadline.
+    pub fn flush(&mut self, linger: Duration) {
+        let live: Vec<Arc<Link>> = self
+            .peers
+            .iter()
+            .flatten()
+            .filter(|p| !p.lost)
+            .map(|p| Arc::clone(&p.link))
+            .collect();
         let deadline = Instant::now().checked_add(linger);
         while live.iter().any(|l| l.pending()) && deadline.is_none_or(|d| Instant::now() < d) {
-            match &mut this.io {
+            match &mut self.io {
                 IoMode::Inline(io, events) => io.turn(events, Some(Duration::from_millis(1))),
                 IoMode::Thread(_) => thread::sleep(Duration::from_millis(1)),
             }
         }
-        // Drop shuts the connections down and joins the I/O thread.
     }
 
     fn drain_inbound(&mut self) {
@@ -3707,6 +3775,70 @@ mod tests {
                 "rank {me}: {:?}",
                 r.err()
             );
+        }
+    }
+
+    /// Rank 1 connects to rank 0, whose listener is gone (closed: its process exited) or
+    /// that closes the connection before its hello. With every listener known bound (a
+    /// rendezvous's table), rank 1 fails at once naming rank 0; without, a refused
+    /// connection is retried (rank 0 may not have started yet) until the connect timeout.
+    #[test]
+    fn a_peer_gone_during_the_start_up_is_named_at_once() {
+        let start = |l0: TcpListener, bound: bool, timeout: Duration| {
+            let l1 = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let table = vec![l0.local_addr().expect("a"), l1.local_addr().expect("a")];
+            let mut cfg = ControlConfig::new(7);
+            cfg.connect_timeout = timeout;
+            cfg.listeners_bound = bound;
+            (table[0], move || {
+                TcpControl::connect(1, &table, l1, Registry::default(), cfg)
+            })
+        };
+        // Closed listener.
+        let l0 = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let (_, run) = start(
+            l0.try_clone().expect("clone"),
+            true,
+            Duration::from_secs(60),
+        );
+        drop(l0);
+        let t = Instant::now();
+        match run() {
+            Err(ControlError::PeerGone {
+                peer: 0, source, ..
+            }) => {
+                assert_eq!(source.kind(), io::ErrorKind::ConnectionRefused);
+                assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+            }
+            r => panic!("{:?}", r.err()),
+        }
+        let l0 = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let (_, run) = start(
+            l0.try_clone().expect("clone"),
+            false,
+            Duration::from_millis(300),
+        );
+        drop(l0);
+        assert!(matches!(run(), Err(ControlError::Timeout(_, 0))));
+        // Accepted, then closed before the hello.
+        let l0 = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let (_, run) = start(
+            l0.try_clone().expect("clone"),
+            true,
+            Duration::from_secs(60),
+        );
+        let closer = thread::spawn(move || {
+            let (s, _) = l0.accept().expect("accept");
+            drop(s);
+        });
+        let r = run();
+        closer.join().expect("join");
+        match r {
+            Err(e @ ControlError::PeerGone { peer: 0, .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains("rank 0") && msg.contains("is gone"), "{msg}");
+            }
+            r => panic!("{:?}", r.err()),
         }
     }
 

@@ -135,6 +135,9 @@ pub struct CommBuilder {
     pin_base: Option<usize>,
     /// Set by another thread to give the start-up up (a split's parent aborted).
     cancel: Option<Arc<AtomicBool>>,
+    /// The peers of a given table bound their listeners before this rank learned of them (a
+    /// split's exchange): see [`ControlConfig::listeners_bound`]. A rendezvous's always did.
+    table_listening: bool,
 }
 
 impl Default for CommBuilder {
@@ -164,6 +167,7 @@ impl Default for CommBuilder {
             hosts: None,
             pin_base: None,
             cancel: None,
+            table_listening: false,
         }
     }
 }
@@ -542,6 +546,7 @@ impl CommBuilder {
             hosts: None,
             pin_base: None,
             cancel: None,
+            table_listening: false,
             ..*self
         }
     }
@@ -563,6 +568,14 @@ impl CommBuilder {
     /// parent aborted while the split built its child).
     pub(super) fn cancelled_by(mut self, flag: Arc<AtomicBool>) -> Self {
         self.cancel = Some(flag);
+        self
+    }
+
+    /// The peer table's listeners were all bound before it was handed here (a split's
+    /// exchange of them): a peer that refuses a connection is gone, and the start-up fails
+    /// at once naming it.
+    pub(super) fn table_listening(mut self) -> Self {
+        self.table_listening = true;
         self
     }
 
@@ -712,6 +725,9 @@ impl CommBuilder {
         ))?;
         // `by_kernel`: the host colors come from every rank's kernel id (a rendezvous whose
         // entries all carry one), not from addresses.
+        // Whether every peer's listener was bound before this rank learned its address.
+        let listening =
+            matches!(peers, Peers::Rendezvous { .. } | Peers::Env(_)) || self.table_listening;
         let (control, nonce, listener, iface, auto, (hosts, by_kernel)) = match peers {
             Peers::Table { control, nonce } => {
                 if control.len() != size as usize {
@@ -859,6 +875,7 @@ impl CommBuilder {
         cc.max_read = MAX_READ;
         cc.max_message = CONTROL_MAX_LEN.max(probe::Report::max_len(lanes.into(), size as usize));
         cc.connect_timeout = self.connect_timeout;
+        cc.listeners_bound = listening;
         let cancel = self.cancel.clone().unwrap_or_default();
         let tcp = TcpControl::connect_or_cancel(
             rank,
@@ -1016,6 +1033,8 @@ impl CommBuilder {
                 fc.max_read = 0;
                 fc.max_message = FALLBACK_MAX_MESSAGE;
                 fc.connect_timeout = self.connect_timeout;
+                // Every fallback listener was bound before the start-up check exchanged it.
+                fc.listeners_bound = true;
                 // Only the dispatcher waits on it, and it serves no reads: the dispatcher
                 // reads it itself (no I/O thread to wake it for every piece).
                 fc.inline_io = true;

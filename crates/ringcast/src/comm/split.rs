@@ -387,6 +387,7 @@ impl Communicator {
             .host_colors_of(hosts)
             .pin_base_of(l.pin_base)
             .cancelled_by(std::sync::Arc::clone(&l.aborted))
+            .table_listening()
             .build()
             .map_err(|e| match e {
                 BuildError::Control(ControlError::Cancelled) => SplitError::Cancelled,
