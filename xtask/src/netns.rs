@@ -1,15 +1,18 @@
 //! `cargo xtask netns`: ringcast on a switched (bridged) fabric of network namespaces:
-//! correctness with several operations in flight, a seeded random mix of every kind and size
-//! (small ones over TCP) under loss, sub-communicators (`split`, `split_by_host`) on their
-//! own groups, random loss, hostile traffic, killed ranks (mid-run, and during their
-//! start-up), a rank deaf to multicast for a
-//! while (it reads what it missed over TCP), a rank stopped for half a peer timeout (nobody
-//! is blamed) or two (it is named), a bridge port whose MTU is below
-//! the hosts' (found by the start-up check), a rank whose egress stops (a tbf
-//! qdisc that holds every packet: all of it, or only the data port, as PFC pauses a class) or
-//! whose cable is pulled,
-//! blocked control connections, multicast that cannot arrive (and the TCP fallback), wire
-//! checks with tshark and scapy, and Open MPI's mpirun locally and across the namespaces.
+//! * correctness with several operations in flight, and a seeded random mix of every kind
+//!   and size (small ones over TCP) under loss;
+//! * sub-communicators (`split`, `split_by_host`) on their own groups;
+//! * random loss, and hostile traffic;
+//! * killed ranks (mid-run, and during their start-up), a rank deaf to multicast for a while
+//!   (it reads what it missed over TCP), a rank stopped for half a peer timeout (nobody is
+//!   blamed) or two (it is named);
+//! * a bridge port whose MTU is below the hosts' (found by the start-up check);
+//! * a rank whose egress stops (a tbf qdisc that holds every packet: all of it, or only the
+//!   data port, as PFC pauses a class) or whose cable is pulled;
+//! * blocked control connections, and multicast that cannot arrive (and the TCP fallback);
+//! * wire checks with tshark and scapy;
+//! * Open MPI's mpirun locally and across the namespaces.
+//!
 //! See `netns_lab` for the lab and how it is always removed.
 
 use crate::netns_lab::{
