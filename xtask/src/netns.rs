@@ -1347,8 +1347,10 @@ fn stopped_for(ctx: &Ctx<'_>, stop: Duration) -> Result<String, String> {
 
 /// A rank SIGKILLed 20 or 40 ms after it starts: during its rendezvous, the control mesh,
 /// the start-up check or its first operation, as the machine's speed has it. Every other
-/// rank ends with an error naming it (within the rendezvous timeout when it never joined,
-/// at once otherwise), or completes what did not need it; none hangs.
+/// rank ends with an error naming it, or completes what did not need it; none hangs. It is
+/// named at once where a peer can tell: one whose connection it refused or reset, or that
+/// another rank told in leaving; otherwise at the timeout it missed (the rendezvous's when
+/// it never joined).
 fn kill_start(ctx: &Ctx<'_>) -> Result<String, String> {
     let victim = 2;
     let mut res = Vec::new();

@@ -239,7 +239,7 @@ pub struct ControlConfig {
     /// Every peer's listener was bound before this rank learned its address (the table came
     /// from a rendezvous, or a split's exchange): a connection refused then means the peer
     /// is gone (its process exited, or failed its start-up), and the start-up fails at once
-    /// with [`ControlError::Refused`] instead of retrying until the connect timeout. Off for
+    /// with [`ControlError::PeerGone`] instead of retrying until the connect timeout. Off for
     /// a table whose peers may not have started yet.
     pub listeners_bound: bool,
 }
@@ -317,7 +317,8 @@ pub enum ControlError {
     /// reset it before its hello.
     #[error(
         "rank {peer} (control address {addr}) is gone: {source} during the control mesh's \
-         start-up (its process exited, or failed its start-up)"
+         start-up (its process exited, or failed its start-up; if it runs, check that the \
+         address is its own and that no firewall rejects the connection)"
     )]
     PeerGone {
         /// The rank.
@@ -343,6 +344,17 @@ pub enum ControlError {
         #[source]
         source: io::Error,
     },
+}
+
+impl ControlError {
+    /// The rank this failure is over, when there is one ([`ControlError::PeerGone`],
+    /// [`ControlError::Timeout`]).
+    pub fn culprit(&self) -> Option<u32> {
+        match self {
+            ControlError::PeerGone { peer, .. } | ControlError::Timeout(_, peer) => Some(*peer),
+            _ => None,
+        }
+    }
 }
 
 fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> ControlError {
@@ -1404,126 +1416,16 @@ impl TcpControl {
         let deadline = Instant::now()
             .checked_add(cfg.connect_timeout)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 24 * 3600));
-        let left = |peer: u32| {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(ControlError::Cancelled);
-            }
-            deadline
-                .checked_duration_since(Instant::now())
-                .filter(|d| !d.is_zero())
-                .ok_or(ControlError::Timeout(cfg.connect_timeout, peer))
-        };
-        // A failed read during the start-up: cancelled, or the socket's error.
-        let read_err = |what: &'static str| {
-            move |e: io::Error| {
-                if cancel.load(Ordering::Relaxed) {
-                    ControlError::Cancelled
-                } else {
-                    io_err(what)(e)
-                }
-            }
-        };
         let mut streams: Vec<Option<TcpStream>> = (0..ranks).map(|_| None).collect();
-        let mut buf = Vec::new();
-        // Lower ranks: connect (retrying until they listen), hello, their hello.
-        for (j, addr) in table.iter().enumerate().take(rank as usize) {
-            let s = loop {
-                // A try at most a second long, so that a cancel is seen.
-                match TcpStream::connect_timeout(addr, left(j as u32)?.min(CONNECT_TRY)) {
-                    Ok(s) => break s,
-                    Err(source)
-                        if cfg.listeners_bound
-                            && source.kind() == io::ErrorKind::ConnectionRefused =>
-                    {
-                        return Err(ControlError::PeerGone {
-                            peer: j as u32,
-                            addr: *addr,
-                            source,
-                        });
-                    }
-                    Err(_) => thread::sleep(Duration::from_millis(10)),
-                }
-            };
-            left(j as u32)?;
-            // A peer that closes or resets the connection now is gone (a read that runs out
-            // of time, or a cancel, is not).
-            let gone = |what: &'static str| {
-                move |source: io::Error| match source.kind() {
-                    io::ErrorKind::ConnectionReset
-                    | io::ErrorKind::ConnectionAborted
-                    | io::ErrorKind::BrokenPipe
-                    | io::ErrorKind::UnexpectedEof
-                        if !cancel.load(Ordering::Relaxed) =>
-                    {
-                        ControlError::PeerGone {
-                            peer: j as u32,
-                            addr: *addr,
-                            source,
-                        }
-                    }
-                    _ => read_err(what)(source),
-                }
-            };
-            (&s).write_all(&hello(cfg.nonce, rank))
-                .map_err(gone("send hello"))?;
-            let ok = read_frame(&mut ReadBy(&s, deadline, cancel), HELLO_LEN, &mut buf)
-                .map_err(gone("read hello"))?;
-            let got = if ok {
-                check_hello(&buf, cfg.nonce).map_err(|m| ControlError::BadHello(*addr, m))?
-            } else {
-                return Err(gone("read hello")(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "connection closed before its hello",
-                )));
-            };
-            if got as usize != j {
-                return Err(ControlError::BadHello(*addr, "wrong rank"));
+        if let Err(e) = handshake(rank, table, &listener, cfg, cancel, deadline, &mut streams) {
+            // The peers connected already, and those waiting in the backlog, hear whom this
+            // rank leaves over: they name that rank, not this one.
+            if let Some(k) = e.culprit() {
+                leave_over(&streams, &listener, k);
             }
-            streams[j] = Some(s);
+            return Err(e);
         }
-        // Higher ranks: accept, their hello, ours.
-        listener
-            .set_nonblocking(true)
-            .map_err(io_err("O_NONBLOCK"))?;
-        let mut missing = ranks - rank as usize - 1;
-        while missing > 0 {
-            let first_missing = (rank as usize + 1..ranks)
-                .find(|&j| streams[j].is_none())
-                .unwrap_or(ranks) as u32;
-            let (s, from) = match listener.accept() {
-                Ok(x) => x,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    left(first_missing)?;
-                    thread::sleep(Duration::from_millis(5));
-                    continue;
-                }
-                Err(e) => return Err(io_err("accept")(e)),
-            };
-            s.set_nonblocking(false).map_err(io_err("O_NONBLOCK"))?;
-            // A peer sends its hello right after connecting: a client slower than that (silent,
-            // or trickling) is a stray, and must not hold up the start-up.
-            let by = Instant::now() + left(first_missing)?.min(HELLO_WAIT);
-            // A stray client is refused without failing the mesh.
-            let got = match read_frame(&mut ReadBy(&s, by, cancel), HELLO_LEN, &mut buf) {
-                Ok(true) => check_hello(&buf, cfg.nonce),
-                _ => Err("no hello"),
-            };
-            let j = match got {
-                Ok(j) if j > rank && (j as usize) < ranks && streams[j as usize].is_none() => j,
-                Ok(_) => {
-                    tracing::warn!(%from, "control: hello with an unexpected rank");
-                    continue;
-                }
-                Err(m) => {
-                    tracing::warn!(%from, reason = m, "control: refused connection");
-                    continue;
-                }
-            };
-            (&s).write_all(&hello(cfg.nonce, rank))
-                .map_err(io_err("send hello"))?;
-            streams[j as usize] = Some(s);
-            missing -= 1;
-        }
+        drop(listener);
         let (to_owner, inbound) = mpsc::channel();
         let waker = Arc::new(OnceLock::new());
         let to_owner = Owner {
@@ -1883,7 +1785,7 @@ impl TcpControl {
     /// before this mesh is dropped then reaches its peer, where one that does not read
     /// holds nothing up past `linger`. A linger past what an `Instant` can hold is no
     /// deadline.
-    pub fn flush(&mut self, linger: Duration) {
+    fn flush(&mut self, linger: Duration) {
         let live: Vec<Arc<Link>> = self
             .peers
             .iter()
@@ -2169,6 +2071,267 @@ impl ControlPort for TcpControl {
         Some(input)
     }
 }
+
+/// The start-up's connections (see [`TcpControl::connect_or_cancel`]): this rank connects to
+/// every lower rank and accepts every higher one, each saying hello, by `deadline`. Fills
+/// `streams`; a peer connected already that goes away meanwhile ends it ([`Watch`]).
+fn handshake(
+    rank: u32,
+    table: &[SocketAddr],
+    listener: &TcpListener,
+    cfg: ControlConfig,
+    cancel: &AtomicBool,
+    deadline: Instant,
+    streams: &mut [Option<TcpStream>],
+) -> Result<(), ControlError> {
+    let ranks = table.len();
+    let mut watch = Watch::default();
+    let left = |peer: u32| {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(ControlError::Cancelled);
+        }
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or(ControlError::Timeout(cfg.connect_timeout, peer))
+    };
+    // A failed read during the start-up: cancelled, or the socket's error.
+    let read_err = |what: &'static str| {
+        move |e: io::Error| {
+            if cancel.load(Ordering::Relaxed) {
+                ControlError::Cancelled
+            } else {
+                io_err(what)(e)
+            }
+        }
+    };
+    let mut buf = Vec::new();
+    // Lower ranks: connect (retrying until they listen), hello, their hello.
+    for (j, addr) in table.iter().enumerate().take(rank as usize) {
+        let s = loop {
+            // A try at most a second long, so that a cancel is seen.
+            match TcpStream::connect_timeout(addr, left(j as u32)?.min(CONNECT_TRY)) {
+                Ok(s) => break s,
+                Err(source)
+                    if cfg.listeners_bound && source.kind() == io::ErrorKind::ConnectionRefused =>
+                {
+                    return Err(ControlError::PeerGone {
+                        peer: j as u32,
+                        addr: *addr,
+                        source,
+                    });
+                }
+                Err(_) => {
+                    watch.look(streams, table)?;
+                    thread::sleep(Duration::from_millis(10));
+                }
+            }
+        };
+        left(j as u32)?;
+        // A peer that closes or resets the connection now is gone (a read that runs out
+        // of time, or a cancel, is not).
+        let gone = |what: &'static str| {
+            move |source: io::Error| match source.kind() {
+                _ if cancel.load(Ordering::Relaxed) => ControlError::Cancelled,
+                io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::UnexpectedEof => ControlError::PeerGone {
+                    peer: j as u32,
+                    addr: *addr,
+                    source,
+                },
+                // The read ran out of the start-up's time.
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    ControlError::Timeout(cfg.connect_timeout, j as u32)
+                }
+                _ => read_err(what)(source),
+            }
+        };
+        (&s).write_all(&hello(cfg.nonce, rank))
+            .map_err(gone("send hello"))?;
+        let ok = read_frame(&mut ReadBy(&s, deadline, cancel), HELLO_LEN, &mut buf)
+            .map_err(gone("read hello"))?;
+        // It answered with a goodbye naming the rank its start-up failed over.
+        if let Some(k) = ok.then(|| bye_blames(&buf)).flatten()
+            && let Some(at) = table.get(k as usize)
+        {
+            return Err(ControlError::PeerGone {
+                peer: k,
+                addr: *at,
+                source: io::Error::other(format!("rank {j} left its start-up over it")),
+            });
+        }
+        let got = if ok {
+            check_hello(&buf, cfg.nonce).map_err(|m| ControlError::BadHello(*addr, m))?
+        } else {
+            return Err(gone("read hello")(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed before its hello",
+            )));
+        };
+        if got as usize != j {
+            return Err(ControlError::BadHello(*addr, "wrong rank"));
+        }
+        streams[j] = Some(s);
+    }
+    // Higher ranks: accept, their hello, ours.
+    listener
+        .set_nonblocking(true)
+        .map_err(io_err("O_NONBLOCK"))?;
+    let mut missing = ranks - rank as usize - 1;
+    while missing > 0 {
+        let first_missing = (rank as usize + 1..ranks)
+            .find(|&j| streams[j].is_none())
+            .unwrap_or(ranks) as u32;
+        let (s, from) = match listener.accept() {
+            Ok(x) => x,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                left(first_missing)?;
+                watch.look(streams, table)?;
+                thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            Err(e) => return Err(io_err("accept")(e)),
+        };
+        s.set_nonblocking(false).map_err(io_err("O_NONBLOCK"))?;
+        // A peer sends its hello right after connecting: a client slower than that (silent,
+        // or trickling) is a stray, and must not hold up the start-up.
+        let by = Instant::now() + left(first_missing)?.min(HELLO_WAIT);
+        // A stray client is refused without failing the mesh.
+        let got = match read_frame(&mut ReadBy(&s, by, cancel), HELLO_LEN, &mut buf) {
+            Ok(true) => check_hello(&buf, cfg.nonce),
+            _ => Err("no hello"),
+        };
+        let j = match got {
+            Ok(j) if j > rank && (j as usize) < ranks && streams[j as usize].is_none() => j,
+            Ok(_) => {
+                tracing::warn!(%from, "control: hello with an unexpected rank");
+                continue;
+            }
+            Err(m) => {
+                tracing::warn!(%from, reason = m, "control: refused connection");
+                continue;
+            }
+        };
+        (&s).write_all(&hello(cfg.nonce, rank))
+            .map_err(io_err("send hello"))?;
+        streams[j as usize] = Some(s);
+        missing -= 1;
+    }
+    Ok(())
+}
+
+/// Looks, now and then, at the connections a start-up holds already: a peer that closed or
+/// reset its own, or said goodbye naming the rank its start-up failed over, ends this one
+/// naming that rank (it would otherwise wait out the connect timeout for a peer that will
+/// never connect, or blame one that only left).
+#[derive(Default)]
+struct Watch {
+    last: Option<Instant>,
+}
+
+impl Watch {
+    /// Between looks (each one a `peek` per connection).
+    const EVERY: Duration = Duration::from_millis(50);
+
+    fn look(
+        &mut self,
+        streams: &[Option<TcpStream>],
+        table: &[SocketAddr],
+    ) -> Result<(), ControlError> {
+        if self.last.is_some_and(|t| t.elapsed() < Self::EVERY) {
+            return Ok(());
+        }
+        self.last = Some(Instant::now());
+        // A goodbye frame: length, kind, mark, blamed rank.
+        let mut b = [0u8; 4 + BYE_BLAMING_LEN];
+        for (j, s) in streams.iter().enumerate() {
+            let Some(s) = s else { continue };
+            if s.set_nonblocking(true).is_err() {
+                continue;
+            }
+            let r = s.peek(&mut b);
+            let _ = s.set_nonblocking(false);
+            let gone = |source| ControlError::PeerGone {
+                peer: j as u32,
+                addr: table[j],
+                source,
+            };
+            match r {
+                Ok(0) => {
+                    return Err(gone(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "connection closed",
+                    )));
+                }
+                Ok(n) if n == b.len() && u32_at(&b, 0) == Some(BYE_BLAMING_LEN as u32) => {
+                    if let Some(k) = bye_blames(&b[4..])
+                        && let Some(at) = table.get(k as usize)
+                    {
+                        return Err(ControlError::PeerGone {
+                            peer: k,
+                            addr: *at,
+                            source: io::Error::other(format!("rank {j} left its start-up over it")),
+                        });
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted
+                    ) =>
+                {
+                    return Err(gone(e));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Body length of a goodbye that names a rank: kind, mark u64, blamed rank u32.
+const BYE_BLAMING_LEN: usize = 1 + 8 + 4;
+
+/// The rank a goodbye frame body (`b`, kind first) blames, if it is one that does.
+fn bye_blames(b: &[u8]) -> Option<u32> {
+    (b.len() == BYE_BLAMING_LEN && b[0] == KIND_BYE)
+        .then(|| u32_at(b, 9))
+        .flatten()
+}
+
+/// A start-up that failed over rank `culprit` says so to every peer connected already and to
+/// every connection waiting in the backlog, before it drops them: a goodbye blaming that
+/// rank, with what they sent read away first (a socket closed on unread bytes resets the
+/// connection, and the goodbye could be lost with it).
+fn leave_over(streams: &[Option<TcpStream>], listener: &TcpListener, culprit: u32) {
+    let mut bye = frame(KIND_BYE, BYE_BLAMING_LEN - 1);
+    bye.extend_from_slice(&u64::MAX.to_be_bytes());
+    bye.extend_from_slice(&culprit.to_be_bytes());
+    let say = |s: &TcpStream| {
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_write_timeout(Some(BYE_WAIT));
+        if (&*s).write_all(&bye).is_err() {
+            return;
+        }
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let _ = s.set_read_timeout(Some(BYE_WAIT));
+        let mut sink = [0u8; 4096];
+        while matches!((&*s).read(&mut sink), Ok(n) if n > 0) {}
+    };
+    for s in streams.iter().flatten() {
+        say(s);
+    }
+    if listener.set_nonblocking(true).is_ok() {
+        while let Ok((s, _)) = listener.accept() {
+            say(&s);
+        }
+    }
+}
+
+/// How long [`leave_over`] gives each connection to take its goodbye and to be read empty.
+const BYE_WAIT: Duration = Duration::from_millis(50);
 
 impl Drop for TcpControl {
     fn drop(&mut self) {
@@ -3839,6 +4002,106 @@ mod tests {
                 assert!(msg.contains("rank 0") && msg.contains("is gone"), "{msg}");
             }
             r => panic!("{:?}", r.err()),
+        }
+    }
+
+    /// Reads a hello frame from `s`; the rank it names.
+    fn read_hello(s: &mut TcpStream, nonce: u64) -> u32 {
+        let mut buf = Vec::new();
+        assert!(read_frame(s, HELLO_LEN, &mut buf).expect("hello"));
+        check_hello(&buf, nonce).expect("a hello")
+    }
+
+    /// A start-up that fails over a rank tells the others which: rank 1, whose connection
+    /// to rank 0 closes before rank 0's hello, answers rank 2 (waiting in its backlog) with a
+    /// goodbye naming rank 0, and rank 2 names rank 0 too, not rank 1, which only left.
+    #[test]
+    fn a_start_up_that_fails_names_its_culprit_to_those_waiting_on_it() {
+        let nonce = 7;
+        let l0 = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let l1 = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let l2 = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let table = vec![
+            l0.local_addr().expect("a"),
+            l1.local_addr().expect("a"),
+            l2.local_addr().expect("a"),
+        ];
+        let mut cfg = ControlConfig::new(nonce);
+        cfg.connect_timeout = Duration::from_secs(60);
+        cfg.listeners_bound = true;
+        // Rank 0, played by hand: it answers rank 2, then drops rank 1 unanswered once rank 2
+        // waits in rank 1's backlog.
+        let fake = thread::spawn(move || {
+            let mut held = Vec::new();
+            while held.len() < 2 {
+                let (mut s, _) = l0.accept().expect("accept");
+                let r = read_hello(&mut s, nonce);
+                if r == 2 {
+                    s.write_all(&hello(nonce, 0)).expect("hello");
+                }
+                held.push((r, s));
+            }
+            thread::sleep(Duration::from_millis(300));
+            held.retain(|(r, _)| *r == 2);
+            held
+        });
+        let run = |me: u32, l: TcpListener| {
+            let table = table.clone();
+            thread::spawn(move || TcpControl::connect(me, &table, l, Registry::default(), cfg))
+        };
+        let (r1, r2) = (run(1, l1), run(2, l2));
+        let t = Instant::now();
+        for (me, r) in [(1, r1), (2, r2)] {
+            match r.join().expect("join") {
+                Err(ControlError::PeerGone { peer: 0, .. }) => {}
+                other => panic!("rank {me}: {:?}", other.err()),
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        drop(fake.join().expect("join"));
+    }
+
+    /// Rank 0 waits to accept ranks 1 and 2. Rank 1 (by hand) says hello, then leaves: with
+    /// a goodbye naming rank 2 (its own start-up failed over it), or without a word. Rank 0
+    /// fails at once naming rank 2, or rank 1, instead of waiting out the connect timeout.
+    #[test]
+    fn a_start_up_waiting_to_accept_sees_a_connected_peer_leave() {
+        for blame in [Some(2u32), None] {
+            let nonce = 9;
+            let l0 = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let l1 = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let l2 = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let table = vec![
+                l0.local_addr().expect("a"),
+                l1.local_addr().expect("a"),
+                l2.local_addr().expect("a"),
+            ];
+            let mut cfg = ControlConfig::new(nonce);
+            cfg.connect_timeout = Duration::from_secs(60);
+            let t0 = {
+                let table = table.clone();
+                thread::spawn(move || TcpControl::connect(0, &table, l0, Registry::default(), cfg))
+            };
+            let mut s = TcpStream::connect(table[0]).expect("connect");
+            s.write_all(&hello(nonce, 1)).expect("hello");
+            assert_eq!(read_hello(&mut s, nonce), 0);
+            thread::sleep(Duration::from_millis(200));
+            if let Some(k) = blame {
+                let mut bye = frame(KIND_BYE, BYE_BLAMING_LEN - 1);
+                bye.extend_from_slice(&u64::MAX.to_be_bytes());
+                bye.extend_from_slice(&k.to_be_bytes());
+                s.write_all(&bye).expect("bye");
+                thread::sleep(Duration::from_millis(200));
+            }
+            let t = Instant::now();
+            drop(s);
+            let want = blame.unwrap_or(1);
+            match t0.join().expect("join") {
+                Err(ControlError::PeerGone { peer, .. }) if peer == want => {}
+                other => panic!("blame {blame:?}: {:?}", other.err()),
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+            drop((l1, l2));
         }
     }
 

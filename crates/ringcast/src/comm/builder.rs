@@ -957,10 +957,11 @@ impl CommBuilder {
         };
         let ex = match probe::run(&setup, &mut rx, &mut tx, &mut control) {
             Ok(ex) => ex,
-            Err(e) => {
-                // Flush what this rank owes the others (its report) before leaving.
-                control.close(u64::MAX, PROBE_LINGER);
-                return Err(e);
+            Err(f) => {
+                // Flush what this rank owes the others (its report) before leaving, and name
+                // the rank it leaves over.
+                control.close_blaming(u64::MAX, f.culprit, PROBE_LINGER);
+                return Err(f.error);
             }
         };
         let fcfg = FallbackConfig {
@@ -1174,9 +1175,13 @@ fn listen(
         Some(l) => l,
         None => TcpListener::bind(addr).map_err(|source| BuildError::Listen { addr, source })?,
     };
-    let local = l
+    let mut local = l
         .local_addr()
         .map_err(|source| BuildError::Listen { addr, source })?;
+    // A listener given on every address (`0.0.0.0`, `[::]`) is reached at the interface's.
+    if local.ip().is_unspecified() {
+        local.set_ip(IpAddr::V4(iface));
+    }
     Ok((l, entry(local, &Host::here())))
 }
 

@@ -48,10 +48,9 @@
 //! [4], groups [4] x lanes, heard bitmap (lane-major, ceil(lanes x ranks / 8) bytes), the
 //! same bitmap for chunk-sized probes, extra_len u16, extra`.
 //!
-//! A rank whose check fails because a peer's connection closed before its report tells the
-//! others which peer that was (`LEFT_KIND`, `0xF2`, and the rank) before it leaves: they then
-//! name that peer, not the rank that left over it, whose connection they may see close
-//! first.
+//! A rank whose check fails because a peer's connection closed says which peer in its
+//! goodbye ([`TcpControl::close_blaming`]): the others then name that peer, not the rank that
+//! left over it, whose connection they may see close first.
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -78,13 +77,6 @@ const PROBE_RX_OP: OpId = OpId(u64::MAX - 1);
 /// First byte of a report on the control mesh.
 pub(crate) const REPORT_KIND: u8 = 0xF0;
 const REPORT_VERSION: u8 = 5;
-/// First byte of the message a rank sends before it leaves a failed check over a peer whose
-/// connection closed: `kind, 0, 0, 0, culprit u32`. The ranks it leaves name that peer, not
-/// the rank that left over it (not the rate reports' `0xF1`).
-const LEFT_KIND: u8 = 0xF2;
-const LEFT_LEN: usize = 8;
-/// How long a rank leaving a failed check waits for its `LEFT_KIND` messages to be written.
-const LEFT_LINGER: Duration = Duration::from_millis(200);
 const FLAG_CHECKED: u8 = 1;
 const FLAG_FALLBACK_TCP: u8 = 2;
 /// How often a rank multicasts its probes.
@@ -601,6 +593,22 @@ pub(crate) fn judge(reports: &[Report], window: Duration) -> Result<Option<Probe
     }))
 }
 
+/// Why the check failed, and the rank it failed over (named in this rank's goodbye).
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub(crate) error: BuildError,
+    pub(crate) culprit: Option<Rank>,
+}
+
+impl From<BuildError> for Failed {
+    fn from(error: BuildError) -> Self {
+        Failed {
+            error,
+            culprit: None,
+        }
+    }
+}
+
 fn startup(why: String) -> BuildError {
     BuildError::StartupCheck(why)
 }
@@ -611,7 +619,7 @@ pub(crate) fn run(
     rx: &mut [UdpRx],
     tx: &mut [UdpTx],
     control: &mut TcpControl,
-) -> Result<Exchange, BuildError> {
+) -> Result<Exchange, Failed> {
     let started = Instant::now();
     let n = s.ranks as usize;
     let lanes = usize::from(s.lanes);
@@ -671,7 +679,7 @@ fn exchange(
     started: Instant,
     ex: &mut Exchange,
     others: &mut Vec<(Rank, Vec<u8>)>,
-) -> Result<(), BuildError> {
+) -> Result<(), Failed> {
     let n = s.ranks as usize;
     let lanes = usize::from(s.lanes);
     let window_end = started + s.window;
@@ -679,8 +687,6 @@ fn exchange(
     let checking = !s.window.is_zero();
     let every = full_every(s.ranks, s.chunk_size, s.window);
     let mut reports: Vec<Option<Report>> = vec![None; n];
-    // Per peer that left a failed check, the rank it left over.
-    let mut left_over: Vec<Option<u32>> = vec![None; n];
     let mut reported = false;
     let mut round: u16 = 0;
     let mut next_probe = started;
@@ -744,15 +750,6 @@ fn exchange(
                 continue;
             };
             let bytes = &buf[..len.min(buf.len())];
-            if let &[LEFT_KIND, _, _, _, c0, c1, c2, c3] = bytes {
-                let culprit = u32::from_be_bytes([c0, c1, c2, c3]);
-                if let Some(slot) = left_over.get_mut(from.index())
-                    && (culprit as usize) < n
-                {
-                    *slot = Some(culprit);
-                }
-                continue;
-            }
             if bytes.first() != Some(&REPORT_KIND) {
                 others.push((from, bytes.to_vec()));
                 continue;
@@ -768,7 +765,8 @@ fn exchange(
                 return Err(startup(format!(
                     "rank {} sent a start-up report in the name of rank {}",
                     from.0, rep.rank
-                )));
+                ))
+                .into());
             }
             if let Some(slot) = reports.get_mut(from.index()) {
                 slot.get_or_insert(rep);
@@ -778,8 +776,8 @@ fn exchange(
         // this rank's as well, failed the build): otherwise a peer lost is a failure. One
         // that died after its report, while this rank still listens, would have the others
         // judge multicast from it unheard. One that left over another peer's loss said
-        // which: that peer is named (several go at once; the first seen need not be the
-        // cause).
+        // which in its goodbye: that peer is named (several go at once; the first seen need
+        // not be the cause), and this rank's goodbye names it too.
         let gone: Vec<u32> = control
             .lost_peers()
             .iter()
@@ -789,23 +787,23 @@ fn exchange(
         if let Some(&first) = gone.first() {
             let (culprit, via) = gone
                 .iter()
-                .find_map(|&g| left_over[g as usize].map(|c| (c, Some(g))))
+                .find_map(|&g| {
+                    control
+                        .departed_blaming(Rank(g))
+                        .filter(|c| c.0 != s.rank && c.index() < n)
+                        .map(|c| (c.0, Some(g)))
+                })
                 .unwrap_or((first, None));
-            let mut left = [0u8; LEFT_LEN];
-            left[0] = LEFT_KIND;
-            left[4..].copy_from_slice(&culprit.to_be_bytes());
-            for peer in (0..s.ranks).filter(|&p| p != s.rank && !gone.contains(&p)) {
-                control.send_control(Rank(peer), &left);
-            }
-            // Written before the mesh goes down with this build.
-            control.flush(LEFT_LINGER);
             let seen = match via {
                 Some(v) => format!(" (rank {v} saw it and left)"),
                 None => String::new(),
             };
-            return Err(startup(format!(
-                "rank {culprit}'s control connection closed during the start-up check{seen}"
-            )));
+            return Err(Failed {
+                error: startup(format!(
+                    "rank {culprit}'s control connection closed during the start-up check{seen}"
+                )),
+                culprit: Some(Rank(culprit)),
+            });
         }
         if reported && reports.iter().all(Option::is_some) {
             break;
@@ -813,7 +811,8 @@ fn exchange(
         if s.cancel.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(BuildError::Control(
                 ringcast_transport_rocev2_udp::control::ControlError::Cancelled,
-            ));
+            )
+            .into());
         }
         if now >= deadline {
             let missing: Vec<u32> = reports
@@ -828,7 +827,8 @@ fn exchange(
                 ranks_word(missing.len()),
                 list(&missing),
                 (s.window + s.report_wait).as_secs_f64()
-            )));
+            ))
+            .into());
         }
         thread::sleep(POLL);
     }
