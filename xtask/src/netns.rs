@@ -5,7 +5,7 @@
 //! * random loss, and hostile traffic;
 //! * killed ranks (mid-run, and during their start-up), a rank deaf to multicast for a while
 //!   (it reads what it missed over TCP), a rank stopped for half a peer timeout (nobody is
-//!   blamed) or two (it is named);
+//!   blamed) or longer (it is named);
 //! * a bridge port whose MTU is below the hosts' (found by the start-up check);
 //! * a rank whose egress stops (a tbf qdisc that holds every packet: all of it, or only the
 //!   data port, as PFC pauses a class) or whose cable is pulled;
@@ -1261,11 +1261,11 @@ fn deaf(ctx: &Ctx<'_>) -> Result<String, String> {
 /// operations back to back:
 /// * for half a peer timeout: nobody is blamed and every operation completes byte for byte
 ///   (what its socket dropped while it was stopped is read over TCP);
-/// * for two peer timeouts: the others fail naming it within the deadline while it is
-///   stopped, and once continued it fails too and exits.
+/// * for the failure deadline (five peer timeouts): the others fail naming it within it,
+///   while it is stopped, and once continued it fails too and exits.
 fn stopped(ctx: &Ctx<'_>) -> Result<String, String> {
     let short = stopped_for(ctx, PEER_TIMEOUT / 2)?;
-    let long = stopped_for(ctx, PEER_TIMEOUT * 2)?;
+    let long = stopped_for(ctx, FAIL_DEADLINE)?;
     Ok(format!("{short}; {long}"))
 }
 
