@@ -3,7 +3,7 @@
 //!   and size (small ones over TCP) under loss;
 //! * sub-communicators (`split`, `split_by_host`) on their own groups;
 //! * random loss, and hostile traffic;
-//! * killed ranks (mid-run, and during their start-up), a rank deaf to multicast for a while
+//! * killed ranks (mid-run, during their start-up, and while the ranks split), a rank deaf to multicast for a while
 //!   (it reads what it missed over TCP), a rank stopped for half a peer timeout (nobody is
 //!   blamed) or longer (it is named);
 //! * a bridge port whose MTU is below the hosts' (found by the start-up check);
@@ -207,6 +207,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
             ("deaf", deaf),
             ("stopped", stopped),
             ("kill-start", kill_start),
+            ("kill-split", kill_split),
             ("tcp-block", tcp_block),
             ("unreachable", unreachable),
             ("no-querier", no_querier),
@@ -1397,6 +1398,67 @@ fn kill_start(ctx: &Ctx<'_>) -> Result<String, String> {
             "killed after {delay} ms: the others {} within {:.1}s",
             seen.join(" / "),
             t0.elapsed().as_secs_f64()
+        ));
+    }
+    Ok(res.join("; "))
+}
+
+/// A rank SIGKILLed 0, 5 or 20 ms after the ranks are ready, as they split the communicator
+/// in halves (it shares one with rank 0) and run on both: its half's other member fails its
+/// split naming it (`SplitError::MemberGone`, as soon as the parent sees it go; it waited
+/// out the connect timeout before), the others fail their operations on the whole naming
+/// it. Nobody hangs.
+fn kill_split(ctx: &Ctx<'_>) -> Result<String, String> {
+    let victim = 2;
+    let mut res = Vec::new();
+    for delay in [0u64, 5, 20] {
+        let mut r = ctx.start(
+            &format!("killsplit{delay}"),
+            &["split", "--size", "65536"],
+            &[],
+        )?;
+        for i in 0..ctx.p() {
+            r.wait_line(i, "READY", Duration::from_secs(60))
+                .ok_or_else(|| format!("rank {i} never got ready: {}", r.err_tail(i)))?;
+        }
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_millis(delay));
+        r.kill(victim);
+        if !r.wait_all(Duration::from_secs(60)) {
+            return Err(format!("killed after {delay} ms: ranks ran past 60 s"));
+        }
+        let mut slowest = Duration::ZERO;
+        for i in (0..ctx.p()).filter(|&i| i != victim) {
+            let out = r.out(i);
+            let end = out
+                .lines()
+                .find(|l| {
+                    ["WRONG", "FAILED", "CHECKED"]
+                        .iter()
+                        .any(|p| l.starts_with(p))
+                })
+                .ok_or_else(|| format!("killed after {delay} ms: rank {i} ended with {out}"))?;
+            // The split's own failure, one on the half (said with the parent rank), or one
+            // on the whole (its exchange, or an operation).
+            let named = kv(end).get("peer").map(String::as_str) == Some("2")
+                || [
+                    "parent rank 2",
+                    "gave up on rank 2",
+                    "rank 2 is gone",
+                    "rank 2 stopped answering",
+                ]
+                .iter()
+                .any(|p| end.contains(p));
+            if !end.starts_with("CHECKED") && !named {
+                return Err(format!(
+                    "killed after {delay} ms: rank {i} did not name rank 2: {end}"
+                ));
+            }
+            slowest = slowest.max(r.ended[i].map_or(Duration::MAX, |e| e.duration_since(t0)));
+        }
+        res.push(format!(
+            "killed after {delay} ms: named by all within {:.2}s",
+            slowest.as_secs_f64()
         ));
     }
     Ok(res.join("; "))

@@ -322,10 +322,26 @@ fn split(comm: &Communicator, size: usize) -> Result<(), Fail> {
     // Meanwhile, an Allgather on the whole.
     let whole_blocks: Vec<Vec<u8>> = (0..n).map(|r| pattern(90, r, size)).collect();
     let on_whole = comm.iallgather(&whole_blocks[me as usize], vec![0u8; size * n as usize])?;
+    // A failure on the half names a rank of the half: said with its parent rank.
+    let on_half = |what: &str| {
+        let members = members.clone();
+        let what = what.to_owned();
+        move |f: Fail| match f {
+            Fail::Comm(e) => Fail::Other(format!(
+                "{what}: {e} (on the half: parent rank {})",
+                e.peer()
+                    .and_then(|p| members.get(p as usize))
+                    .map_or("none".to_owned(), u32::to_string)
+            )),
+            other => other,
+        }
+    };
     let root_data = pattern(91 + u64::from(me % 2), members[0], size);
-    broadcast_from_0(&half, &root_data, "a half's broadcast")?;
+    broadcast_from_0(&half, &root_data, "a half's broadcast")
+        .map_err(on_half("a half's broadcast"))?;
     let mut recv = vec![0u8; size * members.len()];
-    half.allgather(&pattern(93, me, size), &mut recv)?;
+    half.allgather(&pattern(93, me, size), &mut recv)
+        .map_err(|e| on_half("a half's allgather")(Fail::Comm(e)))?;
     let want: Vec<u8> = members.iter().flat_map(|&r| pattern(93, r, size)).collect();
     if recv != want {
         return Err(Fail::Other("a half's allgather: wrong bytes".into()));

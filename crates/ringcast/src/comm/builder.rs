@@ -839,7 +839,7 @@ impl CommBuilder {
             chunk,
             hosts,
             pin_base,
-            aborted: Arc::default(),
+            builds: Arc::default(),
         };
         // Every rank holds the same table, so every rank picks the same default (the start-up
         // check compares them all the same).
@@ -999,7 +999,8 @@ impl CommBuilder {
                 reason: FallbackReason::StartupCheck,
             };
             // Pieces a peer sent once its own check was over are back on the mesh, first.
-            let handle = fallback::start(fcfg, control, None, mode).map_err(BuildError::Spawn)?;
+            let handle = fallback::start(fcfg, control, None, mode, Arc::clone(&lineage.builds))
+                .map_err(BuildError::Spawn)?;
             return Ok(Communicator {
                 rank,
                 size,
@@ -1059,7 +1060,15 @@ impl CommBuilder {
         let (posts, prx) = mpsc::sync_channel(POST_QUEUE);
         let numbered = Arc::new(AtomicU64::new(0));
         let blame = Blame::new(rank);
-        let engine = Engine::new(node, ports, prx, numbered.clone(), blame.clone(), pin_base);
+        let engine = Engine::new(
+            node,
+            ports,
+            prx,
+            numbered.clone(),
+            blame.clone(),
+            pin_base,
+            Arc::clone(&lineage.builds),
+        );
         let thread = thread::Builder::new()
             .name(format!("ringcast-r{rank}"))
             .spawn(move || engine.run())
@@ -1067,8 +1076,14 @@ impl CommBuilder {
         let posts = PostTx::new(posts, thread.thread().clone(), numbered, blame);
         let fallback = match fb_mesh {
             Some(mesh) => Some(
-                fallback::start(fcfg, mesh, Some(posts.clone()), TransportMode::Multicast)
-                    .map_err(BuildError::Spawn)?,
+                fallback::start(
+                    fcfg,
+                    mesh,
+                    Some(posts.clone()),
+                    TransportMode::Multicast,
+                    Arc::clone(&lineage.builds),
+                )
+                .map_err(BuildError::Spawn)?,
             ),
             None => None,
         };

@@ -81,6 +81,7 @@ use super::blame::{Blame, Lost};
 use super::error::CommError;
 use super::fallback::LossTap;
 use super::request::Completion;
+use super::split::Builds;
 use super::stats::{CommStats, ControlCounters, Counters, OpStats, add_rx, add_tx, core_drops};
 use super::track::{TrackedControl, TrackedTx};
 
@@ -301,6 +302,8 @@ pub(crate) struct Engine {
     stalled: Option<(CommError, StdInstant)>,
     /// With `RINGCAST_PIN=1`, the first core of this rank's threads.
     pin_base: usize,
+    /// The splits building new communicators from this one: they hear of every rank lost.
+    builds: Arc<Builds>,
     /// Whom this rank's failures blame, and its goodbye: one record with the TCP path's.
     blame: Blame,
     /// The last TCP failure handed to the session ([`Self::heard_tcp_failure`]).
@@ -328,6 +331,7 @@ impl Engine {
         numbered: Arc<AtomicU64>,
         blame: Blame,
         pin_base: usize,
+        builds: Arc<Builds>,
     ) -> Self {
         let config = node.config().clone();
         let session = Session::new(config.clone()).expect("the node's configuration is valid");
@@ -371,6 +375,7 @@ impl Engine {
             stalled: None,
             pin_base,
             blame,
+            builds,
             heard_failed: None,
             next_op: 0,
             numbered,
@@ -896,6 +901,7 @@ impl Engine {
             tracing::debug!(rank, ?mark, "peer left");
         }
         self.lost.push(lost);
+        self.builds.lost(rank);
         // It left over another rank's failure, which this rank may not have heard of yet
         // (it travels over another connection): that rank is the one to blame.
         self.blame.heard(blamed);

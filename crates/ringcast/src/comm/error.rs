@@ -254,6 +254,19 @@ pub enum BuildError {
     /// settings that differ between ranks).
     #[error("start-up check: {0}")]
     StartupCheck(String),
+    /// Rank `rank`'s control connection closed during the start-up check (its process
+    /// died, or its start-up failed); `seen_by`: the rank that told this one, leaving over
+    /// it.
+    #[error(
+        "start-up check: rank {rank}'s control connection closed during the start-up check{}",
+        seen_by.map_or(String::new(), |v| format!(" (rank {v} saw it and left)"))
+    )]
+    StartupPeerLost {
+        /// The rank whose connection closed.
+        rank: u32,
+        /// The rank that left over it and said so, when one did.
+        seen_by: Option<u32>,
+    },
     /// The engine's thread, or the TCP dispatcher's, could not be started.
     #[error("could not start the engine's or the TCP dispatcher's thread: {0}")]
     Spawn(#[source] io::Error),

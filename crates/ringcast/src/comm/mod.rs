@@ -298,14 +298,13 @@ impl Communicator {
     ///
     /// A [`split`](Self::split) already past its exchange, building the new communicator,
     /// gives up within about 100 ms ([`SplitError::Cancelled`]); the other members' builds
-    /// fail once they miss it (within their connect timeout and start-up check). Not for a
+    /// fail as soon as their parent communicator sees this rank's connections close
+    /// ([`SplitError::MemberGone`] naming it). Not for a
     /// signal handler (it takes locks and may log), nor for a `tracing` layer that runs on
     /// the library's own threads.
     pub fn abort(&self) {
         tracing::debug!(rank = self.rank, "abort");
-        self.lineage
-            .aborted
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.lineage.builds.abort();
         if let Some(f) = &self.fallback {
             f.start_close();
         }

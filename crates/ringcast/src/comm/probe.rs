@@ -794,14 +794,11 @@ fn exchange(
                         .map(|c| (c.0, Some(g)))
                 })
                 .unwrap_or((first, None));
-            let seen = match via {
-                Some(v) => format!(" (rank {v} saw it and left)"),
-                None => String::new(),
-            };
             return Err(Failed {
-                error: startup(format!(
-                    "rank {culprit}'s control connection closed during the start-up check{seen}"
-                )),
+                error: BuildError::StartupPeerLost {
+                    rank: culprit,
+                    seen_by: via,
+                },
                 culprit: Some(Rank(culprit)),
             });
         }

@@ -12,6 +12,8 @@
 //! the members agree on it from what they exchanged alone.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::Communicator;
 use super::builder::CommBuilder;
@@ -40,9 +42,81 @@ pub(super) struct Lineage {
     /// The first core of this rank's threads with `RINGCAST_PIN=1`, which its children
     /// take too.
     pub(super) pin_base: usize,
-    /// Set by [`Communicator::abort`]: a split building a child from this communicator
-    /// gives up.
-    pub(super) aborted: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The builds of communicators split from this one under way, and what ends them: an
+    /// [`abort`](Communicator::abort), or the loss of a member (its parent connections
+    /// closed).
+    pub(super) builds: Arc<Builds>,
+}
+
+/// The builds of new communicators a communicator's splits have under way, each with the
+/// flag that gives it up, and the parent ranks lost so far: a member that dies (or aborts)
+/// while the others build the new communicator fails their builds at once
+/// ([`SplitError::MemberGone`]), where they waited for it up to their connect timeout.
+#[derive(Debug, Default)]
+pub(crate) struct Builds(Mutex<BuildsState>);
+
+#[derive(Debug, Default)]
+struct BuildsState {
+    aborted: bool,
+    /// Parent ranks whose connections closed.
+    gone: Vec<u32>,
+    /// Per build: its members (parent ranks) and its flag.
+    under_way: Vec<(Vec<u32>, Arc<AtomicBool>)>,
+}
+
+impl Builds {
+    fn with<R>(&self, f: impl FnOnce(&mut BuildsState) -> R) -> R {
+        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Parent rank `rank` is lost: the builds it is a member of give up.
+    pub(crate) fn lost(&self, rank: u32) {
+        self.with(|s| {
+            if !s.gone.contains(&rank) {
+                s.gone.push(rank);
+            }
+            for (members, flag) in &s.under_way {
+                if members.contains(&rank) {
+                    flag.store(true, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+
+    /// The parent was aborted: every build gives up, now and to come.
+    pub(super) fn abort(&self) {
+        self.with(|s| {
+            s.aborted = true;
+            for (_, flag) in &s.under_way {
+                flag.store(true, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// Whether the parent was aborted.
+    fn aborted(&self) -> bool {
+        self.with(|s| s.aborted)
+    }
+
+    /// A build of `members` begins: its flag (set already if the parent was aborted or a
+    /// member is lost).
+    fn begin(&self, members: &[u32]) -> Arc<AtomicBool> {
+        self.with(|s| {
+            let doomed = s.aborted || members.iter().any(|m| s.gone.contains(m));
+            let flag = Arc::new(AtomicBool::new(doomed));
+            s.under_way.push((members.to_vec(), Arc::clone(&flag)));
+            flag
+        })
+    }
+
+    /// The build whose flag is `flag` is over; the member it lost, if one was.
+    fn end(&self, flag: &Arc<AtomicBool>) -> Option<u32> {
+        self.with(|s| {
+            let i = s.under_way.iter().position(|(_, f)| Arc::ptr_eq(f, flag))?;
+            let (members, _) = s.under_way.swap_remove(i);
+            members.into_iter().find(|m| s.gone.contains(m))
+        })
+    }
 }
 
 /// Why [`Communicator::split`], [`Communicator::dup`] or [`Communicator::split_by_host`]
@@ -82,9 +156,21 @@ pub enum SplitError {
     #[error("building the new communicator: {0}")]
     Build(#[source] BuildError),
     /// This communicator was aborted ([`Communicator::abort`]) while the split built the
-    /// new one: the build gave up (the other members' builds fail once they miss it).
+    /// new one: the build gave up (the other members' builds fail with
+    /// [`SplitError::MemberGone`] naming this rank).
     #[error("cancelled: the parent communicator was aborted while the split built the new one")]
     Cancelled,
+    /// `rank` (of the parent), a member of the new communicator, went away while it was
+    /// being built: its connections closed (its process died, or its communicator was
+    /// aborted or dropped).
+    #[error(
+        "parent rank {rank}, of this color, went away while the new communicator was being \
+         built (its process died, or its communicator was aborted)"
+    )]
+    MemberGone {
+        /// The parent rank.
+        rank: u32,
+    },
 }
 
 /// One rank's part in a split.
@@ -374,7 +460,10 @@ impl Communicator {
             size,
             "split: building the new communicator"
         );
-        l.settings
+        let members = p.members.clone();
+        let flag = l.builds.begin(&members);
+        let built = l
+            .settings
             .clone_settings()
             .rank(p.rank)
             .world_size(size)
@@ -386,13 +475,28 @@ impl Communicator {
             .chunk_size(l.chunk)
             .host_colors_of(hosts)
             .pin_base_of(l.pin_base)
-            .cancelled_by(std::sync::Arc::clone(&l.aborted))
+            .cancelled_by(Arc::clone(&flag))
             .table_listening()
-            .build()
-            .map_err(|e| match e {
-                BuildError::Control(ControlError::Cancelled) => SplitError::Cancelled,
-                e => SplitError::Build(e),
-            })
+            .build();
+        let lost = l.builds.end(&flag);
+        built.map_err(|e| {
+            let cancelled = matches!(e, BuildError::Control(ControlError::Cancelled));
+            // A member that went away during the build, in the new numbering.
+            let gone = match &e {
+                BuildError::Control(ControlError::PeerGone { peer: r, .. })
+                | BuildError::StartupPeerLost { rank: r, .. } => members.get(*r as usize).copied(),
+                _ => None,
+            };
+            match (lost.or(gone), cancelled && l.builds.aborted()) {
+                (_, true) => SplitError::Cancelled,
+                (Some(rank), false) => {
+                    tracing::warn!(parent_rank = self.rank, rank, error = %e, "split: a member went away");
+                    SplitError::MemberGone { rank }
+                }
+                (None, false) if cancelled => SplitError::Cancelled,
+                (None, false) => SplitError::Build(e),
+            }
+        })
     }
 
     /// Allgathers this rank's record over this communicator: every rank's.
@@ -407,6 +511,35 @@ impl Communicator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A build gives up when one of its members is lost (before it began or during it),
+    /// not when another rank is, and every build does on an abort; its end names the member.
+    #[test]
+    fn builds_give_up_over_their_members_and_an_abort() {
+        let b = Builds::default();
+        let ours = b.begin(&[0, 2]);
+        let theirs = b.begin(&[1, 3]);
+        b.lost(3);
+        assert!(!ours.load(Ordering::Relaxed));
+        assert!(theirs.load(Ordering::Relaxed));
+        assert_eq!(b.end(&theirs), Some(3));
+        b.lost(2);
+        assert!(ours.load(Ordering::Relaxed));
+        assert_eq!(b.end(&ours), Some(2));
+        // A build of a member lost already gives up from the start.
+        let late = b.begin(&[2, 4]);
+        assert!(late.load(Ordering::Relaxed));
+        assert_eq!(b.end(&late), Some(2));
+        let clean = b.begin(&[0, 1]);
+        assert!(!clean.load(Ordering::Relaxed) && !b.aborted());
+        b.abort();
+        assert!(clean.load(Ordering::Relaxed) && b.aborted());
+        assert_eq!(b.end(&clean), None);
+        assert!(
+            b.begin(&[5]).load(Ordering::Relaxed),
+            "after an abort, every build"
+        );
+    }
 
     fn join(color: u32, key: u32, port: u16) -> Record {
         Record::Join {
