@@ -1420,9 +1420,7 @@ impl TcpControl {
         if let Err(e) = handshake(rank, table, &listener, cfg, cancel, deadline, &mut streams) {
             // The peers connected already, and those waiting in the backlog, hear whom this
             // rank leaves over: they name that rank, not this one.
-            if let Some(k) = e.culprit() {
-                leave_over(&streams, &listener, k);
-            }
+            leave_over(&streams, &listener, cfg.nonce, &e);
             return Err(e);
         }
         drop(listener);
@@ -2122,7 +2120,7 @@ fn handshake(
                     });
                 }
                 Err(_) => {
-                    watch.look(streams, table)?;
+                    watch.look(rank, &cfg, streams, table)?;
                     thread::sleep(Duration::from_millis(10));
                 }
             }
@@ -2153,14 +2151,8 @@ fn handshake(
         let ok = read_frame(&mut ReadBy(&s, deadline, cancel), HELLO_LEN, &mut buf)
             .map_err(gone("read hello"))?;
         // It answered with a goodbye naming the rank its start-up failed over.
-        if let Some(k) = ok.then(|| bye_blames(&buf)).flatten()
-            && let Some(at) = table.get(k as usize)
-        {
-            return Err(ControlError::PeerGone {
-                peer: k,
-                addr: *at,
-                source: io::Error::other(format!("rank {j} left its start-up over it")),
-            });
+        if let Some(g) = ok.then(|| goodbye(&buf)).flatten() {
+            return Err(g.error(rank, j as u32, &cfg, table));
         }
         let got = if ok {
             check_hello(&buf, cfg.nonce).map_err(|m| ControlError::BadHello(*addr, m))?
@@ -2188,7 +2180,7 @@ fn handshake(
             Ok(x) => x,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 left(first_missing)?;
-                watch.look(streams, table)?;
+                watch.look(rank, &cfg, streams, table)?;
                 thread::sleep(Duration::from_millis(5));
                 continue;
             }
@@ -2223,20 +2215,27 @@ fn handshake(
 }
 
 /// Looks, now and then, at the connections a start-up holds already: a peer that closed or
-/// reset its own, or said goodbye naming the rank its start-up failed over, ends this one
-/// naming that rank (it would otherwise wait out the connect timeout for a peer that will
-/// never connect, or blame one that only left).
+/// reset its own, or said goodbye (naming the rank its start-up failed over, or not), ends
+/// this one naming that rank (it would otherwise wait out the connect timeout for a peer that
+/// will never connect, or blame one that only left). What a peer sent after its own start-up
+/// (its start-up check's report) is looked past; a peer that died after sending some is seen
+/// only when it goodbyes or resets, or by the mesh once this start-up is through.
 #[derive(Default)]
 struct Watch {
     last: Option<Instant>,
+    buf: Vec<u8>,
 }
 
 impl Watch {
     /// Between looks (each one a `peek` per connection).
     const EVERY: Duration = Duration::from_millis(50);
+    /// The most a look reads ahead on one connection.
+    const AHEAD: usize = 16 << 10;
 
     fn look(
         &mut self,
+        me: u32,
+        cfg: &ControlConfig,
         streams: &[Option<TcpStream>],
         table: &[SocketAddr],
     ) -> Result<(), ControlError> {
@@ -2244,14 +2243,13 @@ impl Watch {
             return Ok(());
         }
         self.last = Some(Instant::now());
-        // A goodbye frame: length, kind, mark, blamed rank.
-        let mut b = [0u8; 4 + BYE_BLAMING_LEN];
+        self.buf.resize(Self::AHEAD, 0);
         for (j, s) in streams.iter().enumerate() {
             let Some(s) = s else { continue };
             if s.set_nonblocking(true).is_err() {
                 continue;
             }
-            let r = s.peek(&mut b);
+            let r = s.peek(&mut self.buf);
             let _ = s.set_nonblocking(false);
             let gone = |source| ControlError::PeerGone {
                 peer: j as u32,
@@ -2265,15 +2263,20 @@ impl Watch {
                         "connection closed",
                     )));
                 }
-                Ok(n) if n == b.len() && u32_at(&b, 0) == Some(BYE_BLAMING_LEN as u32) => {
-                    if let Some(k) = bye_blames(&b[4..])
-                        && let Some(at) = table.get(k as usize)
-                    {
-                        return Err(ControlError::PeerGone {
-                            peer: k,
-                            addr: *at,
-                            source: io::Error::other(format!("rank {j} left its start-up over it")),
-                        });
+                Ok(n) => {
+                    // The frames read ahead, up to a goodbye.
+                    let mut at = 0;
+                    while let Some(len) = u32_at(&self.buf[..n], at) {
+                        let Some(body) = self.buf[..n].get(at + 4..at + 4 + len as usize) else {
+                            break;
+                        };
+                        if body.first() == Some(&KIND_BYE) {
+                            return Err(match goodbye(body) {
+                                Some(g) => g.error(me, j as u32, cfg, table),
+                                None => gone(io::Error::other("it said goodbye")),
+                            });
+                        }
+                        at += 4 + len as usize;
                     }
                 }
                 Err(e)
@@ -2284,7 +2287,7 @@ impl Watch {
                 {
                     return Err(gone(e));
                 }
-                _ => {}
+                Err(_) => {}
             }
         }
         Ok(())
@@ -2293,45 +2296,111 @@ impl Watch {
 
 /// Body length of a goodbye that names a rank: kind, mark u64, blamed rank u32.
 const BYE_BLAMING_LEN: usize = 1 + 8 + 4;
+/// The mark of a goodbye a failed start-up sends over a rank gone (a connection refused,
+/// closed or reset).
+const START_GONE: u64 = u64::MAX;
+/// The mark of a goodbye a start-up sends when it timed out waiting for a rank.
+const START_TIMED_OUT: u64 = u64::MAX - 1;
 
-/// The rank a goodbye frame body (`b`, kind first) blames, if it is one that does.
-fn bye_blames(b: &[u8]) -> Option<u32> {
-    (b.len() == BYE_BLAMING_LEN && b[0] == KIND_BYE)
-        .then(|| u32_at(b, 9))
-        .flatten()
+/// What a failed start-up's goodbye says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Goodbye {
+    mark: u64,
+    blamed: u32,
 }
 
-/// A start-up that failed over rank `culprit` says so to every peer connected already and to
-/// every connection waiting in the backlog, before it drops them: a goodbye blaming that
-/// rank, with what they sent read away first (a socket closed on unread bytes resets the
-/// connection, and the goodbye could be lost with it).
-fn leave_over(streams: &[Option<TcpStream>], listener: &TcpListener, culprit: u32) {
-    let mut bye = frame(KIND_BYE, BYE_BLAMING_LEN - 1);
-    bye.extend_from_slice(&u64::MAX.to_be_bytes());
-    bye.extend_from_slice(&culprit.to_be_bytes());
-    let say = |s: &TcpStream| {
-        let _ = s.set_nonblocking(false);
-        let _ = s.set_write_timeout(Some(BYE_WAIT));
-        if (&*s).write_all(&bye).is_err() {
-            return;
-        }
-        let _ = s.shutdown(std::net::Shutdown::Write);
-        let _ = s.set_read_timeout(Some(BYE_WAIT));
-        let mut sink = [0u8; 4096];
-        while matches!((&*s).read(&mut sink), Ok(n) if n > 0) {}
-    };
-    for s in streams.iter().flatten() {
-        say(s);
+/// The goodbye in frame body `b` (kind first), if it is one that names a rank.
+fn goodbye(b: &[u8]) -> Option<Goodbye> {
+    if b.len() != BYE_BLAMING_LEN || b[0] != KIND_BYE {
+        return None;
     }
+    Some(Goodbye {
+        mark: u64::from_be_bytes(b[1..9].try_into().ok()?),
+        blamed: u32_at(b, 9)?,
+    })
+}
+
+impl Goodbye {
+    /// The failure it makes of rank `me`'s start-up, heard from rank `from`: the rank it
+    /// names is gone, or was waited for in vain (or, naming `me` or no rank of the table,
+    /// `from` gave up).
+    fn error(self, me: u32, from: u32, cfg: &ControlConfig, table: &[SocketAddr]) -> ControlError {
+        let k = self.blamed;
+        match table.get(k as usize) {
+            Some(_) if k != me && self.mark == START_TIMED_OUT => {
+                ControlError::Timeout(cfg.connect_timeout, k)
+            }
+            Some(&addr) if k != me => ControlError::PeerGone {
+                peer: k,
+                addr,
+                source: io::Error::other(format!("rank {from} left its start-up over it")),
+            },
+            _ => ControlError::PeerGone {
+                peer: from,
+                addr: table[from as usize],
+                source: io::Error::other(format!("it gave up its start-up waiting for rank {k}")),
+            },
+        }
+    }
+}
+
+/// A start-up that failed (`e`, over a rank) says so to every peer connected already, and to
+/// every connection waiting in the backlog whose hello is of this job, before it drops them:
+/// a goodbye naming that rank, and whether it was gone or waited for in vain. What they sent
+/// is read away first, for at most [`BYE_WAIT`] in all (a socket closed on unread bytes
+/// resets the connection, and the goodbye could be lost with it).
+fn leave_over(streams: &[Option<TcpStream>], listener: &TcpListener, nonce: u64, e: &ControlError) {
+    let Some(culprit) = e.culprit() else {
+        return;
+    };
+    let mark = match e {
+        ControlError::Timeout(..) => START_TIMED_OUT,
+        _ => START_GONE,
+    };
+    let mut bye = frame(KIND_BYE, BYE_BLAMING_LEN - 1);
+    bye.extend_from_slice(&mark.to_be_bytes());
+    bye.extend_from_slice(&culprit.to_be_bytes());
+    let mut told: Vec<&TcpStream> = streams.iter().flatten().collect();
+    // The backlog: only ranks of this job (a stray, another job's rank, is just closed).
+    let mut waiting = Vec::new();
     if listener.set_nonblocking(true).is_ok() {
         while let Ok((s, _)) = listener.accept() {
-            say(&s);
+            let mut hello = [0u8; 4 + HELLO_LEN];
+            let ours = s.set_nonblocking(true).is_ok()
+                && s.peek(&mut hello).ok() == Some(hello.len())
+                && u32_at(&hello, 0) == Some(HELLO_LEN as u32)
+                && check_hello(&hello[4..], nonce).is_ok();
+            if ours {
+                waiting.push(s);
+            }
+        }
+    }
+    told.extend(waiting.iter());
+    for s in &told {
+        // A goodbye fits any fresh socket's send buffer.
+        let _ = s.set_nonblocking(true);
+        let _ = (&**s).write_all(&bye);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+    }
+    // What they sent, read away against one deadline, a little from each in turn.
+    let by = Instant::now() + BYE_WAIT;
+    let mut open: Vec<&TcpStream> = told;
+    let mut sink = [0u8; 4096];
+    while !open.is_empty() && Instant::now() < by {
+        open.retain(|s| match (&**s).read(&mut sink) {
+            Ok(0) => false,
+            Ok(_) => true,
+            Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+        });
+        if !open.is_empty() {
+            thread::sleep(Duration::from_millis(1));
         }
     }
 }
 
-/// How long [`leave_over`] gives each connection to take its goodbye and to be read empty.
-const BYE_WAIT: Duration = Duration::from_millis(50);
+/// How long [`leave_over`] gives its goodbyes, all together, to be taken and its connections
+/// to be read empty.
+const BYE_WAIT: Duration = Duration::from_millis(100);
 
 impl Drop for TcpControl {
     fn drop(&mut self) {
@@ -4061,12 +4130,91 @@ mod tests {
         drop(fake.join().expect("join"));
     }
 
+    /// A start-up that fails while holding many connections whose peers neither read nor
+    /// close (20 of them here) says its goodbyes and leaves within one short wait, not one
+    /// per connection.
+    #[test]
+    fn a_failed_start_up_leaves_many_connections_at_once() {
+        let nonce = 5;
+        let n = 22;
+        let ls: Vec<TcpListener> = (0..n)
+            .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
+            .collect();
+        let table: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().expect("a")).collect();
+        let mut ls = ls.into_iter();
+        // Ranks 0..20 answer the hello and hold on; rank 20's listener is gone.
+        let mut held = Vec::new();
+        for r in 0..n - 2 {
+            let l = ls.next().expect("listener");
+            held.push(thread::spawn(move || {
+                let (mut s, _) = l.accept().expect("accept");
+                let _ = read_hello(&mut s, nonce);
+                s.write_all(&hello(nonce, r as u32)).expect("hello");
+                thread::sleep(Duration::from_secs(3));
+                drop(s);
+            }));
+        }
+        drop(ls.next());
+        let mine = ls.next().expect("listener");
+        let mut cfg = ControlConfig::new(nonce);
+        cfg.connect_timeout = Duration::from_secs(60);
+        cfg.listeners_bound = true;
+        let t = Instant::now();
+        let r = TcpControl::connect((n - 1) as u32, &table, mine, Registry::default(), cfg);
+        let took = t.elapsed();
+        assert!(matches!(r, Err(ControlError::PeerGone { peer, .. }) if peer as usize == n - 2));
+        assert!(took < Duration::from_secs(1), "{took:?}");
+        for h in held {
+            h.join().expect("join");
+        }
+    }
+
+    /// What a start-up's goodbye makes of the start-up that hears it: the rank it names is
+    /// gone, or was waited for in vain; one naming the hearer itself (or no rank) blames the
+    /// rank that sent it, which gave up waiting.
+    #[test]
+    fn a_start_up_s_goodbye_names_the_right_rank() {
+        let table: Vec<SocketAddr> = (0..3)
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], 4000 + p)))
+            .collect();
+        let cfg = ControlConfig::new(1);
+        let said = |mark, blamed| Goodbye { mark, blamed }.error(0, 1, &cfg, &table);
+        assert!(matches!(
+            said(START_GONE, 2),
+            ControlError::PeerGone { peer: 2, .. }
+        ));
+        assert!(matches!(
+            said(START_TIMED_OUT, 2),
+            ControlError::Timeout(_, 2)
+        ));
+        for blamed in [0, 7] {
+            let e = said(START_GONE, blamed);
+            assert!(matches!(e, ControlError::PeerGone { peer: 1, .. }), "{e:?}");
+            assert!(
+                e.to_string().contains("gave up its start-up waiting"),
+                "{e}"
+            );
+        }
+        let mut bye = frame(KIND_BYE, BYE_BLAMING_LEN - 1);
+        bye.extend_from_slice(&START_TIMED_OUT.to_be_bytes());
+        bye.extend_from_slice(&2u32.to_be_bytes());
+        assert_eq!(
+            goodbye(&bye[4..]),
+            Some(Goodbye {
+                mark: START_TIMED_OUT,
+                blamed: 2
+            })
+        );
+        assert_eq!(goodbye(&bye[4..bye.len() - 4]), None);
+    }
+
     /// Rank 0 waits to accept ranks 1 and 2. Rank 1 (by hand) says hello, then leaves: with
-    /// a goodbye naming rank 2 (its own start-up failed over it), or without a word. Rank 0
-    /// fails at once naming rank 2, or rank 1, instead of waiting out the connect timeout.
+    /// a goodbye naming rank 2 (its own start-up failed over it) behind a message of its
+    /// check, with a plain goodbye, or without a word. Rank 0 fails at once naming rank 2,
+    /// or rank 1, instead of waiting out the connect timeout.
     #[test]
     fn a_start_up_waiting_to_accept_sees_a_connected_peer_leave() {
-        for blame in [Some(2u32), None] {
+        for blame in [Some(2u32), Some(u32::MAX), None] {
             let nonce = 9;
             let l0 = TcpListener::bind("127.0.0.1:0").expect("bind");
             let l1 = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -4086,16 +4234,29 @@ mod tests {
             s.write_all(&hello(nonce, 1)).expect("hello");
             assert_eq!(read_hello(&mut s, nonce), 0);
             thread::sleep(Duration::from_millis(200));
-            if let Some(k) = blame {
-                let mut bye = frame(KIND_BYE, BYE_BLAMING_LEN - 1);
-                bye.extend_from_slice(&u64::MAX.to_be_bytes());
-                bye.extend_from_slice(&k.to_be_bytes());
-                s.write_all(&bye).expect("bye");
-                thread::sleep(Duration::from_millis(200));
+            match blame {
+                // A message first (a start-up check's report, say), then the goodbye.
+                Some(k) if k != u32::MAX => {
+                    let mut f = frame(KIND_MESSAGE, 3);
+                    f.extend_from_slice(&[0xF0, 1, 2]);
+                    let mut bye = frame(KIND_BYE, BYE_BLAMING_LEN - 1);
+                    bye.extend_from_slice(&START_GONE.to_be_bytes());
+                    bye.extend_from_slice(&k.to_be_bytes());
+                    s.write_all(&[f, bye].concat()).expect("bye");
+                    thread::sleep(Duration::from_millis(200));
+                }
+                // A plain goodbye: mark only.
+                Some(_) => {
+                    let mut bye = frame(KIND_BYE, 8);
+                    bye.extend_from_slice(&7u64.to_be_bytes());
+                    s.write_all(&bye).expect("bye");
+                    thread::sleep(Duration::from_millis(200));
+                }
+                None => {}
             }
             let t = Instant::now();
             drop(s);
-            let want = blame.unwrap_or(1);
+            let want = blame.filter(|&k| k != u32::MAX).unwrap_or(1);
             match t0.join().expect("join") {
                 Err(ControlError::PeerGone { peer, .. }) if peer == want => {}
                 other => panic!("blame {blame:?}: {:?}", other.err()),

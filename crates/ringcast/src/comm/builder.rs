@@ -21,7 +21,7 @@ use super::engine::{Engine, PostTx};
 use super::error::BuildError;
 use super::fallback::{self, FallbackConfig, FallbackReason, TransportMode};
 use super::probe::{self, PROBE_LEN, ProbeSetup};
-use super::split::Lineage;
+use super::split::{Builds, Lineage};
 use super::track::{TrackedControl, TrackedTx};
 use crate::bootstrap::{
     self, BootstrapError, EnvError, IfnameFilter, JobEnv, Launcher, PeerTable, Rendezvous,
@@ -138,6 +138,8 @@ pub struct CommBuilder {
     /// The peers of a given table bound their listeners before this rank learned of them (a
     /// split's exchange): see [`ControlConfig::listeners_bound`]. A rendezvous's always did.
     table_listening: bool,
+    /// A split's: its parent's builds (see [`split_of`](Self::split_of)).
+    split_builds: Option<Arc<Builds>>,
 }
 
 impl Default for CommBuilder {
@@ -168,6 +170,7 @@ impl Default for CommBuilder {
             pin_base: None,
             cancel: None,
             table_listening: false,
+            split_builds: None,
         }
     }
 }
@@ -547,6 +550,7 @@ impl CommBuilder {
             pin_base: None,
             cancel: None,
             table_listening: false,
+            split_builds: None,
             ..*self
         }
     }
@@ -564,10 +568,13 @@ impl CommBuilder {
         self
     }
 
-    /// Gives the start-up up with [`ControlError::Cancelled`] once `flag` is set (a split's
-    /// parent aborted while the split built its child).
-    pub(super) fn cancelled_by(mut self, flag: Arc<AtomicBool>) -> Self {
+    /// A split's build, registered in its parent's `builds` under `flag`: the start-up
+    /// gives up with [`ControlError::Cancelled`] once the flag is set (the parent aborted, or
+    /// lost a member while the control mesh connected), and tells `builds` when the mesh is
+    /// up.
+    pub(super) fn split_of(mut self, builds: Arc<Builds>, flag: Arc<AtomicBool>) -> Self {
         self.cancel = Some(flag);
+        self.split_builds = Some(builds);
         self
     }
 
@@ -885,6 +892,10 @@ impl CommBuilder {
             cc,
             &cancel,
         )?;
+        // A split's members watch each other on this mesh from now on.
+        if let Some(b) = &self.split_builds {
+            b.settle(&cancel);
+        }
         let pc = UdpPortConfig {
             rank,
             ranks: size,

@@ -298,8 +298,8 @@ impl Communicator {
     ///
     /// A [`split`](Self::split) already past its exchange, building the new communicator,
     /// gives up within about 100 ms ([`SplitError::Cancelled`]); the other members' builds
-    /// fail as soon as their parent communicator sees this rank's connections close
-    /// ([`SplitError::MemberGone`] naming it). Not for a
+    /// fail once they see it go, on their parent communicator's connections or on the new
+    /// one's ([`SplitError::MemberGone`] naming it; in the lab, within 50 ms). Not for a
     /// signal handler (it takes locks and may log), nor for a `tracing` layer that runs on
     /// the library's own threads.
     pub fn abort(&self) {

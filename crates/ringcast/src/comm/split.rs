@@ -50,8 +50,10 @@ pub(super) struct Lineage {
 
 /// The builds of new communicators a communicator's splits have under way, each with the
 /// flag that gives it up, and the parent ranks lost so far: a member that dies (or aborts)
-/// while the others build the new communicator fails their builds at once
-/// ([`SplitError::MemberGone`]), where they waited for it up to their connect timeout.
+/// while the others connect the new communicator's control mesh fails their builds at once
+/// ([`SplitError::MemberGone`]), where they waited for it up to their connect timeout. Once
+/// a build's mesh is up, its own connections watch the members (one that leaves its parent
+/// then, its own part done, is no loss), and only the parent's abort still ends it.
 #[derive(Debug, Default)]
 pub(crate) struct Builds(Mutex<BuildsState>);
 
@@ -60,8 +62,17 @@ struct BuildsState {
     aborted: bool,
     /// Parent ranks whose connections closed.
     gone: Vec<u32>,
-    /// Per build: its members (parent ranks) and its flag.
-    under_way: Vec<(Vec<u32>, Arc<AtomicBool>)>,
+    under_way: Vec<Build>,
+}
+
+/// One build under way.
+#[derive(Debug)]
+struct Build {
+    /// Its members (parent ranks), while its control mesh connects; empty after.
+    members: Vec<u32>,
+    flag: Arc<AtomicBool>,
+    /// The member whose loss set the flag.
+    lost: Option<u32>,
 }
 
 impl Builds {
@@ -75,9 +86,10 @@ impl Builds {
             if !s.gone.contains(&rank) {
                 s.gone.push(rank);
             }
-            for (members, flag) in &s.under_way {
-                if members.contains(&rank) {
-                    flag.store(true, Ordering::Relaxed);
+            for b in &mut s.under_way {
+                if b.members.contains(&rank) {
+                    b.flag.store(true, Ordering::Relaxed);
+                    b.lost.get_or_insert(rank);
                 }
             }
         });
@@ -87,8 +99,8 @@ impl Builds {
     pub(super) fn abort(&self) {
         self.with(|s| {
             s.aborted = true;
-            for (_, flag) in &s.under_way {
-                flag.store(true, Ordering::Relaxed);
+            for b in &s.under_way {
+                b.flag.store(true, Ordering::Relaxed);
             }
         });
     }
@@ -102,19 +114,35 @@ impl Builds {
     /// member is lost).
     fn begin(&self, members: &[u32]) -> Arc<AtomicBool> {
         self.with(|s| {
-            let doomed = s.aborted || members.iter().any(|m| s.gone.contains(m));
-            let flag = Arc::new(AtomicBool::new(doomed));
-            s.under_way.push((members.to_vec(), Arc::clone(&flag)));
+            let lost = members.iter().copied().find(|m| s.gone.contains(m));
+            let flag = Arc::new(AtomicBool::new(s.aborted || lost.is_some()));
+            s.under_way.push(Build {
+                members: members.to_vec(),
+                flag: Arc::clone(&flag),
+                lost,
+            });
             flag
         })
     }
 
-    /// The build whose flag is `flag` is over; the member it lost, if one was.
+    /// The control mesh of the build whose flag is `flag` is up: from now on only an abort
+    /// ends it.
+    pub(super) fn settle(&self, flag: &Arc<AtomicBool>) {
+        self.with(|s| {
+            if let Some(b) = s.under_way.iter_mut().find(|b| Arc::ptr_eq(&b.flag, flag)) {
+                b.members.clear();
+            }
+        });
+    }
+
+    /// The build whose flag is `flag` is over; the member whose loss ended it, if one did.
     fn end(&self, flag: &Arc<AtomicBool>) -> Option<u32> {
         self.with(|s| {
-            let i = s.under_way.iter().position(|(_, f)| Arc::ptr_eq(f, flag))?;
-            let (members, _) = s.under_way.swap_remove(i);
-            members.into_iter().find(|m| s.gone.contains(m))
+            let i = s
+                .under_way
+                .iter()
+                .position(|b| Arc::ptr_eq(&b.flag, flag))?;
+            s.under_way.swap_remove(i).lost
         })
     }
 }
@@ -162,7 +190,7 @@ pub enum SplitError {
     Cancelled,
     /// `rank` (of the parent), a member of the new communicator, went away while it was
     /// being built: its connections closed (its process died, or its communicator was
-    /// aborted or dropped).
+    /// aborted).
     #[error(
         "parent rank {rank}, of this color, went away while the new communicator was being \
          built (its process died, or its communicator was aborted)"
@@ -475,27 +503,29 @@ impl Communicator {
             .chunk_size(l.chunk)
             .host_colors_of(hosts)
             .pin_base_of(l.pin_base)
-            .cancelled_by(Arc::clone(&flag))
+            .split_of(Arc::clone(&l.builds), Arc::clone(&flag))
             .table_listening()
             .build();
         let lost = l.builds.end(&flag);
         built.map_err(|e| {
-            let cancelled = matches!(e, BuildError::Control(ControlError::Cancelled));
-            // A member that went away during the build, in the new numbering.
             let gone = match &e {
-                BuildError::Control(ControlError::PeerGone { peer: r, .. })
-                | BuildError::StartupPeerLost { rank: r, .. } => members.get(*r as usize).copied(),
-                _ => None,
-            };
-            match (lost.or(gone), cancelled && l.builds.aborted()) {
-                (_, true) => SplitError::Cancelled,
-                (Some(rank), false) => {
-                    tracing::warn!(parent_rank = self.rank, rank, error = %e, "split: a member went away");
-                    SplitError::MemberGone { rank }
+                // Given up: over the parent's abort, or a member's loss.
+                BuildError::Control(ControlError::Cancelled) => {
+                    match lost.filter(|_| !l.builds.aborted()) {
+                        Some(rank) => rank,
+                        None => return SplitError::Cancelled,
+                    }
                 }
-                (None, false) if cancelled => SplitError::Cancelled,
-                (None, false) => SplitError::Build(e),
-            }
+                // A member gone in the new numbering.
+                BuildError::Control(ControlError::PeerGone { peer: r, .. })
+                | BuildError::StartupPeerLost { rank: r, .. } => match members.get(*r as usize) {
+                    Some(&rank) => rank,
+                    None => return SplitError::Build(e),
+                },
+                _ => return SplitError::Build(e),
+            };
+            tracing::warn!(parent_rank = self.rank, rank = gone, error = %e, "split: a member went away");
+            SplitError::MemberGone { rank: gone }
         })
     }
 
@@ -512,8 +542,9 @@ impl Communicator {
 mod tests {
     use super::*;
 
-    /// A build gives up when one of its members is lost (before it began or during it),
-    /// not when another rank is, and every build does on an abort; its end names the member.
+    /// A build gives up when one of its members is lost (before it began or while its mesh
+    /// connects), not when another rank is, and every build does on an abort; its end names
+    /// the member.
     #[test]
     fn builds_give_up_over_their_members_and_an_abort() {
         let b = Builds::default();
@@ -530,13 +561,20 @@ mod tests {
         let late = b.begin(&[2, 4]);
         assert!(late.load(Ordering::Relaxed));
         assert_eq!(b.end(&late), Some(2));
-        let clean = b.begin(&[0, 1]);
+        // Its mesh up, a build no longer hears of its members (one that drops its parent
+        // once its own part is done is no loss): only of an abort.
+        let settled = b.begin(&[0, 1]);
+        b.settle(&settled);
+        b.lost(1);
+        assert!(!settled.load(Ordering::Relaxed));
+        assert_eq!(b.end(&settled), None);
+        let clean = b.begin(&[0, 5]);
         assert!(!clean.load(Ordering::Relaxed) && !b.aborted());
         b.abort();
         assert!(clean.load(Ordering::Relaxed) && b.aborted());
         assert_eq!(b.end(&clean), None);
         assert!(
-            b.begin(&[5]).load(Ordering::Relaxed),
+            b.begin(&[6]).load(Ordering::Relaxed),
             "after an abort, every build"
         );
     }
