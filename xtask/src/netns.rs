@@ -1159,11 +1159,42 @@ const FAIL_DEADLINE: Duration = Duration::from_secs(15);
 fn looping(ctx: &Ctx<'_>, tag: &str, size: u64, env: &[(&str, String)]) -> Result<Ranks, String> {
     let size = size.to_string();
     let mut r = ctx.start(tag, &["loop", "--size", &size, "--secs", "90"], env)?;
-    for i in 0..ctx.p() {
+    all_running(&mut r, ctx.p())?;
+    Ok(r)
+}
+
+/// The first line of `out` that starts with one of `words`.
+fn end_line<'a>(out: &'a str, words: &[&str]) -> Option<&'a str> {
+    out.lines().find(|l| words.iter().any(|w| l.starts_with(w)))
+}
+
+/// Waits until every rank of a `loop` runs.
+fn all_running(r: &mut Ranks, p: usize) -> Result<(), String> {
+    for i in 0..p {
         r.wait_line(i, "RUNNING", Duration::from_secs(60))
             .ok_or_else(|| format!("rank {i} never ran: {} {}", r.out(i), r.err_tail(i)))?;
     }
-    Ok(r)
+    Ok(())
+}
+
+/// Every rank of a `loop` completed: the chunks each fetched over TCP, by rank.
+fn all_done_fetched(r: &Ranks, p: usize) -> Result<Vec<u64>, String> {
+    (0..p)
+        .map(|i| {
+            let out = r.out(i);
+            if !out.lines().any(|l| l.starts_with("DONE")) {
+                return Err(format!(
+                    "rank {i} did not complete: {out} {}",
+                    r.err_tail(i)
+                ));
+            }
+            let s = stats(&out);
+            let a = s
+                .get("after")
+                .ok_or_else(|| format!("rank {i}: no STATS: {out}"))?;
+            Ok(num(a, "fetched"))
+        })
+        .collect()
 }
 
 /// Survivors (all but `victim`) failed within the deadline naming `victim`.
@@ -1216,10 +1247,7 @@ fn deaf(ctx: &Ctx<'_>) -> Result<String, String> {
     let victim = 1;
     let ns = ctx.lab.ns[victim].clone();
     let mut r = ctx.start("deaf", &["loop", "--size", "1048576", "--secs", "8"], &[])?;
-    for i in 0..ctx.p() {
-        r.wait_line(i, "RUNNING", Duration::from_secs(60))
-            .ok_or_else(|| format!("rank {i} never ran: {} {}", r.out(i), r.err_tail(i)))?;
-    }
+    all_running(&mut r, ctx.p())?;
     std::thread::sleep(Duration::from_millis(500));
     let t = Instant::now();
     let cut = ctx
@@ -1231,21 +1259,7 @@ fn deaf(ctx: &Ctx<'_>) -> Result<String, String> {
     cut?;
     healed?;
     r.wait_all(Duration::from_secs(60));
-    let mut fetched = Vec::new();
-    for i in 0..ctx.p() {
-        let out = r.out(i);
-        if !out.lines().any(|l| l.starts_with("DONE")) {
-            return Err(format!(
-                "rank {i} did not complete: {out} {}",
-                r.err_tail(i)
-            ));
-        }
-        let s = stats(&out);
-        let a = s
-            .get("after")
-            .ok_or_else(|| format!("rank {i}: no STATS: {out}"))?;
-        fetched.push(num(a, "fetched"));
-    }
+    let fetched = all_done_fetched(&r, ctx.p())?;
     if fetched[victim] == 0 {
         return Err(format!(
             "rank {victim} recovered nothing while deaf: {fetched:?}"
@@ -1275,10 +1289,7 @@ fn stopped_for(ctx: &Ctx<'_>, stop: Duration) -> Result<String, String> {
     let long = stop > PEER_TIMEOUT;
     let tag = if long { "stoplong" } else { "stopped" };
     let mut r = ctx.start(tag, &["loop", "--size", "1048576", "--secs", "6"], &[])?;
-    for i in 0..ctx.p() {
-        r.wait_line(i, "RUNNING", Duration::from_secs(60))
-            .ok_or_else(|| format!("rank {i} never ran: {} {}", r.out(i), r.err_tail(i)))?;
-    }
+    all_running(&mut r, ctx.p())?;
     std::thread::sleep(Duration::from_millis(500));
     let t0 = Instant::now();
     r.signal(victim, "STOP")?;
@@ -1323,21 +1334,7 @@ fn stopped_for(ctx: &Ctx<'_>, stop: Duration) -> Result<String, String> {
             after.unwrap_or_default().as_secs_f64()
         ));
     }
-    let mut fetched = Vec::new();
-    for i in 0..ctx.p() {
-        let out = r.out(i);
-        if !out.lines().any(|l| l.starts_with("DONE")) {
-            return Err(format!(
-                "rank {i} did not complete: {out} {}",
-                r.err_tail(i)
-            ));
-        }
-        let s = stats(&out);
-        let a = s
-            .get("after")
-            .ok_or_else(|| format!("rank {i}: no STATS: {out}"))?;
-        fetched.push(num(a, "fetched"));
-    }
+    let fetched = all_done_fetched(&r, ctx.p())?;
     Ok(format!(
         "rank {victim} stopped {:.1}s (peer timeout {}s) during 6 s of 1 MiB operations: every \
          rank completed every one byte for byte; chunks read over TCP by rank: {fetched:?}",
@@ -1370,13 +1367,7 @@ fn kill_start(ctx: &Ctx<'_>) -> Result<String, String> {
         let mut seen = Vec::new();
         for i in (0..ctx.p()).filter(|&i| i != victim) {
             let out = r.out(i);
-            let end = out
-                .lines()
-                .find(|l| {
-                    ["BUILD_ERROR", "FAILED", "CHECKED"]
-                        .iter()
-                        .any(|p| l.starts_with(p))
-                })
+            let end = end_line(&out, &["BUILD_ERROR", "FAILED", "CHECKED"])
                 .ok_or_else(|| format!("killed after {delay} ms: rank {i} ended with {out}"))?;
             let m = kv(end);
             let text = m.get("msg").map_or("", String::as_str);
@@ -1430,13 +1421,7 @@ fn kill_split(ctx: &Ctx<'_>) -> Result<String, String> {
         let mut slowest = Duration::ZERO;
         for i in (0..ctx.p()).filter(|&i| i != victim) {
             let out = r.out(i);
-            let end = out
-                .lines()
-                .find(|l| {
-                    ["WRONG", "FAILED", "CHECKED"]
-                        .iter()
-                        .any(|p| l.starts_with(p))
-                })
+            let end = end_line(&out, &["WRONG", "FAILED", "CHECKED"])
                 .ok_or_else(|| format!("killed after {delay} ms: rank {i} ended with {out}"))?;
             // The split's own failure, one on the half (said with the parent rank), or one
             // on the whole (its exchange, or an operation).

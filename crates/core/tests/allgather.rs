@@ -138,13 +138,7 @@ fn a_rank_cut_off_before_its_fin_is_blamed_by_the_next_barrier() {
             .expect("a time")
     };
     let fin = time_of("r2 -> r1 Fin");
-    let done = (0..4)
-        .map(|r| match clean.outcome(r, 0) {
-            Outcome::Completed(t) => t,
-            o => panic!("r{r}: {o:?}"),
-        })
-        .max()
-        .expect("ranks");
+    let done = last_completion(&clean, 0);
 
     let mut net = Net::new(4, |_| {});
     net.faults.control_cut.push((2, fin));
@@ -219,13 +213,7 @@ fn a_rank_whose_sends_stop_is_named_by_all_itself_included() {
     clean.allgather_at(0, 0, sizes.clone());
     clean.run(STEPS);
     clean.assert_all_completed();
-    let done = (0..4)
-        .map(|r| match clean.outcome(r, 0) {
-            Outcome::Completed(t) => t,
-            o => panic!("r{r}: {o:?}"),
-        })
-        .max()
-        .expect("ranks");
+    let done = last_completion(&clean, 0);
     // Pauses from the start to past the end of rank 2's posts (it posts its block in
     // windows; what it posted before the pause leaves).
     let mut stalled = 0;
@@ -259,4 +247,15 @@ fn a_rank_whose_sends_stop_is_named_by_all_itself_included() {
         }
     }
     assert!(stalled >= 2, "only {stalled} pauses caught the block");
+}
+
+/// When the last rank completed operation `op` (every rank must have).
+fn last_completion(net: &Net, op: u64) -> u64 {
+    (0..net.ranks())
+        .map(|r| match net.outcome(r, op) {
+            Outcome::Completed(t) => t,
+            o => panic!("r{r}: {o:?}"),
+        })
+        .max()
+        .expect("ranks")
 }

@@ -4074,6 +4074,13 @@ mod tests {
         }
     }
 
+    /// `N` listeners on loopback, and their addresses: a rank table.
+    fn bound<const N: usize>() -> ([TcpListener; N], Vec<SocketAddr>) {
+        let ls = std::array::from_fn(|_| TcpListener::bind("127.0.0.1:0").expect("bind"));
+        let table = ls.iter().map(|l| l.local_addr().expect("addr")).collect();
+        (ls, table)
+    }
+
     /// Reads a hello frame from `s`; the rank it names.
     fn read_hello(s: &mut TcpStream, nonce: u64) -> u32 {
         let mut buf = Vec::new();
@@ -4087,14 +4094,7 @@ mod tests {
     #[test]
     fn a_start_up_that_fails_names_its_culprit_to_those_waiting_on_it() {
         let nonce = 7;
-        let l0 = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let l1 = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let l2 = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let table = vec![
-            l0.local_addr().expect("a"),
-            l1.local_addr().expect("a"),
-            l2.local_addr().expect("a"),
-        ];
+        let ([l0, l1, l2], table) = bound();
         let mut cfg = ControlConfig::new(nonce);
         cfg.connect_timeout = Duration::from_secs(60);
         cfg.listeners_bound = true;
@@ -4216,14 +4216,7 @@ mod tests {
     fn a_start_up_waiting_to_accept_sees_a_connected_peer_leave() {
         for blame in [Some(2u32), Some(u32::MAX), None] {
             let nonce = 9;
-            let l0 = TcpListener::bind("127.0.0.1:0").expect("bind");
-            let l1 = TcpListener::bind("127.0.0.1:0").expect("bind");
-            let l2 = TcpListener::bind("127.0.0.1:0").expect("bind");
-            let table = vec![
-                l0.local_addr().expect("a"),
-                l1.local_addr().expect("a"),
-                l2.local_addr().expect("a"),
-            ];
+            let ([l0, l1, l2], table) = bound();
             let mut cfg = ControlConfig::new(nonce);
             cfg.connect_timeout = Duration::from_secs(60);
             let t0 = {
