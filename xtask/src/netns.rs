@@ -9,7 +9,8 @@
 //! * a bridge port whose MTU is below the hosts' (found by the start-up check);
 //! * a rank whose egress stops (a tbf qdisc that holds every packet: all of it, or only the
 //!   data port, as PFC pauses a class) or whose cable is pulled;
-//! * blocked control connections, and multicast that cannot arrive (and the TCP fallback);
+//! * control connections dropped or reset, and multicast that cannot arrive (and the TCP
+//!   fallback);
 //! * wire checks with tshark and scapy;
 //! * Open MPI's mpirun locally and across the namespaces.
 //!
@@ -1611,26 +1612,36 @@ fn pause_with(ctx: &Ctx<'_>, stop: Stop) -> Result<String, String> {
 }
 
 /// A rank's control connections blocked by nft drops on their TCP ports: detected like a
-/// dead rank, within the peer timeout. With `--long`, also in a loop of 16 KiB-per-rank
+/// dead rank, within the peer timeout; and answered with resets instead (its connections
+/// torn down): named at once. With `--long`, the drops also in a loop of 16 KiB-per-rank
 /// Allgathers (operations back to back, the block most often lands while some ranks are in
 /// the next one), over multicast and over the TCP path.
 fn tcp_block(ctx: &Ctx<'_>) -> Result<String, String> {
-    // (bytes per rank, over the TCP path rather than multicast)
-    let runs: &[(u64, bool)] = if ctx.long {
-        &[(4 << 20, false), (16 << 10, false), (16 << 10, true)]
+    // (bytes per rank, over the TCP path rather than multicast, reset rather than drop)
+    let runs: &[(u64, bool, bool)] = if ctx.long {
+        &[
+            (4 << 20, false, false),
+            (4 << 20, false, true),
+            (16 << 10, false, false),
+            (16 << 10, true, false),
+        ]
     } else {
-        &[(4 << 20, false)]
+        &[(4 << 20, false, false), (4 << 20, false, true)]
     };
     let mut done = Vec::new();
-    for &(size, tcp) in runs {
-        let how = if tcp { " over the TCP path" } else { "" };
-        let r = tcp_block_at(ctx, size, tcp).map_err(|e| format!("{size} B{how}: {e}"))?;
+    for &(size, tcp, reset) in runs {
+        let how = match (tcp, reset) {
+            (true, _) => " over the TCP path",
+            (false, true) => " reset",
+            (false, false) => "",
+        };
+        let r = tcp_block_at(ctx, size, tcp, reset).map_err(|e| format!("{size} B{how}: {e}"))?;
         done.push(format!("{size} B{how}: {r}"));
     }
     Ok(done.join("; "))
 }
 
-fn tcp_block_at(ctx: &Ctx<'_>, size: u64, tcp_path: bool) -> Result<String, String> {
+fn tcp_block_at(ctx: &Ctx<'_>, size: u64, tcp_path: bool, reset: bool) -> Result<String, String> {
     let victim = ctx.p() / 2;
     let ns = ctx.lab.ns[victim].clone();
     let (tag, env) = if tcp_path {
@@ -1639,6 +1650,8 @@ fn tcp_block_at(ctx: &Ctx<'_>, size: u64, tcp_path: bool) -> Result<String, Stri
             format!("tcpblock{size}tcp"),
             vec![("RINGCAST_TCP_THRESHOLD", all)],
         )
+    } else if reset {
+        (format!("tcpreset{size}"), Vec::new())
     } else {
         (format!("tcpblock{size}"), Vec::new())
     };
@@ -1665,15 +1678,29 @@ fn tcp_block_at(ctx: &Ctx<'_>, size: u64, tcp_path: bool) -> Result<String, Stri
     }
     let set = ports.join(", ");
     let t0 = Instant::now();
-    ctx.lab.nft(
-        &ns,
-        &[format!("tcp dport {{ {set} }} drop")],
-        &[format!("tcp sport {{ {set} }} drop")],
-    )?;
+    if reset {
+        // Every segment that reaches its ports is answered with a reset.
+        ctx.lab.nft(
+            &ns,
+            &[format!("tcp dport {{ {set} }} reject with tcp reset")],
+            &[],
+        )?;
+    } else {
+        ctx.lab.nft(
+            &ns,
+            &[format!("tcp dport {{ {set} }} drop")],
+            &[format!("tcp sport {{ {set} }} drop")],
+        )?;
+    }
     let res = survivors_name(&mut r, ctx.p(), victim, t0);
     ctx.lab.nft_clear(&ns)?;
+    let what = if reset {
+        "answered with resets by nft"
+    } else {
+        "dropped by nft in both directions"
+    };
     Ok(format!(
-        "rank {victim}'s TCP ports {{{set}}} dropped by nft in both directions; {} \
+        "rank {victim}'s TCP ports {{{set}}} {what}; {} \
          (peer timeout {}s, deadline {}s)",
         res?,
         PEER_TIMEOUT.as_secs(),
