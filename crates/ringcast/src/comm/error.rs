@@ -17,8 +17,8 @@ pub enum CommError {
         /// The rank that did not answer.
         peer: u32,
     },
-    /// Another rank gave up on `peer` (it stopped answering, or did not post the operation
-    /// within the post timeout) and aborted the operation. `peer == reported_by`: that rank
+    /// Another rank gave up on `peer` (it stopped answering, did not post the operation
+    /// within the post timeout, or its connections closed) and aborted the operation. `peer == reported_by`: that rank
     /// failed the operation on its own side (its multicast sends stalled, or it had given up
     /// on the operation already) and told the others.
     #[error("{}", peer_failed(*peer, *reported_by))]
@@ -133,7 +133,10 @@ fn peer_failed(peer: u32, reported_by: u32) -> String {
              error its call returned)"
         )
     } else {
-        format!("rank {reported_by} gave up on rank {peer}: it stopped answering or did not post")
+        format!(
+            "rank {reported_by} gave up on rank {peer}: it stopped answering, did not post, or \
+             its connections closed"
+        )
     }
 }
 
