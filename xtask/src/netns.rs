@@ -1164,6 +1164,26 @@ fn looping(ctx: &Ctx<'_>, tag: &str, size: u64, env: &[(&str, String)]) -> Resul
     Ok(r)
 }
 
+/// Every rank failed to build with `MulticastUnreachable`, its message passing `says`:
+/// rank 0's message.
+fn all_unreachable(r: &Ranks, p: usize, says: impl Fn(&str) -> bool) -> Result<String, String> {
+    let mut msg = String::new();
+    for i in 0..p {
+        let out = r.out(i);
+        let line = end_line(&out, &["BUILD_ERROR"])
+            .ok_or_else(|| format!("rank {i} did not fail to build: {out} {}", r.err_tail(i)))?;
+        let m = kv(line);
+        let text = m.get("msg").cloned().unwrap_or_default();
+        if m.get("kind").map(String::as_str) != Some("MulticastUnreachable") || !says(&text) {
+            return Err(format!("rank {i}: {line}"));
+        }
+        if i == 0 {
+            msg = text;
+        }
+    }
+    Ok(msg)
+}
+
 /// The first line of `out` that starts with one of `words`.
 fn end_line<'a>(out: &'a str, words: &[&str]) -> Option<&'a str> {
     out.lines().find(|l| words.iter().any(|w| l.starts_with(w)))
@@ -1464,29 +1484,12 @@ fn mtu(ctx: &Ctx<'_>) -> Result<String, String> {
         let mut r = ctx.start("mtu", &["check", "--rounds", "1", "--inflight", "2"], &[])?;
         r.wait_all(Duration::from_secs(60));
         let took = t.elapsed();
-        let mut msg = String::new();
-        for i in 0..ctx.p() {
-            let out = r.out(i);
-            let line = out
-                .lines()
-                .find(|l| l.starts_with("BUILD_ERROR"))
-                .ok_or_else(|| {
-                    format!("rank {i} did not fail to build: {out} {}", r.err_tail(i))
-                })?;
-            let m = kv(line);
-            let text = m.get("msg").cloned().unwrap_or_default();
-            if m.get("kind").map(String::as_str) != Some("MulticastUnreachable")
-                || !text.contains("smaller MTU")
-                || !text.contains(&format!("rank {victim} heard small multicast"))
-            {
-                return Err(format!("rank {i}: {line}"));
-            }
-            if i == 0 {
-                msg = text;
-            }
-        }
+        let msg = all_unreachable(&r, ctx.p(), |text| {
+            text.contains("smaller MTU")
+                && text.contains(&format!("rank {victim} heard small multicast"))
+        })?;
         let short: String = msg.chars().take(300).collect();
-        Ok(format!(
+        Ok::<_, String>(format!(
             "rank {victim}'s bridge port at MTU 1500 under 9000-byte hosts: every rank failed \
              to build in {:.1}s with MulticastUnreachable (\"{short}...\")",
             took.as_secs_f64()
@@ -1722,21 +1725,7 @@ fn unreachable(ctx: &Ctx<'_>) -> Result<String, String> {
         )?;
         r.wait_all(Duration::from_secs(60));
         let took = t.elapsed();
-        let mut msg = String::new();
-        for i in 0..ctx.p() {
-            let out = r.out(i);
-            let line = out
-                .lines()
-                .find(|l| l.starts_with("BUILD_ERROR"))
-                .ok_or_else(|| format!("rank {i} did not fail to build: {out}"))?;
-            let m = kv(line);
-            if m.get("kind").map(String::as_str) != Some("MulticastUnreachable") {
-                return Err(format!("rank {i}: {line}"));
-            }
-            if i == 0 {
-                msg = m.get("msg").cloned().unwrap_or_default();
-            }
-        }
+        let msg = all_unreachable(&r, ctx.p(), |_| true)?;
         let mut r = ctx.start(
             "fallback",
             SHORT_CHECK,

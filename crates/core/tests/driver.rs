@@ -447,21 +447,23 @@ fn root_with_completions_to(
     None
 }
 
+/// Whether the root (rank 0) failed naming its own sends.
+fn stalled(e: &Event) -> bool {
+    matches!(
+        e,
+        Event::Failed {
+            error: ringcast_core::OpError::SendsStalled { rank: Rank(0) },
+            ..
+        }
+    )
+}
+
 /// A root whose transport never completes its multicasts (they left, the completions were
 /// lost): it fails naming itself within a few peer timeouts, where it waited forever.
 #[test]
 fn a_root_whose_sends_never_complete_fails_naming_itself() {
     let (e, step) = root_with_completions(64, |_, _| 0).expect("the root ends");
-    assert!(
-        matches!(
-            e,
-            Event::Failed {
-                error: ringcast_core::OpError::SendsStalled { rank: Rank(0) },
-                ..
-            }
-        ),
-        "{e:?}"
-    );
+    assert!(stalled(&e), "{e:?}");
     // Two looks a patience (a peer timeout, 100 ms, and the block's wire time) apart.
     assert!(step * 5 <= 400, "failed only after {} ms", step * 5);
 }
@@ -484,16 +486,7 @@ fn a_root_whose_sends_complete_slowly_completes() {
 fn the_sends_watch_judges_the_pause_while_it_lasts() {
     let (e, step) = root_with_completions(64, |step, _| u32::from(!(15..45).contains(&step)))
         .expect("the root ends");
-    assert!(
-        matches!(
-            e,
-            Event::Failed {
-                error: ringcast_core::OpError::SendsStalled { rank: Rank(0) },
-                ..
-            }
-        ),
-        "{e:?}"
-    );
+    assert!(stalled(&e), "{e:?}");
     assert!(
         (15..45).contains(&step),
         "failed at step {step}, outside the pause"
@@ -531,13 +524,7 @@ fn a_root_paused_mid_block_names_itself_not_the_leaf_waiting_on_it() {
         )
         .expect("the root ends");
         assert!(
-            matches!(
-                e,
-                Event::Failed {
-                    error: ringcast_core::OpError::SendsStalled { rank: Rank(0) },
-                    ..
-                }
-            ),
+            stalled(&e),
             "{first} sent, looks answered {lag} steps late: {e:?} at step {step}"
         );
     }
