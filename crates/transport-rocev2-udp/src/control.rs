@@ -4016,24 +4016,22 @@ mod tests {
     /// connection is retried (rank 0 may not have started yet) until the connect timeout.
     #[test]
     fn a_peer_gone_during_the_start_up_is_named_at_once() {
-        let start = |l0: TcpListener, bound: bool, timeout: Duration| {
+        // Rank 1's start-up toward rank 0 at `at`.
+        let start = |at: SocketAddr, listening: bool, timeout: Duration| {
             let l1 = TcpListener::bind("127.0.0.1:0").expect("bind");
-            let table = vec![l0.local_addr().expect("a"), l1.local_addr().expect("a")];
+            let table = vec![at, l1.local_addr().expect("a")];
             let mut cfg = ControlConfig::new(7);
             cfg.connect_timeout = timeout;
-            cfg.listeners_bound = bound;
-            (table[0], move || {
-                TcpControl::connect(1, &table, l1, Registry::default(), cfg)
-            })
+            cfg.listeners_bound = listening;
+            move || TcpControl::connect(1, &table, l1, Registry::default(), cfg)
         };
-        // Closed listener.
-        let l0 = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let (_, run) = start(
-            l0.try_clone().expect("clone"),
-            true,
-            Duration::from_secs(60),
-        );
-        drop(l0);
+        // An address whose listener is closed.
+        let closed = || {
+            let ([l0], table) = bound::<1>();
+            drop(l0);
+            table[0]
+        };
+        let run = start(closed(), true, Duration::from_secs(60));
         let t = Instant::now();
         match run() {
             Err(ControlError::PeerGone {
@@ -4044,21 +4042,11 @@ mod tests {
             }
             r => panic!("{:?}", r.err()),
         }
-        let l0 = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let (_, run) = start(
-            l0.try_clone().expect("clone"),
-            false,
-            Duration::from_millis(300),
-        );
-        drop(l0);
+        let run = start(closed(), false, Duration::from_millis(300));
         assert!(matches!(run(), Err(ControlError::Timeout(_, 0))));
         // Accepted, then closed before the hello.
-        let l0 = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let (_, run) = start(
-            l0.try_clone().expect("clone"),
-            true,
-            Duration::from_secs(60),
-        );
+        let ([l0], table) = bound::<1>();
+        let run = start(table[0], true, Duration::from_secs(60));
         let closer = thread::spawn(move || {
             let (s, _) = l0.accept().expect("accept");
             drop(s);

@@ -3215,6 +3215,16 @@ impl Dispatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`super::start`] for a communicator no split builds from.
+    fn start(
+        cfg: FallbackConfig,
+        mesh: TcpControl,
+        engine: Option<PostTx>,
+        mode: TransportMode,
+    ) -> std::io::Result<Handle> {
+        super::start(cfg, mesh, engine, mode, Arc::default())
+    }
     use ringcast_core::allgather_shape;
     use ringcast_transport_rocev2_udp::{ControlConfig, Registry};
     use std::net::{SocketAddr, TcpListener};
@@ -3273,14 +3283,7 @@ mod tests {
         let numbered = Arc::new(AtomicU64::new(0));
         let posts = PostTx::new(tx, thread::current(), numbered, Blame::new(0));
         let zero = m.pop().expect("rank 0");
-        let zero = start(
-            cfg(0, 2),
-            zero,
-            Some(posts),
-            TransportMode::Multicast,
-            Arc::default(),
-        )
-        .expect("start");
+        let zero = start(cfg(0, 2), zero, Some(posts), TransportMode::Multicast).expect("start");
         assert!(
             matches!(rx.try_recv(), Err(TryRecvError::Empty)),
             "held while open"
@@ -3321,7 +3324,7 @@ mod tests {
                 piece,
                 ..cfg(0, p)
             };
-            start(c, m, None, FROM_START, Arc::default()).expect("start")
+            start(c, m, None, FROM_START).expect("start")
         })
         .collect()
     }
@@ -3676,7 +3679,7 @@ mod tests {
             thread::sleep(Duration::from_millis(1));
         };
         one.unread(vec![taken]);
-        let one = start(cfg(1, 2), one, None, FROM_START, Arc::default()).expect("start rank 1");
+        let one = start(cfg(1, 2), one, None, FROM_START).expect("start rank 1");
         // Rank 0's end of the mesh sends the rest of the broadcast.
         zero.send_control(Rank(1), &piece(60_000, data.len()));
         let req = one
@@ -3710,7 +3713,7 @@ mod tests {
         let mut one = m.pop().expect("rank 1");
         let zero = m.pop().expect("rank 0");
         let c = FallbackConfig { piece, ..cfg(0, 2) };
-        let zero = start(c, zero, None, FROM_START, Arc::default()).expect("start rank 0");
+        let zero = start(c, zero, None, FROM_START).expect("start rank 0");
         let mine: Vec<u8> = (0..S).map(|i| (i * 7 + 1) as u8).collect();
         let theirs: Vec<u8> = (0..S).map(|i| (i * 5 + 3) as u8).collect();
         let shape = allgather_shape(&[S as u64, S as u64]);
@@ -3851,14 +3854,7 @@ mod tests {
             ..ControlConfig::new(7)
         });
         let mut one = m.pop().expect("rank 1");
-        let zero = start(
-            cfg(0, 2),
-            m.pop().expect("rank 0"),
-            None,
-            FROM_START,
-            Arc::default(),
-        )
-        .expect("start");
+        let zero = start(cfg(0, 2), m.pop().expect("rank 0"), None, FROM_START).expect("start");
         let shape = broadcast_shape(Rank(0), len as u64);
         let mut req = zero
             .post::<u8>(
@@ -4170,14 +4166,7 @@ mod tests {
         let mut m = mesh(3);
         let mut two = m.pop().expect("rank 2");
         let mut one = m.pop().expect("rank 1");
-        let zero = start(
-            cfg(0, 3),
-            m.pop().expect("rank 0"),
-            None,
-            FROM_START,
-            Arc::default(),
-        )
-        .expect("start");
+        let zero = start(cfg(0, 3), m.pop().expect("rank 0"), None, FROM_START).expect("start");
         let bcast = |root: u32| {
             let kind = Kind::Broadcast { root };
             zero.post::<u8>(kind, vec![0; B], tracing::Span::none())
@@ -4229,8 +4218,7 @@ mod tests {
             post_timeout: Duration::from_millis(200) * 4,
             ..cfg(0, 2)
         };
-        let zero =
-            start(c, zero, None, TransportMode::Multicast, Arc::default()).expect("start rank 0");
+        let zero = start(c, zero, None, TransportMode::Multicast).expect("start rank 0");
         // Rank 1 reports loss; rank 0 freezes and asks rank 1, which never answers.
         let mut loss = vec![KIND_LOSS, 0, 0, 0];
         loss.extend_from_slice(&500u32.to_be_bytes());
@@ -4271,8 +4259,7 @@ mod tests {
                 post_timeout: Duration::from_millis(200) * 4,
                 ..cfg(1, 2)
             };
-            let one = start(c, one, None, TransportMode::Multicast, Arc::default())
-                .expect("start rank 1");
+            let one = start(c, one, None, TransportMode::Multicast).expect("start rank 1");
             zero.send_control(Rank(1), &[KIND_FREEZE]);
             let req = post_held(&one);
             let want = if told {
@@ -4306,8 +4293,7 @@ mod tests {
             post_timeout: Duration::from_secs(60),
             ..cfg(1, 3)
         };
-        let one =
-            start(c, one, None, TransportMode::Multicast, Arc::default()).expect("start rank 1");
+        let one = start(c, one, None, TransportMode::Multicast).expect("start rank 1");
         zero.send_control(Rank(1), &[KIND_FREEZE]);
         let held = post_held(&one);
         // Rank 2 leaves cleanly, having finished every operation below 100.
@@ -4338,14 +4324,7 @@ mod tests {
                 post_timeout: Duration::from_millis(200) * 4,
                 ..cfg(me, 3)
             };
-            let h = start(
-                c,
-                m.pop().expect("me"),
-                None,
-                TransportMode::Multicast,
-                Arc::default(),
-            )
-            .expect("start");
+            let h = start(c, m.pop().expect("me"), None, TransportMode::Multicast).expect("start");
             // Rank 2 leaves cleanly, having finished every operation below 100.
             two.close_blaming(100, None, Duration::from_secs(1));
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -4391,14 +4370,7 @@ mod tests {
             let (tx, rx) = mpsc::sync_channel(4);
             let numbered = Arc::new(AtomicU64::new(0));
             let posts = PostTx::new(tx, thread::current(), numbered, Blame::new(1));
-            let one = start(
-                cfg(1, 2),
-                one,
-                Some(posts),
-                TransportMode::Multicast,
-                Arc::default(),
-            )
-            .expect("start");
+            let one = start(cfg(1, 2), one, Some(posts), TransportMode::Multicast).expect("start");
             zero.send_control(Rank(1), &[KIND_FREEZE]);
             let deadline = Instant::now() + Duration::from_secs(10);
             while !one.route().frozen {
@@ -4439,8 +4411,7 @@ mod tests {
             tcp_threshold: 1 << 20,
             ..cfg(1, 2)
         };
-        let one =
-            start(c, one, None, TransportMode::Multicast, Arc::default()).expect("start rank 1");
+        let one = start(c, one, None, TransportMode::Multicast).expect("start rank 1");
         let mut switch = vec![KIND_SWITCH, 0, 0, 0];
         switch.extend_from_slice(&1u32.to_be_bytes());
         switch.extend_from_slice(&5u64.to_be_bytes());
@@ -4675,14 +4646,7 @@ mod tests {
         let mut m = mesh(3);
         let mut two = m.pop().expect("rank 2");
         let one = m.pop().expect("rank 1");
-        let zero = start(
-            cfg(0, 3),
-            m.pop().expect("rank 0"),
-            None,
-            FROM_START,
-            Arc::default(),
-        )
-        .expect("start");
+        let zero = start(cfg(0, 3), m.pop().expect("rank 0"), None, FROM_START).expect("start");
         // Rank 0's parent in the tree from rank 1 is rank 1.
         let req = zero
             .post::<u8>(
@@ -4733,10 +4697,7 @@ mod tests {
                     post_timeout: Duration::from_secs(1) * 4,
                     ..cfg(me, 4)
                 };
-                (
-                    me,
-                    start(c, mesh, None, FROM_START, Arc::default()).expect("start"),
-                )
+                (me, start(c, mesh, None, FROM_START).expect("start"))
             })
             .collect();
         let sizes = vec![B as u64; 4];
@@ -4816,7 +4777,7 @@ mod tests {
                     piece: 4096,
                     ..cfg(me, 4)
                 };
-                start(c, mesh, None, FROM_START, Arc::default()).expect("start")
+                start(c, mesh, None, FROM_START).expect("start")
             })
             .collect();
         let bcast = |h: &Handle, buf: Vec<u8>| {
@@ -5153,7 +5114,7 @@ mod tests {
         let mut m = mesh(2);
         let mut one = m.pop().expect("rank 1");
         let zero = m.pop().expect("rank 0");
-        let zero = start(cfg(0, 2), zero, None, FROM_START, Arc::default()).expect("start rank 0");
+        let zero = start(cfg(0, 2), zero, None, FROM_START).expect("start rank 0");
         let theirs: Vec<u8> = (0..100u32).map(|i| (i * 5 + 3) as u8).collect();
         let shape = allgather_shape(&[100, 100]);
         let round = |j: u8, first: u32, count: u64, data: &[u8]| {

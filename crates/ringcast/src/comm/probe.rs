@@ -513,41 +513,30 @@ pub(crate) fn judge(reports: &[Report], window: Duration) -> Result<Option<Probe
         return Ok(None);
     }
     let lanes = first.lanes();
-    let mut unheard = Vec::new();
-    for r in reports {
-        for lane in 0..lanes {
-            let from: Vec<u32> = (0..ranks)
-                .filter(|&s| s != r.rank && !r.heard(lane, s))
-                .collect();
-            if !from.is_empty() {
-                unheard.push(Unheard {
-                    rank: r.rank,
-                    interface: r.interface,
-                    lane: lane as u16,
-                    group: SocketAddrV4::new(r.groups[lane], r.port),
-                    from,
-                });
+    // Per (receiver, lane), the senders `missed` says it missed.
+    let missing = |missed: &dyn Fn(&Report, usize, u32) -> bool| {
+        let mut rows = Vec::new();
+        for r in reports {
+            for lane in 0..lanes {
+                let from: Vec<u32> = (0..ranks)
+                    .filter(|&s| s != r.rank && missed(r, lane, s))
+                    .collect();
+                if !from.is_empty() {
+                    rows.push(Unheard {
+                        rank: r.rank,
+                        interface: r.interface,
+                        lane: lane as u16,
+                        group: SocketAddrV4::new(r.groups[lane], r.port),
+                        from,
+                    });
+                }
             }
         }
-    }
+        rows
+    };
+    let unheard = missing(&|r, lane, s| !r.heard(lane, s));
     // Heard in small datagrams, not in chunk-sized ones.
-    let mut too_large = Vec::new();
-    for r in reports {
-        for lane in 0..lanes {
-            let from: Vec<u32> = (0..ranks)
-                .filter(|&s| s != r.rank && r.heard(lane, s) && !r.heard_full(lane, s))
-                .collect();
-            if !from.is_empty() {
-                too_large.push(Unheard {
-                    rank: r.rank,
-                    interface: r.interface,
-                    lane: lane as u16,
-                    group: SocketAddrV4::new(r.groups[lane], r.port),
-                    from,
-                });
-            }
-        }
-    }
+    let too_large = missing(&|r, lane, s| r.heard(lane, s) && !r.heard_full(lane, s));
     if unheard.is_empty() && too_large.is_empty() {
         return Ok(None);
     }
