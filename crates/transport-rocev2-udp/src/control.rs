@@ -2215,8 +2215,8 @@ fn handshake(
 }
 
 /// Looks, now and then, at the connections a start-up holds already: a peer that closed or
-/// reset its own, or said goodbye (naming the rank its start-up failed over, or not), ends
-/// this one naming that rank (it would otherwise wait out the connect timeout for a peer that
+/// reset its own, or left its own start-up with a goodbye (naming the rank it failed over,
+/// or not), ends this one naming that rank (it would otherwise wait out the connect timeout for a peer that
 /// will never connect, or blame one that only left). What a peer sent after its own start-up
 /// (its start-up check's report) is looked past; a peer that died after sending some is seen
 /// only when it goodbyes or resets, or by the mesh once this start-up is through.
@@ -2271,9 +2271,15 @@ impl Watch {
                             break;
                         };
                         if body.first() == Some(&KIND_BYE) {
+                            // A start-up's goodbye ends this one. Any other is of a peer that
+                            // finished its start-up and left since, its part done (the
+                            // mesh hears of it once this start-up is through).
+                            if u64_at(body, 1).is_none_or(|mark| mark < START_TIMED_OUT) {
+                                break;
+                            }
                             return Err(match goodbye(body) {
                                 Some(g) => g.error(me, j as u32, cfg, table),
-                                None => gone(io::Error::other("it said goodbye")),
+                                None => gone(io::Error::other("it left its start-up")),
                             });
                         }
                         at += 4 + len as usize;
@@ -4157,6 +4163,35 @@ mod tests {
         }
     }
 
+    /// A peer that finished its start-up and leaves with an ordinary goodbye (its operations
+    /// done: an application that drops its communicator at once) does not fail a start-up
+    /// still waiting for another rank: that one completes, and the mesh hears the departure.
+    #[test]
+    fn a_peer_that_finished_and_left_does_not_fail_a_start_up() {
+        let nonce = 11;
+        let ([l0, l1, l2], table) = bound();
+        let mut cfg = ControlConfig::new(nonce);
+        cfg.connect_timeout = Duration::from_secs(60);
+        let t0 = {
+            let table = table.clone();
+            thread::spawn(move || TcpControl::connect(0, &table, l0, Registry::default(), cfg))
+        };
+        let mut one = TcpStream::connect(table[0]).expect("connect");
+        one.write_all(&hello(nonce, 1)).expect("hello");
+        assert_eq!(read_hello(&mut one, nonce), 0);
+        let mut bye = frame(KIND_BYE, BYE_BLAMING_LEN - 1);
+        bye.extend_from_slice(&7u64.to_be_bytes());
+        bye.extend_from_slice(&2u32.to_be_bytes());
+        one.write_all(&bye).expect("bye");
+        // Longer than a look's interval: rank 0 has seen it.
+        thread::sleep(Duration::from_millis(200));
+        let mut two = TcpStream::connect(table[0]).expect("connect");
+        two.write_all(&hello(nonce, 2)).expect("hello");
+        assert_eq!(read_hello(&mut two, nonce), 0);
+        let mesh = t0.join().expect("join").expect("the start-up completes");
+        drop((mesh, one, two, l1, l2));
+    }
+
     /// What a start-up's goodbye makes of the start-up that hears it: the rank it names is
     /// gone, or was waited for in vain; one naming the hearer itself (or no rank) blames the
     /// rank that sent it, which gave up waiting.
@@ -4226,10 +4261,10 @@ mod tests {
                     s.write_all(&[f, bye].concat()).expect("bye");
                     thread::sleep(Duration::from_millis(200));
                 }
-                // A plain goodbye: mark only.
+                // A plain goodbye from a start-up: mark only.
                 Some(_) => {
                     let mut bye = frame(KIND_BYE, 8);
-                    bye.extend_from_slice(&7u64.to_be_bytes());
+                    bye.extend_from_slice(&START_GONE.to_be_bytes());
                     s.write_all(&bye).expect("bye");
                     thread::sleep(Duration::from_millis(200));
                 }
