@@ -257,6 +257,21 @@ pub enum BuildError {
     /// settings that differ between ranks).
     #[error("start-up check: {0}")]
     StartupCheck(String),
+    /// No start-up report came from `ranks` (ascending) within `waited`: they hang, or their
+    /// control connections do not carry this rank's messages.
+    #[error(
+        "start-up check: no start-up report from {} {} within {:.1} s (is every rank running \
+         and reachable over TCP?)",
+        if ranks.len() == 1 { "rank" } else { "ranks" },
+        ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+        waited.as_secs_f64()
+    )]
+    StartupReportMissing {
+        /// The ranks whose reports are missing, ascending.
+        ranks: Vec<u32>,
+        /// How long this rank waited for them.
+        waited: std::time::Duration,
+    },
     /// Rank `rank`'s control connection closed during the start-up check (its process
     /// died, or its start-up failed); `seen_by`: the rank that told this one, leaving over
     /// it.
@@ -297,4 +312,46 @@ pub enum BuildError {
         /// The soft limit after trying to raise it.
         limit: u64,
     },
+}
+
+impl BuildError {
+    /// The same error with every rank it names renumbered: rank `r` becomes `members[r]` (a
+    /// split's new communicator to its parent's ranks); a rank past `members` stays. Lists
+    /// documented as ascending are sorted again.
+    pub(crate) fn renumbered(self, members: &[u32]) -> BuildError {
+        let f = |r: u32| members.get(r as usize).copied().unwrap_or(r);
+        match self {
+            BuildError::PeerAddress { rank, entry } => BuildError::PeerAddress {
+                rank: f(rank),
+                entry,
+            },
+            BuildError::Control(c) => BuildError::Control(match c {
+                ControlError::Timeout(d, r) => ControlError::Timeout(d, f(r)),
+                ControlError::PeerGone { peer, addr, source } => ControlError::PeerGone {
+                    peer: f(peer),
+                    addr,
+                    source,
+                },
+                ControlError::BadTable { rank, ranks } => ControlError::BadTable {
+                    rank: f(rank),
+                    ranks,
+                },
+                other => other,
+            }),
+            BuildError::MulticastUnreachable(mut p) => {
+                p.renumber(&f);
+                BuildError::MulticastUnreachable(p)
+            }
+            BuildError::StartupReportMissing { ranks, waited } => {
+                let mut ranks: Vec<u32> = ranks.into_iter().map(f).collect();
+                ranks.sort_unstable();
+                BuildError::StartupReportMissing { ranks, waited }
+            }
+            BuildError::StartupPeerLost { rank, seen_by } => BuildError::StartupPeerLost {
+                rank: f(rank),
+                seen_by: seen_by.map(f),
+            },
+            other => other,
+        }
+    }
 }

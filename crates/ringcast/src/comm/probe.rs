@@ -312,6 +312,27 @@ pub struct ProbeFailure {
     pub chunk_size: u32,
 }
 
+impl ProbeFailure {
+    /// Every rank named given by `f` (see [`BuildError::renumbered`]), the rows and lists
+    /// sorted again.
+    pub(crate) fn renumber(&mut self, f: &dyn Fn(u32) -> u32) {
+        for rows in [&mut self.unheard, &mut self.too_large] {
+            for u in rows.iter_mut() {
+                u.rank = f(u.rank);
+                u.from.iter_mut().for_each(|r| *r = f(*r));
+                u.from.sort_unstable();
+            }
+            rows.sort_by_key(|u| (u.rank, u.lane));
+        }
+        for list in [&mut self.unheard_by_all, &mut self.deaf] {
+            list.iter_mut().for_each(|r| *r = f(*r));
+            list.sort_unstable();
+        }
+        self.port_mismatch.iter_mut().for_each(|(r, _)| *r = f(*r));
+        self.port_mismatch.sort_unstable();
+    }
+}
+
 fn list(r: &[u32]) -> String {
     let v: Vec<String> = r.iter().map(u32::to_string).collect();
     v.join(", ")
@@ -807,13 +828,10 @@ fn exchange(
                 .filter(|(_, r)| r.is_none())
                 .map(|(r, _)| r as u32)
                 .collect();
-            return Err(startup(format!(
-                "no start-up report from {} {} within {:.1} s (is every rank running and \
-                 reachable over TCP?)",
-                ranks_word(missing.len()),
-                list(&missing),
-                (s.window + s.report_wait).as_secs_f64()
-            ))
+            return Err(BuildError::StartupReportMissing {
+                ranks: missing,
+                waited: s.window + s.report_wait,
+            }
             .into());
         }
         thread::sleep(POLL);

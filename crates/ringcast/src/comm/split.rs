@@ -180,8 +180,9 @@ pub enum SplitError {
         /// The parent rank.
         rank: u32,
     },
-    /// Building the new communicator failed.
-    #[error("building the new communicator: {0}")]
+    /// Building the new communicator failed. The ranks the error names are the parent's (the
+    /// numbering the caller knows), not the new communicator's.
+    #[error("building the new communicator (ranks named as in this communicator): {0}")]
     Build(#[source] BuildError),
     /// This communicator was aborted ([`Communicator::abort`]) while the split built the
     /// new one: the build gave up (the other members' builds fail with
@@ -508,24 +509,12 @@ impl Communicator {
             .build();
         let lost = l.builds.end(&flag);
         built.map_err(|e| {
-            let gone = match &e {
-                // Given up: over the parent's abort, or a member's loss.
-                BuildError::Control(ControlError::Cancelled) => {
-                    match lost.filter(|_| !l.builds.aborted()) {
-                        Some(rank) => rank,
-                        None => return SplitError::Cancelled,
-                    }
-                }
-                // A member gone in the new numbering.
-                BuildError::Control(ControlError::PeerGone { peer: r, .. })
-                | BuildError::StartupPeerLost { rank: r, .. } => match members.get(*r as usize) {
-                    Some(&rank) => rank,
-                    None => return SplitError::Build(e),
-                },
-                _ => return SplitError::Build(e),
-            };
-            tracing::warn!(parent_rank = self.rank, rank = gone, error = %e, "split: a member went away");
-            SplitError::MemberGone { rank: gone }
+            let error = e.to_string();
+            let out = build_failed(e, &members, lost, l.builds.aborted());
+            if let SplitError::MemberGone { rank } = out {
+                tracing::warn!(parent_rank = self.rank, rank, %error, "split: a member went away");
+            }
+            out
         })
     }
 
@@ -536,6 +525,28 @@ impl Communicator {
             .map_err(SplitError::Exchange)?;
         Ok(all)
     }
+}
+
+/// What a split returns for its build's failure `e`: the members' own numbering (`members`,
+/// by new rank) put back in the parent's; a build given up over a member's loss (`lost`,
+/// the parent rank) or a gone member is [`SplitError::MemberGone`], one given up over this
+/// communicator's abort [`SplitError::Cancelled`].
+fn build_failed(e: BuildError, members: &[u32], lost: Option<u32>, aborted: bool) -> SplitError {
+    let gone = match &e {
+        // Given up: over the parent's abort, or a member's loss.
+        BuildError::Control(ControlError::Cancelled) => match lost.filter(|_| !aborted) {
+            Some(rank) => rank,
+            None => return SplitError::Cancelled,
+        },
+        // A member gone in the new numbering.
+        BuildError::Control(ControlError::PeerGone { peer: r, .. })
+        | BuildError::StartupPeerLost { rank: r, .. } => match members.get(*r as usize) {
+            Some(&rank) => rank,
+            None => return SplitError::Build(e.renumbered(members)),
+        },
+        _ => return SplitError::Build(e.renumbered(members)),
+    };
+    SplitError::MemberGone { rank: gone }
 }
 
 #[cfg(test)]
@@ -739,6 +750,102 @@ mod tests {
         let t = table(&[dup(0, 10), dup(1, 11), dup(2, 12)]);
         let p = plan(&t, 1, 1).unwrap().unwrap();
         assert_eq!((p.rank, p.members.as_slice()), (1, &[0, 1, 2][..]));
+    }
+
+    /// A failed build names the parent's ranks: the new communicator's ranks 0, 1, 2 are the
+    /// parent's 9, 4, 6 here.
+    #[test]
+    fn a_failed_build_names_the_parents_ranks() {
+        use super::super::probe::{ProbeFailure, Unheard};
+        use std::net::SocketAddrV4;
+        use std::time::Duration;
+        let members = [9, 4, 6];
+        let e = build_failed(
+            BuildError::StartupReportMissing {
+                ranks: vec![0, 2],
+                waited: Duration::from_secs(3),
+            },
+            &members,
+            None,
+            false,
+        );
+        let SplitError::Build(BuildError::StartupReportMissing { ranks, .. }) = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(ranks, &[6, 9]);
+        assert!(e.to_string().contains("as in this communicator"), "{e}");
+        assert!(e.to_string().contains("ranks 6, 9 within"), "{e}");
+        let e = build_failed(
+            BuildError::Control(ControlError::Timeout(Duration::from_secs(1), 1)),
+            &members,
+            None,
+            false,
+        );
+        assert!(
+            matches!(
+                e,
+                SplitError::Build(BuildError::Control(ControlError::Timeout(_, 4)))
+            ),
+            "{e:?}"
+        );
+        let row = |rank: u32, from: Vec<u32>| Unheard {
+            rank,
+            interface: Ipv4Addr::LOCALHOST,
+            lane: 0,
+            group: SocketAddrV4::new(Ipv4Addr::new(239, 1, 2, 3), 4791),
+            from,
+        };
+        let failure = ProbeFailure {
+            window: Duration::from_secs(1),
+            unheard: vec![row(0, vec![1, 2]), row(1, vec![0])],
+            unheard_by_all: vec![0, 1],
+            deaf: vec![2],
+            port_mismatch: vec![(0, 4791), (2, 4792)],
+            too_large: vec![row(2, vec![0])],
+            chunk_size: 4096,
+        };
+        let e = build_failed(
+            BuildError::MulticastUnreachable(Box::new(failure)),
+            &members,
+            None,
+            false,
+        );
+        let SplitError::Build(BuildError::MulticastUnreachable(p)) = &e else {
+            panic!("{e:?}");
+        };
+        let rows = |u: &[Unheard]| -> Vec<(u32, Vec<u32>)> {
+            u.iter().map(|u| (u.rank, u.from.clone())).collect()
+        };
+        assert_eq!(rows(&p.unheard), [(4, vec![9]), (9, vec![4, 6])]);
+        assert_eq!(rows(&p.too_large), [(6, vec![9])]);
+        assert_eq!(
+            (&p.unheard_by_all[..], &p.deaf[..]),
+            (&[4, 9][..], &[6][..])
+        );
+        assert_eq!(p.port_mismatch, [(6, 4792), (9, 4791)]);
+        assert!(
+            e.to_string()
+                .contains("rank 4 heard no multicast from rank 9"),
+            "{e}"
+        );
+        // A member gone is named as the parent knows it; an abort is a cancel.
+        let gone = || BuildError::StartupPeerLost {
+            rank: 2,
+            seen_by: None,
+        };
+        assert!(matches!(
+            build_failed(gone(), &members, None, false),
+            SplitError::MemberGone { rank: 6 }
+        ));
+        let cancelled = || BuildError::Control(ControlError::Cancelled);
+        assert!(matches!(
+            build_failed(cancelled(), &members, Some(4), false),
+            SplitError::MemberGone { rank: 4 }
+        ));
+        assert!(matches!(
+            build_failed(cancelled(), &members, Some(4), true),
+            SplitError::Cancelled
+        ));
     }
 
     #[test]
