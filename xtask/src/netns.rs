@@ -206,6 +206,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
             ("pause", pause),
             ("mtu", mtu),
             ("deaf", deaf),
+            ("cut", cut),
             ("stopped", stopped),
             ("kill-start", kill_start),
             ("kill-split", kill_split),
@@ -1290,6 +1291,78 @@ fn deaf(ctx: &Ctx<'_>) -> Result<String, String> {
         "rank {victim} deaf to multicast for {:.1}s of 8 s of 1 MiB operations: every rank \
          completed every one byte for byte; chunks read over TCP by rank: {fetched:?}",
         deaf_for.as_secs_f64()
+    ))
+}
+
+/// Multicast that stops arriving at every rank mid-run (nft drops the data port at every
+/// rank's input from 1 s on, for good: a switch that forgot the group, a querier gone) during
+/// 1 MiB operations back to back:
+/// * with `RINGCAST_FALLBACK=tcp`, the operations caught in the cut complete through the
+///   ring's reads, the loss trips the switch, every rank switches at the same operation, and
+///   the rest run over TCP;
+/// * without it, every operation completes through the reads, on multicast still.
+///
+/// All byte for byte (every rank's loop checks each operation).
+fn cut(ctx: &Ctx<'_>) -> Result<String, String> {
+    let rule = format!("udp dport {DATA_PORT} drop");
+    let mut said = Vec::new();
+    for fallback in [true, false] {
+        let (tag, env) = if fallback {
+            (
+                "cut-fallback",
+                vec![("RINGCAST_FALLBACK", "tcp".to_owned())],
+            )
+        } else {
+            ("cut", Vec::new())
+        };
+        let res = (|| {
+            let mut r = ctx.start(tag, &["loop", "--size", "1048576", "--secs", "4"], &env)?;
+            all_running(&mut r, ctx.p())?;
+            std::thread::sleep(Duration::from_secs(1));
+            ctx.lab.nft_input_all(&rule)?;
+            r.wait_all(Duration::from_secs(90));
+            let fetched = all_done_fetched(&r, ctx.p())?;
+            let modes: Vec<String> = (0..ctx.p())
+                .map(|i| {
+                    stats(&r.out(i))
+                        .get("after")
+                        .and_then(|a| a.get("mode").cloned())
+                        .unwrap_or_default()
+                })
+                .collect();
+            if fetched.iter().all(|&f| f == 0) {
+                return Err(format!("nothing read over TCP after the cut: {fetched:?}"));
+            }
+            let first = modes[0].clone();
+            let want = if fallback {
+                "tcp(from_op="
+            } else {
+                "multicast"
+            };
+            if !first.starts_with(want) || (fallback && !first.contains("Loss")) {
+                return Err(format!(
+                    "modes after the cut: {modes:?} (expected {want}...)"
+                ));
+            }
+            if modes.iter().any(|m| *m != first) {
+                return Err(format!("the ranks disagree on the switch: {modes:?}"));
+            }
+            Ok(if fallback {
+                format!(
+                    "with RINGCAST_FALLBACK=tcp every rank switched, at the same operation \
+                     ({first}), chunks read over TCP before it by rank: {fetched:?}"
+                )
+            } else {
+                format!("without fallback chunks read over TCP by rank: {fetched:?}")
+            })
+        })();
+        ctx.lab.nft_clear_all()?;
+        said.push(res?);
+    }
+    Ok(format!(
+        "multicast cut at every rank 1 s into 4 s of 1 MiB operations, every operation byte \
+         for byte: {}",
+        said.join("; ")
     ))
 }
 
