@@ -4,7 +4,7 @@
 //! over its TCP path (`--tcp-threshold 1GiB`: what a network without multicast gets); Open
 //! MPI's `MPI_Bcast` / `MPI_Allgather` (`xtask/src/lab/mpi_bench.c`, timed the same way) over TCP and over shared
 //! memory (vader); and the raw multicast ceiling (`goodput --mode gso`: one sender to three
-//! receivers, same datagram size), as is and as a Broadcast's: the sender taking its payloads
+//! receivers, the datagram payload the ranks' chunk, read from `ringcast bench`'s header), as is and as a Broadcast's: the sender taking its payloads
 //! from, and each receiver copying them into, a buffer of the largest size (`--source`,
 //! `--deliver`: what reading and keeping the bytes cost, which the raw one leaves out).
 //!
@@ -94,6 +94,12 @@ fn injected(out: &str) -> Vec<(u64, u64, u64)> {
         .collect()
 }
 
+/// The chunk size the ranks ran with, from `ringcast bench`'s `# chunks: N B ...` line.
+fn chunk(out: &str) -> Option<u64> {
+    let l = out.lines().find_map(|l| l.strip_prefix("# chunks: "))?;
+    l.split_whitespace().next()?.parse().ok()
+}
+
 /// The mean goodput per receiver (GB/s) from `goodput`'s report.
 fn goodput(out: &str) -> Option<f64> {
     let l = out.lines().find(|l| l.contains("mean per receiver"))?;
@@ -108,6 +114,8 @@ struct Round {
     colls: [[Vec<(u64, f64)>; 4]; 2],
     /// The Allgather's bytes on the wire per rank ([`injected`]).
     inject: Vec<(u64, u64, u64)>,
+    /// The chunk size the ranks ran with ([`chunk`]): the ceilings' datagram payload.
+    chunk: Option<u64>,
     raw: Option<f64>,
     broadcast: Option<f64>,
 }
@@ -221,6 +229,7 @@ impl Bench<'_> {
             if coll == "allgather" {
                 round.inject = injected(&out);
             }
+            round.chunk = round.chunk.or(chunk(&out));
             let mut sides = vec![table(&out)];
             let mut over_tcp = args.to_vec();
             over_tcp.extend(["--tcp-threshold".to_owned(), "1073741824".to_owned()]);
@@ -251,7 +260,8 @@ impl Bench<'_> {
         }
         let largest = o.sizes.iter().max().copied().unwrap_or(0).to_string();
         for (name, deliver) in [("raw", false), ("broadcast", true)] {
-            let mut args = ["--payload", "4096", "--secs", "2", "--mode", "gso"]
+            let payload = round.chunk.unwrap_or(4096).to_string();
+            let mut args = ["--payload", &payload, "--secs", "2", "--mode", "gso"]
                 .map(str::to_owned)
                 .to_vec();
             if deliver {

@@ -287,9 +287,12 @@ fn over_the_fallback_a_dup_runs_and_an_abort_cancels() {
 }
 
 /// No start-up check: multicast to and from rank 3 silently fails, the ring recovery fetches
-/// everything, the loss window trips and the ranks agree on a switch point.
+/// everything, the loss window trips and the ranks agree on a switch point. 4 KiB chunks
+/// (not loopback's default): a 256 KiB operation then has 64 of them, so the window (at
+/// least `MIN_SAMPLE` chunks) is judged within the first few operations.
 fn switching_on_loss(r: u32, b: CommBuilder, port: u16) -> CommBuilder {
     rank3_elsewhere(r, b, port)
+        .chunk_size(4096)
         .startup_check(Duration::ZERO)
         .fallback(Fallback::Tcp)
         .fallback_loss_threshold(0.1)

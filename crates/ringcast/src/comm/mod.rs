@@ -181,7 +181,7 @@ pub(crate) fn fuzz_report(b: &[u8]) -> bool {
 }
 
 pub use builder::{
-    CommBuilder, DEFAULT_TCP_THRESHOLD, Fallback, MAX_LANES, ONE_HOST_TCP_THRESHOLD,
+    CommBuilder, DEFAULT_TCP_THRESHOLD, Fallback, LOOPBACK_CHUNK, MAX_LANES, ONE_HOST_TCP_THRESHOLD,
 };
 pub use error::{BuildError, CommError};
 pub use fallback::{FallbackReason, TransportMode};
@@ -258,6 +258,13 @@ impl Communicator {
     /// or the count every rank picked from its host's cores.
     pub fn allgather_chains(&self) -> u32 {
         self.chains
+    }
+
+    /// Payload bytes per chunk (one datagram each): [`CommBuilder::chunk_size`]'s, or the
+    /// default the interface picked (4 KiB where its MTU has room, [`LOOPBACK_CHUNK`] on a
+    /// loopback).
+    pub fn chunk_size(&self) -> u32 {
+        self.lineage.chunk
     }
 
     /// Operations of at most this many bytes (the whole buffer) run over TCP while multicast

@@ -128,6 +128,8 @@ struct Output {
     chains: Option<u64>,
     /// The TCP threshold in effect, said with the lanes.
     tcp_threshold: Option<u64>,
+    /// The chunk size (payload bytes per datagram), said with the lanes.
+    chunk: Option<u64>,
     /// The table's column line, printed once right above the first row (after the lanes).
     columns: Option<String>,
     rows: Vec<Value>,
@@ -155,6 +157,7 @@ impl Output {
             lanes: None,
             chains: None,
             tcp_threshold: None,
+            chunk: None,
             columns: None,
             rows: Vec::new(),
             bar,
@@ -245,25 +248,31 @@ impl Output {
         })
     }
 
-    /// Rank 0's lane count, Allgather chains and TCP threshold (`body`: `LANES CHAINS
-    /// THRESHOLD`), printed before the first row.
+    /// Rank 0's lane count, Allgather chains, TCP threshold and chunk size (`body`: `LANES
+    /// CHAINS THRESHOLD CHUNK`), printed before the first row.
     fn lanes(&mut self, body: &str) -> Result<(), CmdError> {
-        let bad = || format!("bad lane count, chains and TCP threshold {body:?}");
+        let bad = || format!("bad lane count, chains, TCP threshold and chunk {body:?}");
         let n: Vec<u64> = body
             .split(' ')
             .map(str::parse)
             .collect::<Result<_, _>>()
             .map_err(|_| bad())?;
-        let &[l, c, t] = &n[..] else {
+        let &[l, c, t, k] = &n[..] else {
             return Err(bad().into());
         };
-        (self.lanes, self.chains, self.tcp_threshold) = (Some(l), Some(c), Some(t));
+        (self.lanes, self.chains, self.tcp_threshold, self.chunk) =
+            (Some(l), Some(c), Some(t), Some(k));
         if self.json {
             return Ok(());
         }
         self.line(&format!(
             "# multicast lanes: {l} (--lanes or RINGCAST_LANES; by default from the cores); \
              Allgather roots at once: {c} (RINGCAST_CHAINS; by default from the cores)"
+        ))?;
+        self.line(&format!(
+            "# chunks: {k} B of payload a datagram (RINGCAST_CHUNK_SIZE; by default 4 KiB within \
+             the interface's MTU, {} on loopback)",
+            ringcast::comm::LOOPBACK_CHUNK
         ))?;
         let tcp = if t == 0 {
             // `--tcp-threshold 0`, or no TCP path to take (one rank).
@@ -332,6 +341,7 @@ impl Output {
             "lanes": self.lanes,
             "allgather_chains": self.chains,
             "tcp_threshold": self.tcp_threshold,
+            "chunk_size": self.chunk,
             "latency": "per iteration the slowest rank's time (us); avg/min/max over iterations",
             "injected": "bytes per iteration each rank put on the wire, counted over the \
                          untimed iterations (the verified one and the warm-ups)",
@@ -447,10 +457,11 @@ fn rank(a: &BenchArgs, child: bool) -> Result<(), CmdError> {
     sink.emit(
         "LANES",
         &format!(
-            "{} {} {}",
+            "{} {} {} {}",
             comm.lanes(),
             comm.allgather_chains(),
-            comm.tcp_threshold()
+            comm.tcp_threshold(),
+            comm.chunk_size()
         ),
     )?;
     if a.warmup > 0 {
