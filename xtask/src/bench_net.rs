@@ -44,8 +44,14 @@ const USAGE: &str = "bench-net [--ranks N] [--sizes B,B,..] [--iters N] [--warmu
 
 /// The data port of ringcast and of the ceiling's sender (RoCEv2's).
 const DATA_PORT: u16 = 4791;
-/// Payload per datagram, ringcast's chunk (the ceiling uses the same).
-const PAYLOAD: usize = 4096;
+/// Payload per datagram, ringcast's chunk (the ceiling uses the same): `RINGCAST_CHUNK_SIZE`
+/// where set (the ranks inherit it), else the default between hosts, 4 KiB.
+fn payload() -> usize {
+    std::env::var("RINGCAST_CHUNK_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(4096)
+}
 /// The group that shows snooping works before anything is measured.
 const CANARY: &str = "239.77.77.1";
 /// How long the ceiling's sender sends.
@@ -328,7 +334,7 @@ impl Bench<'_> {
         self.save(
             "manifest.txt",
             &format!(
-                "ranks={}\nsizes={}\niters={}\nwarmup={}\nlosses={}\npayload={PAYLOAD}\n\
+                "ranks={}\nsizes={}\niters={}\nwarmup={}\nlosses={}\npayload={}\n\
                  bytes_size={BYTES_SIZE}\nbytes_ops={}\ncpu={cpu}\ncores={cores}\n\
                  commit={commit}\nmpi={mpi}\ngoodput_rounds={GOODPUT_ROUNDS}\n\
                  tcp_threshold={}\nhuge_pages={}\n",
@@ -337,6 +343,7 @@ impl Bench<'_> {
                 self.o.iters,
                 self.o.warmup,
                 losses.join(","),
+                payload(),
                 BYTES_ITERS + 1,
                 self.o
                     .tcp_threshold
@@ -478,7 +485,7 @@ impl Bench<'_> {
         let deliver = deliver.map(|d| d.to_string());
         let pages = if self.o.huge_pages { "huge" } else { "small" };
         let port = DATA_PORT.to_string();
-        let payload = PAYLOAD.to_string();
+        let payload = payload().to_string();
         let mut rx = Vec::new();
         for i in 1..self.p() {
             let log = self.file(&format!("ceiling-recv{i}.log"));

@@ -373,8 +373,10 @@ impl Run {
             }
             let _ = writeln!(
                 s,
-                "\nRaw multicast ceiling (`goodput --role send/recv`, same 4 KiB payload, GSO): \
-                 sender {:.2} Gb/s, receivers {} Gb/s UDP = **{:.3} GB/s payload per receiver**.\n",
+                "\nRaw multicast ceiling (`goodput --role send/recv`, the same {}-byte payload as \
+                 the ranks' chunks, GSO): sender {:.2} Gb/s, receivers {} Gb/s UDP = **{:.3} GB/s \
+                 payload per receiver**.\n",
+                self.payload(),
                 a.ceiling_tx_gbps,
                 a.ceiling_rx_gbps
                     .iter()
