@@ -182,7 +182,8 @@ pub fn gen_case(seed: u64) -> Case {
         _ if rng.coin(4) => Some(4097 + rng.next(12000) as u32),
         _ => Some(1000 + 2 * rng.next(1500) as u32 + 1),
     };
-    let ch = chunk.unwrap_or(4096) as usize;
+    // These worlds run on loopback: its default chunk where none is set.
+    let ch = chunk.unwrap_or(ringcast::comm::LOOPBACK_CHUNK) as usize;
     let bw = match rng.next(3) {
         0 => 100_000_000,
         1 => 1_000_000_000,
