@@ -95,7 +95,8 @@ pub(crate) fn check_flags(net: &NetArgs) -> Result<(), String> {
 }
 
 /// What is wrong with `--sizes` `size` on `ranks` local ranks (all of them for a gather; on
-/// loopback, whose chunks are 4 KiB unless `--chunk` says): a buffer too large (see
+/// loopback, whose chunks are [`LOOPBACK_CHUNK`](ringcast::comm::LOOPBACK_CHUNK) bytes unless
+/// `--chunk` says): a buffer too large (see
 /// [`held_bytes`]), or more chunks than an operation may have.
 pub(crate) fn check_chunks(
     net: &NetArgs,
@@ -104,7 +105,10 @@ pub(crate) fn check_chunks(
     gather: bool,
 ) -> Result<(), String> {
     let bytes = held_bytes(size, ranks, gather)?;
-    let chunk = net.chunk.unwrap_or(4096).max(1);
+    let chunk = net
+        .chunk
+        .unwrap_or(u64::from(ringcast::comm::LOOPBACK_CHUNK))
+        .max(1);
     let most = u64::from(ringcast::core::Limits::default().max_chunks_per_op);
     let chunks = bytes.div_ceil(chunk);
     if chunks > most {
