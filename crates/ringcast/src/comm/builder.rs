@@ -1671,16 +1671,15 @@ pub const LOOPBACK_CHUNK: u32 = ((ringcast_transport_rocev2_udp::tx::MAX_UDP_PAY
     - ringcast_transport_rocev2_udp::DATAGRAM_OVERHEAD)
     & !127) as u32;
 
-/// The default chunk: on a loopback interface [`LOOPBACK_CHUNK`] (within `room`); elsewhere
-/// the largest power of two of at most 4 KiB (RoCE's largest path MTU, so that the datagrams
+/// The default chunk: on a loopback interface [`LOOPBACK_CHUNK`] (within `room`, a multiple
+/// of 128 bytes, where `room` has 4 KiB); elsewhere the largest power of two of at most 4 KiB (RoCE's largest path MTU, so that the datagrams
 /// stay packets a RoCE NIC takes), at least 256 bytes, within `room` (see [`chunk_room`];
 /// 4 KiB where unknown).
 fn default_chunk(room: Option<u32>, loopback: bool) -> u32 {
     const MAX: u32 = 4096;
-    if loopback {
-        return room.map_or(LOOPBACK_CHUNK, |r| {
-            LOOPBACK_CHUNK.min(r & !127).max(MAX.min(r))
-        });
+    // A loopback with room for less than 4 KiB (an odd MTU) takes the rule below.
+    if loopback && room.is_none_or(|r| r >= MAX) {
+        return room.map_or(LOOPBACK_CHUNK, |r| LOOPBACK_CHUNK.min(r & !127));
     }
     let Some(room) = room else {
         return MAX;
@@ -1802,8 +1801,8 @@ mod tests {
         assert_eq!(pick_chunk(None, Some(65_000), false, at).ok(), Some(4096));
         assert_eq!(pick_chunk(None, None, false, at).ok(), Some(4096));
         assert_eq!(pick_chunk(None, Some(10), false, at).ok(), Some(256));
-        // On loopback: two chunks to a GSO send, within the MTU's room, never below 4 KiB
-        // where the room has it.
+        // On loopback: two chunks to a GSO send, within the MTU's room; below 4 KiB of room,
+        // the rule above.
         assert_eq!(LOOPBACK_CHUNK, 32_640);
         let lo = room_in_mtu(65_536);
         assert_eq!(
@@ -1816,7 +1815,7 @@ mod tests {
             Some(16_256)
         );
         assert_eq!(pick_chunk(None, Some(4100), true, at).ok(), Some(4096));
-        assert_eq!(pick_chunk(None, Some(1444), true, at).ok(), Some(1444));
+        assert_eq!(pick_chunk(None, Some(1444), true, at).ok(), Some(1024));
         assert_eq!(pick_chunk(Some(4096), Some(lo), true, at).ok(), Some(4096));
     }
 
