@@ -262,8 +262,8 @@ pub enum BuildError {
     #[error(
         "start-up check: no start-up report from {} {} within {:.1} s (is every rank running \
          and reachable over TCP?)",
-        if ranks.len() == 1 { "rank" } else { "ranks" },
-        ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+        super::probe::ranks_word(ranks.len()),
+        super::probe::list(ranks),
         waited.as_secs_f64()
     )]
     StartupReportMissing {

@@ -333,12 +333,12 @@ impl ProbeFailure {
     }
 }
 
-fn list(r: &[u32]) -> String {
+pub(crate) fn list(r: &[u32]) -> String {
     let v: Vec<String> = r.iter().map(u32::to_string).collect();
     v.join(", ")
 }
 
-fn ranks_word(n: usize) -> &'static str {
+pub(crate) fn ranks_word(n: usize) -> &'static str {
     if n == 1 { "rank" } else { "ranks" }
 }
 
