@@ -260,7 +260,11 @@ impl Bench<'_> {
         }
         let largest = o.sizes.iter().max().copied().unwrap_or(0).to_string();
         for (name, deliver) in [("raw", false), ("broadcast", true)] {
-            let payload = round.chunk.unwrap_or(4096).to_string();
+            // The ceilings are "the same datagram size" only with the ranks' chunk.
+            let payload = round
+                .chunk
+                .ok_or("ringcast bench printed no `# chunks:` line: cannot size the ceilings")?
+                .to_string();
             let mut args = ["--payload", &payload, "--secs", "2", "--mode", "gso"]
                 .map(str::to_owned)
                 .to_vec();
@@ -364,9 +368,11 @@ impl Bench<'_> {
         }
         let _ = writeln!(s);
         let largest = o.sizes.iter().max().copied().unwrap_or(0);
+        let chunk = rounds.first().and_then(|r| r.chunk).unwrap_or(0);
         let _ = writeln!(
             s,
             "## Broadcast goodput at {largest} B against the ceilings\n\n\
+             The ceilings' datagrams carry {chunk} B, the ranks' chunk.\n\n\
              | round | ringcast GB/s | raw ceiling GB/s | a Broadcast's GB/s | of raw | of a Broadcast's |\n\
              |---|---:|---:|---:|---:|---:|"
         );

@@ -55,65 +55,88 @@ fn world_with<R: Send + 'static>(
     )
 }
 
+/// On loopback the chunks are `LOOPBACK_CHUNK` bytes by default.
 #[test]
 fn broadcast_allgather_allgatherv_byte_for_byte() {
     world(1, |comm| {
-        let me = comm.rank();
-        // Broadcast, ~1 MiB from rank 1.
-        let st = broadcast_checked(&comm, "broadcast", 1, 1, (1 << 20) + 1000)?;
-        if me != 1 && st.counters.chunks_received + st.counters.chunks_fetched == 0 {
-            return Err(format!("no chunk counted: {st:?}"));
+        if comm.chunk_size() != ringcast::comm::LOOPBACK_CHUNK {
+            return Err(format!("chunks of {} B on loopback", comm.chunk_size()));
         }
-        // The receivers' kernels wrote chunks where they belong (read in place), and none
-        // had to be moved afterwards.
-        let s = comm.stats().map_err(e)?;
-        if s.rx_moved != 0 || (me != 1 && s.rx.direct == 0) {
-            return Err(format!(
-                "received in place: moved {}, {:?}",
-                s.rx_moved, s.rx
-            ));
-        }
-        // Allgather, 64 KiB per rank.
-        let block = 64 << 10;
-        let blocks: Vec<Vec<u8>> = (0..RANKS).map(|r| pattern(2, r, block)).collect();
-        let mut recv = vec![0u8; block * RANKS as usize];
-        comm.allgather(&blocks[me as usize], &mut recv).map_err(e)?;
-        check("allgather", &recv, &blocks.concat())?;
-        // Allgatherv with zero-sized blocks.
-        let counts = [5000usize, 0, 70_001, 0];
-        let blocks: Vec<Vec<u8>> = (0..RANKS)
-            .map(|r| pattern(3, r, counts[r as usize]))
-            .collect();
-        let mut recv = vec![0u8; counts.iter().sum()];
-        comm.allgatherv(&blocks[me as usize], &mut recv, &counts)
-            .map_err(e)?;
-        check("allgatherv", &recv, &blocks.concat())?;
-        // Typed: u32 broadcast, f32 allgather.
-        let want: Vec<u32> = (0..50_000u32)
-            .map(|i| i.wrapping_mul(2_654_435_761))
-            .collect();
-        let mut buf = if me == 3 {
-            want.clone()
-        } else {
-            vec![0u32; want.len()]
-        };
-        comm.broadcast(3, &mut buf).map_err(e)?;
-        check("u32 broadcast", &buf, &want)?;
-        let mine: Vec<f32> = (0..3000)
-            .map(|i| me as f32 * 1e4 + i as f32 * 0.5)
-            .collect();
-        let mut recv = vec![0f32; 3000 * RANKS as usize];
-        comm.allgather(&mine, &mut recv).map_err(e)?;
-        let want: Vec<f32> = (0..RANKS)
-            .flat_map(|r| (0..3000).map(move |i| r as f32 * 1e4 + i as f32 * 0.5))
-            .collect();
-        check("f32 allgather", &recv, &want)?;
-        let stats = comm.stats().map_err(e)?;
-        if stats.ops_completed != 5 || stats.ops_failed != 0 {
-            return Err(format!("ops counted wrong: {stats:?}"));
-        }
-        Ok(())
+        byte_for_byte(&comm)
     });
+}
+
+/// The same in 4 KiB chunks, the default between hosts.
+#[test]
+fn broadcast_allgather_allgatherv_byte_for_byte_in_4_kib_chunks() {
+    world_with(
+        7,
+        |b| b.tcp_threshold(0).chunk_size(4096),
+        |comm| {
+            if comm.chunk_size() != 4096 {
+                return Err(format!("chunks of {} B, not 4096", comm.chunk_size()));
+            }
+            byte_for_byte(&comm)
+        },
+    );
+}
+
+fn byte_for_byte(comm: &Communicator) -> Result<(), String> {
+    let me = comm.rank();
+    // Broadcast, ~1 MiB from rank 1.
+    let st = broadcast_checked(comm, "broadcast", 1, 1, (1 << 20) + 1000)?;
+    if me != 1 && st.counters.chunks_received + st.counters.chunks_fetched == 0 {
+        return Err(format!("no chunk counted: {st:?}"));
+    }
+    // The receivers' kernels wrote chunks where they belong (read in place), and none
+    // had to be moved afterwards.
+    let s = comm.stats().map_err(e)?;
+    if s.rx_moved != 0 || (me != 1 && s.rx.direct == 0) {
+        return Err(format!(
+            "received in place: moved {}, {:?}",
+            s.rx_moved, s.rx
+        ));
+    }
+    // Allgather, 64 KiB per rank.
+    let block = 64 << 10;
+    let blocks: Vec<Vec<u8>> = (0..RANKS).map(|r| pattern(2, r, block)).collect();
+    let mut recv = vec![0u8; block * RANKS as usize];
+    comm.allgather(&blocks[me as usize], &mut recv).map_err(e)?;
+    check("allgather", &recv, &blocks.concat())?;
+    // Allgatherv with zero-sized blocks.
+    let counts = [5000usize, 0, 70_001, 0];
+    let blocks: Vec<Vec<u8>> = (0..RANKS)
+        .map(|r| pattern(3, r, counts[r as usize]))
+        .collect();
+    let mut recv = vec![0u8; counts.iter().sum()];
+    comm.allgatherv(&blocks[me as usize], &mut recv, &counts)
+        .map_err(e)?;
+    check("allgatherv", &recv, &blocks.concat())?;
+    // Typed: u32 broadcast, f32 allgather.
+    let want: Vec<u32> = (0..50_000u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    let mut buf = if me == 3 {
+        want.clone()
+    } else {
+        vec![0u32; want.len()]
+    };
+    comm.broadcast(3, &mut buf).map_err(e)?;
+    check("u32 broadcast", &buf, &want)?;
+    let mine: Vec<f32> = (0..3000)
+        .map(|i| me as f32 * 1e4 + i as f32 * 0.5)
+        .collect();
+    let mut recv = vec![0f32; 3000 * RANKS as usize];
+    comm.allgather(&mine, &mut recv).map_err(e)?;
+    let want: Vec<f32> = (0..RANKS)
+        .flat_map(|r| (0..3000).map(move |i| r as f32 * 1e4 + i as f32 * 0.5))
+        .collect();
+    check("f32 allgather", &recv, &want)?;
+    let stats = comm.stats().map_err(e)?;
+    if stats.ops_completed != 5 || stats.ops_failed != 0 {
+        return Err(format!("ops counted wrong: {stats:?}"));
+    }
+    Ok(())
 }
 
 /// `split` makes one communicator per color, ranked by key, with its own groups: collectives

@@ -48,7 +48,8 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use bytemuck::Pod;
 
-/// The smallest stripe: 64 KiB, one GSO batch of 4 KiB chunks.
+/// The smallest stripe: 64 KiB, about one GSO batch (fifteen 4 KiB chunks, or two of 32 640
+/// bytes).
 const MIN_STRIPE_SHIFT: u32 = 16;
 
 /// The most stripes a buffer is cut into (a 64 MiB buffer has 1024 of 64 KiB; a larger one

@@ -778,8 +778,8 @@ impl UdpTx {
     }
 }
 
-/// Most bytes one batch's chunks may span in the operation's buffer (a batch of 4 KiB chunks
-/// in a row spans 64 KiB).
+/// Most bytes one batch's chunks may span in the operation's buffer (a batch of chunks in a
+/// row spans at most a GSO send's 64 KiB, whatever their size).
 const MAX_SPAN: u64 = 256 << 10;
 
 /// What one pass of [`UdpTx::flush_one`] did under the buffer's stripes.

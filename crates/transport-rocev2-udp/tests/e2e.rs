@@ -119,16 +119,19 @@ fn linger<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
 
 /// One rank: a Broadcast of ~1 MiB from rank 1, then an Allgather of 256 KiB per rank, each
 /// checked byte for byte.
+#[allow(clippy::too_many_arguments)]
 fn rank_main<R: LaneRxPort, T: LaneTxPort, C: ControlPort>(
     rank: u32,
     ports: &mut Ports<R, T, C>,
     registry: Registry,
     salt: u64,
     concurrent: bool,
+    chunk: u32,
     done: &AtomicUsize,
 ) -> Result<ringcast_core::Stats, String> {
     let mut cfg = Config::new(rank, RANKS);
     cfg.lanes = LANES;
+    cfg.chunk_size = chunk;
     cfg.peer_timeout = Duration::from_secs(10);
     // The cutoff timer (`N / B + alpha`) must leave the multicast time to arrive: loopback in
     // a debug build on a shared 2-core machine is far slower than the 100 Gbit/s default.
@@ -189,6 +192,7 @@ fn open(
     listener: TcpListener,
     nonce: u64,
     udp_port: u16,
+    chunk: u32,
 ) -> Result<UdpPort, String> {
     let control = TcpControl::connect(
         rank,
@@ -198,11 +202,11 @@ fn open(
         ControlConfig::new(nonce),
     )
     .map_err(|e| format!("rank {rank}: control: {e}"))?;
-    UdpPort::open(
-        &UdpPortConfig::loopback(rank, RANKS, LANES, nonce, udp_port),
-        control,
-    )
-    .map_err(|e: PortError| format!("rank {rank}: data path: {e}"))
+    let cfg = UdpPortConfig {
+        max_payload: chunk as usize,
+        ..UdpPortConfig::loopback(rank, RANKS, LANES, nonce, udp_port)
+    };
+    UdpPort::open(&cfg, control).map_err(|e: PortError| format!("rank {rank}: data path: {e}"))
 }
 
 /// Rank `cfg.rank`'s data path opened with `cfg`, its control path alone in its table
@@ -252,7 +256,12 @@ fn snapshot(
 
 /// Runs the 4 ranks; `lossy` names a rank that drops 10% of the chunks it receives and fails
 /// to copy 2% of the rest; `concurrent` starts the Allgather before the Broadcast finished.
-fn run_job(salt: u64, lossy: Option<u32>, concurrent: bool) -> Vec<RankReport> {
+/// Chunks of 4 KiB, the default between hosts.
+const CHUNK: u32 = 4096;
+/// The ringcast crate's default on loopback: two datagrams to a GSO send.
+const LOOPBACK_CHUNK: u32 = 32_640;
+
+fn run_job(salt: u64, lossy: Option<u32>, concurrent: bool, chunk: u32) -> Vec<RankReport> {
     let nonce = nonce(salt);
     let udp_port = free_udp_port();
     let listeners: Vec<TcpListener> = (0..RANKS)
@@ -270,7 +279,7 @@ fn run_job(salt: u64, lossy: Option<u32>, concurrent: bool) -> Vec<RankReport> {
             thread::Builder::new()
                 .name(format!("rank{rank}"))
                 .spawn(move || -> Result<RankReport, String> {
-                    let port = open(rank, &table, l, nonce, udp_port)?;
+                    let port = open(rank, &table, l, nonce, udp_port, chunk)?;
                     let ports = ringcast_core::port::Port::into_ports(port);
                     let registry = ports.control.registry().clone();
                     let result = if lossy == Some(rank) {
@@ -282,14 +291,16 @@ fn run_job(salt: u64, lossy: Option<u32>, concurrent: bool) -> Vec<RankReport> {
                             ..Faults::default()
                         };
                         let mut ports = inject(ports, faults);
-                        let r = rank_main(rank, &mut ports, registry, salt, concurrent, &done);
+                        let r =
+                            rank_main(rank, &mut ports, registry, salt, concurrent, chunk, &done);
                         let injected = ports.rx.iter().map(|rx| rx.injected).sum();
                         // FaultyRx hides its inner half: no lane counters for this rank.
                         let lanes = (0, 0);
                         r.map(|s| snapshot(rank, s, ports.control.stats(), injected, lanes))
                     } else {
                         let mut ports = ports;
-                        let r = rank_main(rank, &mut ports, registry, salt, concurrent, &done);
+                        let r =
+                            rank_main(rank, &mut ports, registry, salt, concurrent, chunk, &done);
                         let lanes = lane_counts(ports.rx.iter());
                         r.map(|s| snapshot(rank, s, ports.control.stats(), 0, lanes))
                     };
@@ -328,7 +339,7 @@ fn run_job(salt: u64, lossy: Option<u32>, concurrent: bool) -> Vec<RankReport> {
     }
     assert!(errors.is_empty(), "{errors:#?}");
     // Every chunk a rank needs arrived exactly once: by multicast or by a read.
-    let chunks = |len: usize| len.div_ceil(4096) as u64;
+    let chunks = |len: usize| len.div_ceil(chunk as usize) as u64;
     for r in &reports {
         let mut want = (RANKS as u64 - 1) * chunks(AG_BLOCK);
         if r.rank != BCAST_ROOT {
@@ -346,19 +357,27 @@ fn run_job(salt: u64, lossy: Option<u32>, concurrent: bool) -> Vec<RankReport> {
 
 #[test]
 fn broadcast_and_allgather_over_loopback_multicast() {
-    let reports = run_job(1, None, false);
+    let reports = run_job(1, None, false, CHUNK);
+    assert_eq!(reports.len(), RANKS as usize);
+}
+
+/// The same with loopback's chunks: two datagrams of 32 668 bytes to a GSO send, and
+/// received two to a GRO batch.
+#[test]
+fn broadcast_and_allgather_over_loopback_multicast_in_large_chunks() {
+    let reports = run_job(5, None, false, LOOPBACK_CHUNK);
     assert_eq!(reports.len(), RANKS as usize);
 }
 
 #[test]
 fn broadcast_and_allgather_in_flight_together() {
-    let reports = run_job(4, None, true);
+    let reports = run_job(4, None, true, CHUNK);
     assert_eq!(reports.len(), RANKS as usize);
 }
 
 #[test]
 fn one_rank_losing_a_tenth_recovers_through_reads() {
-    let reports = run_job(2, Some(2), false);
+    let reports = run_job(2, Some(2), false, CHUNK);
     let lossy = reports.iter().find(|r| r.rank == 2).expect("rank 2");
     assert!(lossy.injected_losses > 0, "no loss was injected");
     assert!(
@@ -388,7 +407,7 @@ fn a_lost_rank_fails_the_survivors_and_is_named() {
             let table = table.clone();
             let rank = r as u32;
             thread::spawn(move || -> Result<Option<Rank>, String> {
-                let port = open(rank, &table, l, nonce, udp_port)?;
+                let port = open(rank, &table, l, nonce, udp_port, CHUNK)?;
                 if rank == RANKS - 1 {
                     // Dies right after start-up: its connections close.
                     drop(port);

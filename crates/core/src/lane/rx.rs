@@ -194,7 +194,8 @@ const WATCH_TAIL: u32 = 512;
 /// longer outage (or heavy reordering) that the cutoff handles.
 ///
 /// One lost GRO super-packet must fit: the kernel (or a filter at the receiver) drops a whole
-/// one at once, up to 64 KiB of chunks, so 15 chunks of 4 KiB or 64 of 1 KiB. At 8 (one lost
+/// one at once, up to 64 KiB of chunks, so 15 chunks of 4 KiB, 64 of 1 KiB or 2 of 32 640
+/// bytes (the ringcast crate's default on loopback). At 8 (one lost
 /// packet per word) every such loss waited for the cutoff.
 const SETTLE_MISSING: u32 = 64;
 

@@ -9,7 +9,7 @@ use bytemuck::Pod;
 /// kernel is asked to back with 2 MiB transparent huge pages before anything touches it.
 ///
 /// Every datagram is copied by the kernel out of the root's buffer and into every leaf's,
-/// 4 KiB at a time; on 4 KiB pages each of those copies also walks the page tables, and a
+/// a chunk at a time (4 KiB between hosts); on 4 KiB pages each of those copies also walks the page tables, and a
 /// buffer of tens of MiB misses the TLB throughout. Where the kernel's setting
 /// (`/sys/kernel/mm/transparent_hugepage/enabled`) is `madvise`, as on Debian and Ubuntu, a
 /// plain `vec![0; n]` gets 4 KiB pages and this gets 2 MiB ones: on loopback 16 and 64 MiB

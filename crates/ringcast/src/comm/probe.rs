@@ -82,7 +82,8 @@ const FLAG_FALLBACK_TCP: u8 = 2;
 /// How often a rank multicasts its probes.
 pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(20);
 /// Chunk-sized probe bytes per second a rank may take in on one lane, from all senders
-/// together (at 4 ranks and 4 KiB chunks, far more than they send; at 1024 ranks, each
+/// together (at 4 ranks, far more than they send, with 4 KiB chunks or loopback's 32 640-byte
+/// ones; at 1024 ranks, each
 /// sender's chunk-sized probes go out every few rounds, see [`full_every`]).
 const FULL_PROBE_BUDGET: u64 = 8 << 20;
 /// Sleep between polls of the sockets and the control mesh.
@@ -426,7 +427,7 @@ impl fmt::Display for ProbeFailure {
                 f,
                 " A link, switch port or bridge on the way has a smaller MTU than the hosts' \
                  interfaces (each host sizes its chunks, {} bytes here, from its interface's \
-                 MTU): raise the MTU along the whole path, or set RINGCAST_CHUNK_SIZE \
+                 MTU, or larger on a loopback): raise the MTU along the whole path, or set RINGCAST_CHUNK_SIZE \
                  (CommBuilder::chunk_size) to what the path carries (its MTU less 56 bytes, \
                  rounded down to a multiple of 4: 1444 for 1500, 1392 for 1450). TCP \
                  through that path may stall too, where nothing reports the smaller MTU.",
@@ -516,7 +517,7 @@ pub(crate) fn judge(reports: &[Report], window: Duration) -> Result<Option<Probe
         if r.chunk_size != first.chunk_size {
             return Err(format!(
                 "rank {} sends {}-byte chunks, rank {} {}-byte ones (without RINGCAST_CHUNK_SIZE, \
-                 each host's MTU decides): set RINGCAST_CHUNK_SIZE the same on every rank, at \
+                 each host's MTU decides, and whether its interface is a loopback): set RINGCAST_CHUNK_SIZE the same on every rank, at \
                  most the smallest",
                 first.rank, first.chunk_size, r.rank, r.chunk_size
             ));

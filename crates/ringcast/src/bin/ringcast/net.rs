@@ -96,8 +96,8 @@ pub(crate) fn check_flags(net: &NetArgs) -> Result<(), String> {
 
 /// What is wrong with `--sizes` `size` on `ranks` local ranks (all of them for a gather; on
 /// loopback, whose chunks are [`LOOPBACK_CHUNK`](ringcast::comm::LOOPBACK_CHUNK) bytes unless
-/// `--chunk` says): a buffer too large (see
-/// [`held_bytes`]), or more chunks than an operation may have.
+/// `--chunk`, or else `RINGCAST_CHUNK_SIZE`, which the ranks inherit, says): a buffer too
+/// large (see [`held_bytes`]), or more chunks than an operation may have.
 pub(crate) fn check_chunks(
     net: &NetArgs,
     size: u64,
@@ -105,10 +105,8 @@ pub(crate) fn check_chunks(
     gather: bool,
 ) -> Result<(), String> {
     let bytes = held_bytes(size, ranks, gather)?;
-    let chunk = net
-        .chunk
-        .unwrap_or(u64::from(ringcast::comm::LOOPBACK_CHUNK))
-        .max(1);
+    let env = std::env::var("RINGCAST_CHUNK_SIZE").ok();
+    let chunk = local_chunk(net.chunk, env.as_deref());
     let most = u64::from(ringcast::core::Limits::default().max_chunks_per_op);
     let chunks = bytes.div_ceil(chunk);
     if chunks > most {
@@ -118,6 +116,14 @@ pub(crate) fn check_chunks(
         ));
     }
     Ok(())
+}
+
+/// The chunk local ranks run with: `--chunk`, else `inherited` (their `RINGCAST_CHUNK_SIZE`,
+/// as the builder parses it), else loopback's default.
+fn local_chunk(flag: Option<u64>, inherited: Option<&str>) -> u64 {
+    flag.or_else(|| inherited?.trim().parse::<u32>().ok().map(u64::from))
+        .unwrap_or(u64::from(ringcast::comm::LOOPBACK_CHUNK))
+        .max(1)
 }
 
 /// The shortest chunk a communicator takes: the start-up check's probe.
@@ -409,6 +415,17 @@ mod tests {
                 u64::from(p) - 1
             );
         }
+    }
+
+    /// The chunk-count check counts the chunks the local ranks will run with: the flag, else
+    /// the variable they inherit, else loopback's default.
+    #[test]
+    fn local_ranks_chunk_by_flag_then_variable_then_loopback() {
+        let lo = u64::from(ringcast::comm::LOOPBACK_CHUNK);
+        assert_eq!(local_chunk(None, None), lo);
+        assert_eq!(local_chunk(None, Some("4096")), 4096);
+        assert_eq!(local_chunk(Some(1024), Some("4096")), 1024);
+        assert_eq!(local_chunk(None, Some("4KiB")), lo);
     }
 
     #[test]
