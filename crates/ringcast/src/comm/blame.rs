@@ -36,6 +36,14 @@ impl Lost {
     }
 }
 
+/// Of the peers `lost`, the one that dooms operation `k`: a crashed one before one that
+/// left cleanly, since a rank may leave because of another's crash and be heard of first.
+pub(crate) fn doomed_by(lost: &[Lost], k: u64) -> Option<&Lost> {
+    let crashed = lost.iter().filter(|l| l.mark.is_none());
+    let left = lost.iter().filter(|l| l.mark.is_some());
+    crashed.chain(left).find(|l| l.dooms(k))
+}
+
 /// Whom this rank's failures blame: one record for the multicast engine and the TCP path,
 /// which number their operations in one sequence. Each side's goodbye and doomed posts name
 /// the first culprit whichever side failed over it (each kept its own, and a rank that failed

@@ -77,7 +77,7 @@ use ringcast_core::{Event, Node, OpError, OpId, Rank, Session, StartError, Stats
 use ringcast_transport_rocev2_udp::pace::{Pacer, ReceiverReport};
 use ringcast_transport_rocev2_udp::{OpBuffer, PeerLost, Registry, UdpRx, UdpTx};
 
-use super::blame::{Blame, Lost};
+use super::blame::{Blame, Lost, doomed_by};
 use super::error::CommError;
 use super::fallback::LossTap;
 use super::request::Completion;
@@ -551,7 +551,7 @@ impl Engine {
             // A peer it needs is gone: it fails here, and takes its id as a failed operation
             // (a peer that asks where this rank stands on it hears that it ended, not that it
             // ran elsewhere).
-            if let Some(l) = self.lost.iter().find(|l| l.dooms(self.next_op)) {
+            if let Some(l) = doomed_by(&self.lost, self.next_op) {
                 let (rank, culprit) = (l.rank, l.blamed.unwrap_or(l.rank));
                 if let Some(p) = self.queued.pop_front() {
                     self.doom(p, rank);
@@ -703,6 +703,13 @@ impl Engine {
         if self.session.poll_timeout().is_some_and(|t| t <= now) {
             self.session.handle_timeout(now);
         }
+        // A rank that crashed before one that said goodbye: a rank may leave over another's
+        // crash, and its goodbye and the crash can come in one batch, in the connections'
+        // order (the TCP path's `doomed_by` prefers the crash the same way).
+        lost.sort_by_key(|&r| {
+            let c = &self.control.inner;
+            c.departed(Rank(r)).is_some() || c.departed_blaming(Rank(r)).is_some()
+        });
         for r in lost {
             moved = true;
             self.peer_lost(now, r);

@@ -176,7 +176,7 @@ use ringcast_transport_rocev2_udp::{
     IoWait, IoWaker, Lander, Landing, OpBuffer, SEND_LOW_WATER, TcpControl,
 };
 
-use super::blame::{Blame, Lost};
+use super::blame::{Blame, Lost, doomed_by};
 use super::engine::{Command, Kind, Post, PostTx};
 use super::error::CommError;
 use super::request::{Completion, Request, end_of};
@@ -1479,14 +1479,6 @@ fn tree_children(me: u32, root: u32, size: u32) -> impl Iterator<Item = u32> {
         .map(move |i| vr + (1 << i))
         .filter(move |&c| c < size)
         .map(move |c| (c + root) % size)
-}
-
-/// Of the peers `lost`, the one that dooms operation `k`: a crashed one before one that
-/// left cleanly, since a rank may leave because of another's crash and be heard of first.
-fn doomed_by(lost: &[Lost], k: u64) -> Option<&Lost> {
-    let crashed = lost.iter().filter(|l| l.mark.is_none());
-    let left = lost.iter().filter(|l| l.mark.is_some());
-    crashed.chain(left).find(|l| l.dooms(k))
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {

@@ -466,7 +466,7 @@ impl Communicator {
             }
         };
         let salt = crate::bootstrap::random_u64();
-        let records = self.exchange(Record::Join {
+        let (records, op) = self.exchange_op(Record::Join {
             color,
             key,
             addr,
@@ -513,6 +513,14 @@ impl Communicator {
             let out = build_failed(e, &members, lost, l.builds.aborted());
             if let SplitError::MemberGone { rank } = out {
                 tracing::warn!(parent_rank = self.rank, rank, %error, "split: a member went away");
+                // This rank failed its part in the split over `rank`: a program that leaves
+                // now leaves over it, and its goodbye says so, so that a peer that hears of
+                // the departure first (an operation of the parent in flight there) names
+                // `rank`, not this one. An operation after the split that completes here
+                // clears it (this rank went on).
+                if let Some(p) = &self.posts {
+                    p.blame().failed(op, Some(rank));
+                }
             }
             out
         })
@@ -520,10 +528,16 @@ impl Communicator {
 
     /// Allgathers this rank's record over this communicator: every rank's.
     fn exchange(&self, mine: Record) -> Result<Vec<u8>, SplitError> {
+        self.exchange_op(mine).map(|(all, _)| all)
+    }
+
+    /// [`exchange`](Self::exchange), and the operation it ran as.
+    fn exchange_op(&self, mine: Record) -> Result<(Vec<u8>, u64), SplitError> {
         let mut all = vec![0u8; RECORD * self.size as usize];
-        self.allgather_tagged(&mine.encode(), &mut all, SPLIT_TAG)
+        let st = self
+            .allgather_tagged(&mine.encode(), &mut all, SPLIT_TAG)
             .map_err(SplitError::Exchange)?;
-        Ok(all)
+        Ok((all, st.op))
     }
 }
 
