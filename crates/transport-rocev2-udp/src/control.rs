@@ -1758,11 +1758,7 @@ impl TcpControl {
     /// over (see [`departed_blaming`](Self::departed_blaming)): a peer that hears of this
     /// departure before the failure itself then blames the right rank.
     pub fn close_blaming(self, mark: u64, blamed: Option<Rank>, linger: Duration) {
-        let mut bye = frame(KIND_BYE, if blamed.is_some() { 12 } else { 8 });
-        bye.extend_from_slice(&mark.to_be_bytes());
-        if let Some(b) = blamed {
-            bye.extend_from_slice(&b.0.to_be_bytes());
-        }
+        let bye = bye_frame(mark, blamed.map(|b| b.0));
         let live: Vec<&Arc<Link>> = self
             .peers
             .iter()
@@ -2302,6 +2298,23 @@ impl Watch {
 
 /// Body length of a goodbye that names a rank: kind, mark u64, blamed rank u32.
 const BYE_BLAMING_LEN: usize = 1 + 8 + 4;
+
+/// A goodbye frame: `mark`, and the rank it leaves over when it names one.
+fn bye_frame(mark: u64, blamed: Option<u32>) -> Vec<u8> {
+    let mut bye = frame(
+        KIND_BYE,
+        if blamed.is_some() {
+            BYE_BLAMING_LEN - 1
+        } else {
+            8
+        },
+    );
+    bye.extend_from_slice(&mark.to_be_bytes());
+    if let Some(b) = blamed {
+        bye.extend_from_slice(&b.to_be_bytes());
+    }
+    bye
+}
 /// The mark of a goodbye a failed start-up sends over a rank gone (a connection refused,
 /// closed or reset).
 const START_GONE: u64 = u64::MAX;
@@ -2363,9 +2376,7 @@ fn leave_over(streams: &[Option<TcpStream>], listener: &TcpListener, nonce: u64,
         ControlError::Timeout(..) => START_TIMED_OUT,
         _ => START_GONE,
     };
-    let mut bye = frame(KIND_BYE, BYE_BLAMING_LEN - 1);
-    bye.extend_from_slice(&mark.to_be_bytes());
-    bye.extend_from_slice(&culprit.to_be_bytes());
+    let bye = bye_frame(mark, Some(culprit));
     let mut told: Vec<&TcpStream> = streams.iter().flatten().collect();
     // The backlog: only ranks of this job (a stray, another job's rank, is just closed).
     let mut waiting = Vec::new();
@@ -4163,12 +4174,18 @@ mod tests {
         }
     }
 
-    /// A peer that finished its start-up and leaves with an ordinary goodbye (its operations
-    /// done: an application that drops its communicator at once) does not fail a start-up
-    /// still waiting for another rank: that one completes, and the mesh hears the departure.
-    #[test]
-    fn a_peer_that_finished_and_left_does_not_fail_a_start_up() {
-        let nonce = 11;
+    /// Rank 0 of a 3-rank table starting up (60 s connect timeout) on its thread, and rank 1
+    /// played by hand: connected, hello said and answered. The listeners of ranks 1 and 2
+    /// stay bound (nobody connects to them).
+    #[allow(clippy::type_complexity)]
+    fn rank0_with_rank1_by_hand(
+        nonce: u64,
+    ) -> (
+        thread::JoinHandle<Result<TcpControl, ControlError>>,
+        TcpStream,
+        Vec<SocketAddr>,
+        [TcpListener; 2],
+    ) {
         let ([l0, l1, l2], table) = bound();
         let mut cfg = ControlConfig::new(nonce);
         cfg.connect_timeout = Duration::from_secs(60);
@@ -4179,17 +4196,24 @@ mod tests {
         let mut one = TcpStream::connect(table[0]).expect("connect");
         one.write_all(&hello(nonce, 1)).expect("hello");
         assert_eq!(read_hello(&mut one, nonce), 0);
-        let mut bye = frame(KIND_BYE, BYE_BLAMING_LEN - 1);
-        bye.extend_from_slice(&7u64.to_be_bytes());
-        bye.extend_from_slice(&2u32.to_be_bytes());
-        one.write_all(&bye).expect("bye");
+        (t0, one, table, [l1, l2])
+    }
+
+    /// A peer that finished its start-up and leaves with an ordinary goodbye (its operations
+    /// done: an application that drops its communicator at once) does not fail a start-up
+    /// still waiting for another rank: that one completes, and the mesh hears the departure.
+    #[test]
+    fn a_peer_that_finished_and_left_does_not_fail_a_start_up() {
+        let nonce = 11;
+        let (t0, mut one, table, listeners) = rank0_with_rank1_by_hand(nonce);
+        one.write_all(&bye_frame(7, Some(2))).expect("bye");
         // Longer than a look's interval: rank 0 has seen it.
         thread::sleep(Duration::from_millis(200));
         let mut two = TcpStream::connect(table[0]).expect("connect");
         two.write_all(&hello(nonce, 2)).expect("hello");
         assert_eq!(read_hello(&mut two, nonce), 0);
         let mesh = t0.join().expect("join").expect("the start-up completes");
-        drop((mesh, one, two, l1, l2));
+        drop((mesh, one, two, listeners));
     }
 
     /// What a start-up's goodbye makes of the start-up that hears it: the rank it names is
@@ -4218,9 +4242,7 @@ mod tests {
                 "{e}"
             );
         }
-        let mut bye = frame(KIND_BYE, BYE_BLAMING_LEN - 1);
-        bye.extend_from_slice(&START_TIMED_OUT.to_be_bytes());
-        bye.extend_from_slice(&2u32.to_be_bytes());
+        let bye = bye_frame(START_TIMED_OUT, Some(2));
         assert_eq!(
             goodbye(&bye[4..]),
             Some(Goodbye {
@@ -4238,34 +4260,20 @@ mod tests {
     #[test]
     fn a_start_up_waiting_to_accept_sees_a_connected_peer_leave() {
         for blame in [Some(2u32), Some(u32::MAX), None] {
-            let nonce = 9;
-            let ([l0, l1, l2], table) = bound();
-            let mut cfg = ControlConfig::new(nonce);
-            cfg.connect_timeout = Duration::from_secs(60);
-            let t0 = {
-                let table = table.clone();
-                thread::spawn(move || TcpControl::connect(0, &table, l0, Registry::default(), cfg))
-            };
-            let mut s = TcpStream::connect(table[0]).expect("connect");
-            s.write_all(&hello(nonce, 1)).expect("hello");
-            assert_eq!(read_hello(&mut s, nonce), 0);
+            let (t0, mut s, _, listeners) = rank0_with_rank1_by_hand(9);
             thread::sleep(Duration::from_millis(200));
             match blame {
                 // A message first (a start-up check's report, say), then the goodbye.
                 Some(k) if k != u32::MAX => {
                     let mut f = frame(KIND_MESSAGE, 3);
                     f.extend_from_slice(&[0xF0, 1, 2]);
-                    let mut bye = frame(KIND_BYE, BYE_BLAMING_LEN - 1);
-                    bye.extend_from_slice(&START_GONE.to_be_bytes());
-                    bye.extend_from_slice(&k.to_be_bytes());
-                    s.write_all(&[f, bye].concat()).expect("bye");
+                    s.write_all(&[f, bye_frame(START_GONE, Some(k))].concat())
+                        .expect("bye");
                     thread::sleep(Duration::from_millis(200));
                 }
                 // A plain goodbye from a start-up: mark only.
                 Some(_) => {
-                    let mut bye = frame(KIND_BYE, 8);
-                    bye.extend_from_slice(&START_GONE.to_be_bytes());
-                    s.write_all(&bye).expect("bye");
+                    s.write_all(&bye_frame(START_GONE, None)).expect("bye");
                     thread::sleep(Duration::from_millis(200));
                 }
                 None => {}
@@ -4278,7 +4286,7 @@ mod tests {
                 other => panic!("blame {blame:?}: {:?}", other.err()),
             }
             assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
-            drop((l1, l2));
+            drop(listeners);
         }
     }
 
@@ -4669,11 +4677,8 @@ mod tests {
         resp.extend_from_slice(b"abcde");
         let mut refused = frame(KIND_READ_REFUSED, 8);
         refused.extend_from_slice(&8u64.to_be_bytes());
-        let mut bye = frame(KIND_BYE, 8);
-        bye.extend_from_slice(&9u64.to_be_bytes());
-        let mut blaming = frame(KIND_BYE, 12);
-        blaming.extend_from_slice(&9u64.to_be_bytes());
-        blaming.extend_from_slice(&3u32.to_be_bytes());
+        let bye = bye_frame(9, None);
+        let blaming = bye_frame(9, Some(3));
         vec![
             message,
             req,
