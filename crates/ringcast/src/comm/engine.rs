@@ -706,10 +706,7 @@ impl Engine {
         // A rank that crashed before one that said goodbye: a rank may leave over another's
         // crash, and its goodbye and the crash can come in one batch, in the connections'
         // order (the TCP path's `doomed_by` prefers the crash the same way).
-        lost.sort_by_key(|&r| {
-            let c = &self.control.inner;
-            c.departed(Rank(r)).is_some() || c.departed_blaming(Rank(r)).is_some()
-        });
+        lost.sort_by_key(|&r| self.control.inner.departed(Rank(r)).is_some());
         for r in lost {
             moved = true;
             self.peer_lost(now, r);
