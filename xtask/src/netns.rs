@@ -11,7 +11,8 @@
 //!   data port, as PFC pauses a class) or whose cable is pulled;
 //! * control connections dropped or reset, and multicast that cannot arrive (and the TCP
 //!   fallback);
-//! * wire checks with tshark and scapy;
+//! * wire checks with tshark and scapy, on the veths and on a namespace's loopback (its own
+//!   chunk size);
 //! * Open MPI's mpirun locally and across the namespaces.
 //!
 //! See `netns_lab` for the lab and how it is always removed.
@@ -29,6 +30,9 @@ const USAGE: &str = "netns [--ranks N] [--long] [--only NAME,...] [--repeat N]";
 
 /// The data port every lab job uses (RoCEv2's).
 const DATA_PORT: u16 = 4791;
+
+/// The lab veths' MTU (`netns_lab`).
+const LAB_MTU: u32 = 9000;
 
 struct Opts {
     ranks: usize,
@@ -192,6 +196,7 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<(), StepError> {
         type Check = fn(&Ctx<'_>) -> Result<String, String>;
         let checks: &[(&str, Check)] = &[
             ("correctness+wire", correctness),
+            ("loopback-wire", loopback_wire),
             ("no-offload", no_offload),
             ("small-tcp", small_tcp),
             ("random-mix", random_mix),
@@ -439,10 +444,32 @@ fn all_checked(r: &Ranks, p: usize) -> Result<Vec<String>, String> {
         .collect()
 }
 
+/// A capture of at most `count` packets matching `filter` on rank 0's veth (the host side).
 fn tcpdump(ctx: &Ctx<'_>, name: &str, filter: &str, count: u32) -> Result<(Bg, PathBuf), String> {
+    tcpdump_on(ctx, None, &ctx.lab.veths[0], name, filter, count)
+}
+
+/// A capture on interface `iface`, in namespace `ns` (the host's where `None`).
+fn tcpdump_on(
+    ctx: &Ctx<'_>,
+    ns: Option<&str>,
+    iface: &str,
+    name: &str,
+    filter: &str,
+    count: u32,
+) -> Result<(Bg, PathBuf), String> {
     let pcap = ctx.lab.dir.join(format!("{name}.pcap"));
-    let mut cmd = Command::new("tcpdump");
-    cmd.args(["-i", &ctx.lab.veths[0], "-s", "0", "-U", "-n", "-c"])
+    let mut cmd = match ns {
+        // `ip netns exec` execs tcpdump: stopping the child stops the capture.
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, "tcpdump"]);
+            c
+        }
+        None => Command::new("tcpdump"),
+    };
+    // A 64 MiB capture buffer: loopback's datagrams are 32 KiB each.
+    cmd.args(["-i", iface, "-B", "65536", "-s", "0", "-U", "-n", "-c"])
         .arg(count.to_string())
         .arg("-w")
         .arg(&pcap)
@@ -494,7 +521,12 @@ fn correctness(ctx: &Ctx<'_>) -> Result<String, String> {
     }
     let group = joined?;
     let ops = checked(&outs[0]);
-    let wire = wire_checks(ctx, &pcap)?;
+    let w = wire_checks(ctx.root, &pcap, DATA_PORT, 1, LAB_MTU)?;
+    let wire = format!(
+        "wire: {} datagrams sent by rank 0 captured on its veth, {}",
+        w.datagrams,
+        w.decoded()
+    );
     // The datagrams just checked on the wire were gathered from the operations' buffers.
     let (sent, in_place) = sent_in_place(&outs);
     if sent == 0 || in_place != sent {
@@ -509,6 +541,107 @@ fn correctness(ctx: &Ctx<'_>) -> Result<String, String> {
         ops.get("ops").map_or("?", String::as_str),
         ctx.p(),
         ops.get("ms").map_or("?", String::as_str),
+    ))
+}
+
+/// RoCEv2 headers and trailer a datagram carries beside its chunk: BTH, DETH, ImmDt, ICRC.
+const ROCE_OVERHEAD: usize = 12 + 8 + 4 + 4;
+
+/// Loopback's own datagrams: `ringcast bench --local 4` (a Broadcast and an Allgather of 1
+/// MiB) in the first namespace, on its `lo`, whose UDP segmentation is turned off there so
+/// that a capture sees every datagram as the receivers do. Every datagram decodes in tshark,
+/// scapy recomputes every ICRC, and the longest carry the chunk the ranks report: loopback's
+/// default, larger than the 4 KiB used between hosts.
+fn loopback_wire(ctx: &Ctx<'_>) -> Result<String, String> {
+    let bin = ctx.cli_bin.clone()?;
+    let bin = bin.to_string_lossy();
+    let ns = ctx.lab.ns[0].as_str();
+    in_ns(ns, "ethtool", &["-K", "lo", "tx-udp-segmentation", "off"])?;
+    let (cap, pcap) = tcpdump_on(ctx, Some(ns), "lo", "loopback-wire", "udp", 20_000)?;
+    let mut chunks = Vec::new();
+    let mut ran = Vec::new();
+    for coll in ["bcast", "allgather"] {
+        // On an error the capture stops as it drops.
+        let out = in_ns_limit(
+            120,
+            ns,
+            &bin,
+            &[
+                "bench", coll, "--local", "4", "--sizes", "1MiB", "--iters", "2", "--warmup", "1",
+                "--json",
+            ],
+        )
+        .map_err(|e| format!("ringcast bench {coll} --local 4: {e}"))?;
+        ran.push(bench_ok(&out, coll)?);
+        chunks.push(
+            out.lines()
+                .find_map(|l| l.trim().strip_prefix("\"chunk_size\": "))
+                .and_then(|v| v.trim_end_matches(',').parse::<usize>().ok())
+                .ok_or_else(|| format!("ringcast bench {coll}: no chunk_size in {out}"))?,
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    cap.stop();
+    in_ns(ns, "ethtool", &["-K", "lo", "tx-udp-segmentation", "on"])?;
+    let chunk = chunks[0];
+    if chunks.iter().any(|&c| c != chunk) || chunk <= 4096 {
+        return Err(format!(
+            "chunk sizes {chunks:?}: loopback's default should be one size above 4 KiB"
+        ));
+    }
+    // Each local run's data port is a free one: the ports that carried full chunks.
+    let lens = sh(
+        "tshark",
+        &[
+            "-r",
+            &pcap.to_string_lossy(),
+            "-T",
+            "fields",
+            "-e",
+            "udp.dstport",
+            "-e",
+            "udp.length",
+        ],
+    )?;
+    let mut ports: Vec<u16> = lens
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let port = w.next()?.parse::<u16>().ok()?;
+            let len = w.next()?.parse::<usize>().ok()?;
+            (len > 4096 + ROCE_OVERHEAD + 8).then_some(port)
+        })
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    if ports.len() != chunks.len() {
+        return Err(format!(
+            "full chunks went to ports {ports:?}: one port per run of {} expected",
+            chunks.len()
+        ));
+    }
+    let mut found = Vec::new();
+    for &port in &ports {
+        let w = wire_checks(ctx.root, &pcap, port, 4, 65_536)?;
+        if w.longest != chunk + ROCE_OVERHEAD {
+            return Err(format!(
+                "port {port}: the longest datagram carried {} B, not a {chunk} B chunk and \
+                 its {ROCE_OVERHEAD} B of RoCEv2 headers",
+                w.longest
+            ));
+        }
+        found.push(format!(
+            "port {port}: {} datagrams, {}",
+            w.datagrams,
+            w.decoded()
+        ));
+    }
+    Ok(format!(
+        "bench bcast and allgather --local 4 ({}), {chunk} B chunks, captured on lo, the \
+         longest datagrams {} B; {}",
+        ran.join("; "),
+        chunk + ROCE_OVERHEAD,
+        found.join("; ")
     ))
 }
 
@@ -872,48 +1005,73 @@ fn no_offload(ctx: &Ctx<'_>) -> Result<String, String> {
     ))
 }
 
-/// tshark decodes every datagram with the expected BTH/DETH/ImmDt; scapy recomputes every
-/// ICRC (wire.py).
-fn wire_checks(ctx: &Ctx<'_>, pcap: &Path) -> Result<String, String> {
+/// What [`wire_checks`] found in a capture.
+struct Wire {
+    /// Datagrams to the data port.
+    datagrams: usize,
+    /// The one Q_Key they carried, as tshark prints it.
+    qkey: String,
+    /// SrcQPs allowed: the senders' ranks.
+    senders: usize,
+    /// Datagrams whose ICRC scapy recomputed the same.
+    icrc_ok: String,
+    /// Distinct IP IDs (several: GSO's segments).
+    ip_ids: String,
+    /// The longest UDP payload.
+    longest: usize,
+}
+
+impl Wire {
+    fn decoded(&self) -> String {
+        let qps = match self.senders {
+            1 => "0".to_owned(),
+            n => format!("0-{}", n - 1),
+        };
+        format!(
+            "all decoded by tshark (opcode 0x65, P_Key 0xffff, DestQP 0xffffff, Q_Key {}, SrcQP \
+             {qps}, ImmDt), scapy ICRC ok on {}/{} ({} distinct IP IDs: GSO segments)",
+            self.qkey, self.icrc_ok, self.datagrams, self.ip_ids
+        )
+    }
+}
+
+/// tshark decodes every datagram to `port` with the expected BTH/DETH/ImmDt (as RoCEv2 on a
+/// port other than 4791 too); scapy recomputes every ICRC (wire.py) and finds every datagram
+/// a segment within `mtu`; every SrcQP (the sender's rank) is below `senders`.
+fn wire_checks(
+    root: &Path,
+    pcap: &Path,
+    port: u16,
+    senders: usize,
+    mtu: u32,
+) -> Result<Wire, String> {
     let pcap_s = pcap.to_string_lossy();
-    let udp = sh(
-        "tshark",
+    let decode_as = format!("udp.port=={port},infiniband");
+    let tshark = |filter: &str, fields: &[&str]| {
+        let mut a = vec![
+            "-r", &pcap_s, "-d", &decode_as, "-Y", filter, "-T", "fields",
+        ];
+        a.extend(["-E", "separator=,", "-E", "occurrence=f"]);
+        for f in fields {
+            a.extend(["-e", f]);
+        }
+        sh("tshark", &a)
+    };
+    let udp = tshark(&format!("udp.dstport == {port}"), &["udp.length"])?;
+    let lengths: Vec<usize> = udp
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.trim().parse::<usize>().unwrap_or(0).saturating_sub(8))
+        .collect();
+    let n_udp = lengths.len();
+    let fields = tshark(
+        "infiniband",
         &[
-            "-r",
-            &pcap_s,
-            "-Y",
-            &format!("udp.dstport == {DATA_PORT}"),
-            "-T",
-            "fields",
-            "-e",
-            "frame.number",
-        ],
-    )?;
-    let n_udp = udp.lines().filter(|l| !l.trim().is_empty()).count();
-    let fields = sh(
-        "tshark",
-        &[
-            "-r",
-            &pcap_s,
-            "-Y",
-            "infiniband",
-            "-T",
-            "fields",
-            "-E",
-            "separator=,",
-            "-E",
-            "occurrence=f",
-            "-e",
             "infiniband.bth.opcode",
-            "-e",
             "infiniband.bth.p_key",
-            "-e",
             "infiniband.bth.destqp",
-            "-e",
             "infiniband.deth.q_key",
-            "-e",
             "infiniband.deth.srcqp",
-            "-e",
             "infiniband.immdt",
         ],
     )?;
@@ -942,32 +1100,36 @@ fn wire_checks(ctx: &Ctx<'_>, pcap: &Path) -> Result<String, String> {
             || int(row[1]) != Some(0xFFFF)
             || int(row[2]) != Some(0xFF_FFFF)
             || row[3] != qkey0
-            || int(row[4]) != Some(0)
+            || int(row[4]).is_none_or(|q| q >= senders as u64)
             || row[5].trim().is_empty();
         if bad {
             return Err(format!("tshark: datagram {i} has fields {row:?}"));
         }
     }
-    let script = ctx.root.join("xtask/src/lab/wire.py");
+    let script = root.join("xtask/src/lab/wire.py");
     let py = sh(
         "/usr/bin/python3",
         &[
             &script.to_string_lossy(),
             &pcap_s,
             "--ranks",
-            &ctx.p().to_string(),
+            &senders.to_string(),
             "--port",
-            &DATA_PORT.to_string(),
+            &port.to_string(),
+            "--mtu",
+            &mtu.to_string(),
         ],
     )?;
     let w = kv(py.lines().find(|l| l.starts_with("WIRE")).unwrap_or(""));
-    Ok(format!(
-        "wire: {n_udp} datagrams sent by rank 0 captured on its veth, all decoded by tshark \
-         (opcode 0x65, P_Key 0xffff, DestQP 0xffffff, Q_Key {qkey0}, SrcQP 0, ImmDt), \
-         scapy ICRC ok on {}/{n_udp} ({} distinct IP IDs: GSO segments)",
-        w.get("icrc_ok").map_or("?", String::as_str),
-        w.get("distinct_ip_ids").map_or("?", String::as_str),
-    ))
+    let got = |k: &str| w.get(k).map_or("?", String::as_str).to_owned();
+    Ok(Wire {
+        datagrams: n_udp,
+        qkey: qkey0.to_owned(),
+        senders,
+        icrc_ok: got("icrc_ok"),
+        ip_ids: got("distinct_ip_ids"),
+        longest: lengths.iter().copied().max().unwrap_or(0),
+    })
 }
 
 /// 1% then 5% random loss of data packets at every receiver (nft numgen), still byte for byte.

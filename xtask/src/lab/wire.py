@@ -10,7 +10,7 @@ import os
 import struct
 import sys
 
-from scapy.all import IP, UDP, PcapReader
+from scapy.all import IP, UDP, PcapReader, bind_layers
 from scapy.contrib.roce import BTH
 
 
@@ -22,6 +22,8 @@ def main():
     ap.add_argument("--mtu", type=int, default=9000)
     ap.add_argument("--save-seeds", default=None, help="directory for 3 captured payloads")
     a = ap.parse_args()
+    # scapy decodes RoCEv2 on 4791 only; a local job's data port is any free one.
+    bind_layers(UDP, BTH, dport=a.port)
 
     n = ok = 0
     bad = {}
