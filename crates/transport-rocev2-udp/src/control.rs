@@ -2214,8 +2214,9 @@ fn handshake(
 /// reset its own, or left its own start-up with a goodbye (naming the rank it failed over,
 /// or not), ends this one naming that rank (it would otherwise wait out the connect timeout for a peer that
 /// will never connect, or blame one that only left). What a peer sent after its own start-up
-/// (its start-up check's report) is looked past; a peer that died after sending some is seen
-/// only when it goodbyes or resets, or by the mesh once this start-up is through.
+/// (its start-up check's report) is looked past; a peer that closed behind it without a
+/// goodbye (its process died) ends this one too (`POLLRDHUP`, which a `peek` of the bytes
+/// before the end cannot see).
 #[derive(Default)]
 struct Watch {
     last: Option<Instant>,
@@ -2262,6 +2263,7 @@ impl Watch {
                 Ok(n) => {
                     // The frames read ahead, up to a goodbye.
                     let mut at = 0;
+                    let mut bye = false;
                     while let Some(len) = u32_at(&self.buf[..n], at) {
                         let Some(body) = self.buf[..n].get(at + 4..at + 4 + len as usize) else {
                             break;
@@ -2271,6 +2273,7 @@ impl Watch {
                             // finished its start-up and left since, its part done (the
                             // mesh hears of it once this start-up is through).
                             if u64_at(body, 1).is_none_or(|mark| mark < START_TIMED_OUT) {
+                                bye = true;
                                 break;
                             }
                             return Err(match goodbye(body) {
@@ -2279,6 +2282,15 @@ impl Watch {
                             });
                         }
                         at += 4 + len as usize;
+                    }
+                    // Closed behind what it sent, with no goodbye among it (all of it read
+                    // ahead: a goodbye could lie past a full look): its process died after
+                    // it sent some (its start-up check's report, say).
+                    if !bye && n < Self::AHEAD && crate::sys::peer_closed(s).unwrap_or(false) {
+                        return Err(gone(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "connection closed behind what it sent, without a goodbye",
+                        )));
                     }
                 }
                 Err(e)
@@ -4255,37 +4267,44 @@ mod tests {
 
     /// Rank 0 waits to accept ranks 1 and 2. Rank 1 (by hand) says hello, then leaves: with
     /// a goodbye naming rank 2 (its own start-up failed over it) behind a message of its
-    /// check, with a plain goodbye, or without a word. Rank 0 fails at once naming rank 2,
-    /// or rank 1, instead of waiting out the connect timeout.
+    /// check, with a plain goodbye, behind a message of its check without a word (its
+    /// process died after sending it), or without a word. Rank 0 fails at once naming rank
+    /// 2, or rank 1, instead of waiting out the connect timeout (a minute).
     #[test]
     fn a_start_up_waiting_to_accept_sees_a_connected_peer_leave() {
-        for blame in [Some(2u32), Some(u32::MAX), None] {
+        let report = || {
+            let mut f = frame(KIND_MESSAGE, 3);
+            f.extend_from_slice(&[0xF0, 1, 2]);
+            f
+        };
+        for (case, said, want) in [
+            (
+                "a goodbye naming 2",
+                [report(), bye_frame(START_GONE, Some(2))].concat(),
+                2,
+            ),
+            ("a plain goodbye", bye_frame(START_GONE, None), 1),
+            ("its report, then nothing", report(), 1),
+            ("nothing", Vec::new(), 1),
+        ] {
             let (t0, mut s, _, listeners) = rank0_with_rank1_by_hand(9);
             thread::sleep(Duration::from_millis(200));
-            match blame {
-                // A message first (a start-up check's report, say), then the goodbye.
-                Some(k) if k != u32::MAX => {
-                    let mut f = frame(KIND_MESSAGE, 3);
-                    f.extend_from_slice(&[0xF0, 1, 2]);
-                    s.write_all(&[f, bye_frame(START_GONE, Some(k))].concat())
-                        .expect("bye");
-                    thread::sleep(Duration::from_millis(200));
-                }
-                // A plain goodbye from a start-up: mark only.
-                Some(_) => {
-                    s.write_all(&bye_frame(START_GONE, None)).expect("bye");
-                    thread::sleep(Duration::from_millis(200));
-                }
-                None => {}
+            if !said.is_empty() {
+                s.write_all(&said).expect("write");
+                // Longer than a look's interval: rank 0 has looked past it.
+                thread::sleep(Duration::from_millis(200));
             }
             let t = Instant::now();
             drop(s);
-            let want = blame.filter(|&k| k != u32::MAX).unwrap_or(1);
             match t0.join().expect("join") {
                 Err(ControlError::PeerGone { peer, .. }) if peer == want => {}
-                other => panic!("blame {blame:?}: {:?}", other.err()),
+                other => panic!("{case}: {:?}", other.err()),
             }
-            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{case}: {:?}",
+                t.elapsed()
+            );
             drop(listeners);
         }
     }

@@ -138,9 +138,27 @@ pub(crate) fn wait_readable(fd: &impl AsRawFd, timeout: Duration) -> io::Result<
         .as_micros()
         .div_ceil(1000)
         .min(libc::c_int::MAX as u128) as libc::c_int;
+    poll_one(fd, libc::POLLIN, ms).map(|r| r & libc::POLLIN != 0)
+}
+
+/// Whether the peer of connected stream `fd` has closed its side (`poll(2)`'s `POLLRDHUP`,
+/// or `POLLHUP`), looked at now, without waiting: seen even with bytes it sent before still
+/// unread, where a `peek` sees only those bytes.
+pub(crate) fn peer_closed(fd: &impl AsRawFd) -> io::Result<bool> {
+    let hup = libc::POLLRDHUP | libc::POLLHUP;
+    poll_one(fd, hup, 0).map(|r| r & hup != 0)
+}
+
+/// `poll(2)` of one descriptor for `events`, at most `ms` milliseconds: the events that
+/// came (none at the timeout or on a signal).
+fn poll_one(
+    fd: &impl AsRawFd,
+    events: libc::c_short,
+    ms: libc::c_int,
+) -> io::Result<libc::c_short> {
     let mut pfd = libc::pollfd {
         fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
+        events,
         revents: 0,
     };
     // SAFETY: `pfd` is a live, writable `pollfd` and the count is 1: the kernel touches that
@@ -148,12 +166,12 @@ pub(crate) fn wait_readable(fd: &impl AsRawFd, timeout: Duration) -> io::Result<
     // caller holds it open: `AsRawFd` of a value it has).
     let rc = unsafe { libc::poll(&raw mut pfd, 1, ms) };
     match rc {
-        n if n > 0 => Ok(pfd.revents & libc::POLLIN != 0),
-        0 => Ok(false),
+        n if n > 0 => Ok(pfd.revents),
+        0 => Ok(0),
         _ => {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
-                Ok(false)
+                Ok(0)
             } else {
                 Err(e)
             }
