@@ -631,6 +631,9 @@ pub(crate) struct Handle {
     thread: Option<JoinHandle<()>>,
     /// [`start_close`](Self::start_close) ran.
     closing: AtomicBool,
+    /// The dispatcher's record of whom this rank's failures blame (the engine's, where there
+    /// is one), for failures outside it: a split's.
+    blame: Blame,
 }
 
 /// The dispatcher, shared by its thread and the application's threads.
@@ -883,7 +886,7 @@ pub(crate) fn start(
         elsewhere: VecDeque::new(),
         next_tcp: switch_at.unwrap_or(0),
         lost: Vec::new(),
-        blame,
+        blame: blame.clone(),
         builds,
         loss_asked: false,
         agreement: None,
@@ -918,6 +921,7 @@ pub(crate) fn start(
         progress,
         thread: Some(thread),
         closing: AtomicBool::new(false),
+        blame,
     })
 }
 
@@ -1022,6 +1026,12 @@ impl Handle {
         }
         r.publish();
         let _ = self.tx.tx.send(Msg::Elsewhere(k, true));
+    }
+
+    /// Whom this rank's failures blame, and its goodbye: the dispatcher's record (one with
+    /// the engine's, where there is one).
+    pub(crate) fn blame(&self) -> &Blame {
+        &self.blame
     }
 
     /// The transport operations run on from now on.
@@ -3927,6 +3937,46 @@ mod tests {
             next,
             CommError::PeerFailed {
                 peer: HUNG,
+                reported_by: 1
+            }
+        );
+    }
+
+    /// A failure the dispatcher did not see (a split's: its build failed over a member gone)
+    /// goes into the record its handle shares: a rank that records one and leaves names
+    /// the culprit in its goodbye, where a communicator without an engine kept it nowhere
+    /// (its peers then named the rank that left).
+    #[test]
+    fn a_failure_recorded_through_the_handle_is_in_the_goodbye() {
+        const GONE: u32 = 2;
+        let mut hs: Vec<Option<Handle>> = dispatchers(3, 4096).into_iter().map(Some).collect();
+        let bcast = |h: &Handle| {
+            h.post::<u8>(
+                Kind::Broadcast { root: 0 },
+                vec![1; 8],
+                tracing::Span::none(),
+            )
+            .expect("post")
+        };
+        let first: Vec<_> = hs.iter().flatten().map(bcast).collect();
+        for r in first {
+            r.wait().expect("every rank completes the first");
+        }
+        // Operation 1 would be the split's exchange: it failed over rank 2 at rank 1.
+        hs[1]
+            .as_ref()
+            .expect("rank 1")
+            .blame()
+            .failed(1, Some(GONE));
+        drop(hs[1].take());
+        thread::sleep(Duration::from_millis(300));
+        let next = bcast(hs[0].as_ref().expect("rank 0"))
+            .wait()
+            .expect_err("rank 1 is gone");
+        assert_eq!(
+            next,
+            CommError::PeerFailed {
+                peer: GONE,
                 reported_by: 1
             }
         );

@@ -623,6 +623,16 @@ impl Communicator {
 }
 
 impl Communicator {
+    /// Whom this rank's failures blame: the one record the engine and the TCP dispatcher
+    /// share, whichever of them this communicator has (a communicator whose start-up check
+    /// sent everything to TCP has no engine).
+    fn blame(&self) -> Option<&blame::Blame> {
+        self.posts
+            .as_ref()
+            .map(PostTx::blame)
+            .or_else(|| self.fallback.as_ref().map(fallback::Handle::blame))
+    }
+
     /// A blocking Allgather of `send`'s bytes from every rank into `recv`, as a collective of
     /// the library's own kind `tag` (a split's exchange): a user's Allgather of the same
     /// sizes in its place fails it, and itself, with a `ShapeMismatch` at every rank.

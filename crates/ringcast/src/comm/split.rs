@@ -518,8 +518,8 @@ impl Communicator {
                 // the departure first (an operation of the parent in flight there) names
                 // `rank`, not this one. An operation after the split that completes here
                 // clears it (this rank went on).
-                if let Some(p) = &self.posts {
-                    p.blame().failed(op, Some(rank));
+                if let Some(b) = self.blame() {
+                    b.failed(op, Some(rank));
                 }
             }
             out
