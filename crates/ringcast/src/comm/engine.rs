@@ -905,7 +905,7 @@ impl Engine {
             tracing::debug!(rank, ?mark, "peer left");
         }
         self.lost.push(lost);
-        self.builds.lost(rank);
+        self.builds.lost(rank, blamed);
         // It left over another rank's failure, which this rank may not have heard of yet
         // (it travels over another connection): that rank is the one to blame.
         self.blame.heard(blamed);

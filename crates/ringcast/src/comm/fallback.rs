@@ -2879,7 +2879,7 @@ impl Dispatcher {
                 mark,
                 blamed,
             });
-            self.builds.lost(peer);
+            self.builds.lost(peer, blamed);
         }
         if self.lost.len() == before {
             return;

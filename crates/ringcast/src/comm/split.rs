@@ -14,6 +14,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::Communicator;
 use super::builder::CommBuilder;
@@ -51,17 +52,20 @@ pub(super) struct Lineage {
 /// The builds of new communicators a communicator's splits have under way, each with the
 /// flag that gives it up, and the parent ranks lost so far: a member that dies (or aborts)
 /// while the others connect the new communicator's control mesh fails their builds at once
-/// ([`SplitError::MemberGone`]), where they waited for it up to their connect timeout. Once
-/// a build's mesh is up, its own connections watch the members (one that leaves its parent
-/// then, its own part done, is no loss), and only the parent's abort still ends it.
+/// ([`SplitError::MemberGone`]), where they waited for it up to their connect timeout; one
+/// whose goodbye to the parent blamed another rank (it left over that rank's failure) is
+/// named with it ([`SplitError::MemberLeft`]). Once a build's mesh is up, its own
+/// connections watch the members (one that leaves its parent then, its own part done, is no
+/// loss), and only the parent's abort still ends it.
 #[derive(Debug, Default)]
 pub(crate) struct Builds(Mutex<BuildsState>);
 
 #[derive(Debug, Default)]
 struct BuildsState {
     aborted: bool,
-    /// Parent ranks whose connections closed.
-    gone: Vec<u32>,
+    /// Parent ranks whose connections closed, each with the rank its goodbye blamed (it left
+    /// over that rank's failure), if it named one.
+    gone: Vec<(u32, Option<u32>)>,
     under_way: Vec<Build>,
 }
 
@@ -71,8 +75,8 @@ struct Build {
     /// Its members (parent ranks), while its control mesh connects; empty after.
     members: Vec<u32>,
     flag: Arc<AtomicBool>,
-    /// The member whose loss set the flag.
-    lost: Option<u32>,
+    /// The member whose loss set the flag, and the rank its goodbye blamed.
+    lost: Option<(u32, Option<u32>)>,
 }
 
 impl Builds {
@@ -80,19 +84,36 @@ impl Builds {
         f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// Parent rank `rank` is lost: the builds it is a member of give up.
-    pub(crate) fn lost(&self, rank: u32) {
+    /// Parent rank `rank` is lost (its goodbye blamed `blamed`: it left over that rank's
+    /// failure): the builds it is a member of give up.
+    pub(crate) fn lost(&self, rank: u32, blamed: Option<u32>) {
         self.with(|s| {
-            if !s.gone.contains(&rank) {
-                s.gone.push(rank);
+            if !s.gone.iter().any(|g| g.0 == rank) {
+                s.gone.push((rank, blamed));
             }
             for b in &mut s.under_way {
                 if b.members.contains(&rank) {
                     b.flag.store(true, Ordering::Relaxed);
-                    b.lost.get_or_insert(rank);
+                    b.lost.get_or_insert((rank, blamed));
                 }
             }
         });
+    }
+
+    /// Whom parent rank `rank` blamed in leaving, once the parent heard it leave, waiting
+    /// up to `wait` for that: a member whose connections to a build closed has often left
+    /// the parent over another rank's failure, and its goodbye there says whose.
+    fn blamed_by(&self, rank: u32, wait: Duration) -> Option<u32> {
+        let until = Instant::now() + wait;
+        loop {
+            if let Some(g) = self.with(|s| s.gone.iter().find(|g| g.0 == rank).copied()) {
+                return g.1;
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// The parent was aborted: every build gives up, now and to come.
@@ -114,7 +135,9 @@ impl Builds {
     /// member is lost).
     fn begin(&self, members: &[u32]) -> Arc<AtomicBool> {
         self.with(|s| {
-            let lost = members.iter().copied().find(|m| s.gone.contains(m));
+            let lost = members
+                .iter()
+                .find_map(|m| s.gone.iter().find(|g| g.0 == *m).copied());
             let flag = Arc::new(AtomicBool::new(s.aborted || lost.is_some()));
             s.under_way.push(Build {
                 members: members.to_vec(),
@@ -135,8 +158,9 @@ impl Builds {
         });
     }
 
-    /// The build whose flag is `flag` is over; the member whose loss ended it, if one did.
-    fn end(&self, flag: &Arc<AtomicBool>) -> Option<u32> {
+    /// The build whose flag is `flag` is over; the member whose loss ended it, if one did,
+    /// and the rank its goodbye blamed.
+    fn end(&self, flag: &Arc<AtomicBool>) -> Option<(u32, Option<u32>)> {
         self.with(|s| {
             let i = s
                 .under_way
@@ -199,6 +223,19 @@ pub enum SplitError {
     MemberGone {
         /// The parent rank.
         rank: u32,
+    },
+    /// `rank` (of the parent), a member of the new communicator, left while it was being
+    /// built, over parent rank `over`'s failure (its goodbye to the parent said so: its own
+    /// part of the split failed over `over`, which may not be of this color).
+    #[error(
+        "parent rank {rank}, of this color, left while the new communicator was being built, \
+         over parent rank {over}'s failure"
+    )]
+    MemberLeft {
+        /// The parent rank that left.
+        rank: u32,
+        /// The parent rank it left over.
+        over: u32,
     },
 }
 
@@ -510,17 +547,20 @@ impl Communicator {
         let lost = l.builds.end(&flag);
         built.map_err(|e| {
             let error = e.to_string();
-            let out = build_failed(e, &members, lost, l.builds.aborted());
-            if let SplitError::MemberGone { rank } = out {
-                tracing::warn!(parent_rank = self.rank, rank, %error, "split: a member went away");
-                // This rank failed its part in the split over `rank`: a program that leaves
-                // now leaves over it, and its goodbye says so, so that a peer that hears of
-                // the departure first (an operation of the parent in flight there) names
-                // `rank`, not this one. An operation after the split that completes here
-                // clears it (this rank went on).
-                if let Some(b) = self.blame() {
-                    b.failed(op, Some(rank));
-                }
+            let out = build_failed(e, &members, lost.map(|g| g.0), l.builds.aborted());
+            let (out, culprit) = left_over(out, lost, self.rank, |rank| {
+                l.builds.blamed_by(rank, LEFT_OVER_WAIT)
+            });
+            if culprit.is_some() {
+                tracing::warn!(parent_rank = self.rank, %out, %error, "split: a member went away");
+            }
+            // This rank failed its part in the split over `culprit`: a program that leaves
+            // now leaves over it, and its goodbye says so, so that a peer that hears of the
+            // departure first (an operation of the parent in flight there) names it, not
+            // this one. An operation after the split that completes here clears it (this
+            // rank went on).
+            if let (Some(c), Some(b)) = (culprit, self.blame()) {
+                b.failed(op, Some(c));
             }
             out
         })
@@ -538,6 +578,36 @@ impl Communicator {
             .allgather_tagged(&mine.encode(), &mut all, SPLIT_TAG)
             .map_err(SplitError::Exchange)?;
         Ok((all, st.op))
+    }
+}
+
+/// How long a split whose build lost a member waits for the parent to hear that member's
+/// goodbye (whom it left over), where the build saw the member go first.
+const LEFT_OVER_WAIT: Duration = Duration::from_millis(500);
+
+/// A build that failed over a gone member (`out`, from [`build_failed`]): the member's
+/// goodbye to the parent may say it left over another rank's failure (its own split's
+/// exchange failed, say), from `lost` (the member whose loss gave the build up, and whom it
+/// blamed) or `blamed_by` (whom a member blamed, once the parent heard it leave): that rank
+/// is the one to name ([`SplitError::MemberLeft`]). Returns the error and the rank this
+/// rank's failure blames (`me` never; `None` for a failure that names no member).
+fn left_over(
+    out: SplitError,
+    lost: Option<(u32, Option<u32>)>,
+    me: u32,
+    blamed_by: impl FnOnce(u32) -> Option<u32>,
+) -> (SplitError, Option<u32>) {
+    let SplitError::MemberGone { rank } = out else {
+        return (out, None);
+    };
+    let over = match lost {
+        Some((r, blamed)) if r == rank => blamed,
+        _ => blamed_by(rank),
+    }
+    .filter(|&o| o != me && o != rank);
+    match over {
+        Some(over) => (SplitError::MemberLeft { rank, over }, Some(over)),
+        None => (out, Some(rank)),
     }
 }
 
@@ -575,22 +645,23 @@ mod tests {
         let b = Builds::default();
         let ours = b.begin(&[0, 2]);
         let theirs = b.begin(&[1, 3]);
-        b.lost(3);
+        b.lost(3, None);
         assert!(!ours.load(Ordering::Relaxed));
         assert!(theirs.load(Ordering::Relaxed));
-        assert_eq!(b.end(&theirs), Some(3));
-        b.lost(2);
+        assert_eq!(b.end(&theirs), Some((3, None)));
+        // Rank 2 left over rank 7's failure.
+        b.lost(2, Some(7));
         assert!(ours.load(Ordering::Relaxed));
-        assert_eq!(b.end(&ours), Some(2));
+        assert_eq!(b.end(&ours), Some((2, Some(7))));
         // A build of a member lost already gives up from the start.
         let late = b.begin(&[2, 4]);
         assert!(late.load(Ordering::Relaxed));
-        assert_eq!(b.end(&late), Some(2));
+        assert_eq!(b.end(&late), Some((2, Some(7))));
         // Its mesh up, a build no longer hears of its members (one that drops its parent
         // once its own part is done is no loss): only of an abort.
         let settled = b.begin(&[0, 1]);
         b.settle(&settled);
-        b.lost(1);
+        b.lost(1, None);
         assert!(!settled.load(Ordering::Relaxed));
         assert_eq!(b.end(&settled), None);
         let clean = b.begin(&[0, 5]);
@@ -601,6 +672,62 @@ mod tests {
         assert!(
             b.begin(&[6]).load(Ordering::Relaxed),
             "after an abort, every build"
+        );
+    }
+
+    /// Whom a lost parent rank blamed: at once once the parent heard it leave, after a wait
+    /// for a goodbye the parent hears later, and nobody after the wait when none comes.
+    #[test]
+    fn a_member_s_goodbye_says_whom_it_left_over() {
+        let b = Arc::new(Builds::default());
+        b.lost(2, Some(7));
+        b.lost(3, None);
+        assert_eq!(b.blamed_by(2, Duration::ZERO), Some(7));
+        assert_eq!(b.blamed_by(3, Duration::from_secs(5)), None);
+        let late = {
+            let b = Arc::clone(&b);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                b.lost(9, Some(4));
+            })
+        };
+        assert_eq!(b.blamed_by(9, Duration::from_secs(30)), Some(4));
+        late.join().expect("join");
+        assert_eq!(b.blamed_by(5, Duration::from_millis(30)), None);
+    }
+
+    /// A gone member that left blaming another rank is named as having left over it, from
+    /// the build's own loss or from the parent's later hearing; one that blamed nobody, this
+    /// rank or itself stays gone; other failures name nobody.
+    #[test]
+    fn a_member_that_left_over_a_failure_names_it() {
+        let gone = |rank| SplitError::MemberGone { rank };
+        let left = |rank, over| SplitError::MemberLeft { rank, over };
+        let asked = |_| panic!("the build's own loss says it");
+        let name = |(e, c): (SplitError, Option<u32>)| (e.to_string(), c);
+        assert_eq!(
+            name(left_over(gone(1), Some((1, Some(2))), 3, asked)),
+            name((left(1, 2), Some(2)))
+        );
+        assert_eq!(
+            name(left_over(gone(1), None, 3, |r| (r == 1).then_some(2))),
+            name((left(1, 2), Some(2)))
+        );
+        // The build lost another member first: the gone one is asked about.
+        assert_eq!(
+            name(left_over(gone(1), Some((4, Some(5))), 3, |_| Some(2))),
+            name((left(1, 2), Some(2)))
+        );
+        for blamed in [None, Some(3), Some(1)] {
+            assert_eq!(
+                name(left_over(gone(1), None, 3, |_| blamed)),
+                name((gone(1), Some(1))),
+                "{blamed:?}"
+            );
+        }
+        assert_eq!(
+            name(left_over(SplitError::Cancelled, None, 3, asked)),
+            name((SplitError::Cancelled, None))
         );
     }
 
