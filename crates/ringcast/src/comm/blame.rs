@@ -6,7 +6,7 @@
 //! nothing), fails its next operation naming the culprit, not the rank that left.
 
 use super::error::CommError;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// A lost rank, with the goodbye mark it sent (the first operation it did not finish) when it
 /// left cleanly, and the rank it left over (whose failure it was in), if it named one.
@@ -49,8 +49,20 @@ pub(crate) fn doomed_by(lost: &[Lost], k: u64) -> Option<&Lost> {
 /// the first culprit whichever side failed over it (each kept its own, and a rank that failed
 /// a TCP operation over a rank left naming nobody on the engine's mesh, whose peers then
 /// named the rank that left). Clones share it.
+///
+/// A communicator split from another passes the failures it blames a rank for up to its
+/// parent's record ([`link_up`](Self::link_up)), in the parent's numbering: a program that
+/// stops over a failure on a part of its job (a half's Broadcast, say) and leaves says whom
+/// on the whole too, where its peers may not have heard of that rank's loss yet.
 #[derive(Clone, Debug)]
-pub(crate) struct Blame(Arc<Mutex<Record>>);
+pub(crate) struct Blame(Arc<Shared>);
+
+#[derive(Debug)]
+struct Shared {
+    record: Mutex<Record>,
+    /// The parent's record, and the parent rank of each of this communicator's ranks.
+    up: OnceLock<(Blame, Vec<u32>)>,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Record {
@@ -71,27 +83,71 @@ struct Record {
     /// a later operation this rank has not posted hears it (its program may have stopped
     /// over that failure).
     last: Option<(u64, u32)>,
+    /// The rank a failure on a communicator split from this one named (in this one's
+    /// numbering), until this rank posts here again (its program went on with this one):
+    /// what its goodbye names when it fails nothing here.
+    beside: Option<u32>,
 }
 
 impl Blame {
     /// The record of rank `me`.
     pub(crate) fn new(me: u32) -> Self {
-        Blame(Arc::new(Mutex::new(Record {
-            me,
-            culprit: None,
-            failing: None,
-            last: None,
-        })))
+        Blame(Arc::new(Shared {
+            record: Mutex::new(Record {
+                me,
+                culprit: None,
+                failing: None,
+                last: None,
+                beside: None,
+            }),
+            up: OnceLock::new(),
+        }))
+    }
+
+    /// This record is a split communicator's: the failures it blames a rank for go up to
+    /// `parent`, the record of the communicator it was split from, whose rank `members[r]`
+    /// this communicator's rank `r` is. Once; a second link is ignored.
+    pub(crate) fn link_up(&self, parent: Blame, members: Vec<u32>) {
+        let _ = self.0.up.set((parent, members));
+    }
+
+    /// A failure on a communicator split from this one named this one's rank `peer`.
+    fn failed_beside(&self, peer: u32) {
+        let forward = self.with(|r| {
+            if peer == r.me {
+                return false;
+            }
+            r.beside.get_or_insert(peer);
+            true
+        });
+        if forward {
+            self.up(peer);
+        }
+    }
+
+    /// Passes a failure naming this communicator's rank `peer` up to the parent's record.
+    fn up(&self, peer: u32) {
+        if let Some((parent, members)) = self.0.up.get()
+            && let Some(&p) = members.get(peer as usize)
+        {
+            parent.failed_beside(p);
+        }
+    }
+
+    /// This rank posted an operation here: its program goes on with this communicator, so
+    /// a failure beside it no longer says why it would leave.
+    pub(crate) fn posted(&self) {
+        self.with(|r| r.beside = None);
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut Record) -> R) -> R {
-        f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
+        f(&mut self.0.record.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Operation `op` failed naming `peer` (a shape mismatch is not a failure of a rank:
     /// it is not reported here).
     pub(crate) fn failed(&self, op: u64, peer: Option<u32>) {
-        self.with(|r| {
+        let peer = self.with(|r| {
             let peer = peer.filter(|&p| p != r.me);
             r.culprit = r.culprit.or(peer);
             r.failing = r.failing.max(Some(op));
@@ -100,7 +156,11 @@ impl Blame {
             {
                 r.last = Some((op, c));
             }
-        })
+            peer
+        });
+        if let Some(p) = peer {
+            self.up(p);
+        }
     }
 
     /// Operation `op` completed: one that started after the last failure means this rank
@@ -128,9 +188,10 @@ impl Blame {
         self.with(|r| r.culprit = r.culprit.or(blamed))
     }
 
-    /// What this rank's goodbye names: the culprit, while it is leaving over a failure.
+    /// What this rank's goodbye names: the culprit, while it is leaving over a failure; else
+    /// the rank a failure beside this communicator named, if it posted nothing here since.
     pub(crate) fn goodbye(&self) -> Option<u32> {
-        self.with(|r| r.failing.and(r.culprit))
+        self.with(|r| r.failing.and(r.culprit).or(r.beside))
     }
 
     /// The latest operation that failed naming a rank, and that rank.
@@ -223,6 +284,39 @@ mod tests {
         let b = Blame::new(0);
         b.failed(1, None);
         assert_eq!(b.goodbye(), None);
+    }
+
+    /// A half's failure naming its rank 1 (the parent's rank 3) is what the parent's goodbye
+    /// names, up through a quarter split from the half too, until the program posts on the
+    /// parent again; a failure naming this rank itself, or a rank outside the members,
+    /// passes nothing up, and the parent's own culprit comes first.
+    #[test]
+    fn a_split_communicator_s_failure_goes_up_to_its_parent() {
+        let whole = Blame::new(0);
+        let half = Blame::new(0);
+        half.link_up(whole.clone(), vec![0, 3]);
+        let quarter = Blame::new(0);
+        quarter.link_up(half.clone(), vec![0, 1]);
+        quarter.failed(2, Some(0));
+        quarter.failed(2, Some(7));
+        assert_eq!(whole.goodbye(), None, "this rank itself, or no member");
+        quarter.failed(3, Some(1));
+        assert_eq!(half.goodbye(), Some(1));
+        assert_eq!(whole.goodbye(), Some(3));
+        assert_eq!(
+            whole.last_failed(),
+            None,
+            "no operation of the whole failed"
+        );
+        whole.posted();
+        assert_eq!(whole.goodbye(), None);
+        half.failed(9, Some(1));
+        assert_eq!(whole.goodbye(), Some(3));
+        // The whole's own failure comes first.
+        whole.failed(4, Some(2));
+        assert_eq!(whole.goodbye(), Some(2));
+        whole.completed(5);
+        assert_eq!(whole.goodbye(), Some(3), "the half's, not posted since");
     }
 
     #[test]

@@ -383,6 +383,11 @@ impl Communicator {
         bytes: OpBuffer,
         span: tracing::Span,
     ) -> Result<Request<T>, CommError> {
+        // The program goes on with this communicator: a failure on one split from it no
+        // longer says why it would leave.
+        if let Some(b) = self.blame() {
+            b.posted();
+        }
         if let Some(f) = &self.fallback {
             return f.post(kind, bytes, span);
         }

@@ -564,6 +564,13 @@ impl Communicator {
             }
             out
         })
+        .inspect(|child| {
+            // What the new communicator blames a rank for, this one hears (in its own
+            // numbering): a program that stops over it and leaves says whom here too.
+            if let (Some(mine), Some(theirs)) = (self.blame(), child.blame()) {
+                theirs.link_up(mine.clone(), members.clone());
+            }
+        })
     }
 
     /// Allgathers this rank's record over this communicator: every rank's.
