@@ -2246,6 +2246,11 @@ impl Watch {
             if s.set_nonblocking(true).is_err() {
                 continue;
             }
+            // The close first, then the bytes: the kernel marks a close only behind every
+            // byte sent before it, so a peek after a close seen here sees them all (a
+            // goodbye included), where a close seen after the peek could hide one that came
+            // between the two.
+            let closed = crate::sys::peer_closed(s).unwrap_or(false);
             let r = s.peek(&mut self.buf);
             let _ = s.set_nonblocking(false);
             let gone = |source| ControlError::PeerGone {
@@ -2286,7 +2291,7 @@ impl Watch {
                     // Closed behind what it sent, with no goodbye among it (all of it read
                     // ahead: a goodbye could lie past a full look): its process died after
                     // it sent some (its start-up check's report, say).
-                    if !bye && n < Self::AHEAD && crate::sys::peer_closed(s).unwrap_or(false) {
+                    if closed && !bye && n < Self::AHEAD {
                         return Err(gone(io::Error::new(
                             io::ErrorKind::UnexpectedEof,
                             "connection closed behind what it sent, without a goodbye",

@@ -84,9 +84,11 @@ struct Record {
     /// over that failure).
     last: Option<(u64, u32)>,
     /// The rank a failure on a communicator split from this one named (in this one's
-    /// numbering), until this rank posts here again (its program went on with this one):
-    /// what its goodbye names when it fails nothing here.
-    beside: Option<u32>,
+    /// numbering), and the record that failure was first recorded in, until this rank posts
+    /// here again (its program went on with this one) or an operation after it completes
+    /// on that communicator (it went on there): what its goodbye names when it fails
+    /// nothing here.
+    beside: Option<(u32, usize)>,
 }
 
 impl Blame {
@@ -111,26 +113,45 @@ impl Blame {
         let _ = self.0.up.set((parent, members));
     }
 
-    /// A failure on a communicator split from this one named this one's rank `peer`.
-    fn failed_beside(&self, peer: u32) {
+    /// This record's identity, as the origin of a failure passed up.
+    fn id(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+
+    /// A failure on a communicator split from this one (first recorded in record `origin`)
+    /// named this one's rank `peer`.
+    fn failed_beside(&self, peer: u32, origin: usize) {
         let forward = self.with(|r| {
             if peer == r.me {
                 return false;
             }
-            r.beside.get_or_insert(peer);
+            r.beside.get_or_insert((peer, origin));
             true
         });
         if forward {
-            self.up(peer);
+            self.up(peer, origin);
         }
     }
 
     /// Passes a failure naming this communicator's rank `peer` up to the parent's record.
-    fn up(&self, peer: u32) {
+    fn up(&self, peer: u32, origin: usize) {
         if let Some((parent, members)) = self.0.up.get()
             && let Some(&p) = members.get(peer as usize)
         {
-            parent.failed_beside(p);
+            parent.failed_beside(p, origin);
+        }
+    }
+
+    /// The communicator of record `origin` went on after its failure: the records above
+    /// this one forget what that failure passed up.
+    fn went_on(&self, origin: usize) {
+        if let Some((parent, _)) = self.0.up.get() {
+            parent.with(|r| {
+                if r.beside.is_some_and(|(_, o)| o == origin) {
+                    r.beside = None;
+                }
+            });
+            parent.went_on(origin);
         }
     }
 
@@ -159,19 +180,24 @@ impl Blame {
             peer
         });
         if let Some(p) = peer {
-            self.up(p);
+            self.up(p, self.id());
         }
     }
 
     /// Operation `op` completed: one that started after the last failure means this rank
     /// goes on without it, and blames nobody for what comes next.
     pub(crate) fn completed(&self, op: u64) {
-        self.with(|r| {
-            if r.failing.is_some_and(|f| op > f) {
+        let on = self.with(|r| {
+            let on = r.failing.is_some_and(|f| op > f);
+            if on {
                 r.failing = None;
                 r.culprit = None;
             }
-        })
+            on
+        });
+        if on {
+            self.went_on(self.id());
+        }
     }
 
     /// A post that would have become operation `next_op` fails because `rank` was lost; what
@@ -191,7 +217,7 @@ impl Blame {
     /// What this rank's goodbye names: the culprit, while it is leaving over a failure; else
     /// the rank a failure beside this communicator named, if it posted nothing here since.
     pub(crate) fn goodbye(&self) -> Option<u32> {
-        self.with(|r| r.failing.and(r.culprit).or(r.beside))
+        self.with(|r| r.failing.and(r.culprit).or(r.beside.map(|(b, _)| b)))
     }
 
     /// The latest operation that failed naming a rank, and that rank.
@@ -317,6 +343,19 @@ mod tests {
         assert_eq!(whole.goodbye(), Some(2));
         whole.completed(5);
         assert_eq!(whole.goodbye(), Some(3), "the half's, not posted since");
+        // The quarter went on (an operation after its failure completed): what it passed up
+        // is forgotten above; the half's own failure is not.
+        whole.posted();
+        quarter.failed(10, Some(1));
+        assert_eq!(whole.goodbye(), Some(3));
+        quarter.completed(11);
+        assert_eq!((half.goodbye(), whole.goodbye()), (Some(1), None));
+        half.posted();
+        half.failed(12, Some(1));
+        half.completed(12);
+        assert_eq!(whole.goodbye(), Some(3), "not one after the failure");
+        half.completed(13);
+        assert_eq!(whole.goodbye(), None);
     }
 
     #[test]

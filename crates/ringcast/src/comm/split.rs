@@ -88,8 +88,11 @@ impl Builds {
     /// failure): the builds it is a member of give up.
     pub(crate) fn lost(&self, rank: u32, blamed: Option<u32>) {
         self.with(|s| {
-            if !s.gone.iter().any(|g| g.0 == rank) {
-                s.gone.push((rank, blamed));
+            // Both meshes (the engine's and the TCP path's) may report a loss: a later
+            // report may say whom it blamed where the first did not.
+            match s.gone.iter_mut().find(|g| g.0 == rank) {
+                Some(g) => g.1 = g.1.or(blamed),
+                None => s.gone.push((rank, blamed)),
             }
             for b in &mut s.under_way {
                 if b.members.contains(&rank) {
@@ -607,14 +610,17 @@ fn left_over(
     let SplitError::MemberGone { rank } = out else {
         return (out, None);
     };
-    let over = match lost {
-        Some((r, blamed)) if r == rank => blamed,
-        _ => blamed_by(rank),
-    }
-    .filter(|&o| o != me && o != rank);
+    let (rank, over) = match lost {
+        // The loss that gave the build up: a member gone from the parent, whose goodbye
+        // there said whom it left over, if anybody (another member that left the build
+        // after it only followed it).
+        Some((r, blamed)) => (r, blamed),
+        None => (rank, blamed_by(rank)),
+    };
+    let over = over.filter(|&o| o != me && o != rank);
     match over {
         Some(over) => (SplitError::MemberLeft { rank, over }, Some(over)),
-        None => (out, Some(rank)),
+        None => (SplitError::MemberGone { rank }, Some(rank)),
     }
 }
 
@@ -704,8 +710,8 @@ mod tests {
     }
 
     /// A gone member that left blaming another rank is named as having left over it, from
-    /// the build's own loss or from the parent's later hearing; one that blamed nobody, this
-    /// rank or itself stays gone; other failures name nobody.
+    /// the build's own loss (the member lost first) or from the parent's later hearing; one
+    /// that blamed nobody, this rank or itself stays gone; other failures name nobody.
     #[test]
     fn a_member_that_left_over_a_failure_names_it() {
         let gone = |rank| SplitError::MemberGone { rank };
@@ -720,10 +726,14 @@ mod tests {
             name(left_over(gone(1), None, 3, |r| (r == 1).then_some(2))),
             name((left(1, 2), Some(2)))
         );
-        // The build lost another member first: the gone one is asked about.
+        // The build lost another member first: that one is named, and nobody is asked.
         assert_eq!(
-            name(left_over(gone(1), Some((4, Some(5))), 3, |_| Some(2))),
-            name((left(1, 2), Some(2)))
+            name(left_over(gone(1), Some((4, Some(5))), 3, asked)),
+            name((left(4, 5), Some(5)))
+        );
+        assert_eq!(
+            name(left_over(gone(1), Some((4, None)), 3, asked)),
+            name((gone(4), Some(4)))
         );
         for blamed in [None, Some(3), Some(1)] {
             assert_eq!(
