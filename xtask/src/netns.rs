@@ -596,25 +596,13 @@ fn loopback_wire(ctx: &Ctx<'_>) -> Result<String, String> {
         ));
     }
     // Each local run's data port is a free one: the ports that carried full chunks.
-    let lens = sh(
-        "tshark",
-        &[
-            "-r",
-            &pcap.to_string_lossy(),
-            "-T",
-            "fields",
-            "-e",
-            "udp.dstport",
-            "-e",
-            "udp.length",
-        ],
-    )?;
+    let lens = tshark_fields(&pcap, None, "udp", &["udp.dstport", "udp.length"])?;
     let mut ports: Vec<u16> = lens
         .lines()
         .filter_map(|l| {
-            let mut w = l.split_whitespace();
-            let port = w.next()?.parse::<u16>().ok()?;
-            let len = w.next()?.parse::<usize>().ok()?;
+            let mut w = l.split(',');
+            let port = w.next()?.trim().parse::<u16>().ok()?;
+            let len = w.next()?.trim().parse::<usize>().ok()?;
             (len > 4096 + ROCE_OVERHEAD + 8).then_some(port)
         })
         .collect();
@@ -1012,6 +1000,28 @@ fn no_offload(ctx: &Ctx<'_>) -> Result<String, String> {
     ))
 }
 
+/// `fields` of every packet of capture `pcap` that `filter` keeps, a line each, comma-separated
+/// (first occurrences); UDP `port`'s datagrams decoded as RoCEv2 where given.
+fn tshark_fields(
+    pcap: &Path,
+    port: Option<u16>,
+    filter: &str,
+    fields: &[&str],
+) -> Result<String, String> {
+    let pcap = pcap.to_string_lossy();
+    let decode_as = port.map(|p| format!("udp.port=={p},infiniband"));
+    let mut a = vec!["-r", &pcap];
+    if let Some(d) = &decode_as {
+        a.extend(["-d", d]);
+    }
+    a.extend(["-Y", filter, "-T", "fields"]);
+    a.extend(["-E", "separator=,", "-E", "occurrence=f"]);
+    for f in fields {
+        a.extend(["-e", f]);
+    }
+    sh("tshark", &a)
+}
+
 /// What [`wire_checks`] found in a capture.
 struct Wire {
     /// Datagrams to the data port.
@@ -1053,17 +1063,7 @@ fn wire_checks(
     mtu: u32,
 ) -> Result<Wire, String> {
     let pcap_s = pcap.to_string_lossy();
-    let decode_as = format!("udp.port=={port},infiniband");
-    let tshark = |filter: &str, fields: &[&str]| {
-        let mut a = vec![
-            "-r", &pcap_s, "-d", &decode_as, "-Y", filter, "-T", "fields",
-        ];
-        a.extend(["-E", "separator=,", "-E", "occurrence=f"]);
-        for f in fields {
-            a.extend(["-e", f]);
-        }
-        sh("tshark", &a)
-    };
+    let tshark = |filter: &str, fields: &[&str]| tshark_fields(pcap, Some(port), filter, fields);
     let udp = tshark(&format!("udp.dstport == {port}"), &["udp.length"])?;
     let lengths: Vec<usize> = udp
         .lines()
