@@ -79,6 +79,13 @@ struct Build {
     lost: Option<(u32, Option<u32>)>,
 }
 
+impl BuildsState {
+    /// Parent rank `rank`'s loss, if it is lost: the rank and whom its goodbye blamed.
+    fn gone(&self, rank: u32) -> Option<(u32, Option<u32>)> {
+        self.gone.iter().find(|g| g.0 == rank).copied()
+    }
+}
+
 impl Builds {
     fn with<R>(&self, f: impl FnOnce(&mut BuildsState) -> R) -> R {
         f(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner))
@@ -109,7 +116,7 @@ impl Builds {
     fn blamed_by(&self, rank: u32, wait: Duration) -> Option<u32> {
         let until = Instant::now() + wait;
         loop {
-            if let Some(g) = self.with(|s| s.gone.iter().find(|g| g.0 == rank).copied()) {
+            if let Some(g) = self.with(|s| s.gone(rank)) {
                 return g.1;
             }
             if Instant::now() >= until {
@@ -138,9 +145,7 @@ impl Builds {
     /// member is lost).
     fn begin(&self, members: &[u32]) -> Arc<AtomicBool> {
         self.with(|s| {
-            let lost = members
-                .iter()
-                .find_map(|m| s.gone.iter().find(|g| g.0 == *m).copied());
+            let lost = members.iter().find_map(|&m| s.gone(m));
             let flag = Arc::new(AtomicBool::new(s.aborted || lost.is_some()));
             s.under_way.push(Build {
                 members: members.to_vec(),
