@@ -104,7 +104,10 @@ impl Builds {
             for b in &mut s.under_way {
                 if b.members.contains(&rank) {
                     b.flag.store(true, Ordering::Relaxed);
-                    b.lost.get_or_insert((rank, blamed));
+                    let l = b.lost.get_or_insert((rank, blamed));
+                    if l.0 == rank {
+                        l.1 = l.1.or(blamed);
+                    }
                 }
             }
         });
@@ -667,7 +670,9 @@ mod tests {
         assert!(!ours.load(Ordering::Relaxed));
         assert!(theirs.load(Ordering::Relaxed));
         assert_eq!(b.end(&theirs), Some((3, None)));
-        // Rank 2 left over rank 7's failure.
+        // Rank 2 left over rank 7's failure: the first report (one mesh's) did not say so,
+        // the second (the other's) does, for the builds too.
+        b.lost(2, None);
         b.lost(2, Some(7));
         assert!(ours.load(Ordering::Relaxed));
         assert_eq!(b.end(&ours), Some((2, Some(7))));
